@@ -1,0 +1,52 @@
+//! Loading with fallbacks: try each mechanism in order and remember why the
+//! others failed, so `doctor` and error messages can say exactly why.
+use std::fmt;
+
+/// How a program reaches its hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// BTF-typed tracepoint (BPF_TRACE_RAW_TP with BTF).
+    TpBtf,
+    /// Raw tracepoint, untyped arguments.
+    RawTp,
+    /// Classic perf tracepoint, reading the trace record.
+    Tracepoint,
+    /// fentry/fexit trampolines.
+    Fentry,
+    /// kprobe/kretprobe.
+    Kprobe,
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mechanism::TpBtf => "tp_btf",
+            Mechanism::RawTp => "raw_tp",
+            Mechanism::Tracepoint => "tracepoint",
+            Mechanism::Fentry => "fentry",
+            Mechanism::Kprobe => "kprobe",
+        })
+    }
+}
+
+/// Tries `load` with each mechanism in turn; returns the first success and the
+/// failures before it, or an error listing every failure.
+pub fn with_fallbacks<T>(
+    what: &str,
+    order: &[Mechanism],
+    mut load: impl FnMut(Mechanism) -> anyhow::Result<T>,
+) -> anyhow::Result<(T, Mechanism, Vec<(Mechanism, String)>)> {
+    let mut failures = Vec::new();
+    for &m in order {
+        match load(m) {
+            Ok(t) => return Ok((t, m, failures)),
+            Err(e) => failures.push((m, format!("{e:#}"))),
+        }
+    }
+    let why: Vec<String> = failures.iter().map(|(m, e)| format!("{m}: {e}")).collect();
+    Err(super::error::env(format!(
+        "cannot attach {what} by any mechanism ({}); run `sonde doctor` for what this kernel allows",
+        why.join("; ")
+    )))
+}

@@ -1,0 +1,19 @@
+//! The shared engine: everything a tool needs that is not the tool itself.
+pub mod attach;
+pub mod cgroup;
+pub mod error;
+pub mod features;
+pub mod netns;
+pub mod output;
+pub mod ringbuf;
+pub mod run;
+pub mod symbols;
+
+/// Routes libbpf's own messages to stderr only with SONDE_DEBUG set: sonde
+/// reports load failures itself, in one line.
+pub fn quiet_libbpf() {
+    if std::env::var_os("SONDE_DEBUG").is_some() {
+        return;
+    }
+    libbpf_rs::set_print(None);
+}

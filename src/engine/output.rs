@@ -1,0 +1,80 @@
+//! Output sinks: JSON lines and aligned tables, to stdout or a file.
+use std::{
+    fs::File,
+    io::{self, BufWriter, Write},
+    path::Path,
+};
+
+use super::error::usage;
+
+/// Where a tool writes its events and summary.
+pub struct Sink {
+    out: Box<dyn Write>,
+}
+
+impl Sink {
+    /// stdout, or the file named by `-o` (created or truncated now, so an
+    /// unwritable path fails before anything is attached).
+    pub fn open(path: Option<&Path>) -> anyhow::Result<Self> {
+        let out: Box<dyn Write> = match path {
+            None => Box::new(io::stdout()),
+            Some(p) => {
+                let f = File::create(p).map_err(|e| {
+                    usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display()))
+                })?;
+                Box::new(BufWriter::new(f))
+            }
+        };
+        Ok(Self { out })
+    }
+
+    /// Writes one JSON object as a line.
+    pub fn json(&mut self, v: &serde_json::Value) -> io::Result<()> {
+        serde_json::to_writer(&mut self.out, v)?;
+        self.out.write_all(b"\n")
+    }
+
+    /// Writes a text line.
+    pub fn line(&mut self, s: &str) -> io::Result<()> {
+        self.out.write_all(s.as_bytes())?;
+        self.out.write_all(b"\n")
+    }
+
+    /// Flushes buffered output.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Formats rows into left-aligned columns (numbers right-aligned).
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            if i < w.len() {
+                w[i] = w[i].max(c.len());
+            }
+        }
+    }
+    let fmt_row = |cells: Vec<&str>| -> String {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            let numeric = !c.is_empty() && c.chars().all(|ch| ch.is_ascii_digit());
+            if numeric {
+                s.push_str(&format!("{:>width$}", c, width = w[i]));
+            } else {
+                s.push_str(&format!("{:<width$}", c, width = w[i]));
+            }
+            if i + 1 < cells.len() {
+                s.push_str("  ");
+            }
+        }
+        s.trim_end().to_string()
+    };
+    let mut out = fmt_row(header.to_vec());
+    for r in rows {
+        out.push('\n');
+        out.push_str(&fmt_row(r.iter().map(|s| s.as_str()).collect()));
+    }
+    out
+}

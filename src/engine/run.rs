@@ -1,0 +1,118 @@
+//! Run control: duration, SIGINT/SIGTERM, and the exit status they imply.
+use std::{
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use super::error::usage;
+
+/// Why a tracing loop stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// `-d` elapsed (or the workload finished).
+    Done,
+    /// SIGINT: exit 130 after the summary.
+    Interrupted,
+    /// SIGTERM: a clean stop, exit 0 after the summary.
+    Terminated,
+}
+
+impl Stop {
+    /// The process exit status that goes with this stop.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Stop::Interrupted => 130,
+            _ => 0,
+        }
+    }
+}
+
+const STOP_REQUESTED: usize = usize::MAX;
+
+/// Watches signals and an optional deadline.
+#[derive(Clone)]
+pub struct RunControl {
+    signal: Arc<AtomicUsize>,
+    deadline: Option<Instant>,
+}
+
+impl RunControl {
+    /// Installs SIGINT/SIGTERM handlers; `duration` of None runs until a signal.
+    pub fn new(duration: Option<Duration>) -> anyhow::Result<Self> {
+        let signal = Arc::new(AtomicUsize::new(0));
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
+        }
+        Ok(Self { signal, deadline: duration.map(|d| Instant::now() + d) })
+    }
+
+    /// Asks the loop to stop as if the duration had elapsed (labs, tests).
+    pub fn request_stop(&self) {
+        self.signal.store(STOP_REQUESTED, Ordering::Relaxed);
+    }
+
+    /// Some(reason) once the loop should stop.
+    pub fn should_stop(&self) -> Option<Stop> {
+        if self.signal.load(Ordering::Relaxed) == STOP_REQUESTED {
+            return Some(Stop::Done);
+        }
+        match self.signal.load(Ordering::Relaxed) as i32 {
+            signal_hook::consts::SIGINT => return Some(Stop::Interrupted),
+            signal_hook::consts::SIGTERM => return Some(Stop::Terminated),
+            _ => {}
+        }
+        match self.deadline {
+            Some(d) if Instant::now() >= d => Some(Stop::Done),
+            _ => None,
+        }
+    }
+
+    /// Time left before the deadline, capped at `max`.
+    pub fn next_wait(&self, max: Duration) -> Duration {
+        match self.deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).min(max),
+            None => max,
+        }
+    }
+}
+
+/// Parses `10s`, `500ms`, `2m`, `1h30m`; a bare number means seconds.
+pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
+    let t = s.trim();
+    if t.starts_with('-') {
+        return Err(usage(format!("duration '{s}' is negative; give a positive time such as 10s or 500ms")));
+    }
+    let d = if t.chars().all(|c| c.is_ascii_digit() || c == '.') && !t.is_empty() {
+        t.parse::<f64>().ok().map(Duration::from_secs_f64)
+    } else {
+        humantime::parse_duration(t).ok()
+    };
+    match d {
+        Some(d) if !d.is_zero() => Ok(d),
+        Some(_) => Err(usage(format!("duration '{s}' is zero; give a positive time such as 10s"))),
+        None => Err(usage(format!("duration '{s}' is not a time; write it like 10s, 500ms or 2m"))),
+    }
+}
+
+/// clap value parser for durations (keeps the one-line message).
+pub fn duration_arg(s: &str) -> Result<Duration, String> {
+    parse_duration(s).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10s").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("-5s").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,28 @@
+//! `sonde lab NAME`: one-command reproductions on real kernel traffic in
+//! network namespaces that are always removed afterwards.
+pub mod retrans;
+pub mod traffic;
+
+use clap::{Args, Subcommand};
+
+/// Run a built-in reproduction of a sonde workflow.
+#[derive(Debug, Args)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    pub lab: Lab,
+}
+
+/// The labs.
+#[derive(Debug, Subcommand)]
+pub enum Lab {
+    /// Retransmissions of every kind under nftables loss; sonde's per-kind
+    /// totals side by side with the namespaces' own MIB counter deltas.
+    Retrans(retrans::RetransLabArgs),
+}
+
+/// Runs the chosen lab; returns the exit status.
+pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
+    match &a.lab {
+        Lab::Retrans(r) => retrans::run(r),
+    }
+}

@@ -1,0 +1,56 @@
+use std::process::ExitCode;
+
+use clap::{error::ErrorKind, Parser, Subcommand};
+use sonde::{engine::error::exit_code, lab, tools};
+
+/// sonde: why is this service slow, where are its packets lost (eBPF).
+#[derive(Parser, Debug)]
+#[command(name = "sonde", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// What this kernel allows and which mechanism each tool uses.
+    Doctor(tools::doctor::DoctorArgs),
+    /// TCP retransmissions with their cause, flow, state and owning process.
+    Retrans(tools::retrans::RetransArgs),
+    /// One-command reproductions on real traffic in network namespaces.
+    Lab(lab::LabArgs),
+}
+
+fn main() -> ExitCode {
+    sonde::engine::quiet_libbpf();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line: the problem, then where to look for the fix.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("bad usage").trim_start_matches("error: ");
+            let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
+            match tip {
+                Some(t) => eprintln!("sonde: {first}; {t}"),
+                None => eprintln!("sonde: {first}; see `sonde --help`"),
+            }
+            return ExitCode::from(2);
+        }
+    };
+    let r = match &cli.cmd {
+        Cmd::Doctor(a) => tools::doctor::run(a),
+        Cmd::Retrans(a) => tools::retrans::run(a),
+        Cmd::Lab(a) => lab::run(a),
+    };
+    match r {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) => {
+            eprintln!("sonde: {e:#}");
+            ExitCode::from(exit_code(&e) as u8)
+        }
+    }
+}

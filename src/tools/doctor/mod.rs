@@ -1,0 +1,245 @@
+//! `sonde doctor`: what this kernel allows, found by trying, and which
+//! mechanism each tool will use (or exactly why it cannot run).
+use std::mem::MaybeUninit;
+
+use clap::Args;
+use libbpf_rs::{
+    skel::{OpenSkel, SkelBuilder},
+    MapCore, MapFlags, MapHandle, MapType, OpenObject,
+};
+use serde_json::{json, Value};
+
+use crate::engine::{attach::Mechanism, features};
+
+mod skel {
+    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
+}
+use skel::ProbeSkelBuilder;
+
+/// Show what this kernel offers (BTF, tracepoints, tp_btf, raw_tp, kprobes,
+/// fentry, uprobes, perf_event sampling, ring buffer, bpf_stats, privileges)
+/// and which mechanism each sonde tool uses here.
+///
+/// Each program type is checked by loading (and where cheap attaching) a tiny
+/// program, never by kernel version. Exit status 2 when sonde cannot run at all.
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// One JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Result of one check.
+struct Check {
+    name: &'static str,
+    ok: bool,
+    detail: String,
+}
+
+#[derive(Clone, Copy)]
+enum Probe {
+    Fentry,
+    Kprobe,
+    TpBtf,
+    RawTp,
+    Tracepoint,
+    PerfEvent,
+    Uprobe,
+}
+
+/// Loads one probe program alone and attaches it where that is harmless.
+fn try_probe(which: Probe) -> Result<String, String> {
+    let storage: &mut MaybeUninit<OpenObject> = &mut MaybeUninit::uninit();
+    let mut open = ProbeSkelBuilder::default().open(storage).map_err(|e| format!("{e:#}"))?;
+    {
+        let p = &mut open.progs;
+        for (prog, on) in [
+            (&mut p.probe_fentry, matches!(which, Probe::Fentry)),
+            (&mut p.probe_kprobe, matches!(which, Probe::Kprobe)),
+            (&mut p.probe_tp_btf, matches!(which, Probe::TpBtf)),
+            (&mut p.probe_raw_tp, matches!(which, Probe::RawTp)),
+            (&mut p.probe_tracepoint, matches!(which, Probe::Tracepoint)),
+            (&mut p.probe_perf_event, matches!(which, Probe::PerfEvent)),
+            (&mut p.probe_uprobe, matches!(which, Probe::Uprobe)),
+        ] {
+            prog.set_autoload(on);
+        }
+    }
+    let skel = open.load().map_err(|e| format!("load: {e:#}"))?;
+    let p = &skel.progs;
+    let r = match which {
+        Probe::Fentry => p.probe_fentry.attach().map(drop),
+        Probe::Kprobe => p.probe_kprobe.attach().map(drop),
+        Probe::TpBtf => p.probe_tp_btf.attach().map(drop),
+        Probe::RawTp => p.probe_raw_tp.attach().map(drop),
+        Probe::Tracepoint => p.probe_tracepoint.attach().map(drop),
+        Probe::PerfEvent => return perf_event_attach(&p.probe_perf_event),
+        Probe::Uprobe => {
+            return if features::has_uprobes() {
+                Ok("program loads; uprobe PMU present".into())
+            } else {
+                Err("program loads but /sys/bus/event_source/devices/uprobe is missing".into())
+            }
+        }
+    };
+    r.map(|_| "loads and attaches".into()).map_err(|e| format!("attach: {e:#}"))
+}
+
+/// Opens a cpu-clock sampling event on CPU 0 and attaches the program to it.
+fn perf_event_attach(prog: &libbpf_rs::ProgramMut<'_>) -> Result<String, String> {
+    #[repr(C)]
+    #[derive(Default)]
+    struct PerfEventAttr {
+        type_: u32,
+        size: u32,
+        config: u64,
+        sample_period: u64,
+        sample_type: u64,
+        read_format: u64,
+        flags: u64,
+        rest: [u64; 12],
+    }
+    let attr = PerfEventAttr {
+        type_: 1, // PERF_TYPE_SOFTWARE
+        size: std::mem::size_of::<PerfEventAttr>() as u32,
+        config: 0, // PERF_COUNT_SW_CPU_CLOCK
+        sample_period: 10_000_000,
+        flags: 1 << 0, // disabled; the link enables it
+        ..Default::default()
+    };
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1, 0, -1, 8u64) };
+    if fd < 0 {
+        return Err(format!("perf_event_open: {}", std::io::Error::last_os_error()));
+    }
+    let r = prog.attach_perf_event(fd as i32).map(drop);
+    unsafe { libc::close(fd as i32) };
+    r.map(|_| "cpu-clock sampling attaches".into()).map_err(|e| format!("attach: {e:#}"))
+}
+
+fn ringbuf_ok() -> Result<String, String> {
+    let opts = libbpf_sys::bpf_map_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _, ..Default::default() };
+    MapHandle::create(MapType::RingBuf, Some("sonde_probe"), 0, 0, 4096, &opts)
+        .map(|m| {
+            let _ = m.lookup(&[], MapFlags::ANY);
+            "BPF_MAP_TYPE_RINGBUF creates".to_string()
+        })
+        .map_err(|e| format!("{e:#}"))
+}
+
+fn check(name: &'static str, r: Result<String, String>) -> Check {
+    match r {
+        Ok(detail) => Check { name, ok: true, detail },
+        Err(detail) => Check { name, ok: false, detail },
+    }
+}
+
+fn yesno(name: &'static str, ok: bool, yes: &str, no: &str) -> Check {
+    Check { name, ok, detail: if ok { yes.into() } else { no.into() } }
+}
+
+/// Runs every check; returns the exit status.
+pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
+    let privileged = features::can_trace();
+    let mut checks = vec![
+        yesno(
+            "privileges",
+            privileged,
+            "CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN",
+            "missing CAP_BPF/CAP_PERFMON (and CAP_SYS_ADMIN): run as root",
+        ),
+        yesno("btf", features::has_btf(), features::VMLINUX_BTF, "no /sys/kernel/btf/vmlinux: CO-RE and tp_btf unavailable"),
+        check(
+            "tracefs",
+            features::tracefs().map(|p| p.display().to_string()).ok_or_else(|| "not mounted and cannot mount".into()),
+        ),
+        yesno(
+            "bpf_stats",
+            features::sysctl("kernel/bpf_stats_enabled").is_some(),
+            &format!("kernel.bpf_stats_enabled={}", features::sysctl("kernel/bpf_stats_enabled").unwrap_or_default()),
+            "no kernel.bpf_stats_enabled sysctl",
+        ),
+    ];
+    if privileged {
+        checks.push(check("tp_btf", try_probe(Probe::TpBtf)));
+        checks.push(check("raw_tp", try_probe(Probe::RawTp)));
+        checks.push(check("tracepoint", try_probe(Probe::Tracepoint)));
+        checks.push(check(
+            "kprobe",
+            if features::has_kprobes() {
+                try_probe(Probe::Kprobe)
+            } else {
+                Err("kernel built without CONFIG_KPROBES (no kprobe PMU, no kprobe_events)".into())
+            },
+        ));
+        checks.push(check("fentry", try_probe(Probe::Fentry)));
+        checks.push(check("uprobe", try_probe(Probe::Uprobe)));
+        checks.push(check("perf_event", try_probe(Probe::PerfEvent)));
+        checks.push(check("ringbuf", ringbuf_ok()));
+    }
+    let ok = |n: &str| checks.iter().any(|c| c.name == n && c.ok);
+
+    // Per tool: the mechanism it will use here.
+    let mut tools: Vec<(String, Value)> = Vec::new();
+    let retrans_hooks = [
+        ("tcp:tcp_retransmit_skb", features::tracepoint_exists("tcp", "tcp_retransmit_skb")),
+        ("tcp:tcp_retransmit_synack", features::tracepoint_exists("tcp", "tcp_retransmit_synack")),
+        ("sock:inet_sock_set_state", features::tracepoint_exists("sock", "inet_sock_set_state")),
+        ("syscalls:sys_exit_accept4", features::tracepoint_exists("syscalls", "sys_exit_accept4")),
+    ];
+    let err_arg = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3)
+        || features::tracepoint_has_field("tcp", "tcp_retransmit_skb", "err");
+    let mech = [(Mechanism::TpBtf, "tp_btf"), (Mechanism::RawTp, "raw_tp"), (Mechanism::Tracepoint, "tracepoint")]
+        .into_iter()
+        .find(|(_, n)| ok(n))
+        .map(|(m, _)| m);
+    let retrans = match (privileged, retrans_hooks[0].1, mech) {
+        (false, _, _) => json!({"usable": false, "why": "not privileged"}),
+        (_, false, _) => json!({"usable": false, "why": "kernel has no tcp:tcp_retransmit_skb tracepoint (added in 4.15)"}),
+        (_, _, None) => json!({"usable": false, "why": "neither tp_btf, raw_tp nor classic tracepoints load"}),
+        (_, _, Some(m)) => json!({
+            "usable": true,
+            "mechanism": m.to_string(),
+            "failed_attempts": if err_arg { "reported (tracepoint has err)" } else { "not visible (tracepoint without err)" },
+            "owner_hooks": retrans_hooks.iter().filter(|h| h.1).map(|h| h.0).collect::<Vec<_>>(),
+            "sendmsg_owner": features::btf_has_type("btf_trace_tcp_sendmsg_locked"),
+        }),
+    };
+    tools.push(("retrans".into(), retrans));
+
+    let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
+    if a.json {
+        let mut feats = serde_json::Map::new();
+        for c in &checks {
+            feats.insert(c.name.into(), json!({"ok": c.ok, "detail": c.detail}));
+        }
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+        let v = json!({
+            "type": "doctor",
+            "kernel": kernel,
+            "usable": usable,
+            "features": feats,
+            "tools": tools.iter().cloned().collect::<serde_json::Map<_, _>>(),
+        });
+        println!("{v}");
+    } else {
+        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        println!("kernel {}", kernel.trim());
+        for c in &checks {
+            println!("  {:<11} {:<4} {}", c.name, if c.ok { "yes" } else { "NO" }, c.detail);
+        }
+        println!("tools:");
+        for (t, v) in &tools {
+            if v["usable"] == json!(true) {
+                println!("  {t:<11} uses {} ({})", v["mechanism"].as_str().unwrap_or("?"), v["failed_attempts"].as_str().unwrap_or(""));
+            } else {
+                println!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"));
+            }
+        }
+        match crate::engine::cgroup::cgroup2_root() {
+            Some(r) => println!("cgroup v2 at {r} (--cgroup paths are relative to it)"),
+            None => println!("note: no cgroup v2 mounted; --cgroup filters will not resolve"),
+        }
+    }
+    Ok(if usable { 0 } else { 2 })
+}

@@ -1,0 +1,3 @@
+//! One folder per tool: the kernel half (`NAME.bpf.c`, `NAME.h`) beside the user half.
+pub mod doctor;
+pub mod retrans;

@@ -1,0 +1,464 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * sonde retrans: every TCP retransmission with its cause.
+ *
+ * Hook: the tcp:tcp_retransmit_skb tracepoint (it sees TLPs, which a probe on
+ * tcp_retransmit_skb never does) in three flavours picked by user space:
+ * tp_btf, raw_tp and the classic tracepoint, each with and without the `err`
+ * argument. SYN-ACKs of request sockets come from tcp:tcp_retransmit_synack.
+ *
+ * Cause, read from the socket at the tracepoint (see shared notes):
+ *   err != 0                          -> failed (did not go out)
+ *   SYN_SENT                          -> syn
+ *   SYN_RECV (fast open child)        -> synack
+ *   pending LOSS_PROBE, Open/CWR      -> tlp
+ *   ca_state Loss, pending 0          -> rto (first retransmit from the timer)
+ *   ca_state Loss, otherwise          -> loss_recovery
+ *   anything else                     -> fast (fast retransmit / RACK)
+ *
+ * Retransmits run in softirq/timer context, so the owner comes from a map
+ * filled in process context (connect, listen, accept, sendmsg).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
+#include "retrans.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define AF_INET 2
+#define AF_INET6 10
+#define TCP_ESTABLISHED 1
+#define TCP_SYN_SENT 2
+#define TCP_SYN_RECV 3
+#define TCP_CLOSE 7
+#define TCP_LISTEN 10
+#define ICSK_TIME_LOSS_PROBE 5
+#define CA_OPEN 0
+#define CA_CWR 2
+#define CA_LOSS 4
+
+/* Filters and modes, set by user space before load. */
+const volatile bool want_stack = false;
+const volatile bool count_mode = false;
+const volatile bool want_failed = false;
+const volatile __u16 family_filter = 0;
+const volatile __u32 kind_mask = 0;
+const volatile __u32 n_ports = 0;
+const volatile __u16 ports[MAX_PORTS] = {};
+const volatile __u32 n_cidrs = 0;
+const volatile struct rt_cidr cidrs[MAX_CIDRS] = {};
+const volatile __u32 n_pids = 0;
+const volatile __u32 pids[MAX_PIDS] = {};
+const volatile __u64 cgroup_id = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Failed attempts by -err, per CPU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_ERRNO);
+	__type(key, __u32);
+	__type(value, __u64);
+} errs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct rt_flow);
+	__type(value, struct rt_flow_stats);
+} flows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 131072);
+	__type(key, __u64);
+	__type(value, struct rt_owner);
+} owners SEC(".maps");
+
+/* Referenced so that the skeleton generates Rust mirrors of these layouts. */
+struct rt_event _rt_event = {};
+struct rt_flow_stats _rt_flow_stats = {};
+
+static __always_inline void stat_add(__u32 slot, __u64 v)
+{
+	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
+	if (p)
+		*p += v;
+}
+
+/* ---- ownership, recorded in process context ---- */
+
+static __always_inline void record_owner(const struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+	__u64 id = bpf_get_current_pid_tgid();
+	struct rt_owner *cur = bpf_map_lookup_elem(&owners, &key);
+	if (cur && cur->tid == (__u32)id)
+		return;
+	struct rt_owner o = {};
+	o.pid = id >> 32;
+	o.tid = (__u32)id;
+	o.cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(o.comm, sizeof(o.comm));
+	if (bpf_map_update_elem(&owners, &key, &o, BPF_ANY))
+		stat_add(STAT_OWNER_FULL, 1);
+}
+
+SEC("tracepoint/sock/inet_sock_set_state")
+int tp_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
+{
+	if (ctx->protocol != IPPROTO_TCP)
+		return 0;
+	const struct sock *sk = ctx->skaddr;
+	int ns = ctx->newstate;
+	if (ns == TCP_SYN_SENT || ns == TCP_LISTEN) {
+		/* connect() and listen() run in the owner's context. */
+		record_owner(sk);
+	} else if (ns == TCP_CLOSE) {
+		__u64 key = (__u64)sk;
+		bpf_map_delete_elem(&owners, &key);
+	}
+	return 0;
+}
+
+/* accept() returns a socket created in softirq: resolve the fd to its sock. */
+static __always_inline void owner_from_fd(long fd)
+{
+	if (fd < 0)
+		return;
+	struct task_struct *task = (void *)bpf_get_current_task();
+	struct file **fdarr = BPF_CORE_READ(task, files, fdt, fd);
+	unsigned int max = BPF_CORE_READ(task, files, fdt, max_fds);
+	if (!fdarr || fd >= max)
+		return;
+	struct file *f = NULL;
+	bpf_core_read(&f, sizeof(f), &fdarr[fd]);
+	if (!f)
+		return;
+	struct socket *sock = BPF_CORE_READ(f, private_data);
+	if (!sock)
+		return;
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (sk)
+		record_owner(sk);
+}
+
+SEC("tracepoint/syscalls/sys_exit_accept4")
+int tp_accept4(struct trace_event_raw_sys_exit *ctx)
+{
+	owner_from_fd(ctx->ret);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_accept")
+int tp_accept(struct trace_event_raw_sys_exit *ctx)
+{
+	owner_from_fd(ctx->ret);
+	return 0;
+}
+
+/* Sends cover sockets created before sonde started or handed to another process. */
+SEC("tp_btf/tcp_sendmsg_locked")
+int BPF_PROG(tp_sendmsg, const struct sock *sk)
+{
+	record_owner(sk);
+	return 0;
+}
+
+/* ---- filters ---- */
+
+static __always_inline bool cidr_match(const struct rt_flow *f, __u32 i)
+{
+	if (cidrs[i].family != f->family)
+		return false;
+	__u32 bits = cidrs[i].prefix;
+	/* Compare against either end of the flow. */
+	for (int side = 0; side < 2; side++) {
+		const __u8 *a = side ? f->daddr : f->saddr;
+		bool ok = true;
+		for (int b = 0; b < 16; b++) {
+			__u32 have = b * 8;
+			if (have >= bits)
+				break;
+			__u8 mask = bits - have >= 8 ? 0xff : (__u8)(0xff << (8 - (bits - have)));
+			if ((a[b] & mask) != (cidrs[i].addr[b] & mask)) {
+				ok = false;
+				break;
+			}
+		}
+		if (ok)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline bool pass_filters(const struct rt_flow *f, const struct rt_owner *o, bool has_owner)
+{
+	if (family_filter && f->family != family_filter)
+		return false;
+	if (kind_mask && !(kind_mask & (1u << f->kind)))
+		return false;
+	if (n_ports) {
+		bool hit = false;
+		for (__u32 i = 0; i < MAX_PORTS && i < n_ports; i++)
+			if (ports[i] == f->sport || ports[i] == f->dport)
+				hit = true;
+		if (!hit)
+			return false;
+	}
+	if (n_cidrs) {
+		bool hit = false;
+		for (__u32 i = 0; i < MAX_CIDRS && i < n_cidrs; i++)
+			if (cidr_match(f, i))
+				hit = true;
+		if (!hit)
+			return false;
+	}
+	if (n_pids) {
+		if (!has_owner)
+			return false;
+		bool hit = false;
+		for (__u32 i = 0; i < MAX_PIDS && i < n_pids; i++)
+			if (pids[i] == o->pid)
+				hit = true;
+		if (!hit)
+			return false;
+	}
+	if (cgroup_id && (!has_owner || o->cgroup != cgroup_id))
+		return false;
+	return true;
+}
+
+/* ---- the retransmit itself ---- */
+
+/* A dual-stack socket talking IPv4 carries ::ffff:a.b.c.d: report it as IPv4. */
+static __always_inline void unmap_v4(struct rt_flow *f)
+{
+	if (f->family != AF_INET6)
+		return;
+	__u32 *w = (__u32 *)f->saddr, *d = (__u32 *)f->daddr;
+	if (w[0] || w[1] || w[2] != bpf_htonl(0xffff) || d[0] || d[1] || d[2] != bpf_htonl(0xffff))
+		return;
+	f->family = AF_INET;
+	w[0] = w[3];
+	d[0] = d[3];
+	w[2] = w[3] = d[2] = d[3] = 0;
+}
+
+static __always_inline void fill_flow(struct rt_flow *f, const struct sock *sk)
+{
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	f->family = family;
+	f->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+	f->dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (family == AF_INET) {
+		bpf_core_read(f->saddr, 4, &sk->__sk_common.skc_rcv_saddr);
+		bpf_core_read(f->daddr, 4, &sk->__sk_common.skc_daddr);
+	} else {
+		bpf_core_read(f->saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+		bpf_core_read(f->daddr, 16, &sk->__sk_common.skc_v6_daddr);
+		unmap_v4(f);
+	}
+}
+
+static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pending)
+{
+	if (err)
+		return KIND_FAILED;
+	if (state == TCP_SYN_SENT)
+		return KIND_SYN;
+	if (state == TCP_SYN_RECV)
+		return KIND_SYNACK;
+	if (pending == ICSK_TIME_LOSS_PROBE && (ca_state == CA_OPEN || ca_state == CA_CWR))
+		return KIND_TLP;
+	if (ca_state == CA_LOSS)
+		return pending == 0 ? KIND_RTO : KIND_LOSS_RECOVERY;
+	return KIND_FAST;
+}
+
+static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
+				 __u8 ca_state, __u8 pending, __u64 sk_key)
+{
+	struct rt_owner *o = bpf_map_lookup_elem(&owners, &sk_key);
+	struct rt_owner none = {};
+	bool has_owner = o != NULL;
+	if (!o)
+		o = &none;
+
+	if (!pass_filters(f, o, has_owner)) {
+		stat_add(STAT_FILTERED, 1);
+		return;
+	}
+
+	/* Totals always, so the summary is exact whatever the ring buffer lost. */
+	stat_add(STAT_COUNT + f->kind, 1);
+	stat_add(STAT_SEGS + f->kind, segs);
+	if (err) {
+		__u32 e = (__u32)(-err);
+		if (e < MAX_ERRNO) {
+			__u64 *p = bpf_map_lookup_elem(&errs, &e);
+			if (p)
+				*p += 1;
+		}
+		if (!want_failed)
+			return;
+	}
+
+	if (count_mode) {
+		struct rt_flow_stats *fs = bpf_map_lookup_elem(&flows, f);
+		if (!fs) {
+			struct rt_flow_stats init = {};
+			init.owner = *o;
+			init.has_owner = has_owner;
+			init.state = state;
+			/* Another CPU may insert the same flow first: then look it up again. */
+			bpf_map_update_elem(&flows, f, &init, BPF_NOEXIST);
+			fs = bpf_map_lookup_elem(&flows, f);
+			if (!fs) {
+				stat_add(STAT_FLOW_FULL, 1);
+				return;
+			}
+		}
+		__sync_fetch_and_add(&fs->count, 1);
+		__sync_fetch_and_add(&fs->segs, segs);
+		fs->state = state;
+		return;
+	}
+
+	struct rt_event *e;
+	if (want_stack)
+		e = bpf_ringbuf_reserve(&events, sizeof(struct rt_event), 0);
+	else
+		e = bpf_ringbuf_reserve(&events, EVENT_BASE_SIZE, 0);
+	if (!e) {
+		stat_add(STAT_LOST, 1);
+		return;
+	}
+	e->ts_ns = bpf_ktime_get_ns();
+	e->flow = *f;
+	e->owner = *o;
+	e->has_owner = has_owner;
+	e->err = err;
+	e->segs = segs;
+	e->state = state;
+	e->ca_state = ca_state;
+	e->pending = pending;
+	e->nr_kstack = 0;
+	if (want_stack) {
+		long n = bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0);
+		e->nr_kstack = n > 0 ? n : 0;
+	}
+	bpf_ringbuf_submit(e, 0);
+}
+
+static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err)
+{
+	struct rt_flow f = {};
+	fill_flow(&f, sk);
+
+	const struct inet_connection_sock *icsk = (const void *)sk;
+	__u8 state = BPF_CORE_READ(sk, __sk_common.skc_state);
+	__u8 ca_state = BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+	__u8 pending = BPF_CORE_READ(icsk, icsk_pending);
+
+	/* Segments this skb carries: TCP_SKB_CB(skb)->tcp_gso_segs. */
+	const struct tcp_skb_cb *cb = (const void *)__builtin_preserve_access_index(&skb->cb);
+	__u16 segs = 0;
+	bpf_core_read(&segs, sizeof(segs), &cb->tcp_gso_segs);
+	if (!segs)
+		segs = 1;
+
+	f.kind = classify(err, state, ca_state, pending);
+	emit(ctx, &f, segs, err, state, ca_state, pending, (__u64)sk);
+	return 0;
+}
+
+static __always_inline int on_synack(void *ctx, const struct sock *sk, const struct request_sock *req)
+{
+	/* The listener is sk; the flow is the request socket's. */
+	struct rt_flow f = {};
+	const struct sock_common *rc = (const void *)req;
+	__u16 family = BPF_CORE_READ(rc, skc_family);
+	f.family = family;
+	f.sport = BPF_CORE_READ(rc, skc_num);
+	f.dport = bpf_ntohs(BPF_CORE_READ(rc, skc_dport));
+	if (family == AF_INET) {
+		bpf_core_read(f.saddr, 4, &rc->skc_rcv_saddr);
+		bpf_core_read(f.daddr, 4, &rc->skc_daddr);
+	} else {
+		bpf_core_read(f.saddr, 16, &rc->skc_v6_rcv_saddr);
+		bpf_core_read(f.daddr, 16, &rc->skc_v6_daddr);
+		unmap_v4(&f);
+	}
+	f.kind = KIND_SYNACK;
+	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
+	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, (__u64)sk);
+	return 0;
+}
+
+/* tp_btf: typed arguments, cheapest. */
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(btf_retrans_err, const struct sock *sk, const struct sk_buff *skb, int err)
+{
+	return on_retransmit(ctx, sk, skb, err);
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(btf_retrans, const struct sock *sk, const struct sk_buff *skb)
+{
+	return on_retransmit(ctx, sk, skb, 0);
+}
+
+SEC("tp_btf/tcp_retransmit_synack")
+int BPF_PROG(btf_synack, const struct sock *sk, const struct request_sock *req)
+{
+	return on_synack(ctx, sk, req);
+}
+
+/* raw_tp: same arguments, read with probes. */
+SEC("raw_tp/tcp_retransmit_skb")
+int BPF_PROG(raw_retrans_err, const struct sock *sk, const struct sk_buff *skb, int err)
+{
+	return on_retransmit(ctx, sk, skb, err);
+}
+
+SEC("raw_tp/tcp_retransmit_skb")
+int BPF_PROG(raw_retrans, const struct sock *sk, const struct sk_buff *skb)
+{
+	return on_retransmit(ctx, sk, skb, 0);
+}
+
+SEC("raw_tp/tcp_retransmit_synack")
+int BPF_PROG(raw_synack, const struct sock *sk, const struct request_sock *req)
+{
+	return on_synack(ctx, sk, req);
+}
+
+/* Classic tracepoints: pointers from the record; err if the record has it. */
+SEC("tracepoint/tcp/tcp_retransmit_skb")
+int tp_retrans(struct trace_event_raw_tcp_retransmit_skb *ctx)
+{
+	int err = 0;
+	if (bpf_core_field_exists(ctx->err))
+		err = BPF_CORE_READ(ctx, err);
+	return on_retransmit(ctx, ctx->skaddr, ctx->skbaddr, err);
+}
+
+SEC("tracepoint/tcp/tcp_retransmit_synack")
+int tp_synack(struct trace_event_raw_tcp_retransmit_synack *ctx)
+{
+	return on_synack(ctx, ctx->skaddr, ctx->req);
+}

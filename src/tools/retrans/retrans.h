@@ -1,0 +1,85 @@
+/* Shared between retrans.bpf.c and src/tools/retrans/mod.rs (which mirrors these layouts). */
+#ifndef SONDE_RETRANS_H
+#define SONDE_RETRANS_H
+
+#define TASK_COMM_LEN 16
+#define MAX_STACK 32
+#define MAX_PORTS 8
+#define MAX_CIDRS 8
+#define MAX_PIDS 16
+#define MAX_ERRNO 256
+
+enum retrans_kind {
+	KIND_RTO = 0,
+	KIND_TLP = 1,
+	KIND_FAST = 2,
+	KIND_LOSS_RECOVERY = 3,
+	KIND_SYN = 4,
+	KIND_SYNACK = 5,
+	KIND_FAILED = 6,
+	KIND_MAX = 7,
+};
+
+/* Who owns a socket, recorded in process context. */
+struct rt_owner {
+	__u32 pid;
+	__u32 tid;
+	__u64 cgroup;
+	char comm[TASK_COMM_LEN];
+};
+
+struct rt_flow {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u16 sport;
+	__u16 dport;
+	__u16 family;
+	__u8 kind;
+	__u8 pad;
+};
+
+struct rt_event {
+	__u64 ts_ns;
+	struct rt_flow flow;
+	struct rt_owner owner;
+	__s32 err;
+	__u32 segs;
+	__u8 state;
+	__u8 ca_state;
+	__u8 pending;
+	__u8 has_owner;
+	__u32 nr_kstack; /* bytes of kstack filled; 0 without --stack */
+	__u64 kstack[MAX_STACK];
+};
+
+/* Size of an event without the stack, reserved when stacks are off. */
+#define EVENT_BASE_SIZE (sizeof(struct rt_event) - MAX_STACK * sizeof(__u64))
+
+struct rt_flow_stats {
+	__u64 count;
+	__u64 segs;
+	struct rt_owner owner;
+	__u8 state;
+	__u8 has_owner;
+	__u8 pad[6];
+};
+
+struct rt_cidr {
+	__u8 addr[16];
+	__u16 family;
+	__u16 prefix;
+	__u32 pad;
+};
+
+/* Totals kept in a per-CPU array, indexed by these slots. */
+enum stat_slot {
+	STAT_COUNT = 0,           /* + kind: events per kind (KIND_MAX slots) */
+	STAT_SEGS = KIND_MAX,     /* + kind: segments per kind */
+	STAT_LOST = 2 * KIND_MAX, /* ring buffer reserve failed */
+	STAT_FLOW_FULL,           /* count map full */
+	STAT_OWNER_FULL,          /* owner map full */
+	STAT_FILTERED,            /* events dropped by filters */
+	STAT_MAX,
+};
+
+#endif
