@@ -680,7 +680,9 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &RetransArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.duration)?;
-    let out = run_with(a, &ctl, || {})?;
+    let out = run_with(a, &ctl, || {
+        eprintln!("sonde: tracing TCP retransmissions; Ctrl-C ends with a summary");
+    })?;
     Ok(out.stop.exit_code())
 }
 

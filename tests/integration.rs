@@ -1,0 +1,381 @@
+//! End-to-end tests: the real `sonde` binary against real kernel traffic in
+//! the tests' own network namespaces, checked against those namespaces' MIB
+//! counters. They need root (as in CI); they fail, not skip, without it.
+use std::{
+    io::{BufRead, BufReader},
+    net::{IpAddr, SocketAddr},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+use sonde::{
+    engine::netns::{Mib, Pair},
+    lab::{
+        retrans::{drop_all, settled_mib, undrop, workload, PORT_SYN},
+        traffic::{connect_attempt, Mode, Server},
+    },
+};
+
+const SONDE: &str = env!("CARGO_BIN_EXE_sonde");
+
+/// A running `sonde retrans --json`, its stdout collected line by line.
+struct Tracer {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<thread::JoinHandle<()>>,
+}
+
+impl Tracer {
+    fn start(args: &[&str]) -> Tracer {
+        let mut child = Command::new(SONDE)
+            .arg("retrans")
+            .arg("--json")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sonde");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let l2 = lines.clone();
+        let reader = thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(l);
+            }
+        });
+        // Wait for the readiness line on stderr.
+        let err = child.stderr.take().unwrap();
+        let mut r = BufReader::new(err);
+        let mut line = String::new();
+        let t0 = Instant::now();
+        loop {
+            line.clear();
+            let n = r.read_line(&mut line).unwrap();
+            assert!(n > 0, "sonde exited before tracing: {:?}", child.wait());
+            if line.contains("tracing TCP retransmissions") {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "sonde did not start: {line}");
+        }
+        thread::spawn(move || for _ in r.lines() {});
+        Tracer { child, lines, reader: Some(reader) }
+    }
+
+    /// SIGINT, then the exit code and every JSON line.
+    fn stop(mut self) -> (i32, Vec<Value>) {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        self.reader.take().unwrap().join().unwrap();
+        let lines = self.lines.lock().unwrap();
+        let vals = lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}"))).collect();
+        (status.code().unwrap_or(-1), vals)
+    }
+}
+
+fn summary(v: &[Value]) -> &Value {
+    let s = v.last().expect("no output");
+    assert_eq!(s["type"], "summary", "last line must be the summary: {s}");
+    s
+}
+
+fn events<'a>(v: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    v.iter().filter(|e| e["type"] == "retrans" && e["kind"] == kind).collect()
+}
+
+fn seg_sum(v: &[&Value]) -> i64 {
+    v.iter().map(|e| e["segs"].as_i64().unwrap()).sum()
+}
+
+fn filter_args(p: &Pair) -> Vec<String> {
+    vec!["--addr".into(), p.net4.clone(), "--addr".into(), p.net6.clone(), "--failed".into()]
+}
+
+/// Runs the lab workload under `sonde retrans` and returns events and MIB deltas.
+fn traced_workload(extra: &[&str], loss: u32) -> (Vec<Value>, Mib) {
+    let pair = Pair::new().expect("namespaces");
+    let mut args = filter_args(&pair);
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let argv: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let t = Tracer::start(&argv);
+    let before = pair.mib().unwrap();
+    workload(&pair, loss, 8).expect("workload");
+    let after = settled_mib(&pair, Duration::from_secs(15)).unwrap();
+    let (code, out) = t.stop();
+    assert_eq!(code, 130, "SIGINT ends with status 130");
+    (out, after.delta(&before))
+}
+
+/// Every relation the README states, checked from the per-event lines.
+fn assert_relations(out: &[Value], d: &Mib) {
+    let s = summary(out);
+    assert_eq!(s["lost"], 0, "no events may be lost here");
+    let ok: Vec<&Value> = out.iter().filter(|e| e["type"] == "retrans" && e["kind"] != "failed").collect();
+    // Sum of segs over all successful retransmissions == TcpRetransSegs, exactly.
+    assert_eq!(seg_sum(&ok), d.get("TcpRetransSegs"), "segs vs TcpRetransSegs");
+    assert_eq!(s["segs"].as_i64().unwrap(), d.get("TcpRetransSegs"));
+    // Fast/RACK retransmits are counted by the kernel in segments.
+    assert_eq!(seg_sum(&events(out, "fast")), d.get("TcpExtTCPFastRetrans"), "fast vs TCPFastRetrans");
+    // Retransmits in Loss state after an RTO: TCPSlowStartRetrans, in segments.
+    assert_eq!(seg_sum(&events(out, "loss_recovery")), d.get("TcpExtTCPSlowStartRetrans"), "loss_recovery vs TCPSlowStartRetrans");
+    // SYN and SYN-ACK retransmits: one TCPSynRetrans each.
+    let syn = events(out, "syn").len() + events(out, "synack").len();
+    assert_eq!(syn as i64, d.get("TcpExtTCPSynRetrans"), "syn+synack vs TCPSynRetrans");
+    // TCPLossProbes also counts probes that sent new data: TLP retransmits <= it.
+    let tlp = events(out, "tlp").len() as i64;
+    assert!(tlp <= d.get("TcpExtTCPLossProbes"), "tlp {tlp} <= TCPLossProbes {}", d.get("TcpExtTCPLossProbes"));
+    // TCPTimeouts counts every RTO/SYN timer expiry (and SYN-ACK timer expiries),
+    // each of which retransmits at most once.
+    let rto = events(out, "rto").len() as i64 + events(out, "syn").len() as i64;
+    assert!(rto <= d.get("TcpExtTCPTimeouts"), "rto+syn {rto} <= TCPTimeouts {}", d.get("TcpExtTCPTimeouts"));
+    // Failed with EBUSY: the original is still in a host queue.
+    let busy = out.iter().filter(|e| e["kind"] == "failed" && e["err"] == -16).count() as i64;
+    assert_eq!(busy, d.get("TcpExtTCPSpuriousRtxHostQueues"), "EBUSY vs TCPSpuriousRtxHostQueues");
+    assert_eq!(s["failed"]["EBUSY"].as_i64().unwrap_or(0), busy);
+    // Other failures are TCPRetransFail (in segments).
+    let other: Vec<&Value> = out.iter().filter(|e| e["kind"] == "failed" && e["err"] != -16).collect();
+    assert_eq!(seg_sum(&other), d.get("TcpExtTCPRetransFail"), "other failures vs TCPRetransFail");
+    // The summary's counts agree with the events (nothing lost).
+    for k in ["rto", "tlp", "fast", "loss_recovery", "syn", "synack"] {
+        assert_eq!(s["counts"][k].as_u64().unwrap() as usize, events(out, k).len(), "summary count of {k}");
+    }
+}
+
+#[test]
+fn every_kind_matches_the_mib_counters() {
+    let (out, d) = traced_workload(&[], 2);
+    assert_relations(&out, &d);
+    // The workload makes every kind, on IPv4 and IPv6.
+    for k in ["rto", "tlp", "fast", "loss_recovery", "syn", "synack"] {
+        assert!(!events(&out, k).is_empty(), "no {k} event");
+    }
+    assert!(out.iter().any(|e| e["type"] == "retrans" && e["family"] == 6), "no IPv6 event");
+    assert!(out.iter().any(|e| e["type"] == "retrans" && e["family"] == 4), "no IPv4 event");
+    // Schema: every event has the documented fields.
+    for e in out.iter().filter(|e| e["type"] == "retrans") {
+        for f in ["time", "kind", "err", "segs", "family", "saddr", "sport", "daddr", "dport", "state", "ca_state", "pid", "comm"] {
+            assert!(e.get(f).is_some(), "field {f} missing in {e}");
+        }
+    }
+    // RTO is the first retransmit of a timer expiry: congestion state Loss.
+    assert!(events(&out, "rto").iter().all(|e| e["ca_state"] == "loss"));
+    assert!(events(&out, "syn").iter().all(|e| e["state"] == "SYN_SENT"));
+}
+
+#[test]
+fn raw_tp_fallback_matches_the_mib_counters() {
+    let (out, d) = traced_workload(&["--mechanism", "raw_tp"], 2);
+    assert_eq!(summary(&out)["mechanism"], "raw_tp");
+    assert_relations(&out, &d);
+}
+
+#[test]
+fn classic_tracepoint_fallback_matches_the_mib_counters() {
+    let (out, d) = traced_workload(&["--mechanism", "tracepoint"], 2);
+    assert_eq!(summary(&out)["mechanism"], "tracepoint");
+    assert_relations(&out, &d);
+}
+
+#[test]
+fn count_mode_totals_match_the_mib_counters() {
+    let (out, d) = traced_workload(&["--count"], 3);
+    assert!(out.iter().all(|e| e["type"] != "retrans"), "count mode sends no events");
+    let flows: Vec<&Value> = out.iter().filter(|e| e["type"] == "flow" && e["kind"] != "failed").collect();
+    assert!(!flows.is_empty());
+    let segs: i64 = flows.iter().map(|f| f["segs"].as_i64().unwrap()).sum();
+    assert_eq!(segs, d.get("TcpRetransSegs"));
+    let fast: i64 = flows.iter().filter(|f| f["kind"] == "fast").map(|f| f["segs"].as_i64().unwrap()).sum();
+    assert_eq!(fast, d.get("TcpExtTCPFastRetrans"));
+    // Sorted by count, descending.
+    let counts: Vec<u64> = flows.iter().map(|f| f["count"].as_u64().unwrap()).collect();
+    assert!(counts.windows(2).all(|w| w[0] >= w[1]));
+}
+
+/// A SYN-retransmitting connect from a known process (bash's /dev/tcp).
+fn spawn_connector(pair: &Pair, delay_s: f32) -> Child {
+    let script = format!("sleep {delay_s}; exec 3<>/dev/tcp/{}/{PORT_SYN}", pair.b4);
+    Command::new("ip").args(["netns", "exec", &pair.a.name, "bash", "-c", &script]).spawn().unwrap()
+}
+
+#[test]
+fn retransmits_are_attributed_to_the_owning_process() {
+    let pair = Pair::new().unwrap();
+    let _srv = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap();
+    drop_all(&pair.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
+    let mut owner = spawn_connector(&pair, 1.5);
+    let mut other = spawn_connector(&pair, 1.5);
+    // -p filters on the owner recorded at connect(), not on who runs the timer.
+    let pid = owner.id().to_string();
+    let args = ["--addr", pair.net4.as_str(), "-p", pid.as_str()];
+    let t = Tracer::start(&args);
+    thread::sleep(Duration::from_millis(4200));
+    let (_, out) = t.stop();
+    for c in [&mut owner, &mut other] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    undrop(&pair.b, "sonde_syn").unwrap();
+    let syn = events(&out, "syn");
+    assert!(syn.len() >= 2, "expected SYN retransmits at 1 s and 3 s: {out:?}");
+    for e in &syn {
+        assert_eq!(e["pid"].as_u64().unwrap(), owner.id() as u64, "pid of {e}");
+        assert_eq!(e["comm"], "bash");
+    }
+}
+
+#[test]
+fn ipv6_only_filter_sees_only_ipv6() {
+    // Two labs: one connects over IPv4, the other over IPv6; SYNs dropped in both.
+    let (p4, p6) = (Pair::new().unwrap(), Pair::new().unwrap());
+    let mut servers = Vec::new();
+    for p in [&p4, &p6] {
+        servers.push(Server::start(&p.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap());
+        drop_all(&p.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
+    }
+    let args = ["--addr", p4.net4.as_str(), "--addr", p6.net6.as_str(), "-6", "--kind", "syn"];
+    let t = Tracer::start(&args);
+    let (b4, b6) = (p4.mib().unwrap(), p6.mib().unwrap());
+    let to4 = SocketAddr::new(p4.b4.parse().unwrap(), PORT_SYN);
+    let to6 = SocketAddr::new(p6.b6.parse().unwrap(), PORT_SYN);
+    thread::scope(|s| {
+        s.spawn(|| connect_attempt(&p4.a, to4, Duration::from_millis(2500)).unwrap());
+        s.spawn(|| connect_attempt(&p6.a, to6, Duration::from_millis(2500)).unwrap());
+    });
+    let d4 = settled_mib(&p4, Duration::from_secs(5)).unwrap().delta(&b4);
+    let d6 = settled_mib(&p6, Duration::from_secs(5)).unwrap().delta(&b6);
+    let (_, out) = t.stop();
+    let syn = events(&out, "syn");
+    assert!(d4.get("TcpExtTCPSynRetrans") >= 1, "the IPv4 lab retransmitted SYNs");
+    assert!(d6.get("TcpExtTCPSynRetrans") >= 1);
+    assert_eq!(syn.len() as i64, d6.get("TcpExtTCPSynRetrans"), "exactly the IPv6 lab's SYN retransmits: {out:?}");
+    assert!(syn.iter().all(|e| e["family"] == 6 && e["daddr"] == p6.b6.as_str()));
+}
+
+fn our_prog_ids() -> Vec<u64> {
+    let out = Command::new("bpftool").args(["prog", "show", "-j"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            let n = p["name"].as_str().unwrap_or("");
+            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_synack", "tp_sendmsg", "tp_accept4"]
+                .iter()
+                .any(|x| n.starts_with(x))
+        })
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn sigkill_leaves_no_program_or_link_behind() {
+    let t = Tracer::start(&["--addr", "192.0.2.0/24"]);
+    let pid = t.child.id();
+    let ours = our_prog_ids();
+    assert!(!ours.is_empty(), "programs of the running sonde are visible");
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let (code, _) = t.stop();
+    assert_ne!(code, 0);
+    // Program teardown after the last fd closes is asynchronous: allow a moment.
+    let t0 = Instant::now();
+    loop {
+        let still: Vec<u64> = our_prog_ids().into_iter().filter(|id| ours.contains(id)).collect();
+        if still.is_empty() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "programs {still:?} outlived a SIGKILLed sonde");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let links = Command::new("bpftool").args(["link", "show", "-j"]).output().unwrap();
+    let lv: Value = serde_json::from_slice(&links.stdout).unwrap_or(Value::Array(vec![]));
+    for l in lv.as_array().unwrap() {
+        let pid_hits = l["pids"].as_array().map(|ps| ps.iter().any(|p| p["pid"] == pid)).unwrap_or(false);
+        assert!(!pid_hits, "link {l} still held by the killed sonde");
+        assert!(!ours.contains(&l["prog_id"].as_u64().unwrap_or(0)), "link {l} of our program survives");
+    }
+}
+
+#[test]
+fn sigterm_and_duration_end_cleanly_with_a_summary() {
+    let t = Tracer::start(&["--addr", "192.0.2.0/24"]);
+    unsafe { libc::kill(t.child.id() as i32, libc::SIGTERM) };
+    let mut t = t;
+    let status = t.child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop");
+    t.reader.take().unwrap().join().unwrap();
+    let lines = t.lines.lock().unwrap().clone();
+    let last: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(last["type"], "summary");
+
+    let out = Command::new(SONDE).args(["retrans", "-d", "1s", "--json", "--addr", "192.0.2.0/24"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let last: Value = serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["type"], "summary");
+    assert_eq!(last["lost"], 0);
+}
+
+#[test]
+fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
+    let before = our_prog_ids();
+    let cases: &[&[&str]] = &[
+        &["retrans", "--bogus"],
+        &["retrans", "--port", "0"],
+        &["retrans", "--port", "http"],
+        &["retrans", "--addr", "10.0.0.0/33"],
+        &["retrans", "--addr", "not-an-ip"],
+        &["retrans", "--kind", "lost"],
+        &["retrans", "-d", "-5s"],
+        &["retrans", "-d", "soon"],
+        &["retrans", "--cgroup", "/nonexistent/cgroup"],
+        &["retrans", "-p", "999999999"],
+        &["retrans", "-o", "/nonexistent-dir/out.json"],
+        &["retrans", "-o", "out.svg"],
+        &["retrans", "-i", "5s"],
+        &["lab", "retrans", "--loss", "90"],
+        &["frobnicate"],
+    ];
+    for c in cases {
+        let out = Command::new(SONDE).args(*c).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{c:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{c:?} must print one line: {err}");
+        assert!(err.starts_with("sonde: "), "{c:?}: {err}");
+    }
+    let after = our_prog_ids();
+    assert!(after.iter().all(|id| before.contains(id)), "bad input attached programs");
+}
+
+#[test]
+fn unprivileged_run_is_refused_with_exit_2() {
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", SONDE, "retrans", "-d", "1s"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("CAP_BPF"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1);
+    let doc = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", SONDE, "doctor"])
+        .output()
+        .unwrap();
+    assert_eq!(doc.status.code(), Some(2), "doctor: sonde cannot run unprivileged");
+}
+
+#[test]
+fn doctor_reports_the_mechanism_retrans_uses() {
+    let out = Command::new(SONDE).args(["doctor", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["usable"], true);
+    for f in ["btf", "tp_btf", "raw_tp", "tracepoint", "kprobe", "fentry", "uprobe", "perf_event", "ringbuf", "bpf_stats"] {
+        assert!(v["features"][f]["ok"].is_boolean(), "feature {f}");
+    }
+    // The kernel's own answer: kprobes exist iff the kprobe PMU does.
+    let kprobe_pmu = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    assert_eq!(v["features"]["kprobe"]["ok"], kprobe_pmu);
+    let tp_btf = v["features"]["tp_btf"]["ok"] == true;
+    assert_eq!(v["tools"]["retrans"]["mechanism"], if tp_btf { "tp_btf" } else { "raw_tp" });
+}
