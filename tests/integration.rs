@@ -113,9 +113,11 @@ fn assert_relations(out: &[Value], d: &Mib) {
     let s = summary(out);
     assert_eq!(s["lost"], 0, "no events may be lost here");
     let ok: Vec<&Value> = out.iter().filter(|e| e["type"] == "retrans" && e["kind"] != "failed").collect();
-    // Sum of segs over all successful retransmissions == TcpRetransSegs, exactly.
-    assert_eq!(seg_sum(&ok), d.get("TcpRetransSegs"), "segs vs TcpRetransSegs");
-    assert_eq!(s["segs"].as_i64().unwrap(), d.get("TcpRetransSegs"));
+    // The kernel adds to TcpRetransSegs before transmitting; a transmit that then
+    // fails is also in TCPRetransFail. So successful segs == RetransSegs - RetransFail.
+    let sent = d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail");
+    assert_eq!(seg_sum(&ok), sent, "segs vs TcpRetransSegs - TCPRetransFail");
+    assert_eq!(s["segs"].as_i64().unwrap(), sent);
     // Fast/RACK retransmits are counted by the kernel in segments.
     assert_eq!(seg_sum(&events(out, "fast")), d.get("TcpExtTCPFastRetrans"), "fast vs TCPFastRetrans");
     // Retransmits in Loss state after an RTO: TCPSlowStartRetrans, in segments.
@@ -134,9 +136,10 @@ fn assert_relations(out: &[Value], d: &Mib) {
     let busy = out.iter().filter(|e| e["kind"] == "failed" && e["err"] == -16).count() as i64;
     assert_eq!(busy, d.get("TcpExtTCPSpuriousRtxHostQueues"), "EBUSY vs TCPSpuriousRtxHostQueues");
     assert_eq!(s["failed"]["EBUSY"].as_i64().unwrap_or(0), busy);
-    // Other failures are TCPRetransFail (in segments).
+    // Other failures: those after the transmit are TCPRetransFail (in segments);
+    // early ones (zero window, no memory to split) are in no counter.
     let other: Vec<&Value> = out.iter().filter(|e| e["kind"] == "failed" && e["err"] != -16).collect();
-    assert_eq!(seg_sum(&other), d.get("TcpExtTCPRetransFail"), "other failures vs TCPRetransFail");
+    assert!(seg_sum(&other) >= d.get("TcpExtTCPRetransFail"), "other failures vs TCPRetransFail");
     // The summary's counts agree with the events (nothing lost).
     for k in ["rto", "tlp", "fast", "loss_recovery", "syn", "synack"] {
         assert_eq!(s["counts"][k].as_u64().unwrap() as usize, events(out, k).len(), "summary count of {k}");
@@ -185,7 +188,7 @@ fn count_mode_totals_match_the_mib_counters() {
     let flows: Vec<&Value> = out.iter().filter(|e| e["type"] == "flow" && e["kind"] != "failed").collect();
     assert!(!flows.is_empty());
     let segs: i64 = flows.iter().map(|f| f["segs"].as_i64().unwrap()).sum();
-    assert_eq!(segs, d.get("TcpRetransSegs"));
+    assert_eq!(segs, d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"));
     let fast: i64 = flows.iter().filter(|f| f["kind"] == "fast").map(|f| f["segs"].as_i64().unwrap()).sum();
     assert_eq!(fast, d.get("TcpExtTCPFastRetrans"));
     // Sorted by count, descending.

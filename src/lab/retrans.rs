@@ -181,6 +181,7 @@ impl Relation {
     pub fn holds(&self) -> bool {
         match self.rel {
             "==" => self.sonde as i64 == self.kernel,
+            ">=" => self.sonde as i64 >= self.kernel,
             _ => self.sonde as i64 <= self.kernel,
         }
     }
@@ -192,7 +193,13 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
     let ok_segs: u64 = (0..6).map(|i| t.segs(i)).sum();
     let busy = t.failed().get("EBUSY").copied().unwrap_or(0);
     vec![
-        Relation { what: "segs, all kinds".into(), sonde: ok_segs, counter: "TcpRetransSegs", kernel: d.get("TcpRetransSegs"), rel: "==" },
+        Relation {
+            what: "segs, all kinds".into(),
+            sonde: ok_segs,
+            counter: "TcpRetransSegs - TCPRetransFail",
+            kernel: d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"),
+            rel: "==",
+        },
         Relation { what: "segs of fast".into(), sonde: t.segs(k("fast")), counter: "TcpExtTCPFastRetrans", kernel: d.get("TcpExtTCPFastRetrans"), rel: "==" },
         Relation {
             what: "segs of loss_recovery".into(),
@@ -215,6 +222,13 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
             counter: "TcpExtTCPTimeouts",
             kernel: d.get("TcpExtTCPTimeouts"),
             rel: "<=",
+        },
+        Relation {
+            what: "segs of failed (any err)".into(),
+            sonde: t.segs(k("failed")),
+            counter: "TcpExtTCPRetransFail",
+            kernel: d.get("TcpExtTCPRetransFail"),
+            rel: ">=",
         },
         Relation { what: "failed EBUSY".into(), sonde: busy, counter: "TcpExtTCPSpuriousRtxHostQueues", kernel: d.get("TcpExtTCPSpuriousRtxHostQueues"), rel: "==" },
     ]
