@@ -90,9 +90,9 @@ pub enum RetransMechanism {
 /// Uses the tcp:tcp_retransmit_skb and tcp:tcp_retransmit_synack tracepoints
 /// (tp_btf, else raw_tp, else classic). Never reads /proc/net/tcp.
 ///
-/// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 61.7k SYN retransmits/s,
-/// 2-core VM): streaming every event as JSON to a file 13% of one core, 0 lost;
-/// --count < 0.1%; 514 ns per event in the kernel (bpf_stats). At ordinary
+/// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
+/// 2-core VM): streaming every event as JSON to a file 6.75% of one core, 0 lost;
+/// --count < 0.1%; 567 ns per event in the kernel (bpf_stats). At ordinary
 /// retransmit rates (< 1k/s) the cost is negligible.
 #[derive(Debug, Args)]
 pub struct RetransArgs {
