@@ -65,8 +65,13 @@ impl Tracer {
     }
 
     /// SIGINT, then the exit code and every JSON line.
-    fn stop(mut self) -> (i32, Vec<Value>) {
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    fn stop(self) -> (i32, Vec<Value>) {
+        self.end(libc::SIGINT)
+    }
+
+    /// Sends `sig`, waits, returns the exit code and every JSON line.
+    fn end(mut self, sig: i32) -> (i32, Vec<Value>) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
         let status = self.child.wait().unwrap();
         self.reader.take().unwrap().join().unwrap();
         let lines = self.lines.lock().unwrap();
@@ -278,8 +283,7 @@ fn sigkill_leaves_no_program_or_link_behind() {
     let pid = t.child.id();
     let ours = our_prog_ids();
     assert!(!ours.is_empty(), "programs of the running sonde are visible");
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    let (code, _) = t.stop();
+    let (code, _) = t.end(libc::SIGKILL);
     assert_ne!(code, 0);
     // Program teardown after the last fd closes is asynchronous: allow a moment.
     let t0 = Instant::now();
@@ -302,15 +306,9 @@ fn sigkill_leaves_no_program_or_link_behind() {
 
 #[test]
 fn sigterm_and_duration_end_cleanly_with_a_summary() {
-    let t = Tracer::start(&["--addr", "192.0.2.0/24"]);
-    unsafe { libc::kill(t.child.id() as i32, libc::SIGTERM) };
-    let mut t = t;
-    let status = t.child.wait().unwrap();
-    assert_eq!(status.code(), Some(0), "SIGTERM is a clean stop");
-    t.reader.take().unwrap().join().unwrap();
-    let lines = t.lines.lock().unwrap().clone();
-    let last: Value = serde_json::from_str(lines.last().unwrap()).unwrap();
-    assert_eq!(last["type"], "summary");
+    let (code, out) = Tracer::start(&["--addr", "192.0.2.0/24"]).end(libc::SIGTERM);
+    assert_eq!(code, 0, "SIGTERM is a clean stop");
+    summary(&out);
 
     let out = Command::new(SONDE).args(["retrans", "-d", "1s", "--json", "--addr", "192.0.2.0/24"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0));
@@ -350,20 +348,23 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
     assert!(after.iter().all(|id| before.contains(id)), "bad input attached programs");
 }
 
+/// Runs sonde as nobody with no capabilities at all.
+fn unprivileged(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", SONDE])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn unprivileged_run_is_refused_with_exit_2() {
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", SONDE, "retrans", "-d", "1s"])
-        .output()
-        .unwrap();
+    let out = unprivileged(&["retrans", "-d", "1s"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("CAP_BPF"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1);
-    let doc = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", SONDE, "doctor"])
-        .output()
-        .unwrap();
+    let doc = unprivileged(&["doctor"]);
     assert_eq!(doc.status.code(), Some(2), "doctor: sonde cannot run unprivileged");
 }
 
