@@ -22,11 +22,16 @@ lab: build
 test: setup
 	$(SUDO) env "PATH=$(PATH)" $(CARGO) test -- --test-threads=2
 	$(SUDO) ./target/debug/sonde lab retrans --loss 3
+	$(MAKE) static
+	$(SUDO) scripts/static-check target/$(TARGET)/release/sonde
 
-# A fully static binary: libbpf, libelf, zlib and zstd linked in, crt-static.
+# A fully static binary (static-pie): libbpf, libelf, zlib and zstd linked in,
+# crt-static. GNU ld, not the rust-lld that rustc >= 1.90 uses by default:
+# rust-lld links glibc's static-pie start-up wrongly (the binary jumps to its
+# own load address from _init and segfaults before main).
 static: setup
 	LIBBPF_SYS_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
-	  RUSTFLAGS="-C target-feature=+crt-static -C relocation-model=static -C link-arg=-lzstd" \
+	  RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-lzstd -C link-arg=-fuse-ld=bfd" \
 	  $(CARGO) build --release --features static --target $(TARGET)
 	@file target/$(TARGET)/release/sonde
 	@ls -l target/$(TARGET)/release/sonde
