@@ -195,6 +195,48 @@ pub struct Pair {
     pub net4: String,
     /// The IPv6 /64 both live in.
     pub net6: String,
+    _lease: SubnetLease,
+}
+
+/// One of 250 subnet numbers, reserved across processes by a file
+/// `/run/sonde/subnet-N` holding the owner's pid (taken over when that pid is
+/// gone), so concurrent labs and tests never share addresses.
+struct SubnetLease {
+    n: u32,
+    path: std::path::PathBuf,
+}
+
+impl SubnetLease {
+    fn take(start: u32) -> anyhow::Result<Self> {
+        let dir = std::path::Path::new("/run/sonde");
+        std::fs::create_dir_all(dir)?;
+        let me = std::process::id();
+        for i in 0..250 {
+            let n = (start + i) % 250 + 1;
+            let path = dir.join(format!("subnet-{n}"));
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    use std::io::Write;
+                    writeln!(f, "{me}")?;
+                    return Ok(SubnetLease { n, path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok());
+                    if owner.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        anyhow::bail!("all 250 lab subnets are in use (/run/sonde/subnet-*); end other sonde labs or remove stale files")
+    }
+}
+
+impl Drop for SubnetLease {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
@@ -206,7 +248,8 @@ impl Pair {
         remove_stale();
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
-        let sub = (pid.wrapping_mul(7).wrapping_add(n)) % 250 + 1;
+        let lease = SubnetLease::take(pid.wrapping_mul(7).wrapping_add(n))?;
+        let sub = lease.n;
         let base = format!("{PREFIX}{pid}-{n}");
         let a = Netns::create(&format!("{base}-a"))?;
         let b = Netns::create(&format!("{base}-b"))?;
@@ -222,6 +265,7 @@ impl Pair {
             net6: format!("fd53:{sub:x}::/64"),
             a,
             b,
+            _lease: lease,
         };
         for (ns, dev, v4, v6) in [(&p.a, &va, &p.a4, &p.a6), (&p.b, &vb, &p.b4, &p.b6)] {
             ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", dev])?;
