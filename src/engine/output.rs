@@ -16,8 +16,10 @@ impl Sink {
     /// stdout, or the file named by `-o` (created or truncated now, so an
     /// unwritable path fails before anything is attached).
     pub fn open(path: Option<&Path>) -> anyhow::Result<Self> {
+        // Buffered either way: tools flush after every ring-buffer drain
+        // (50 ms), not once per line.
         let out: Box<dyn Write> = match path {
-            None => Box::new(io::stdout()),
+            None => Box::new(BufWriter::with_capacity(1 << 16, io::stdout())),
             Some(p) => {
                 let f = File::create(p).map_err(|e| {
                     usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display()))
@@ -29,7 +31,7 @@ impl Sink {
     }
 
     /// Writes one JSON object as a line.
-    pub fn json(&mut self, v: &serde_json::Value) -> io::Result<()> {
+    pub fn json(&mut self, v: &impl serde::Serialize) -> io::Result<()> {
         serde_json::to_writer(&mut self.out, v)?;
         self.out.write_all(b"\n")
     }

@@ -24,12 +24,12 @@ use serde_json::{json, Value};
 pub use names::KINDS;
 
 use crate::engine::{
-    attach::{with_fallbacks, Mechanism},
+    attach::{recursion_misses, with_fallbacks, Mechanism},
     cgroup::cgroup_id,
     error::usage,
     features,
     output::{table, Sink},
-    ringbuf::poll_until_stop,
+    ringbuf::{self, poll_until_stop},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
 };
@@ -91,9 +91,10 @@ pub enum RetransMechanism {
 /// (tp_btf, else raw_tp, else classic). Never reads /proc/net/tcp.
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
-/// 2-core VM): streaming every event as JSON to a file 6.75% of one core, 0 lost;
-/// --count < 0.1%; 567 ns per event in the kernel (bpf_stats). At ordinary
-/// retransmit rates (< 1k/s) the cost is negligible.
+/// 2-core VM): streaming every event as JSON to a file 2.75% of one core, 0 lost
+/// (a bpftrace printf one-liner: 6.25%); --count < 0.1%; 350-490 ns per event in
+/// the kernel (bpftrace's: 1,280 ns). Events reach the output within 50 ms. At
+/// ordinary retransmit rates (< 1k/s) the cost is negligible.
 #[derive(Debug, Args)]
 pub struct RetransArgs {
     /// Count in the kernel per flow and kind; print a sorted table at the end.
@@ -204,6 +205,37 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
 struct Loaded {
     skel: RetransSkel<'static>,
     _links: Vec<Link>,
+    /// Indices (into [`programs`]) of the attached retransmit/SYN-ACK handlers.
+    handlers: Vec<usize>,
+}
+
+/// Every program of the object, in one fixed order: retransmit and SYN-ACK
+/// handlers first ([`N_HANDLERS`]), then socket-owner hooks.
+fn programs<'a, 'o>(skel: &'a RetransSkel<'o>) -> [&'a libbpf_rs::ProgramMut<'o>; 12] {
+    let p = &skel.progs;
+    [
+        &p.btf_retrans_err,
+        &p.btf_retrans,
+        &p.btf_synack,
+        &p.raw_retrans_err,
+        &p.raw_retrans,
+        &p.raw_synack,
+        &p.tp_retrans,
+        &p.tp_synack,
+        &p.tp_sendmsg,
+        &p.tp_accept4,
+        &p.tp_accept,
+        &p.tp_set_state,
+    ]
+}
+const N_HANDLERS: usize = 8;
+
+/// Events the kernel never gave to our handlers: it skips a tracing program
+/// on a CPU where the program is already running (a softirq retransmit
+/// interrupting one being handled in process context).
+fn missed(l: &Loaded) -> u64 {
+    let progs = programs(&l.skel);
+    l.handlers.iter().map(|&i| recursion_misses(progs[i])).sum()
 }
 
 fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded> {
@@ -243,22 +275,24 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     ro.cgroup_id = cfg.cgroup;
 
     let kib = a.ringbuf_kib.max(64).next_power_of_two();
+    ro.rb_wake_bytes = ringbuf::wake_bytes(kib as u64 * 1024);
     open.maps.events.set_max_entries(kib * 1024)?;
 
     // Pick the retransmit programs for this mechanism; the rest stay unloaded.
     let has_err = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3);
+    let (btf, raw, tp) = (mech == Mechanism::TpBtf, mech == Mechanism::RawTp, mech == Mechanism::Tracepoint);
     let p = &mut open.progs;
     let all = [
-        (&mut p.btf_retrans_err, mech == Mechanism::TpBtf && has_err),
-        (&mut p.btf_retrans, mech == Mechanism::TpBtf && !has_err),
-        (&mut p.btf_synack, mech == Mechanism::TpBtf),
-        (&mut p.raw_retrans_err, mech == Mechanism::RawTp && has_err),
-        (&mut p.raw_retrans, mech == Mechanism::RawTp && !has_err),
-        (&mut p.raw_synack, mech == Mechanism::RawTp),
-        (&mut p.tp_retrans, mech == Mechanism::Tracepoint),
-        (&mut p.tp_synack, mech == Mechanism::Tracepoint),
+        (&mut p.btf_retrans_err, btf && has_err),
+        (&mut p.btf_retrans, btf && !has_err),
+        (&mut p.btf_synack, btf),
+        (&mut p.raw_retrans_err, raw && has_err),
+        (&mut p.raw_retrans, raw && !has_err),
+        (&mut p.raw_synack, raw),
+        (&mut p.tp_retrans, tp),
+        (&mut p.tp_synack, tp),
         // Ownership hooks: each only where the kernel has it.
-        (&mut p.tp_sendmsg, mech == Mechanism::TpBtf && features::btf_has_type("btf_trace_tcp_sendmsg_locked")),
+        (&mut p.tp_sendmsg, btf && features::btf_has_type("btf_trace_tcp_sendmsg_locked")),
         (&mut p.tp_accept4, features::tracepoint_exists("syscalls", "sys_exit_accept4")),
         (&mut p.tp_accept, features::tracepoint_exists("syscalls", "sys_exit_accept")),
         (&mut p.tp_set_state, true),
@@ -271,27 +305,14 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
         }
     }
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
-    let p = &skel.progs;
-    let progs = [
-        &p.btf_retrans_err,
-        &p.btf_retrans,
-        &p.btf_synack,
-        &p.raw_retrans_err,
-        &p.raw_retrans,
-        &p.raw_synack,
-        &p.tp_retrans,
-        &p.tp_synack,
-        &p.tp_sendmsg,
-        &p.tp_accept4,
-        &p.tp_accept,
-        &p.tp_set_state,
-    ];
+    let progs = programs(&skel);
     let mut links = Vec::new();
-    for i in chosen {
+    for &i in &chosen {
         let prog = progs[i];
         links.push(prog.attach().with_context(|| format!("attaching {}", prog.name().to_string_lossy()))?);
     }
-    Ok(Loaded { skel, _links: links })
+    let handlers = chosen.into_iter().filter(|&i| i < N_HANDLERS).collect();
+    Ok(Loaded { skel, _links: links, handlers })
 }
 
 /// Per-kind and per-error totals, summed over CPUs.
@@ -300,6 +321,7 @@ pub struct Totals {
     counts: [u64; KIND_MAX],
     segs: [u64; KIND_MAX],
     lost: u64,
+    missed: u64,
     flow_full: u64,
     owner_full: u64,
     filtered: u64,
@@ -347,6 +369,8 @@ fn summary_json(t: &Totals, mech: Mechanism, elapsed: Duration) -> Value {
         "failed": t.failed,
         "failed_segs": t.segs[KIND_MAX - 1],
         "lost": t.lost,
+        "missed": t.missed,
+        "filtered": t.filtered,
         "map_full": {"flows": t.flow_full, "owners": t.owner_full},
         "mechanism": mech.to_string(),
         "duration_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
@@ -365,9 +389,10 @@ fn summary_text(t: &Totals, mech: Mechanism, elapsed: Duration) -> String {
     s.push_str(&table(&["KIND", "EVENTS", "SEGS"], &rows));
     let failed: Vec<String> = t.failed.iter().map(|(e, n)| format!("{e} {n}")).collect();
     s.push_str(&format!(
-        "\nfailed attempts (not retransmissions): {}\nlost events: {}  map full: flows {} owners {}",
+        "\nfailed attempts (not retransmissions): {}\nlost events: {} (ring buffer full) + {} (missed: kernel skipped the program on a busy CPU)  map full: flows {} owners {}",
         if failed.is_empty() { "none".to_string() } else { failed.join(", ") },
         t.lost,
+        t.missed,
         t.flow_full,
         t.owner_full
     ));
@@ -401,6 +426,31 @@ fn hms(epoch_ns: u64) -> String {
     let s = epoch_ns / 1_000_000_000;
     let ms = (epoch_ns / 1_000_000) % 1000;
     format!("{:02}:{:02}:{:02}.{ms:03}", (s / 3600) % 24, (s / 60) % 60, s % 60)
+}
+
+/// One `--json` event line (schema in the README). Serialized straight from
+/// this struct: building a `serde_json::Value` per event cost a third of the
+/// user-space time at 20k events/s.
+#[derive(serde::Serialize)]
+struct EventLine {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    time: f64,
+    kind: &'static str,
+    err: i32,
+    segs: u32,
+    family: u8,
+    saddr: IpAddr,
+    sport: u16,
+    daddr: IpAddr,
+    dport: u16,
+    state: &'static str,
+    ca_state: &'static str,
+    pid: Option<u32>,
+    comm: Option<String>,
+    cgroup: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stack: Option<Vec<String>>,
 }
 
 /// Turns ring-buffer records into lines.
@@ -447,27 +497,26 @@ impl Printer {
     fn json_event(&mut self, e: &types::rt_event) -> std::io::Result<()> {
         let f = &e.flow;
         let epoch = (e.ts_ns as i128 + self.mono_to_epoch) as f64 / 1e9;
-        let mut v = json!({
-            "type": "retrans",
-            "time": (epoch * 1e6).round() / 1e6,
-            "kind": KINDS.get(f.kind as usize).copied().unwrap_or("unknown"),
-            "err": e.err,
-            "segs": e.segs,
-            "family": if f.family == 2 { 4 } else { 6 },
-            "saddr": addr(f.family, &f.saddr).to_string(),
-            "sport": f.sport,
-            "daddr": addr(f.family, &f.daddr).to_string(),
-            "dport": f.dport,
-            "state": names::tcp_state(e.state),
-            "ca_state": names::ca_state(e.ca_state),
-            "pid": if e.has_owner != 0 { json!(e.owner.pid) } else { json!(null) },
-            "comm": if e.has_owner != 0 { json!(comm(&e.owner.comm)) } else { json!(null) },
-            "cgroup": if e.has_owner != 0 { json!(e.owner.cgroup) } else { json!(null) },
-        });
-        if self.ksyms.is_some() {
-            v["stack"] = json!(self.stack(e));
-        }
-        self.sink.json(&v)
+        let owned = e.has_owner != 0;
+        let line = EventLine {
+            ty: "retrans",
+            time: (epoch * 1e6).round() / 1e6,
+            kind: KINDS.get(f.kind as usize).copied().unwrap_or("unknown"),
+            err: e.err,
+            segs: e.segs,
+            family: if f.family == 2 { 4 } else { 6 },
+            saddr: addr(f.family, &f.saddr),
+            sport: f.sport,
+            daddr: addr(f.family, &f.daddr),
+            dport: f.dport,
+            state: names::tcp_state(e.state),
+            ca_state: names::ca_state(e.ca_state),
+            pid: owned.then_some(e.owner.pid),
+            comm: owned.then(|| comm(&e.owner.comm)),
+            cgroup: owned.then_some(e.owner.cgroup),
+            stack: self.ksyms.is_some().then(|| self.stack(e)),
+        };
+        self.sink.json(&line)
     }
 
     fn text_event(&mut self, e: &types::rt_event) -> std::io::Result<()> {
@@ -587,9 +636,13 @@ impl Totals {
     pub fn segs(&self, kind: usize) -> u64 {
         self.segs[kind]
     }
-    /// Lost events.
+    /// Lost events: ring buffer full.
     pub fn lost(&self) -> u64 {
         self.lost
+    }
+    /// Events the kernel never ran our program for (recursion on one CPU).
+    pub fn missed(&self) -> u64 {
+        self.missed
     }
     /// Failed attempts by errno name.
     pub fn failed(&self) -> &BTreeMap<String, u64> {
@@ -644,9 +697,13 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     };
 
     let skel = &loaded.skel;
-    let stop = poll_until_stop(rb.as_ref(), ctl, a.interval, || {
-        let rows = read_flows(skel)?;
+    let stop = poll_until_stop(rb.as_ref(), ctl, a.interval, |due| {
         let mut p = printer.borrow_mut();
+        if !due {
+            p.sink.flush()?;
+            return Ok(());
+        }
+        let rows = read_flows(skel)?;
         if !p.json {
             let now = (clock_ns(libc::CLOCK_REALTIME)) as u64;
             p.sink.line(&format!("\n{} UTC, {:.0}s in:", hms(now), start.elapsed().as_secs_f64()))?;
@@ -658,7 +715,8 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     })?;
     drop(rb);
 
-    let totals = read_totals(skel)?;
+    let mut totals = read_totals(skel)?;
+    totals.missed = missed(&loaded);
     let elapsed = start.elapsed();
     let mut p = printer.borrow_mut();
     if let Some(e) = p.error.take() {

@@ -24,6 +24,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_endian.h>
+#include "sonde.h"
 #include "retrans.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -258,18 +259,35 @@ static __always_inline void unmap_v4(struct rt_flow *f)
 	w[2] = w[3] = d[2] = d[3] = 0;
 }
 
-static __always_inline void fill_flow(struct rt_flow *f, const struct sock *sk)
+/*
+ * Field reads. tp_btf hands us typed pointers, so `direct` loads them (a
+ * plain load the verifier guards; a few ns); raw_tp and classic tracepoints
+ * need a probe read per field (a helper call each). `direct` is a constant
+ * in every program, so only one branch is compiled in.
+ */
+#define KREAD(direct, src, field) ((direct) ? (src)->field : BPF_CORE_READ(src, field))
+
+static __always_inline void kcopy(bool direct, void *dst, int n, const void *src)
 {
-	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (direct)
+		__builtin_memcpy(dst, src, n);
+	else
+		bpf_core_read(dst, n, src);
+}
+
+/* Addresses and ports of a socket (full or request socket: sock_common),
+ * whose addresses are of `family`. */
+static __always_inline void fill_flow(struct rt_flow *f, const struct sock_common *c, __u16 family, bool direct)
+{
 	f->family = family;
-	f->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
-	f->dport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	f->sport = KREAD(direct, c, skc_num);
+	f->dport = bpf_ntohs(KREAD(direct, c, skc_dport));
 	if (family == AF_INET) {
-		bpf_core_read(f->saddr, 4, &sk->__sk_common.skc_rcv_saddr);
-		bpf_core_read(f->daddr, 4, &sk->__sk_common.skc_daddr);
+		kcopy(direct, f->saddr, 4, &c->skc_rcv_saddr);
+		kcopy(direct, f->daddr, 4, &c->skc_daddr);
 	} else {
-		bpf_core_read(f->saddr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
-		bpf_core_read(f->daddr, 16, &sk->__sk_common.skc_v6_daddr);
+		kcopy(direct, f->saddr, 16, &c->skc_v6_rcv_saddr);
+		kcopy(direct, f->daddr, 16, &c->skc_v6_daddr);
 		unmap_v4(f);
 	}
 }
@@ -361,23 +379,32 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		long n = bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0);
 		e->nr_kstack = n > 0 ? n : 0;
 	}
-	bpf_ringbuf_submit(e, 0);
+	bpf_ringbuf_submit(e, rb_submit_flags(&events));
 }
 
-static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err)
+static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
+					 bool direct)
 {
 	struct rt_flow f = {};
-	fill_flow(&f, sk);
+	fill_flow(&f, &sk->__sk_common, KREAD(direct, sk, __sk_common.skc_family), direct);
 
+	/* A typed struct sock pointer may not be read past struct sock: the
+	 * verifier wants the tcp_sock it is, from bpf_skc_to_tcp_sock(). */
 	const struct inet_connection_sock *icsk = (const void *)sk;
-	__u8 state = BPF_CORE_READ(sk, __sk_common.skc_state);
-	__u8 ca_state = BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
-	__u8 pending = BPF_CORE_READ(icsk, icsk_pending);
+	if (direct) {
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+		if (!tp)
+			return 0;
+		icsk = &tp->inet_conn;
+	}
+	__u8 state = KREAD(direct, sk, __sk_common.skc_state);
+	__u8 ca_state = direct ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
+			       : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+	__u8 pending = KREAD(direct, icsk, icsk_pending);
 
 	/* Segments this skb carries: TCP_SKB_CB(skb)->tcp_gso_segs. */
 	const struct tcp_skb_cb *cb = (const void *)__builtin_preserve_access_index(&skb->cb);
-	__u16 segs = 0;
-	bpf_core_read(&segs, sizeof(segs), &cb->tcp_gso_segs);
+	__u16 segs = KREAD(direct, cb, tcp_gso_segs);
 	if (!segs)
 		segs = 1;
 
@@ -386,65 +413,58 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 	return 0;
 }
 
-static __always_inline int on_synack(void *ctx, const struct sock *sk, const struct request_sock *req)
+static __always_inline int on_synack(void *ctx, const struct sock *sk, const struct request_sock *req, bool direct)
 {
 	/* The listener is sk; the flow is the request socket's. */
 	struct rt_flow f = {};
-	const struct sock_common *rc = (const void *)req;
-	__u16 family = BPF_CORE_READ(rc, skc_family);
-	f.family = family;
-	f.sport = BPF_CORE_READ(rc, skc_num);
-	f.dport = bpf_ntohs(BPF_CORE_READ(rc, skc_dport));
-	if (family == AF_INET) {
-		bpf_core_read(f.saddr, 4, &rc->skc_rcv_saddr);
-		bpf_core_read(f.daddr, 4, &rc->skc_daddr);
-	} else {
-		bpf_core_read(f.saddr, 16, &rc->skc_v6_rcv_saddr);
-		bpf_core_read(f.daddr, 16, &rc->skc_v6_daddr);
-		unmap_v4(&f);
-	}
+	/* Not skc_family: a request socket takes its listener's family, so an
+	 * IPv4 client of a dual-stack (::) listener has AF_INET6 there but only
+	 * IPv4 addresses. Its ops (tcp_request_sock_ops) know the real family. */
+	const struct request_sock_ops *ops = KREAD(direct, req, rsk_ops);
+	__u16 family = KREAD(direct, ops, family);
+	fill_flow(&f, (const struct sock_common *)req, family, direct);
 	f.kind = KIND_SYNACK;
 	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
 	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, (__u64)sk);
 	return 0;
 }
 
-/* tp_btf: typed arguments, cheapest. */
+/* tp_btf: typed arguments, direct reads. */
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(btf_retrans_err, const struct sock *sk, const struct sk_buff *skb, int err)
 {
-	return on_retransmit(ctx, sk, skb, err);
+	return on_retransmit(ctx, sk, skb, err, true);
 }
 
 SEC("tp_btf/tcp_retransmit_skb")
 int BPF_PROG(btf_retrans, const struct sock *sk, const struct sk_buff *skb)
 {
-	return on_retransmit(ctx, sk, skb, 0);
+	return on_retransmit(ctx, sk, skb, 0, true);
 }
 
 SEC("tp_btf/tcp_retransmit_synack")
 int BPF_PROG(btf_synack, const struct sock *sk, const struct request_sock *req)
 {
-	return on_synack(ctx, sk, req);
+	return on_synack(ctx, sk, req, true);
 }
 
 /* raw_tp: same arguments, read with probes. */
 SEC("raw_tp/tcp_retransmit_skb")
 int BPF_PROG(raw_retrans_err, const struct sock *sk, const struct sk_buff *skb, int err)
 {
-	return on_retransmit(ctx, sk, skb, err);
+	return on_retransmit(ctx, sk, skb, err, false);
 }
 
 SEC("raw_tp/tcp_retransmit_skb")
 int BPF_PROG(raw_retrans, const struct sock *sk, const struct sk_buff *skb)
 {
-	return on_retransmit(ctx, sk, skb, 0);
+	return on_retransmit(ctx, sk, skb, 0, false);
 }
 
 SEC("raw_tp/tcp_retransmit_synack")
 int BPF_PROG(raw_synack, const struct sock *sk, const struct request_sock *req)
 {
-	return on_synack(ctx, sk, req);
+	return on_synack(ctx, sk, req, false);
 }
 
 /* Classic tracepoints: pointers from the record; err if the record has it. */
@@ -454,11 +474,11 @@ int tp_retrans(struct trace_event_raw_tcp_retransmit_skb *ctx)
 	int err = 0;
 	if (bpf_core_field_exists(ctx->err))
 		err = BPF_CORE_READ(ctx, err);
-	return on_retransmit(ctx, ctx->skaddr, ctx->skbaddr, err);
+	return on_retransmit(ctx, ctx->skaddr, ctx->skbaddr, err, false);
 }
 
 SEC("tracepoint/tcp/tcp_retransmit_synack")
 int tp_synack(struct trace_event_raw_tcp_retransmit_synack *ctx)
 {
-	return on_synack(ctx, ctx->skaddr, ctx->req);
+	return on_synack(ctx, ctx->skaddr, ctx->req, false);
 }
