@@ -17,3 +17,8 @@ pub fn quiet_libbpf() {
     }
     libbpf_rs::set_print(None);
 }
+
+/// Whether a process with this pid exists now (its /proc directory).
+pub fn pid_exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}

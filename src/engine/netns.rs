@@ -222,7 +222,7 @@ impl SubnetLease {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let owner = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u32>().ok());
-                    if owner.is_some_and(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()) {
+                    if owner.is_some_and(|p| !super::pid_exists(p)) {
                         let _ = std::fs::remove_file(&path);
                     }
                 }
@@ -288,7 +288,7 @@ pub fn remove_stale() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(rest) = name.strip_prefix(PREFIX) else { continue };
         let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if !super::pid_exists(pid) {
             drop(Netns { name });
         }
     }

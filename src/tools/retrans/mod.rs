@@ -185,7 +185,7 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
         return Err(usage(format!("at most {MAX_PIDS} --pid filters; use --cgroup for a group of processes")));
     }
     for p in &a.pid {
-        if !std::path::Path::new(&format!("/proc/{p}")).exists() {
+        if !crate::engine::pid_exists(*p) {
             return Err(usage(format!("--pid {p}: no such process; check the pid with `pgrep`")));
         }
     }
