@@ -288,7 +288,7 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
         stack: false,
         failed: false,
         mechanism: None,
-        ringbuf_kib: 16384,
+        ringbuf_kib: None,
     };
     let before = std::sync::Mutex::new(None);
     let result = thread::scope(|s| {

@@ -16,8 +16,8 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use ipnet::IpNet;
 use libbpf_rs::{
-    skel::{OpenSkel, SkelBuilder},
-    Link, MapCore, MapFlags, OpenObject, RingBufferBuilder,
+    skel::{OpenSkel, Skel, SkelBuilder},
+    Link, MapCore, MapFlags, OpenObject,
 };
 use serde_json::{json, Value};
 
@@ -29,7 +29,7 @@ use crate::engine::{
     error::usage,
     features,
     output::{table, Sink},
-    ringbuf::{self, poll_until_stop},
+    ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
 };
@@ -91,10 +91,11 @@ pub enum RetransMechanism {
 /// (tp_btf, else raw_tp, else classic). Never reads /proc/net/tcp.
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
-/// 2-core VM): streaming every event as JSON to a file 2.75% of one core, 0 lost
-/// (a bpftrace printf one-liner: 6.25%); --count < 0.1%; 350-490 ns per event in
-/// the kernel (bpftrace's: 1,280 ns). Events reach the output within 50 ms. At
-/// ordinary retransmit rates (< 1k/s) the cost is negligible.
+/// 2-core VM): streaming every event as JSON to a file 2.4-2.9% of one core, 0
+/// lost (a bpftrace printf one-liner: 4.0-4.5%); --count < 0.1%; in the kernel
+/// 270-345 ns per event streaming, 460-620 ns with --count (bpftrace's: ~1,000
+/// ns). Events reach the output within 50 ms. At ordinary retransmit rates
+/// (< 1k/s) the cost is negligible.
 #[derive(Debug, Args)]
 pub struct RetransArgs {
     /// Count in the kernel per flow and kind; print a sorted table at the end.
@@ -142,9 +143,10 @@ pub struct RetransArgs {
     /// Force one attach mechanism instead of the best available.
     #[arg(long, value_enum)]
     pub mechanism: Option<RetransMechanism>,
-    /// Ring buffer size in KiB (power of two).
-    #[arg(long, default_value_t = 4096, hide = true)]
-    pub ringbuf_kib: u32,
+    /// Ring buffer size per CPU in KiB (power of two; default: 8 MiB shared
+    /// out over the CPUs, 256 KiB to 2 MiB each).
+    #[arg(long, hide = true)]
+    pub ringbuf_kib: Option<u32>,
 }
 
 fn port_arg(s: &str) -> Result<u16, String> {
@@ -205,37 +207,52 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
 struct Loaded {
     skel: RetransSkel<'static>,
     _links: Vec<Link>,
-    /// Indices (into [`programs`]) of the attached retransmit/SYN-ACK handlers.
-    handlers: Vec<usize>,
+    /// Names of the attached retransmit/SYN-ACK handlers.
+    handlers: Vec<String>,
+    /// The per-CPU event rings (none in count mode).
+    rings: Option<PerCpuRings>,
 }
 
-/// Every program of the object, in one fixed order: retransmit and SYN-ACK
-/// handlers first ([`N_HANDLERS`]), then socket-owner hooks.
-fn programs<'a, 'o>(skel: &'a RetransSkel<'o>) -> [&'a libbpf_rs::ProgramMut<'o>; 12] {
-    let p = &skel.progs;
-    [
-        &p.btf_retrans_err,
-        &p.btf_retrans,
-        &p.btf_synack,
-        &p.raw_retrans_err,
-        &p.raw_retrans,
-        &p.raw_synack,
-        &p.tp_retrans,
-        &p.tp_synack,
-        &p.tp_sendmsg,
-        &p.tp_accept4,
-        &p.tp_accept,
-        &p.tp_set_state,
-    ]
+/// What a program of the object does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Sees retransmits (its kernel-skipped runs are missed events).
+    Handler,
+    /// Records socket owners in process context.
+    Owner,
 }
-const N_HANDLERS: usize = 8;
+
+/// The one place that says which program of the object runs under `mech`
+/// (`has_err`: the tracepoint has the `err` argument) and as what. Programs
+/// not named here are never loaded; a unit test checks that every program
+/// of the object is named.
+fn role(name: &str, mech: Mechanism, has_err: bool) -> Option<Role> {
+    use Mechanism::*;
+    let typed = mech == TpBtf;
+    let on = |c: bool, r: Role| c.then_some(r);
+    match name {
+        "btf_retrans_err" => on(typed && has_err, Role::Handler),
+        "btf_retrans" => on(typed && !has_err, Role::Handler),
+        "btf_synack" => on(typed, Role::Handler),
+        "raw_retrans_err" => on(mech == RawTp && has_err, Role::Handler),
+        "raw_retrans" => on(mech == RawTp && !has_err, Role::Handler),
+        "raw_synack" => on(mech == RawTp, Role::Handler),
+        "tp_retrans" | "tp_synack" => on(mech == Tracepoint, Role::Handler),
+        // Owners: in socket storage with typed pointers, in a hash map otherwise.
+        "btf_set_state" => on(typed, Role::Owner),
+        "btf_sendmsg" => on(typed && features::btf_has_type("btf_trace_tcp_sendmsg_locked"), Role::Owner),
+        "tp_set_state" => on(!typed, Role::Owner),
+        "tp_accept4" => on(!typed && features::tracepoint_exists("syscalls", "sys_exit_accept4"), Role::Owner),
+        "tp_accept" => on(!typed && features::tracepoint_exists("syscalls", "sys_exit_accept"), Role::Owner),
+        _ => None,
+    }
+}
 
 /// Events the kernel never gave to our handlers: it skips a tracing program
 /// on a CPU where the program is already running (a softirq retransmit
 /// interrupting one being handled in process context).
 fn missed(l: &Loaded) -> u64 {
-    let progs = programs(&l.skel);
-    l.handlers.iter().map(|&i| recursion_misses(progs[i])).sum()
+    l.skel.object().progs().filter(|p| l.handlers.iter().any(|h| p.name() == h.as_str())).map(|p| recursion_misses(&p)).sum()
 }
 
 fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded> {
@@ -274,45 +291,36 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     }
     ro.cgroup_id = cfg.cgroup;
 
-    let kib = a.ringbuf_kib.max(64).next_power_of_two();
-    ro.rb_wake_bytes = ringbuf::wake_bytes(kib as u64 * 1024);
-    open.maps.events.set_max_entries(kib * 1024)?;
+    let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
+    let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, a.ringbuf_kib);
+    let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
+    ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
+    if mech == Mechanism::TpBtf {
+        // Owners live in socket storage: the hash map is not used.
+        open.maps.owners.set_max_entries(1)?;
+    }
 
-    // Pick the retransmit programs for this mechanism; the rest stay unloaded.
     let has_err = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3);
-    let (btf, raw, tp) = (mech == Mechanism::TpBtf, mech == Mechanism::RawTp, mech == Mechanism::Tracepoint);
-    let p = &mut open.progs;
-    let all = [
-        (&mut p.btf_retrans_err, btf && has_err),
-        (&mut p.btf_retrans, btf && !has_err),
-        (&mut p.btf_synack, btf),
-        (&mut p.raw_retrans_err, raw && has_err),
-        (&mut p.raw_retrans, raw && !has_err),
-        (&mut p.raw_synack, raw),
-        (&mut p.tp_retrans, tp),
-        (&mut p.tp_synack, tp),
-        // Ownership hooks: each only where the kernel has it.
-        (&mut p.tp_sendmsg, btf && features::btf_has_type("btf_trace_tcp_sendmsg_locked")),
-        (&mut p.tp_accept4, features::tracepoint_exists("syscalls", "sys_exit_accept4")),
-        (&mut p.tp_accept, features::tracepoint_exists("syscalls", "sys_exit_accept")),
-        (&mut p.tp_set_state, true),
-    ];
-    let mut chosen = Vec::new();
-    for (i, (prog, on)) in all.into_iter().enumerate() {
-        prog.set_autoload(on);
-        if on {
-            chosen.push(i);
+    let mut roles = BTreeMap::new();
+    for mut prog in open.open_object_mut().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        let r = role(&name, mech, has_err);
+        prog.set_autoload(r.is_some());
+        if let Some(r) = r {
+            roles.insert(name, r);
         }
     }
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
-    let progs = programs(&skel);
+    // Rings before links: an event with no ring yet would be lost.
+    let rings = if a.count { None } else { Some(PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?) };
     let mut links = Vec::new();
-    for &i in &chosen {
-        let prog = progs[i];
-        links.push(prog.attach().with_context(|| format!("attaching {}", prog.name().to_string_lossy()))?);
+    for prog in skel.object().progs_mut() {
+        if roles.contains_key(prog.name().to_string_lossy().as_ref()) {
+            links.push(prog.attach().with_context(|| format!("attaching {}", prog.name().to_string_lossy()))?);
+        }
     }
-    let handlers = chosen.into_iter().filter(|&i| i < N_HANDLERS).collect();
-    Ok(Loaded { skel, _links: links, handlers })
+    let handlers = roles.into_iter().filter(|(_, r)| *r == Role::Handler).map(|(n, _)| n).collect();
+    Ok(Loaded { skel, _links: links, handlers, rings })
 }
 
 /// Per-kind and per-error totals, summed over CPUs.
@@ -462,6 +470,9 @@ struct Printer {
     ksyms: Option<KernelSymbols>,
     header_done: bool,
     error: Option<std::io::Error>,
+    /// Events of the current drain: the rings are per CPU, so they are put
+    /// in time order before printing.
+    pending: Vec<types::rt_event>,
 }
 
 fn clock_ns(clock: libc::clockid_t) -> i128 {
@@ -480,10 +491,21 @@ impl Printer {
         let n = data.len().min(std::mem::size_of::<types::rt_event>());
         // SAFETY: rt_event is plain old data mirrored from retrans.h.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), &mut e as *mut _ as *mut u8, n) };
-        let r = if self.json { self.json_event(&e) } else { self.text_event(&e) };
-        if let Err(err) = r {
-            self.error.get_or_insert(err);
+        self.pending.push(e);
+    }
+
+    /// Prints the events of this drain in time order.
+    fn print_pending(&mut self) {
+        let mut evs = std::mem::take(&mut self.pending);
+        evs.sort_by_key(|e| e.ts_ns);
+        for e in &evs {
+            let r = if self.json { self.json_event(e) } else { self.text_event(e) };
+            if let Err(err) = r {
+                self.error.get_or_insert(err);
+            }
         }
+        evs.clear();
+        self.pending = evs;
     }
 
     fn stack(&self, e: &types::rt_event) -> Vec<String> {
@@ -682,23 +704,21 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         ksyms: a.stack.then(KernelSymbols::default),
         header_done: false,
         error: None,
+        pending: Vec::new(),
     }));
 
-    let rb = if a.count {
-        None
-    } else {
-        let mut b = RingBufferBuilder::new();
-        let p = printer.clone();
-        b.add(&loaded.skel.maps.events, move |data: &[u8]| {
-            p.borrow_mut().event(data);
-            0
-        })?;
-        Some(b.build()?)
+    let rb = match &loaded.rings {
+        Some(r) => {
+            let p = printer.clone();
+            Some(r.reader(move |data: &[u8]| p.borrow_mut().event(data))?)
+        }
+        None => None,
     };
 
     let skel = &loaded.skel;
     let stop = poll_until_stop(rb.as_ref(), ctl, a.interval, |due| {
         let mut p = printer.borrow_mut();
+        p.print_pending();
         if !due {
             p.sink.flush()?;
             return Ok(());
@@ -714,6 +734,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         Ok(())
     })?;
     drop(rb);
+    printer.borrow_mut().print_pending();
 
     let mut totals = read_totals(skel)?;
     totals.missed = missed(&loaded);
@@ -748,4 +769,35 @@ pub fn run(a: &RetransArgs) -> anyhow::Result<i32> {
 /// Milliseconds since the epoch, for labels.
 pub fn now_epoch_ms() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every program of the object runs under some mechanism: `role` is the
+    /// only list of them, so a program added to retrans.bpf.c but not to
+    /// `role` would silently never load.
+    #[test]
+    fn every_program_has_a_role() {
+        let mut storage = MaybeUninit::uninit();
+        let open = RetransSkelBuilder::default().open(&mut storage).expect("open the object");
+        let mut names = Vec::new();
+        for p in open.open_object().progs() {
+            let n = p.name().to_string_lossy().into_owned();
+            let used = [Mechanism::TpBtf, Mechanism::RawTp, Mechanism::Tracepoint]
+                .iter()
+                .any(|&m| [true, false].iter().any(|&e| role(&n, m, e).is_some()));
+            assert!(used, "program {n} is never loaded: add it to role()");
+            names.push(n);
+        }
+        assert!(names.len() >= 13, "{names:?}");
+        // One handler for retransmits and one for SYN-ACKs under each mechanism.
+        for m in [Mechanism::TpBtf, Mechanism::RawTp, Mechanism::Tracepoint] {
+            for e in [true, false] {
+                let h = names.iter().filter(|n| role(n, m, e) == Some(Role::Handler)).count();
+                assert_eq!(h, 2, "{m} err={e}");
+            }
+        }
+    }
 }

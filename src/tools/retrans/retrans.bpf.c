@@ -16,8 +16,12 @@
  *   ca_state Loss, otherwise          -> loss_recovery
  *   anything else                     -> fast (fast retransmit / RACK)
  *
- * Retransmits run in softirq/timer context, so the owner comes from a map
- * filled in process context (connect, listen, accept, sendmsg).
+ * Retransmits run in softirq/timer context, so the owner is recorded in
+ * process context (connect, listen, sendmsg, accept) and looked up there.
+ * With tp_btf the record lives in the socket itself (socket-local storage:
+ * one pointer away, freed with the socket, inherited by accepted children
+ * from their listener); raw_tp and classic tracepoints have untyped socket
+ * pointers, so there it is a hash map keyed by the socket's address.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -56,11 +60,6 @@ const volatile __u32 pids[MAX_PIDS] = {};
 const volatile __u64 cgroup_id = 0;
 
 struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 << 20);
-} events SEC(".maps");
-
-struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
 	__type(key, __u32);
@@ -75,9 +74,11 @@ struct {
 	__type(value, __u64);
 } errs SEC(".maps");
 
+/* --count: allocated as flows appear (the seed load has 80k SYN_SENT flows). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 262144);
 	__type(key, struct rt_flow);
 	__type(value, struct rt_flow_stats);
 } flows SEC(".maps");
@@ -87,7 +88,14 @@ struct {
 	__uint(max_entries, 131072);
 	__type(key, __u64);
 	__type(value, struct rt_owner);
-} owners SEC(".maps");
+} owners SEC(".maps"); /* raw_tp and tracepoint; shrunk to 1 entry for tp_btf */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
+	__type(key, int);
+	__type(value, struct rt_owner);
+} owner_store SEC(".maps"); /* tp_btf */
 
 /* Referenced so that the skeleton generates Rust mirrors of these layouts. */
 struct rt_event _rt_event = {};
@@ -102,18 +110,42 @@ static __always_inline void stat_add(__u32 slot, __u64 v)
 
 /* ---- ownership, recorded in process context ---- */
 
-static __always_inline void record_owner(const struct sock *sk)
+/* The owner record of a socket, if any. `typed`: sk is a BTF pointer (tp_btf). */
+static __always_inline struct rt_owner *owner_of(const struct sock *sk, bool typed)
 {
+	if (typed)
+		return bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0, 0);
 	__u64 key = (__u64)sk;
+	return bpf_map_lookup_elem(&owners, &key);
+}
+
+static __always_inline void fill_owner(struct rt_owner *o, __u64 id)
+{
+	o->pid = id >> 32;
+	o->tid = (__u32)id;
+	o->cgroup = bpf_get_current_cgroup_id();
+	bpf_get_current_comm(o->comm, sizeof(o->comm));
+}
+
+static __always_inline void record_owner(const struct sock *sk, bool typed)
+{
 	__u64 id = bpf_get_current_pid_tgid();
-	struct rt_owner *cur = bpf_map_lookup_elem(&owners, &key);
+	struct rt_owner *cur = owner_of(sk, typed);
 	if (cur && cur->tid == (__u32)id)
 		return;
+	if (typed) {
+		if (!cur)
+			cur = bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!cur) {
+			stat_add(STAT_OWNER_FULL, 1);
+			return;
+		}
+		fill_owner(cur, id);
+		return;
+	}
+	__u64 key = (__u64)sk;
 	struct rt_owner o = {};
-	o.pid = id >> 32;
-	o.tid = (__u32)id;
-	o.cgroup = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(o.comm, sizeof(o.comm));
+	fill_owner(&o, id);
 	if (bpf_map_update_elem(&owners, &key, &o, BPF_ANY))
 		stat_add(STAT_OWNER_FULL, 1);
 }
@@ -127,11 +159,22 @@ int tp_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
 	int ns = ctx->newstate;
 	if (ns == TCP_SYN_SENT || ns == TCP_LISTEN) {
 		/* connect() and listen() run in the owner's context. */
-		record_owner(sk);
+		record_owner(sk, false);
 	} else if (ns == TCP_CLOSE) {
 		__u64 key = (__u64)sk;
 		bpf_map_delete_elem(&owners, &key);
 	}
+	return 0;
+}
+
+/* The same with socket storage, which the socket frees itself. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(btf_set_state, const struct sock *sk, const int oldstate, const int newstate)
+{
+	if (sk->sk_protocol != IPPROTO_TCP)
+		return 0;
+	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN)
+		record_owner(sk, true);
 	return 0;
 }
 
@@ -154,7 +197,7 @@ static __always_inline void owner_from_fd(long fd)
 		return;
 	struct sock *sk = BPF_CORE_READ(sock, sk);
 	if (sk)
-		record_owner(sk);
+		record_owner(sk, false);
 }
 
 SEC("tracepoint/syscalls/sys_exit_accept4")
@@ -171,11 +214,12 @@ int tp_accept(struct trace_event_raw_sys_exit *ctx)
 	return 0;
 }
 
-/* Sends cover sockets created before sonde started or handed to another process. */
+/* Sends cover sockets created before sonde started, handed to another
+ * process, or accepted (which start with their listener's owner). */
 SEC("tp_btf/tcp_sendmsg_locked")
-int BPF_PROG(tp_sendmsg, const struct sock *sk)
+int BPF_PROG(btf_sendmsg, const struct sock *sk)
 {
-	record_owner(sk);
+	record_owner(sk, true);
 	return 0;
 }
 
@@ -307,16 +351,20 @@ static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pe
 	return KIND_FAST;
 }
 
+/* `sk` owns the flow (the listener for a SYN-ACK); `typed`: a BTF pointer.
+ * The owner lookup is a cold cache miss or three on a busy host, so it is
+ * done only when a filter, an event or a new --count flow needs it. */
 static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
-				 __u8 ca_state, __u8 pending, __u64 sk_key)
+				 __u8 ca_state, __u8 pending, const struct sock *sk, bool typed)
 {
-	struct rt_owner *o = bpf_map_lookup_elem(&owners, &sk_key);
 	struct rt_owner none = {};
-	bool has_owner = o != NULL;
-	if (!o)
-		o = &none;
-
-	if (!pass_filters(f, o, has_owner)) {
+	struct rt_owner *o = NULL;
+	bool looked = false;
+	if (n_pids || cgroup_id) {
+		o = owner_of(sk, typed);
+		looked = true;
+	}
+	if (!pass_filters(f, o ? o : &none, o != NULL)) {
 		stat_add(STAT_FILTERED, 1);
 		return;
 	}
@@ -339,8 +387,11 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		struct rt_flow_stats *fs = bpf_map_lookup_elem(&flows, f);
 		if (!fs) {
 			struct rt_flow_stats init = {};
-			init.owner = *o;
-			init.has_owner = has_owner;
+			if (!looked)
+				o = owner_of(sk, typed);
+			if (o)
+				init.owner = *o;
+			init.has_owner = o != NULL;
 			init.state = state;
 			/* Another CPU may insert the same flow first: then look it up again. */
 			bpf_map_update_elem(&flows, f, &init, BPF_NOEXIST);
@@ -356,19 +407,29 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		return;
 	}
 
+	if (!looked)
+		o = owner_of(sk, typed);
+	void *rb = rb_this_cpu();
+	if (!rb) {
+		stat_add(STAT_LOST, 1);
+		return;
+	}
 	struct rt_event *e;
 	if (want_stack)
-		e = bpf_ringbuf_reserve(&events, sizeof(struct rt_event), 0);
+		e = bpf_ringbuf_reserve(rb, sizeof(struct rt_event), 0);
 	else
-		e = bpf_ringbuf_reserve(&events, EVENT_BASE_SIZE, 0);
+		e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
 	if (!e) {
 		stat_add(STAT_LOST, 1);
 		return;
 	}
 	e->ts_ns = bpf_ktime_get_ns();
 	e->flow = *f;
-	e->owner = *o;
-	e->has_owner = has_owner;
+	if (o)
+		e->owner = *o;
+	else
+		e->owner = none;
+	e->has_owner = o != NULL;
 	e->err = err;
 	e->segs = segs;
 	e->state = state;
@@ -379,7 +440,7 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		long n = bpf_get_stack(ctx, e->kstack, sizeof(e->kstack), 0);
 		e->nr_kstack = n > 0 ? n : 0;
 	}
-	bpf_ringbuf_submit(e, rb_submit_flags(&events));
+	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 }
 
 static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
@@ -409,7 +470,7 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 		segs = 1;
 
 	f.kind = classify(err, state, ca_state, pending);
-	emit(ctx, &f, segs, err, state, ca_state, pending, (__u64)sk);
+	emit(ctx, &f, segs, err, state, ca_state, pending, sk, direct);
 	return 0;
 }
 
@@ -425,7 +486,7 @@ static __always_inline int on_synack(void *ctx, const struct sock *sk, const str
 	fill_flow(&f, (const struct sock_common *)req, family, direct);
 	f.kind = KIND_SYNACK;
 	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
-	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, (__u64)sk);
+	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, sk, direct);
 	return 0;
 }
 
