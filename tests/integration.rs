@@ -340,6 +340,33 @@ fn retransmits_of_accepted_sockets_belong_to_the_accepting_process() {
 }
 
 #[test]
+fn netns_filter_sees_only_that_namespace() {
+    use std::os::unix::fs::MetadataExt;
+    // Two labs with the same drops; trace only the first one's client side.
+    let (p1, p2) = (Pair::new().unwrap(), Pair::new().unwrap());
+    let mut servers = Vec::new();
+    for p in [&p1, &p2] {
+        servers.push(Server::start(&p.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap());
+        drop_all(&p.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
+    }
+    let inode = std::fs::metadata(format!("/run/netns/{}", p1.a.name)).unwrap().ino();
+    let t = Tracer::start(&["--netns", p1.a.name.as_str()]);
+    let b1 = p1.mib().unwrap();
+    let to1 = SocketAddr::new(p1.b4.parse().unwrap(), PORT_SYN);
+    let to2 = SocketAddr::new(p2.b4.parse().unwrap(), PORT_SYN);
+    thread::scope(|s| {
+        s.spawn(|| connect_attempt(&p1.a, to1, Duration::from_millis(2500)).unwrap());
+        s.spawn(|| connect_attempt(&p2.a, to2, Duration::from_millis(2500)).unwrap());
+    });
+    let d1 = settled_mib(&p1, Duration::from_secs(5)).unwrap().delta(&b1);
+    let (_, out) = t.stop();
+    let syn = events(&out, "syn");
+    assert!(d1.get("TcpExtTCPSynRetrans") >= 1);
+    assert_eq!(syn.len() as i64, d1.get("TcpExtTCPSynRetrans"), "exactly the first lab's SYN retransmits: {out:?}");
+    assert!(syn.iter().all(|e| e["netns"].as_u64() == Some(inode) && e["daddr"] == p1.b4.as_str()), "{syn:?}");
+}
+
+#[test]
 fn ipv6_only_filter_sees_only_ipv6() {
     // Two labs: one connects over IPv4, the other over IPv6; SYNs dropped in both.
     let (p4, p6) = (Pair::new().unwrap(), Pair::new().unwrap());
@@ -436,6 +463,8 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["retrans", "-d", "-5s"],
         &["retrans", "-d", "soon"],
         &["retrans", "--cgroup", "/nonexistent/cgroup"],
+        &["retrans", "--netns", "no-such-namespace"],
+        &["retrans", "--netns", "/etc/hostname"],
         &["retrans", "-p", "999999999"],
         &["retrans", "-o", "/nonexistent-dir/out.json"],
         &["retrans", "-o", "out.svg"],

@@ -28,6 +28,7 @@ use crate::engine::{
     cgroup::cgroup_id,
     error::usage,
     features,
+    netns::netns_inode,
     output::{table, Sink},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
@@ -43,6 +44,7 @@ use skel::{types, RetransSkel, RetransSkelBuilder};
 const MAX_PORTS: usize = 8;
 const MAX_CIDRS: usize = 8;
 const MAX_PIDS: usize = 16;
+const MAX_NETNS: usize = 8;
 const KIND_MAX: usize = 7;
 const STAT_SEGS: usize = KIND_MAX;
 const STAT_LOST: usize = 2 * KIND_MAX;
@@ -125,6 +127,10 @@ pub struct RetransArgs {
     /// Only sockets owned by a process in this cgroup (v2 path).
     #[arg(long)]
     pub cgroup: Option<String>,
+    /// Only sockets in this network namespace (repeatable, up to 8): a name
+    /// from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode.
+    #[arg(long)]
+    pub netns: Vec<String>,
     /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
     #[arg(short = 'd', long, value_parser = duration_arg)]
     pub duration: Option<Duration>,
@@ -174,6 +180,7 @@ struct Config {
     kind_mask: u32,
     pids: Vec<u32>,
     cgroup: u64,
+    netns: Vec<u32>,
 }
 
 fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
@@ -200,7 +207,11 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
     if a.kind.contains(&Kind::Failed) && !a.failed {
         return Err(usage("--kind failed needs --failed (failed attempts are not retransmissions)"));
     }
-    Ok(Config { ports: a.port.clone(), cidrs: a.addr.clone(), family, kind_mask, pids: a.pid.clone(), cgroup })
+    if a.netns.len() > MAX_NETNS {
+        return Err(usage(format!("at most {MAX_NETNS} --netns filters; trace all and filter the JSON on \"netns\"")));
+    }
+    let netns = a.netns.iter().map(|n| netns_inode(n)).collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Config { ports: a.port.clone(), cidrs: a.addr.clone(), family, kind_mask, pids: a.pid.clone(), cgroup, netns })
 }
 
 /// Loaded and attached BPF state; links detach when dropped (fd-based).
@@ -290,6 +301,10 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
         ro.pids[i] = *p;
     }
     ro.cgroup_id = cfg.cgroup;
+    ro.n_netns = cfg.netns.len() as u32;
+    for (i, n) in cfg.netns.iter().enumerate() {
+        ro.netns_ids[i] = *n;
+    }
 
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
     let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, a.ringbuf_kib);
@@ -452,6 +467,7 @@ struct EventLine {
     sport: u16,
     daddr: IpAddr,
     dport: u16,
+    netns: u32,
     state: &'static str,
     ca_state: &'static str,
     pid: Option<u32>,
@@ -531,6 +547,7 @@ impl Printer {
             sport: f.sport,
             daddr: addr(f.family, &f.daddr),
             dport: f.dport,
+            netns: f.netns,
             state: names::tcp_state(e.state),
             ca_state: names::ca_state(e.ca_state),
             pid: owned.then_some(e.owner.pid),
@@ -614,6 +631,7 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow]) -> std::io::Re
                 "sport": f.sport,
                 "daddr": addr(f.family, &f.daddr).to_string(),
                 "dport": f.dport,
+                "netns": f.netns,
                 "state": names::tcp_state(r.stats.state),
                 "pid": if o { json!(r.stats.owner.pid) } else { json!(null) },
                 "comm": if o { json!(comm(&r.stats.owner.comm)) } else { json!(null) },

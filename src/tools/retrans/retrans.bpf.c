@@ -58,6 +58,8 @@ const volatile struct rt_cidr cidrs[MAX_CIDRS] = {};
 const volatile __u32 n_pids = 0;
 const volatile __u32 pids[MAX_PIDS] = {};
 const volatile __u64 cgroup_id = 0;
+const volatile __u32 n_netns = 0;
+const volatile __u32 netns_ids[MAX_NETNS] = {};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -254,6 +256,14 @@ static __always_inline bool pass_filters(const struct rt_flow *f, const struct r
 {
 	if (family_filter && f->family != family_filter)
 		return false;
+	if (n_netns) {
+		bool hit = false;
+		for (__u32 i = 0; i < MAX_NETNS && i < n_netns; i++)
+			if (netns_ids[i] == f->netns)
+				hit = true;
+		if (!hit)
+			return false;
+	}
 	if (kind_mask && !(kind_mask & (1u << f->kind)))
 		return false;
 	if (n_ports) {
@@ -324,6 +334,7 @@ static __always_inline void kcopy(bool direct, void *dst, int n, const void *src
 static __always_inline void fill_flow(struct rt_flow *f, const struct sock_common *c, __u16 family, bool direct)
 {
 	f->family = family;
+	f->netns = direct ? c->skc_net.net->ns.inum : BPF_CORE_READ(c, skc_net.net, ns.inum);
 	f->sport = KREAD(direct, c, skc_num);
 	f->dport = bpf_ntohs(KREAD(direct, c, skc_dport));
 	if (family == AF_INET) {

@@ -8,6 +8,7 @@
 #define MAX_CIDRS 8
 #define MAX_PIDS 16
 #define MAX_ERRNO 256
+#define MAX_NETNS 8
 
 enum retrans_kind {
 	KIND_RTO = 0,
@@ -36,6 +37,7 @@ struct rt_flow {
 	__u16 family;
 	__u8 kind;
 	__u8 pad;
+	__u32 netns; /* inode of the socket's network namespace */
 };
 
 struct rt_event {
