@@ -207,7 +207,7 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
     let busy = t.failed().get("EBUSY").copied().unwrap_or(0);
     // Events the kernel skipped (our program already running on that CPU) are
     // reported as missed; with any, sonde can only be short of the counters.
-    let eq = if t.missed() > 0 { "<=" } else { "==" };
+    let eq = if t.uncounted() > 0 { "<=" } else { "==" };
     vec![
         Relation {
             what: "segs, all kinds".into(),
@@ -338,8 +338,8 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
         })
         .collect();
     println!("\nsonde vs the kernel's MIB counters (both namespaces):");
-    if out.totals.missed() > 0 {
-        println!("({} events missed by the kernel: exact relations checked as <=)", out.totals.missed());
+    if out.totals.uncounted() > 0 {
+        println!("({} events missed or unreadable: exact relations checked as <=)", out.totals.uncounted());
     }
     println!("{}", table(&["SONDE", "VALUE", "REL", "KERNEL", "COUNTER", "CHECK"], &rows));
     let bad = rel.iter().filter(|r| !r.holds() && !r.within_open_discrepancy()).count();

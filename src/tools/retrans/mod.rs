@@ -51,7 +51,8 @@ const STAT_LOST: usize = 2 * KIND_MAX;
 const STAT_FLOW_FULL: usize = STAT_LOST + 1;
 const STAT_OWNER_FULL: usize = STAT_LOST + 2;
 const STAT_FILTERED: usize = STAT_LOST + 3;
-const STAT_MAX: usize = STAT_LOST + 4;
+const STAT_UNREADABLE: usize = STAT_LOST + 4;
+const STAT_MAX: usize = STAT_LOST + 5;
 const MAX_ERRNO: u32 = 256;
 
 /// A retransmission cause, as `--kind` takes it.
@@ -348,6 +349,7 @@ pub struct Totals {
     flow_full: u64,
     owner_full: u64,
     filtered: u64,
+    unreadable: u64,
     failed: BTreeMap<String, u64>,
 }
 
@@ -368,6 +370,7 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
     t.flow_full = stat[STAT_FLOW_FULL];
     t.owner_full = stat[STAT_OWNER_FULL];
     t.filtered = stat[STAT_FILTERED];
+    t.unreadable = stat[STAT_UNREADABLE];
     for e in 1..MAX_ERRNO {
         let n = percpu_sum(&skel.maps.errs, e)?;
         if n > 0 {
@@ -393,6 +396,7 @@ fn summary_json(t: &Totals, mech: Mechanism, elapsed: Duration) -> Value {
         "failed_segs": t.segs[KIND_MAX - 1],
         "lost": t.lost,
         "missed": t.missed,
+        "unreadable": t.unreadable,
         "filtered": t.filtered,
         "map_full": {"flows": t.flow_full, "owners": t.owner_full},
         "mechanism": mech.to_string(),
@@ -412,10 +416,11 @@ fn summary_text(t: &Totals, mech: Mechanism, elapsed: Duration) -> String {
     s.push_str(&table(&["KIND", "EVENTS", "SEGS"], &rows));
     let failed: Vec<String> = t.failed.iter().map(|(e, n)| format!("{e} {n}")).collect();
     s.push_str(&format!(
-        "\nfailed attempts (not retransmissions): {}\nlost events: {} (ring buffer full) + {} (missed: kernel skipped the program on a busy CPU)  map full: flows {} owners {}",
+        "\nfailed attempts (not retransmissions): {}\nlost events: {} (ring buffer full) + {} (missed: kernel skipped the program on a busy CPU) + {} (unreadable socket)  map full: flows {} owners {}",
         if failed.is_empty() { "none".to_string() } else { failed.join(", ") },
         t.lost,
         t.missed,
+        t.unreadable,
         t.flow_full,
         t.owner_full
     ));
@@ -683,6 +688,15 @@ impl Totals {
     /// Events the kernel never ran our program for (recursion on one CPU).
     pub fn missed(&self) -> u64 {
         self.missed
+    }
+    /// Events whose socket could not be read as a TCP socket (never counted).
+    pub fn unreadable(&self) -> u64 {
+        self.unreadable
+    }
+    /// Retransmits sonde knows it did not count: with any, sonde can only be
+    /// short of the kernel's counters.
+    pub fn uncounted(&self) -> u64 {
+        self.missed + self.unreadable
     }
     /// Failed attempts by errno name.
     pub fn failed(&self) -> &BTreeMap<String, u64> {

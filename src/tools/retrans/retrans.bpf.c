@@ -465,8 +465,10 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 	const struct inet_connection_sock *icsk = (const void *)sk;
 	if (direct) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
-		if (!tp)
+		if (!tp) {
+			stat_add(STAT_UNREADABLE, 1);
 			return 0;
+		}
 		icsk = &tp->inet_conn;
 	}
 	__u8 state = KREAD(direct, sk, __sk_common.skc_state);

@@ -81,6 +81,7 @@ enum stat_slot {
 	STAT_FLOW_FULL,           /* count map full */
 	STAT_OWNER_FULL,          /* owner map full */
 	STAT_FILTERED,            /* events dropped by filters */
+	STAT_UNREADABLE,          /* socket not readable as a tcp_sock (never seen) */
 	STAT_MAX,
 };
 
