@@ -17,6 +17,8 @@ enum Cmd {
     Doctor(tools::doctor::DoctorArgs),
     /// TCP retransmissions with their cause, flow, state and owning process.
     Retrans(tools::retrans::RetransArgs),
+    /// CPU flame graphs: on-CPU stacks sampled on every CPU.
+    Profile(tools::profile::ProfileArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -44,6 +46,7 @@ fn main() -> ExitCode {
     let r = match &cli.cmd {
         Cmd::Doctor(a) => tools::doctor::run(a),
         Cmd::Retrans(a) => tools::retrans::run(a),
+        Cmd::Profile(a) => tools::profile::run(a),
         Cmd::Lab(a) => lab::run(a),
     };
     match r {

@@ -471,6 +471,12 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["retrans", "-o", "out.svg"],
         &["retrans", "-i", "5s"],
         &["lab", "retrans", "--loss", "90"],
+        &["profile", "-F", "0"],
+        &["profile", "-F", "100000000"],
+        &["profile", "-p", "999999999"],
+        &["profile", "-o", "/nonexistent-dir/p.svg"],
+        &["profile", "-o", "p.png"],
+        &["profile", "--user-only", "--kernel-only"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -518,4 +524,137 @@ fn doctor_reports_the_mechanism_retrans_uses() {
     assert_eq!(v["features"]["kprobe"]["ok"], kprobe_pmu);
     let tp_btf = v["features"]["tp_btf"]["ok"] == true;
     assert_eq!(v["tools"]["retrans"]["mechanism"], if tp_btf { "tp_btf" } else { "raw_tp" });
+}
+
+// ---- sonde profile ----
+
+/// Builds tests/workloads/NAME.c with `flags` into a fresh temp dir.
+fn build_workload(name: &str, flags: &[&str]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sonde-wl-{}-{name}-{}", std::process::id(), flags.join("").replace(['-', '='], "")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    let src = format!("{}/tests/workloads/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("clang").args(flags).arg("-o").arg(&bin).arg(&src).status().expect("clang");
+    assert!(st.success(), "building {src}");
+    bin
+}
+
+/// The line of `tests/workloads/NAME.c` that contains `marker`.
+fn workload_line(name: &str, marker: &str) -> u32 {
+    let src = std::fs::read_to_string(format!("{}/tests/workloads/{name}.c", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    src.lines().position(|l| l.contains(marker)).expect("marker") as u32 + 1
+}
+
+const FP: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"];
+
+/// Runs `sonde profile ARGS`; returns (exit code, stderr).
+fn profile(args: &[&str]) -> (i32, String) {
+    let out = Command::new(SONDE).arg("profile").args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Folded lines as (frames, count).
+fn read_folded(p: &std::path::Path) -> Vec<(Vec<String>, u64)> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (st, n) = l.rsplit_once(' ').unwrap();
+            (st.split(';').map(str::to_string).collect(), n.parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn profile_shares_names_and_lines_match_the_workload() {
+    let bin = build_workload("burn", FP);
+    let dir = bin.parent().unwrap().to_path_buf();
+    let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    let pid = w.0.id().to_string();
+    let (folded, json, svg) = (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"));
+    let (code, err) = profile(&["-p", &pid, "-d", "4s", "-F", "199", "-o", folded.to_str().unwrap(), "-o", json.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    let _ = w.0.kill();
+    assert_eq!(code, 0, "{err}");
+    let rows = read_folded(&folded);
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    assert!(total > 500, "4 s at 199 Hz of one busy thread: {total} samples; {err}");
+    // The root frame is the process; everything else sits under main.
+    assert!(rows.iter().all(|(f, _)| f[0] == "burn"), "root frame: {rows:?}");
+    let under = |name: &str| rows.iter().filter(|(f, _)| f.iter().any(|x| x == name)).map(|r| r.1).sum::<u64>();
+    let (h, l) = (under("heavy"), under("light"));
+    let share = h as f64 / (h + l) as f64;
+    // Built in: heavy burns 2/3 of the CPU time of heavy + light.
+    assert!((share - 2.0 / 3.0).abs() < 0.04, "heavy share {share:.3} ({h} vs {l}); {err}");
+    assert!(under("main") as f64 > 0.95 * total as f64, "{rows:?}");
+    // Source lines from DWARF: the leaf in spin is its inner loop; heavy's frame is its call of spin.
+    let burn_line = workload_line("burn", "BURN_LINE");
+    let call_line = workload_line("burn", "spin(0.020);");
+    let mut spin_lines: std::collections::HashMap<u64, u64> = Default::default();
+    let mut heavy_lines: std::collections::HashMap<u64, u64> = Default::default();
+    for l in std::fs::read_to_string(&json).unwrap().lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let frames = v["frames"].as_array().unwrap();
+        let n = v["count"].as_u64().unwrap();
+        if let Some(last) = frames.last() {
+            if last["name"] == "spin" {
+                assert!(last["file"].as_str().unwrap_or("").ends_with("burn.c"), "{last}");
+                *spin_lines.entry(last["line"].as_u64().unwrap_or(0)).or_default() += n;
+            }
+        }
+        for f in frames.iter().filter(|f| f["name"] == "heavy") {
+            *heavy_lines.entry(f["line"].as_u64().unwrap_or(0)).or_default() += n;
+        }
+    }
+    let top = |m: &std::collections::HashMap<u64, u64>| m.iter().max_by_key(|e| e.1).map(|e| *e.0);
+    // The inner loop: its body or (sampling skid past the store) its increment.
+    let loop_lines = [burn_line as u64, workload_line("burn", "BURN_LOOP") as u64];
+    assert!(top(&spin_lines).is_some_and(|l| loop_lines.contains(&l)), "spin's hottest line {:?} not in {loop_lines:?}: {spin_lines:?}", top(&spin_lines));
+    assert_eq!(top(&heavy_lines), Some(call_line as u64), "heavy's line: {heavy_lines:?}");
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<?xml") && svg.contains("heavy") && svg.contains("light"), "SVG names the functions");
+    assert!(err.contains("truncated user stacks: 0"), "{err}");
+}
+
+#[test]
+fn profile_marks_stacks_without_frame_pointers_truncated() {
+    let bin = build_workload("burn", &["-O2", "-fomit-frame-pointer", "-fno-inline"]);
+    let folded = bin.parent().unwrap().join("nofp.folded");
+    let mut w = KillOnDrop(Command::new(&bin).arg("6").spawn().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    let (code, err) = profile(&["-p", &w.0.id().to_string(), "-d", "3s", "-F", "199", "--user-only", "-o", folded.to_str().unwrap()]);
+    let _ = w.0.kill();
+    assert_eq!(code, 0, "{err}");
+    let rows = read_folded(&folded);
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    let cut: u64 = rows.iter().filter(|(f, _)| f.get(1).map(String::as_str) == Some("[truncated]")).map(|r| r.1).sum();
+    // Every stack either reaches the program's start or says it does not.
+    let whole: u64 = rows.iter().filter(|(f, _)| f.get(1).is_some_and(|x| x.starts_with("__libc_start") || x == "_start")).map(|r| r.1).sum();
+    assert_eq!(cut + whole, total, "{rows:?}");
+    assert!(cut as f64 > 0.5 * total as f64, "without frame pointers most stacks are cut short: {cut} of {total}");
+    let line = err.lines().find(|l| l.starts_with("truncated user stacks:")).unwrap();
+    let n: u64 = line.split('(').nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    assert_eq!(n, cut, "the summary counts them: {line}");
+    assert!(err.contains("hint: [truncated]"), "{err}");
+}
+
+#[test]
+fn profile_symbolizes_a_process_that_exits_early_and_honours_perf_maps() {
+    let bin = build_workload("burn", FP);
+    let jit = build_workload("jit", &["-O1", "-fno-omit-frame-pointer"]);
+    let folded = bin.parent().unwrap().join("exit.folded");
+    let w = Command::new(&bin).arg("1.5").spawn().unwrap();
+    let mut j = KillOnDrop(Command::new(&jit).spawn().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    let (wp, jp) = (w.id().to_string(), j.0.id().to_string());
+    let (code, err) = profile(&["-p", &wp, "-p", &jp, "-d", "3s", "-F", "199", "-o", folded.to_str().unwrap()]);
+    let _ = j.0.kill();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{jp}.map"));
+    assert_eq!(code, 0, "{err}");
+    let rows = read_folded(&folded);
+    let has = |root: &str, name: &str| rows.iter().any(|(f, n)| f[0] == root && *n > 0 && f.iter().any(|x| x == name));
+    // burn ran 1.5 s of the 3 s and was gone at the end: still named.
+    assert!(has("burn", "heavy") && has("burn", "light"), "{rows:?}");
+    // The JIT process's code is named by its /tmp/perf-PID.map.
+    assert!(has("jit", "jitted_spin_[j]"), "{rows:?}");
 }

@@ -5,8 +5,10 @@ pub mod error;
 pub mod features;
 pub mod netns;
 pub mod output;
+pub mod render;
 pub mod ringbuf;
 pub mod run;
+pub mod stacks;
 pub mod symbols;
 
 /// Routes libbpf's own messages to stderr only with SONDE_DEBUG set: sonde

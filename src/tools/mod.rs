@@ -1,3 +1,4 @@
 //! One folder per tool: the kernel half (`NAME.bpf.c`, `NAME.h`) beside the user half.
 pub mod doctor;
+pub mod profile;
 pub mod retrans;

@@ -1,0 +1,91 @@
+/*
+ * The stack engine's kernel half, shared by profile, offcpu, wakeup and slow:
+ * stacks go to a stack-trace map (deduplicated by the kernel), samples are
+ * counted in a hash keyed by (process, thread, comm, kernel stack, user
+ * stack), so user space work grows with unique stacks, not samples.
+ * Include after the libbpf headers; the user half is src/engine/stacks.
+ */
+#ifndef SONDE_STACKS_H
+#define SONDE_STACKS_H
+
+#define STK_COMM_LEN 16
+#define STK_MAX_DEPTH 127 /* PERF_MAX_STACK_DEPTH, the kernel's default limit */
+#define STK_NONE (-1)     /* not captured (--user-only, --kernel-only, kernel thread) */
+
+struct stk_key {
+	__u32 pid;  /* process (tgid) */
+	__u32 tid;  /* thread, or 0 when not split by thread */
+	__s32 kstack;
+	__s32 ustack;
+	char comm[STK_COMM_LEN];
+};
+
+/* Why a stack is missing, counted per sample (slots after the tool's own). */
+enum stk_stat {
+	STK_COLLISION = 0, /* another stack held its hash bucket (-EEXIST) */
+	STK_KERR,          /* kernel stack not captured (other error) */
+	STK_UERR,          /* user stack not captured (other error) */
+	STK_COUNTS_FULL,   /* the count map was full: sample lost */
+	STK_STAT_MAX,
+};
+
+#ifndef STK_NO_MAPS
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384); /* resized by user space */
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, STK_MAX_DEPTH * sizeof(__u64));
+} stk_traces SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536); /* resized by user space */
+	__type(key, struct stk_key);
+	__type(value, __u64);
+} stk_counts SEC(".maps");
+
+/* Fills the stacks of `key` from `ctx`; `stat(slot)` counts failures. */
+#define STK_CAPTURE(ctx, key, want_kernel, want_user, stat)                                  \
+	do {                                                                                 \
+		(key)->kstack = STK_NONE;                                                    \
+		(key)->ustack = STK_NONE;                                                    \
+		if (want_kernel) {                                                           \
+			long _id = bpf_get_stackid(ctx, &stk_traces, 0);                     \
+			if (_id >= 0)                                                        \
+				(key)->kstack = _id;                                         \
+			else if (_id == -EEXIST)                                             \
+				stat(STK_COLLISION);                                         \
+			else if (_id != -EFAULT)                                             \
+				stat(STK_KERR); /* -EFAULT: sample in user mode */           \
+		}                                                                            \
+		if ((want_user) && (key)->pid) {                                             \
+			long _id = bpf_get_stackid(ctx, &stk_traces, BPF_F_USER_STACK);      \
+			if (_id >= 0)                                                        \
+				(key)->ustack = _id;                                         \
+			else if (_id == -EEXIST)                                             \
+				stat(STK_COLLISION);                                         \
+			else if (_id != -EFAULT)                                             \
+				stat(STK_UERR); /* -EFAULT: no user context (kernel thread) */ \
+		}                                                                            \
+	} while (0)
+
+/* Adds `n` to the count of `key`. */
+#define STK_COUNT(key, n, stat)                                                               \
+	do {                                                                                  \
+		__u64 *_c = bpf_map_lookup_elem(&stk_counts, key);                            \
+		if (_c) {                                                                     \
+			__sync_fetch_and_add(_c, n);                                          \
+		} else {                                                                      \
+			__u64 _one = n;                                                       \
+			if (bpf_map_update_elem(&stk_counts, key, &_one, BPF_NOEXIST)) {      \
+				_c = bpf_map_lookup_elem(&stk_counts, key);                   \
+				if (_c)                                                       \
+					__sync_fetch_and_add(_c, n);                          \
+				else                                                          \
+					stat(STK_COUNTS_FULL);                                \
+			}                                                                     \
+		}                                                                             \
+	} while (0)
+#endif
+
+#endif

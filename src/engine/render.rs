@@ -1,0 +1,154 @@
+//! Renderers of symbolized stacks ([`super::stacks::Stack`]): folded lines
+//! (flamegraph.pl / inferno input), SVG flame graphs (inferno) and the
+//! terminal's top-functions table. Picked by output file extension.
+use std::{collections::HashMap, io::Write, path::Path};
+
+use anyhow::Context;
+
+use super::{
+    error::usage,
+    stacks::{FrameKind, Stack},
+};
+
+/// Output formats of the stack tools, by file extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `.folded`: one `root;...;leaf count` line per stack.
+    Folded,
+    /// `.svg`: an inferno flame graph.
+    Svg,
+    /// `.json`: one object per stack with its frames (name, file, line,
+    /// kind, module, inlined), root first, and its count.
+    Json,
+}
+
+impl Format {
+    /// The format for `path`, or a usage error naming the ones we write.
+    pub fn of(path: &Path) -> anyhow::Result<Format> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("folded") => Ok(Format::Folded),
+            Some("svg") => Ok(Format::Svg),
+            Some("json") => Ok(Format::Json),
+            _ => Err(usage(format!(
+                "-o {}: unknown format; use a .folded, .svg or .json file name",
+                path.display()
+            ))),
+        }
+    }
+}
+
+/// The label of a frame in folded output: kernel frames end in `_[k]` (as
+/// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`.
+fn label(f: &super::stacks::Frame) -> String {
+    // `;` separates frames and a trailing number is the count: keep both out.
+    let name = f.name.replace(';', ":");
+    match (f.kind, f.inlined) {
+        (FrameKind::Kernel, _) => format!("{name}_[k]"),
+        (FrameKind::Jit, _) => format!("{name}_[j]"),
+        (_, true) => format!("{name}_[i]"),
+        _ => name,
+    }
+}
+
+/// Folded lines, the process name as root frame, merged and sorted.
+pub fn folded(stacks: &[Stack]) -> Vec<String> {
+    let mut m: HashMap<String, u64> = HashMap::new();
+    for s in stacks {
+        let mut line = s.process.replace(';', ":");
+        for f in &s.frames {
+            line.push(';');
+            line.push_str(&label(f));
+        }
+        *m.entry(line).or_default() += s.count;
+    }
+    let mut v: Vec<String> = m.into_iter().map(|(k, c)| format!("{k} {c}")).collect();
+    v.sort();
+    v
+}
+
+/// Writes `stacks` to `path` in `format`. `title` heads the SVG.
+pub fn write(path: &Path, format: Format, stacks: &[Stack], title: &str, count_name: &str) -> anyhow::Result<()> {
+    let lines = folded(stacks);
+    let mut out = std::io::BufWriter::new(
+        std::fs::File::create(path).map_err(|e| usage(format!("-o {}: {e}; pick a writable path", path.display())))?,
+    );
+    match format {
+        Format::Folded => {
+            for l in &lines {
+                writeln!(out, "{l}")?;
+            }
+        }
+        Format::Json => {
+            for s in stacks {
+                let frames: Vec<serde_json::Value> = s
+                    .frames
+                    .iter()
+                    .map(|f| {
+                        serde_json::json!({
+                            "name": f.name, "file": f.file, "line": f.line,
+                            "kind": format!("{:?}", f.kind).to_lowercase(),
+                            "module": &*f.module, "inlined": f.inlined,
+                        })
+                    })
+                    .collect();
+                let v = serde_json::json!({"type": "stack", "pid": s.pid, "tid": s.tid, "process": s.process, "count": s.count, "frames": frames});
+                writeln!(out, "{v}")?;
+            }
+        }
+        Format::Svg => {
+            let mut opts = inferno::flamegraph::Options::default();
+            opts.title = title.to_string();
+            opts.count_name = count_name.to_string();
+            opts.colors = inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
+            if lines.is_empty() {
+                // inferno refuses empty input; say so in a valid SVG.
+                write!(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"40\"><text x=\"10\" y=\"25\">{title}: no samples</text></svg>")?;
+            } else {
+                inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), &mut out)
+                    .with_context(|| format!("rendering {}", path.display()))?;
+            }
+        }
+    }
+    out.flush().with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// One row of the top-functions table.
+#[derive(Debug, Clone)]
+pub struct TopRow {
+    /// Function (with `[k]` for kernel code).
+    pub name: String,
+    /// Samples where it was the leaf.
+    pub self_count: u64,
+    /// Samples where it was anywhere on the stack.
+    pub total_count: u64,
+}
+
+/// Functions by self samples, then total.
+pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
+    let mut selfc: HashMap<String, u64> = HashMap::new();
+    let mut total: HashMap<String, u64> = HashMap::new();
+    let mut all = 0;
+    for s in stacks {
+        all += s.count;
+        let names: Vec<String> = s
+            .frames
+            .iter()
+            .map(|f| if f.kind == FrameKind::Kernel { format!("{} [k]", f.name) } else { f.name.clone() })
+            .collect();
+        let leaf = names.last().cloned().unwrap_or_else(|| format!("[{}]", s.process));
+        *selfc.entry(leaf.clone()).or_default() += s.count;
+        let mut seen = std::collections::HashSet::new();
+        for n in names.iter().chain(std::iter::once(&leaf)) {
+            if seen.insert(n.clone()) {
+                *total.entry(n.clone()).or_default() += s.count;
+            }
+        }
+    }
+    let mut rows: Vec<TopRow> = total
+        .into_iter()
+        .map(|(name, t)| TopRow { self_count: selfc.get(&name).copied().unwrap_or(0), name, total_count: t })
+        .collect();
+    rows.sort_by(|a, b| b.self_count.cmp(&a.self_count).then(b.total_count.cmp(&a.total_count)).then(a.name.cmp(&b.name)));
+    (rows, all)
+}

@@ -1,0 +1,535 @@
+//! The stack engine's user half (the kernel half is `src/bpf/stacks.h`):
+//! read the in-kernel counts and stacks, keep what symbolization needs while
+//! processes live, symbolize each unique address once, and hand out stacks
+//! of [`Frame`]s, root first, for the renderers in [`super::render`].
+//!
+//! User addresses are resolved through a snapshot of the process's mappings
+//! taken while it lives ([`Images`]): each mapped file is opened through
+//! `/proc/PID/map_files` (works for containers and deleted files) and kept
+//! open, so a process that exits before the end of the run is still
+//! symbolized from the same inode. JIT code is looked up in the process's
+//! `/tmp/perf-PID.map` (read through `/proc/PID/root`, with the pid as the
+//! process sees it).
+use std::{
+    collections::HashMap,
+    fs::File,
+    io::{BufRead, BufReader},
+    os::{fd::AsRawFd, unix::fs::MetadataExt},
+    path::PathBuf,
+    rc::Rc,
+};
+
+use blazesym::symbolize::{
+    source::{Elf, Kernel, Source},
+    Input, Symbolized, Symbolizer,
+};
+use libbpf_rs::{MapCore, MapFlags};
+
+/// Deepest stack the kernel records (PERF_MAX_STACK_DEPTH).
+pub const MAX_DEPTH: usize = 127;
+const STK_NONE: i32 = -1;
+
+/// One row of the in-kernel count map with its stacks resolved to addresses.
+#[derive(Debug, Clone)]
+pub struct RawSample {
+    /// Process (tgid).
+    pub pid: u32,
+    /// Thread, or 0 when samples are not split by thread.
+    pub tid: u32,
+    /// The thread's name at the sample.
+    pub comm: String,
+    /// Kernel stack, leaf first (empty when not captured).
+    pub kstack: Vec<u64>,
+    /// User stack, leaf first (empty when not captured).
+    pub ustack: Vec<u64>,
+    /// Samples (or the tool's weight) with these stacks.
+    pub count: u64,
+}
+
+fn comm_of(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// Reads every `stk_key` -> count of `counts` and the stacks they name in
+/// `traces`. Stacks are read once per id.
+pub fn read_samples(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<RawSample>> {
+    let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
+    let mut stack = |id: i32| -> anyhow::Result<Vec<u64>> {
+        if id < 0 {
+            return Ok(Vec::new());
+        }
+        if let Some(s) = stacks.get(&id) {
+            return Ok(s.clone());
+        }
+        let v = traces.lookup(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+        let s: Vec<u64> = v
+            .chunks_exact(8)
+            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
+            .take_while(|&a| a != 0)
+            .collect();
+        stacks.insert(id, s.clone());
+        Ok(s)
+    };
+    let mut out = Vec::new();
+    for key in counts.keys() {
+        if key.len() < 32 {
+            continue;
+        }
+        let Some(val) = counts.lookup(&key, MapFlags::ANY)? else { continue };
+        let u32_at = |o: usize| u32::from_ne_bytes(key[o..o + 4].try_into().unwrap());
+        let (kid, uid) = (u32_at(8) as i32, u32_at(12) as i32);
+        out.push(RawSample {
+            pid: u32_at(0),
+            tid: u32_at(4),
+            comm: comm_of(&key[16..32]),
+            kstack: if kid == STK_NONE { Vec::new() } else { stack(kid)? },
+            ustack: if uid == STK_NONE { Vec::new() } else { stack(uid)? },
+            count: u64::from_ne_bytes(val[..8].try_into().unwrap()),
+        });
+    }
+    Ok(out)
+}
+
+/// What a frame is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FrameKind {
+    /// Kernel code (kallsyms).
+    Kernel,
+    /// Code from an ELF file mapped by the process.
+    User,
+    /// Code named by the process's perf map (JIT).
+    Jit,
+    /// An address nothing could name.
+    Unknown,
+    /// Marks a user stack cut short (no frame pointers, or deeper than the
+    /// kernel records): the frames above it are missing.
+    Truncated,
+}
+
+/// One symbolized frame. Inlined functions are frames of their own.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Function name (demangled), or `[unknown]` / `[truncated]`.
+    pub name: String,
+    /// Source file, when debug info has it.
+    pub file: Option<String>,
+    /// Source line, when debug info has it.
+    pub line: Option<u32>,
+    /// Which kind of code.
+    pub kind: FrameKind,
+    /// The ELF file or `[kernel]` / `[jit]` it came from.
+    pub module: Rc<str>,
+    /// Whether it was inlined into the frame below it (its caller).
+    pub inlined: bool,
+}
+
+impl Frame {
+    fn simple(name: &str, kind: FrameKind, module: Rc<str>) -> Frame {
+        Frame { name: name.to_string(), file: None, line: None, kind, module, inlined: false }
+    }
+}
+
+/// A mapped file held open so it can be read after its process exits.
+struct MappedFile {
+    /// The path as the process's maps show it.
+    shown: Rc<str>,
+    /// A path we can always open: /proc/self/fd/N of `_file`.
+    open_path: PathBuf,
+    _file: File,
+}
+
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    file: Rc<MappedFile>,
+}
+
+/// What we keep of a process while it lives.
+struct Image {
+    name: String,
+    maps: Vec<Mapping>,
+    /// (start, end, name) from the perf map, sorted by start.
+    jit: Vec<(u64, u64, String)>,
+}
+
+/// Where an address of a process lies.
+enum Place {
+    Elf { file: Rc<MappedFile>, offset: u64 },
+    Jit(String),
+    Unknown,
+}
+
+/// Snapshots of processes' mappings, taken while they live.
+#[derive(Default)]
+pub struct Images {
+    by_pid: HashMap<u32, Image>,
+    files: HashMap<(u64, u64), Rc<MappedFile>>,
+    /// The kernel's vDSO image (the same in every process of an
+    /// architecture), copied once from our own process into a memfd.
+    vdso: Option<Option<Rc<MappedFile>>>,
+}
+
+/// Copies this process's `[vdso]` into an anonymous file blazesym can read.
+fn copy_own_vdso() -> Option<Rc<MappedFile>> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
+    let (s, e) = line.split_whitespace().next()?.split_once('-')?;
+    let (start, end) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
+    let mut mem = File::open("/proc/self/mem").ok()?;
+    mem.seek(SeekFrom::Start(start)).ok()?;
+    let mut buf = vec![0u8; (end - start) as usize];
+    mem.read_exact(&mut buf).ok()?;
+    // SAFETY: memfd_create with a valid C string; the fd is owned by File.
+    let fd = unsafe { libc::memfd_create(c"sonde-vdso".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let mut f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    f.write_all(&buf).ok()?;
+    Some(Rc::new(MappedFile {
+        shown: Rc::from("[vdso]"),
+        open_path: PathBuf::from(format!("/proc/self/fd/{fd}")),
+        _file: f,
+    }))
+}
+
+impl Images {
+    /// Takes a snapshot of `pid` unless there is one; call it as soon as a
+    /// process shows up in the samples. Fails quietly if the process is gone.
+    pub fn observe(&mut self, pid: u32) {
+        if pid == 0 || self.by_pid.contains_key(&pid) {
+            return;
+        }
+        if let Some(img) = self.snapshot(pid) {
+            self.by_pid.insert(pid, img);
+        }
+    }
+
+    /// Re-reads the mappings of a live process (code loaded since).
+    pub fn refresh(&mut self, pid: u32) {
+        if let Some(img) = self.snapshot(pid) {
+            self.by_pid.insert(pid, img);
+        }
+    }
+
+    /// The process's name (its main thread's comm) when we saw it alive.
+    pub fn name(&self, pid: u32) -> Option<&str> {
+        self.by_pid.get(&pid).map(|i| i.name.as_str())
+    }
+
+    fn snapshot(&mut self, pid: u32) -> Option<Image> {
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
+        let mut out = Vec::new();
+        for line in maps.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) = (it.next(), it.next(), it.next(), it.next(), it.next())
+            else {
+                continue;
+            };
+            let path: String = it.collect::<Vec<_>>().join(" ");
+            if !perms.contains('x') || !(path.starts_with('/') || path == "[vdso]") {
+                continue;
+            }
+            let Some((s, e)) = range.split_once('-') else { continue };
+            let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
+            else {
+                continue;
+            };
+            let file = if path == "[vdso]" {
+                self.vdso.get_or_insert_with(copy_own_vdso).clone()
+            } else {
+                self.open_mapped(pid, range, &path)
+            };
+            let Some(file) = file else { continue };
+            out.push(Mapping { start, end, offset, file });
+        }
+        Some(Image { name, maps: out, jit: read_perf_map(pid) })
+    }
+
+    fn open_mapped(&mut self, pid: u32, range: &str, shown: &str) -> Option<Rc<MappedFile>> {
+        // map_files works through mount namespaces and for deleted files;
+        // the path through the process's root is the fallback.
+        let f = File::open(format!("/proc/{pid}/map_files/{range}"))
+            .or_else(|_| File::open(format!("/proc/{pid}/root{}", shown.trim_end_matches(" (deleted)"))))
+            .ok()?;
+        let md = f.metadata().ok()?;
+        let key = (md.dev(), md.ino());
+        if let Some(m) = self.files.get(&key) {
+            return Some(m.clone());
+        }
+        let m = Rc::new(MappedFile {
+            shown: Rc::from(shown),
+            open_path: PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+            _file: f,
+        });
+        self.files.insert(key, m.clone());
+        Some(m)
+    }
+
+    fn place(&self, pid: u32, addr: u64) -> Place {
+        let Some(img) = self.by_pid.get(&pid) else { return Place::Unknown };
+        if let Some(m) = img.maps.iter().find(|m| (m.start..m.end).contains(&addr)) {
+            return Place::Elf { file: m.file.clone(), offset: addr - m.start + m.offset };
+        }
+        let i = img.jit.partition_point(|(s, _, _)| *s <= addr);
+        if i > 0 {
+            let (s, e, name) = &img.jit[i - 1];
+            if (*s..*e).contains(&addr) {
+                return Place::Jit(name.clone());
+            }
+        }
+        Place::Unknown
+    }
+
+    fn covers(&self, pid: u32, addr: u64) -> bool {
+        !matches!(self.place(pid, addr), Place::Unknown)
+    }
+}
+
+/// The pid as the process itself sees it (last NSpid field), for its perf map name.
+fn inner_pid(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok()))
+        .unwrap_or(pid)
+}
+
+/// `/tmp/perf-PID.map` of a process: `START SIZE name` per line (hex).
+fn read_perf_map(pid: u32) -> Vec<(u64, u64, String)> {
+    let path = format!("/proc/{pid}/root/tmp/perf-{}.map", inner_pid(pid));
+    let Ok(f) = File::open(path) else { return Vec::new() };
+    let mut v: Vec<(u64, u64, String)> = BufReader::new(f)
+        .lines()
+        .map_while(Result::ok)
+        .filter_map(|l| {
+            let mut it = l.splitn(3, ' ');
+            let s = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
+            let n = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
+            Some((s, s + n, it.next()?.trim().to_string()))
+        })
+        .collect();
+    v.sort_by_key(|e| e.0);
+    v
+}
+
+/// Names of functions where a complete user stack starts: a stack that
+/// reaches none of them was cut short.
+fn is_stack_root(name: &str) -> bool {
+    const ROOTS: &[&str] = &[
+        "_start",
+        "__libc_start_main",
+        "__libc_start_call_main",
+        "start_thread",
+        "clone",
+        "__clone",
+        "clone3",
+        "__clone3",
+        "thread_start",
+        "_dl_start_user",
+        "runtime.goexit",
+        "runtime.goexit.abi0",
+        "runtime.rt0_go",
+        "runtime.rt0_go.abi0",
+        "runtime.mstart",
+    ];
+    ROOTS.contains(&name)
+}
+
+/// A symbolized stack, root first, with what it weighs.
+#[derive(Debug, Clone)]
+pub struct Stack {
+    /// Process (tgid).
+    pub pid: u32,
+    /// Thread, when split by thread.
+    pub tid: u32,
+    /// Process name (the root of a flame graph).
+    pub process: String,
+    /// Frames from the outermost user frame to the innermost kernel frame.
+    pub frames: Vec<Frame>,
+    /// Samples.
+    pub count: u64,
+}
+
+/// What symbolization found, for the summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SymStats {
+    /// Stacks (weighted by samples) whose user part was cut short.
+    pub truncated_samples: u64,
+    /// Unique stacks whose user part was cut short.
+    pub truncated_stacks: u64,
+    /// Frames no source could name.
+    pub unknown_frames: u64,
+    /// Unique user addresses symbolized.
+    pub user_addrs: u64,
+    /// Unique kernel addresses symbolized.
+    pub kernel_addrs: u64,
+}
+
+/// One symbolizer for the whole run; each unique address is symbolized once.
+pub struct Symbols {
+    sym: Symbolizer,
+    kernel: HashMap<u64, Vec<Frame>>,
+    user: HashMap<(usize, u64), Vec<Frame>>,
+    kmod: Rc<str>,
+    jitmod: Rc<str>,
+    unknown: Rc<str>,
+}
+
+impl Default for Symbols {
+    fn default() -> Self {
+        Symbols {
+            sym: Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build(),
+            kernel: HashMap::new(),
+            user: HashMap::new(),
+            kmod: Rc::from("[kernel]"),
+            jitmod: Rc::from("[jit]"),
+            unknown: Rc::from("[unknown]"),
+        }
+    }
+}
+
+fn frames_of(s: Symbolized<'_>, module: &Rc<str>, kind: FrameKind, unknown: &Rc<str>) -> Vec<Frame> {
+    match s {
+        Symbolized::Sym(sym) => {
+            let code = |c: &blazesym::symbolize::CodeInfo<'_>| {
+                let file = match &c.dir {
+                    Some(d) if !d.as_os_str().is_empty() => d.join(&c.file).to_string_lossy().into_owned(),
+                    _ => c.file.to_string_lossy().into_owned(),
+                };
+                (Some(file), c.line)
+            };
+            // blazesym: `sym` is the outermost function; `inlined` lists the
+            // calls inlined into it, outermost first. The location of the
+            // address is the innermost's; each outer one is at its call site.
+            let mut out = Vec::with_capacity(1 + sym.inlined.len());
+            let (file, line) = sym.code_info.as_deref().map(code).unwrap_or((None, None));
+            out.push(Frame { name: sym.name.to_string(), file, line, kind, module: module.clone(), inlined: false });
+            for f in sym.inlined.iter() {
+                let (file, line) = f.code_info.as_ref().map(code).unwrap_or((None, None));
+                out.push(Frame { name: f.name.to_string(), file, line, kind, module: module.clone(), inlined: true });
+            }
+            out
+        }
+        Symbolized::Unknown(_) => vec![Frame::simple("[unknown]", FrameKind::Unknown, unknown.clone())],
+    }
+}
+
+impl Symbols {
+    /// Symbolizes every sample into a [`Stack`]. `images` must hold the
+    /// processes' snapshots (taken while they lived).
+    pub fn stacks(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Stack> {
+        // Return addresses point after the call: look up addr-1 for every
+        // frame but the leaf so the line is the call's.
+        let adj = |i: usize, a: u64| if i == 0 { a } else { a.saturating_sub(1) };
+
+        // Kernel: every new address in one call.
+        let mut kaddrs: Vec<u64> = samples
+            .iter()
+            .flat_map(|s| s.kstack.iter().enumerate().map(|(i, &a)| adj(i, a)))
+            .filter(|a| !self.kernel.contains_key(a))
+            .collect();
+        kaddrs.sort_unstable();
+        kaddrs.dedup();
+        if !kaddrs.is_empty() {
+            stats.kernel_addrs += kaddrs.len() as u64;
+            let src = Source::Kernel(Kernel::default());
+            match self.sym.symbolize(&src, Input::AbsAddr(&kaddrs)) {
+                Ok(syms) => {
+                    for (a, s) in kaddrs.iter().zip(syms) {
+                        let fr = frames_of(s, &self.kmod, FrameKind::Kernel, &self.unknown);
+                        self.kernel.insert(*a, fr);
+                    }
+                }
+                Err(_) => {
+                    for a in &kaddrs {
+                        self.kernel.insert(*a, vec![Frame::simple(&format!("{a:#x}"), FrameKind::Unknown, self.kmod.clone())]);
+                    }
+                }
+            }
+        }
+
+        // User: refresh snapshots that miss an address (code loaded later),
+        // then group new offsets per file and symbolize each file once.
+        for s in samples {
+            images.observe(s.pid);
+            if s.ustack.iter().any(|&a| !images.covers(s.pid, a)) {
+                images.refresh(s.pid);
+            }
+        }
+        let mut per_file: HashMap<usize, (Rc<MappedFile>, Vec<u64>)> = HashMap::new();
+        for s in samples {
+            for (i, &a) in s.ustack.iter().enumerate() {
+                if let Place::Elf { file, offset } = images.place(s.pid, adj(i, a)) {
+                    let id = Rc::as_ptr(&file) as usize;
+                    if !self.user.contains_key(&(id, offset)) {
+                        per_file.entry(id).or_insert_with(|| (file.clone(), Vec::new())).1.push(offset);
+                    }
+                }
+            }
+        }
+        for (id, (file, mut offs)) in per_file {
+            offs.sort_unstable();
+            offs.dedup();
+            stats.user_addrs += offs.len() as u64;
+            let module: Rc<str> = file.shown.clone();
+            let src = Source::Elf(Elf::new(&file.open_path));
+            match self.sym.symbolize(&src, Input::FileOffset(&offs)) {
+                Ok(syms) => {
+                    for (o, s) in offs.iter().zip(syms) {
+                        let fr = frames_of(s, &module, FrameKind::User, &self.unknown);
+                        self.user.insert((id, *o), fr);
+                    }
+                }
+                Err(_) => {
+                    for o in &offs {
+                        self.user.insert((id, *o), vec![Frame::simple("[unknown]", FrameKind::Unknown, module.clone())]);
+                    }
+                }
+            }
+        }
+
+        let mut out = Vec::with_capacity(samples.len());
+        for s in samples {
+            let mut frames: Vec<Frame> = Vec::new();
+            // User part, outermost first.
+            let mut user: Vec<Frame> = Vec::new();
+            for (i, &a) in s.ustack.iter().enumerate().rev() {
+                match images.place(s.pid, adj(i, a)) {
+                    Place::Elf { file, offset } => {
+                        let id = Rc::as_ptr(&file) as usize;
+                        user.extend(self.user.get(&(id, offset)).cloned().unwrap_or_default());
+                    }
+                    Place::Jit(name) => user.push(Frame::simple(&name, FrameKind::Jit, self.jitmod.clone())),
+                    Place::Unknown => user.push(Frame::simple("[unknown]", FrameKind::Unknown, self.unknown.clone())),
+                }
+            }
+            if !user.is_empty() {
+                // Frames outside the outermost known root are leftovers of
+                // a frame-pointer walk past it; a stack with no root (or as
+                // deep as the kernel records) was cut short.
+                match user.iter().position(|f| is_stack_root(&f.name)) {
+                    Some(r) if s.ustack.len() < MAX_DEPTH => {
+                        user.drain(..r);
+                    }
+                    _ => {
+                        stats.truncated_samples += s.count;
+                        stats.truncated_stacks += 1;
+                        user.insert(0, Frame::simple("[truncated]", FrameKind::Truncated, self.unknown.clone()));
+                    }
+                }
+            }
+            frames.extend(user);
+            for (i, &a) in s.kstack.iter().enumerate().rev() {
+                frames.extend(self.kernel.get(&adj(i, a)).cloned().unwrap_or_default());
+            }
+            stats.unknown_frames += frames.iter().filter(|f| f.kind == FrameKind::Unknown).count() as u64;
+            let process = images.name(s.pid).map(str::to_string).unwrap_or_else(|| s.comm.clone());
+            out.push(Stack { pid: s.pid, tid: s.tid, process, frames, count: s.count });
+        }
+        out
+    }
+}

@@ -1,0 +1,47 @@
+/*
+ * A workload with a known CPU split for `sonde profile` tests and labs:
+ * heavy() burns twice the CPU time of light(), both called from main's loop,
+ * for the seconds given as argv[1] (default 10). Build with frame pointers:
+ *   cc -O2 -g -fno-omit-frame-pointer -fno-inline -o burn burn.c
+ */
+#include <stdlib.h>
+#include <time.h>
+
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+volatile unsigned long sink;
+
+/* Spins for `sec` seconds of this thread's CPU time. */
+__attribute__((noinline)) static void spin(double sec)
+{
+	double end = cpu_now() + sec;
+	while (cpu_now() < end)
+		for (int i = 0; i < 1000; i++) /* BURN_LOOP */
+			sink += i; /* BURN_LINE */
+}
+
+__attribute__((noinline)) void heavy(void)
+{
+	spin(0.020);
+}
+
+__attribute__((noinline)) void light(void)
+{
+	spin(0.010);
+}
+
+int main(int argc, char **argv)
+{
+	double secs = argc > 1 ? atof(argv[1]) : 10;
+	double end = cpu_now() + secs;
+	while (cpu_now() < end) {
+		heavy();
+		light();
+	}
+	return 0;
+}
