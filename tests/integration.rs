@@ -572,13 +572,18 @@ fn profile_shares_names_and_lines_match_the_workload() {
     let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let pid = w.0.id().to_string();
-    let (folded, json, svg) = (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"));
-    let (code, err) = profile(&["-p", &pid, "-d", "4s", "-F", "199", "-o", folded.to_str().unwrap(), "-o", json.to_str().unwrap(), "-o", svg.to_str().unwrap()]);
+    let (folded, json, svg, pb, html) = (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"), dir.join("p.pb.gz"), dir.join("p.html"));
+    let o = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let cpu0 = cpu_ticks(w.0.id());
+    let (code, err) = profile(&["-p", &pid, "-d", "4s", "-F", "199", "-o", &o(&folded), "-o", &o(&json), "-o", &o(&svg), "-o", &o(&pb), "-o", &o(&html)]);
+    let cpu = (cpu_ticks(w.0.id()) - cpu0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     let _ = w.0.kill();
     assert_eq!(code, 0, "{err}");
     let rows = read_folded(&folded);
     let total: u64 = rows.iter().map(|r| r.1).sum();
-    assert!(total > 500, "4 s at 199 Hz of one busy thread: {total} samples; {err}");
+    // The kernel's own account of the workload's CPU time, at 199 Hz.
+    let want = cpu * 199.0;
+    assert!(total > 300 && (total as f64 - want).abs() < 0.15 * want, "{total} samples for {cpu:.2} s of CPU; {err}");
     // The root frame is the process; everything else sits under main.
     assert!(rows.iter().all(|(f, _)| f[0] == "burn"), "root frame: {rows:?}");
     let under = |name: &str| rows.iter().filter(|(f, _)| f.iter().any(|x| x == name)).map(|r| r.1).sum::<u64>();
@@ -614,6 +619,66 @@ fn profile_shares_names_and_lines_match_the_workload() {
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<?xml") && svg.contains("heavy") && svg.contains("light"), "SVG names the functions");
     assert!(err.contains("truncated user stacks: 0"), "{err}");
+
+    // go tool pprof reads the pprof file: same functions, same split, lines, build id.
+    let go = |args: &[&str]| {
+        let out = Command::new(go_bin()).args(["tool", "pprof"]).args(args).arg(&pb).output().expect("go tool pprof");
+        assert!(out.status.success(), "go tool pprof {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let top = go(&["-top", "-cum"]);
+    let cum_ms = |name: &str| -> f64 {
+        let l = top.lines().find(|l| l.split_whitespace().last() == Some(name)).unwrap_or_else(|| panic!("{name} in {top}"));
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let v = f[3];
+        let (num, unit) = v.split_at(v.find(|c: char| c.is_alphabetic()).unwrap());
+        num.parse::<f64>().unwrap() * if unit == "s" { 1000.0 } else { 1.0 }
+    };
+    let (hm, lm) = (cum_ms("heavy"), cum_ms("light"));
+    let pshare = hm / (hm + lm);
+    assert!((pshare - 2.0 / 3.0).abs() < 0.04, "pprof heavy share {pshare:.3}: {top}");
+    assert!(top.contains("Type: cpu"), "{top}");
+    let lines = go(&["-top", "-lines"]);
+    assert!(lines.contains(&format!("burn.c:{}", loop_lines[0])) || lines.contains(&format!("burn.c:{}", loop_lines[1])), "{lines}");
+    let raw = go(&["-raw"]);
+    let exe = raw.lines().find(|l| l.contains(bin.to_str().unwrap())).unwrap_or_else(|| panic!("mapping of {bin:?}: {raw}"));
+    let id = exe.split_whitespace().nth(3).unwrap_or("");
+    // The build ID as `file` reads it from the ELF note.
+    let file = Command::new("file").arg(&bin).output().unwrap();
+    let file = String::from_utf8_lossy(&file.stdout);
+    let want = file.split("BuildID[sha1]=").nth(1).and_then(|r| r.split(',').next()).unwrap_or("?");
+    assert_eq!(id, want, "build id of {exe} vs `file`: {file}");
+
+    // A browser opens the HTML offline: no console errors, the frames are
+    // there, and its search (driven by ?s=) finds heavy's share.
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(!page.contains("src=\"http") && !page.contains("href=\"http"), "the page fetches nothing");
+    let out = Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .arg(format!("file://{}?s=heavy", html.display()))
+        .output()
+        .expect("chromium (Debian package chromium)");
+    let (dom, log) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!log.contains("Uncaught") && !log.contains(":ERROR:CONSOLE"), "console errors: {log}");
+    let frames: u64 = dom.split("data-frames=\"").nth(1).and_then(|r| r.split('"').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(frames >= 5, "frames in the DOM: {frames}");
+    let matched = dom.split("id=\"matched\"").nth(1).and_then(|r| r.split("Matched: ").nth(1)).and_then(|r| r.split('%').next()).and_then(|n| n.parse::<f64>().ok());
+    assert!(matched.is_some_and(|m| (m - 66.7).abs() < 4.0), "search for heavy in the browser: {matched:?}");
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// `go`, from PATH or Go's default install directory.
+fn go_bin() -> String {
+    if Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
+        return "go".into();
+    }
+    "/usr/local/go/bin/go".into()
 }
 
 #[test]

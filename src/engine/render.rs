@@ -20,17 +20,26 @@ pub enum Format {
     /// `.json`: one object per stack with its frames (name, file, line,
     /// kind, module, inlined), root first, and its count.
     Json,
+    /// `.pb.gz`: pprof (see [`super::pprof`]).
+    Pprof,
+    /// `.html`: the interactive flame graph (zoom on click, search with
+    /// Ctrl-F, details on hover) in one self-contained page; no network.
+    Html,
 }
 
 impl Format {
     /// The format for `path`, or a usage error naming the ones we write.
     pub fn of(path: &Path) -> anyhow::Result<Format> {
+        if path.to_string_lossy().ends_with(".pb.gz") {
+            return Ok(Format::Pprof);
+        }
         match path.extension().and_then(|e| e.to_str()) {
             Some("folded") => Ok(Format::Folded),
             Some("svg") => Ok(Format::Svg),
             Some("json") => Ok(Format::Json),
+            Some("html") => Ok(Format::Html),
             _ => Err(usage(format!(
-                "-o {}: unknown format; use a .folded, .svg or .json file name",
+                "-o {}: unknown format; use a .folded, .svg, .html, .json or .pb.gz file name",
                 path.display()
             ))),
         }
@@ -66,8 +75,22 @@ pub fn folded(stacks: &[Stack]) -> Vec<String> {
     v
 }
 
-/// Writes `stacks` to `path` in `format`. `title` heads the SVG.
-pub fn write(path: &Path, format: Format, stacks: &[Stack], title: &str, count_name: &str) -> anyhow::Result<()> {
+/// What renderers need besides the stacks.
+pub struct Meta<'a> {
+    /// Heads the SVG.
+    pub title: String,
+    /// What a count is ("samples").
+    pub count_name: String,
+    /// For pprof.
+    pub pprof: super::pprof::Meta<'a>,
+}
+
+/// Writes `stacks` to `path` in `format`.
+pub fn write(path: &Path, format: Format, stacks: &[Stack], meta: &Meta<'_>) -> anyhow::Result<()> {
+    if format == Format::Pprof {
+        return super::pprof::write(path, stacks, &meta.pprof);
+    }
+    let (title, count_name) = (meta.title.as_str(), meta.count_name.as_str());
     let lines = folded(stacks);
     let mut out = std::io::BufWriter::new(
         std::fs::File::create(path).map_err(|e| usage(format!("-o {}: {e}; pick a writable path", path.display())))?,
@@ -95,22 +118,45 @@ pub fn write(path: &Path, format: Format, stacks: &[Stack], title: &str, count_n
                 writeln!(out, "{v}")?;
             }
         }
-        Format::Svg => {
-            let mut opts = inferno::flamegraph::Options::default();
-            opts.title = title.to_string();
-            opts.count_name = count_name.to_string();
-            opts.colors = inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
-            if lines.is_empty() {
-                // inferno refuses empty input; say so in a valid SVG.
-                write!(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"40\"><text x=\"10\" y=\"25\">{title}: no samples</text></svg>")?;
-            } else {
-                inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), &mut out)
-                    .with_context(|| format!("rendering {}", path.display()))?;
-            }
+        Format::Pprof => unreachable!("written above"),
+        Format::Svg => out.write_all(&svg(&lines, title, count_name)?)?,
+        Format::Html => {
+            // The SVG inline in a page: its script (zoom, search, details)
+            // runs in the page; nothing is fetched.
+            let svg = String::from_utf8(svg(&lines, title, count_name)?)?;
+            let body = svg.find("<svg").map(|i| &svg[i..]).unwrap_or(&svg);
+            write!(
+                out,
+                "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{}</title>\
+                 <style>body{{margin:0;font-family:sans-serif}}</style></head><body>\n{body}\n\
+                 <script>window.addEventListener('load',function(){{document.body.setAttribute('data-frames',\
+                 document.querySelectorAll('#frames > g').length);}});</script>\n</body></html>\n",
+                html_escape(title)
+            )?;
         }
     }
     out.flush().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+}
+
+/// An inferno flame graph of folded `lines`.
+fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    if lines.is_empty() {
+        // inferno refuses empty input; say so in a valid SVG.
+        write!(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"40\"><text x=\"10\" y=\"25\">{}: no samples</text></svg>", html_escape(title))?;
+        return Ok(out);
+    }
+    let mut opts = inferno::flamegraph::Options::default();
+    opts.title = title.to_string();
+    opts.count_name = count_name.to_string();
+    opts.colors = inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), &mut out).context("rendering the flame graph")?;
+    Ok(out)
 }
 
 /// One row of the top-functions table.

@@ -377,6 +377,7 @@ pub struct Symbols {
     kmod: Rc<str>,
     jitmod: Rc<str>,
     unknown: Rc<str>,
+    build_ids: HashMap<String, String>,
 }
 
 impl Default for Symbols {
@@ -388,6 +389,7 @@ impl Default for Symbols {
             kmod: Rc::from("[kernel]"),
             jitmod: Rc::from("[jit]"),
             unknown: Rc::from("[unknown]"),
+            build_ids: HashMap::new(),
         }
     }
 }
@@ -419,6 +421,12 @@ fn frames_of(s: Symbolized<'_>, module: &Rc<str>, kind: FrameKind, unknown: &Rc<
 }
 
 impl Symbols {
+    /// Build IDs (hex) of the files symbolized so far, by the path the
+    /// processes' maps show.
+    pub fn build_ids(&self) -> &HashMap<String, String> {
+        &self.build_ids
+    }
+
     /// Symbolizes every sample into a [`Stack`]. `images` must hold the
     /// processes' snapshots (taken while they lived).
     pub fn stacks(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Stack> {
@@ -476,6 +484,9 @@ impl Symbols {
             offs.dedup();
             stats.user_addrs += offs.len() as u64;
             let module: Rc<str> = file.shown.clone();
+            if let Ok(Some(id)) = blazesym::helper::read_elf_build_id(&file.open_path) {
+                self.build_ids.insert(module.to_string(), id.iter().map(|b| format!("{b:02x}")).collect());
+            }
             let src = Source::Elf(Elf::new(&file.open_path));
             match self.sym.symbolize(&src, Input::FileOffset(&offs)) {
                 Ok(syms) => {

@@ -60,7 +60,7 @@ pub enum Event {
 /// -o FILE (repeatable), by extension: .folded (flamegraph.pl / inferno
 /// input, the process name as root frame, kernel frames ending in _[k],
 /// inlined ones in _[i]), .svg (flame graph) or .json (stacks with file and
-/// line per frame). User stacks need frame
+/// line per frame) or .pb.gz (pprof, for `go tool pprof`). User stacks need frame
 /// pointers: stacks that do not reach a program's start are marked
 /// [truncated] and counted.
 ///
@@ -340,9 +340,20 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     totals.unique_stacks = raw.len() as u64;
     let mut syms = Symbols::default();
     let stacks = syms.stacks(&raw, &mut images, &mut totals.sym);
-    let title = format!("sonde profile, {} Hz, {:.1} s", a.frequency, start.elapsed().as_secs_f64());
+    let elapsed = start.elapsed();
+    let meta = render::Meta {
+        title: format!("sonde profile, {} Hz, {:.1} s", a.frequency, elapsed.as_secs_f64()),
+        count_name: "samples".into(),
+        pprof: crate::engine::pprof::Meta {
+            period_ns: (1e9 / a.frequency as f64) as i64,
+            time_nanos: (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default() - elapsed).as_nanos() as i64,
+            duration_nanos: elapsed.as_nanos() as i64,
+            build_ids: syms.build_ids(),
+            comment: format!("sonde profile -F {} ({:?})", a.frequency, a.event),
+        },
+    };
     for (p, f) in &outs {
-        render::write(p, *f, &stacks, &title, "samples")?;
+        render::write(p, *f, &stacks, &meta)?;
     }
     totals.render_time = t0.elapsed();
     Ok(Outcome { stacks, totals, stop })
