@@ -38,6 +38,7 @@ static: setup
 
 bench: build
 	$(SUDO) bench/retrans/run
+	$(SUDO) bench/profile/run
 
 clean:
 	$(CARGO) clean

@@ -6,6 +6,7 @@ use libbpf_cargo::SkeletonBuilder;
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR set by cargo"));
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
+    build_lab_workload(&out, &manifest);
     let include = manifest.join("src/bpf");
     println!("cargo:rerun-if-changed=src/bpf");
     for entry in fs::read_dir(manifest.join("src/tools")).unwrap() {
@@ -33,4 +34,23 @@ fn main() {
                 .unwrap_or_else(|e| panic!("building {}: {e:#}", path.display()));
         }
     }
+}
+
+/// The `sonde lab profile` workload (tests/workloads/burn.c), built static with
+/// frame pointers and line tables and embedded in the binary: the lab needs no
+/// compiler on the host.
+fn build_lab_workload(out: &std::path::Path, manifest: &std::path::Path) {
+    let src = manifest.join("tests/workloads/burn.c");
+    println!("cargo:rerun-if-changed={}", src.display());
+    let bin = out.join("burn");
+    let flags = ["-O2", "-gline-tables-only", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"];
+    let st = std::process::Command::new("clang")
+        .args(flags)
+        .arg("-static")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("clang (for the lab workload)");
+    assert!(st.success(), "building {} statically (needs libc6-dev)", src.display());
 }

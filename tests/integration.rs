@@ -592,6 +592,9 @@ fn profile_shares_names_and_lines_match_the_workload() {
     // Built in: heavy burns 2/3 of the CPU time of heavy + light.
     assert!((share - 2.0 / 3.0).abs() < 0.04, "heavy share {share:.3} ({h} vs {l}); {err}");
     assert!(under("main") as f64 > 0.95 * total as f64, "{rows:?}");
+    // DWARF inline info: light_inner() was inlined into light() and is its own frame.
+    let inl: u64 = rows.iter().filter(|(f, _)| f.join(";").contains("main;light;light_inner_[i];spin")).map(|r| r.1).sum();
+    assert!(inl as f64 > 0.9 * l as f64, "light's samples under the inlined light_inner: {inl} of {l}: {rows:?}");
     // Source lines from DWARF: the leaf in spin is its inner loop; heavy's frame is its call of spin.
     let burn_line = workload_line("burn", "BURN_LINE");
     let call_line = workload_line("burn", "spin(0.020);");
@@ -722,4 +725,19 @@ fn profile_symbolizes_a_process_that_exits_early_and_honours_perf_maps() {
     assert!(has("burn", "heavy") && has("burn", "light"), "{rows:?}");
     // The JIT process's code is named by its /tmp/perf-PID.map.
     assert!(has("jit", "jitted_spin_[j]"), "{rows:?}");
+}
+
+#[test]
+fn lab_profile_measures_the_built_in_split() {
+    let dir = std::env::temp_dir().join(format!("sonde-labprof-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let folded = dir.join("lab.folded");
+    let out = Command::new(SONDE).args(["lab", "profile", "-d", "3", "-o", folded.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("split matches the built-in 2:1"), "{text}");
+    // The embedded static workload is symbolized from its own ELF, root to leaf.
+    let rows = read_folded(&folded);
+    assert!(rows.iter().any(|(f, _)| f.join(";").starts_with("burn;__libc_start_call_main;main;heavy;spin")), "{rows:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

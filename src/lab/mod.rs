@@ -1,5 +1,6 @@
 //! `sonde lab NAME`: one-command reproductions on real kernel traffic in
 //! network namespaces that are always removed afterwards.
+pub mod profile;
 pub mod retrans;
 pub mod traffic;
 
@@ -18,11 +19,15 @@ pub enum Lab {
     /// Retransmissions of every kind under nftables loss; sonde's per-kind
     /// totals side by side with the namespaces' own MIB counter deltas.
     Retrans(retrans::RetransLabArgs),
+    /// A bundled workload with a built-in 2:1 CPU split, profiled; the
+    /// measured split beside the built-in one, and its flame graphs.
+    Profile(profile::ProfileLabArgs),
 }
 
 /// Runs the chosen lab; returns the exit status.
 pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
     match &a.lab {
         Lab::Retrans(r) => retrans::run(r),
+        Lab::Profile(p) => profile::run(p),
     }
 }

@@ -1,6 +1,7 @@
 /*
  * A workload with a known CPU split for `sonde profile` tests and labs:
- * heavy() burns twice the CPU time of light(), both called from main's loop,
+ * heavy() burns twice the CPU time of light() (through the inlined
+ * light_inner()), both called from main's loop,
  * for the seconds given as argv[1] (default 10). Build with frame pointers:
  *   cc -O2 -g -fno-omit-frame-pointer -fno-inline -o burn burn.c
  */
@@ -30,9 +31,15 @@ __attribute__((noinline)) void heavy(void)
 	spin(0.020);
 }
 
-__attribute__((noinline)) void light(void)
+/* Inlined even with -fno-inline: symbolizers must show it as its own frame. */
+static inline __attribute__((always_inline)) void light_inner(void)
 {
 	spin(0.010);
+}
+
+__attribute__((noinline)) void light(void)
+{
+	light_inner();
 }
 
 int main(int argc, char **argv)

@@ -66,7 +66,9 @@ pub enum Event {
 ///
 /// OVERHEAD: one perf-event interrupt per CPU per sample period and one
 /// in-kernel hash update per sample; nothing per sample in user space.
-/// Measured figures are in the README (bench/profile).
+/// bench/profile/run, 2-core VM, CPU-bound spinner per CPU: throughput loss
+/// 0.13% at 49 Hz, 0.16% at 99 Hz, 0.99% at 999 Hz; 11,445 unique stacks
+/// symbolized and rendered in 177 ms; peak RSS 46 MiB.
 #[derive(Debug, Args)]
 pub struct ProfileArgs {
     /// Samples per second per CPU.

@@ -1,0 +1,105 @@
+//! `sonde lab profile`: a bundled workload with a built-in 2:1 CPU split
+//! (tests/workloads/burn.c: heavy() burns twice the CPU of light()),
+//! profiled by `sonde profile`; prints the measured split beside the built-in
+//! one and writes the flame graphs.
+use std::{path::PathBuf, process::Command, time::Duration};
+
+use clap::Args;
+
+use crate::{
+    engine::{
+        error::usage,
+        features,
+        run::{RunControl, Stop},
+    },
+    tools::profile::{self, Event, ProfileArgs},
+};
+
+/// The workload, built static with frame pointers by build.rs.
+const BURN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/burn"));
+
+/// Options of `sonde lab profile`.
+#[derive(Debug, Args)]
+pub struct ProfileLabArgs {
+    /// Seconds to profile the workload for.
+    #[arg(short = 'd', long, default_value_t = 5)]
+    pub seconds: u64,
+    /// Samples per second.
+    #[arg(short = 'F', long = "frequency", default_value_t = 199)]
+    pub frequency: u64,
+    /// Where to write the flame graphs (.html, .svg, .folded, .pb.gz, .json).
+    #[arg(short = 'o', long = "output", default_values_t = ["sonde-lab-profile.html".to_string(), "sonde-lab-profile.svg".to_string()])]
+    pub output: Vec<String>,
+}
+
+/// Kills and removes the workload however the lab ends.
+struct Workload {
+    child: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs the lab; returns the exit status.
+pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
+    if a.seconds == 0 || a.seconds > 600 {
+        return Err(usage(format!("-d {}: pick 1 to 600 seconds", a.seconds)));
+    }
+    features::require_tracing_privileges()?;
+    let dir = std::env::temp_dir().join(format!("sonde-lab-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let bin = dir.join("burn");
+    std::fs::write(&bin, BURN)?;
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let child = Command::new(&bin).arg((a.seconds + 5).to_string()).spawn()?;
+    let w = Workload { child, dir };
+    std::thread::sleep(Duration::from_millis(100));
+    eprintln!(
+        "lab: workload pid {} burns CPU in heavy() and light() at 2:1; profiling it for {} s at {} Hz",
+        w.child.id(),
+        a.seconds,
+        a.frequency
+    );
+    let pargs = ProfileArgs {
+        frequency: a.frequency,
+        pid: vec![w.child.id()],
+        tid: vec![],
+        cgroup: None,
+        comm: None,
+        duration: Some(Duration::from_secs(a.seconds)),
+        user_only: false,
+        kernel_only: false,
+        include_idle: false,
+        per_thread: false,
+        event: Event::CpuClock,
+        output: a.output.iter().map(PathBuf::from).collect(),
+        top: 10,
+    };
+    let ctl = RunControl::new(pargs.duration)?;
+    let out = profile::run_with(&pargs, &ctl, || {})?;
+    drop(w);
+    let under = |name: &str| out.stacks.iter().filter(|s| s.frames.iter().any(|f| f.name == name)).map(|s| s.count).sum::<u64>();
+    let (h, l) = (under("heavy"), under("light"));
+    let share = h as f64 / (h + l).max(1) as f64;
+    let cut: u64 = out.totals.sym.truncated_samples;
+    println!("samples: {} ({} truncated)", out.totals.samples, cut);
+    println!("heavy : light = {h} : {l} samples = {:.1}% : {:.1}% (built in: 66.7% : 33.3%)", 100.0 * share, 100.0 * (1.0 - share));
+    for p in &a.output {
+        println!("wrote {p}");
+    }
+    let ok = (share - 2.0 / 3.0).abs() < 0.05 && h + l > 0;
+    println!("{}", if ok { "split matches the built-in 2:1 (within 5 points)" } else { "MISMATCH: the split differs from the built-in 2:1" });
+    if !ok {
+        return Ok(1);
+    }
+    Ok(match out.stop {
+        Stop::Interrupted => 130,
+        _ => 0,
+    })
+}
