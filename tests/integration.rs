@@ -403,7 +403,7 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_synack", "tp_sendmsg", "tp_accept4"]
+            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample"]
                 .iter()
                 .any(|x| n.starts_with(x))
         })
@@ -419,6 +419,24 @@ fn sigkill_leaves_no_program_or_link_behind() {
     assert!(!ours.is_empty(), "programs of the running sonde are visible");
     let (code, _) = t.end(libc::SIGKILL);
     assert_ne!(code, 0);
+    assert_gone(pid, &ours);
+
+    // profile: programs attached to perf events, one per CPU.
+    let before = our_prog_ids();
+    let mut p = Command::new(SONDE).args(["profile", "-d", "60s"]).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(p.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    assert!(line.contains("sampling CPU stacks"), "{line}");
+    let ours: Vec<u64> = our_prog_ids().into_iter().filter(|id| !before.contains(id)).collect();
+    assert!(!ours.is_empty(), "the profile program is visible");
+    let pid = p.id();
+    p.kill().unwrap();
+    let _ = p.wait();
+    assert_gone(pid, &ours);
+}
+
+/// Neither programs `ours` nor links held by `pid` (killed) remain.
+fn assert_gone(pid: u32, ours: &[u64]) {
     // Program teardown after the last fd closes is asynchronous: allow a moment.
     let t0 = Instant::now();
     loop {
@@ -740,4 +758,27 @@ fn lab_profile_measures_the_built_in_split() {
     let rows = read_folded(&folded);
     assert!(rows.iter().any(|(f, _)| f.join(";").starts_with("burn;__libc_start_call_main;main;heavy;spin")), "{rows:?}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn profile_json_and_top_table_agree_with_the_workload() {
+    let bin = build_workload("burn", FP);
+    let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    let pid = w.0.id().to_string();
+    // --json: stack lines, then a summary whose sample count they add up to.
+    let out = Command::new(SONDE).args(["profile", "-p", &pid, "-d", "2s", "-F", "199", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let s = summary(&lines);
+    let counted: u64 = lines.iter().filter(|v| v["type"] == "stack").map(|v| v["count"].as_u64().unwrap()).sum();
+    assert_eq!(Some(counted), s["samples"].as_u64(), "{s}");
+    assert!(counted > 200, "{s}");
+    // No -o: the top table, spin first (the workload's only hot loop).
+    let out = Command::new(SONDE).args(["profile", "-p", &pid, "-d", "2s", "-F", "199"]).output().unwrap();
+    let _ = w.0.kill();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text.lines().nth(1).unwrap_or("");
+    let selfp: f64 = first.split('%').next().unwrap_or("0").trim().parse().unwrap_or(0.0);
+    assert!(first.ends_with(" spin") && selfp > 75.0, "{text}");
 }

@@ -101,23 +101,7 @@ pub fn write(path: &Path, format: Format, stacks: &[Stack], meta: &Meta<'_>) -> 
                 writeln!(out, "{l}")?;
             }
         }
-        Format::Json => {
-            for s in stacks {
-                let frames: Vec<serde_json::Value> = s
-                    .frames
-                    .iter()
-                    .map(|f| {
-                        serde_json::json!({
-                            "name": f.name, "file": f.file, "line": f.line,
-                            "kind": format!("{:?}", f.kind).to_lowercase(),
-                            "module": &*f.module, "inlined": f.inlined,
-                        })
-                    })
-                    .collect();
-                let v = serde_json::json!({"type": "stack", "pid": s.pid, "tid": s.tid, "process": s.process, "count": s.count, "frames": frames});
-                writeln!(out, "{v}")?;
-            }
-        }
+        Format::Json => json_lines(&mut out, stacks)?,
         Format::Pprof => unreachable!("written above"),
         Format::Svg => out.write_all(&svg(&lines, title, count_name)?)?,
         Format::Html => {
@@ -136,6 +120,26 @@ pub fn write(path: &Path, format: Format, stacks: &[Stack], meta: &Meta<'_>) -> 
         }
     }
     out.flush().with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// One `{"type":"stack",...}` line per stack (schema in the README).
+pub fn json_lines(out: &mut impl Write, stacks: &[Stack]) -> std::io::Result<()> {
+    for s in stacks {
+        let frames: Vec<serde_json::Value> = s
+            .frames
+            .iter()
+            .map(|f| {
+                serde_json::json!({
+                    "name": f.name, "file": f.file, "line": f.line,
+                    "kind": format!("{:?}", f.kind).to_lowercase(),
+                    "module": &*f.module, "inlined": f.inlined,
+                })
+            })
+            .collect();
+        let v = serde_json::json!({"type": "stack", "pid": s.pid, "tid": s.tid, "process": s.process, "count": s.count, "frames": frames});
+        writeln!(out, "{v}")?;
+    }
     Ok(())
 }
 

@@ -2,7 +2,7 @@
 //! kernel and user stacks, counted in the kernel, symbolized once per unique
 //! address, written as folded stacks, SVG flame graphs or a top table.
 use std::{
-    io::IsTerminal,
+    io::{IsTerminal, Write},
     mem::MaybeUninit,
     os::fd::IntoRawFd,
     path::PathBuf,
@@ -110,6 +110,9 @@ pub struct ProfileArgs {
     /// Rows of the top table.
     #[arg(long, default_value_t = 25)]
     pub top: usize,
+    /// Print every stack as a JSON line on stdout, then a summary line.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// What a finished profile saw (labs and tests use it).
@@ -395,9 +398,26 @@ fn summary(t: &Totals, hz: u64) -> String {
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.duration)?;
-    let out = run_with(a, &ctl, || {
+    let out_run = run_with(a, &ctl, || {
         eprintln!("sonde: sampling CPU stacks at {} Hz; Ctrl-C ends and writes the results", a.frequency);
     })?;
+    let out = &out_run;
+    if a.json {
+        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+        render::json_lines(&mut out, &out_run.stacks)?;
+        let t = &out_run.totals;
+        let v = serde_json::json!({
+            "type": "summary", "samples": t.samples, "frequency_hz": a.frequency,
+            "idle": t.idle, "filtered": t.filtered, "unique_stacks": t.unique_stacks,
+            "lost": {"collisions": t.collisions, "kernel_stack_errors": t.kstack_errors,
+                     "user_stack_errors": t.ustack_errors, "counts_full": t.counts_full},
+            "truncated_stacks": t.sym.truncated_stacks, "truncated_samples": t.sym.truncated_samples,
+            "unknown_frames": t.sym.unknown_frames,
+        });
+        writeln!(out, "{v}")?;
+        out.flush()?;
+        return Ok(out_run.stop.exit_code());
+    }
     if a.output.is_empty() {
         let (rows, all) = render::top(&out.stacks);
         let pct = |n: u64| format!("{:.1}%", 100.0 * n as f64 / all.max(1) as f64);
