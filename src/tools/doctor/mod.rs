@@ -201,11 +201,38 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             "usable": true,
             "mechanism": m.to_string(),
             "failed_attempts": if err_arg { "reported (tracepoint has err)" } else { "not visible (tracepoint without err)" },
+            "detail": if err_arg { "failed attempts reported: the tracepoint has err" } else { "failed attempts not visible: the tracepoint has no err" },
             "owner_hooks": retrans_hooks.iter().filter(|h| h.1).map(|h| h.0).collect::<Vec<_>>(),
             "sendmsg_owner": features::btf_has_type("btf_trace_tcp_sendmsg_locked"),
         }),
     };
     tools.push(("retrans".into(), retrans));
+
+    // profile: a BPF program on a sampling perf event per CPU.
+    let cycles = {
+        let mut attr = libbpf_sys::perf_event_attr { size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32, ..Default::default() };
+        attr.type_ = libbpf_sys::PERF_TYPE_HARDWARE;
+        attr.config = libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64;
+        attr.__bindgen_anon_1.sample_freq = 49;
+        attr.set_freq(1);
+        // SAFETY: a valid perf_event_attr; the fd is closed right away.
+        let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1, 0, -1, 8u64) };
+        if fd >= 0 {
+            unsafe { libc::close(fd as i32) };
+        }
+        fd >= 0
+    };
+    let profile = match (privileged, ok("perf_event")) {
+        (false, _) => json!({"usable": false, "why": "not privileged"}),
+        (_, false) => json!({"usable": false, "why": "BPF programs cannot attach to perf events here (see perf_event above)"}),
+        _ => json!({
+            "usable": true,
+            "mechanism": "perf_event",
+            "detail": if cycles { "cpu-clock; --event cycles available" } else { "cpu-clock; no cycles PMU (--event cycles unavailable)" },
+            "cycles": cycles,
+        }),
+    };
+    tools.push(("profile".into(), profile));
 
     let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
     if a.json {
@@ -231,7 +258,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         println!("tools:");
         for (t, v) in &tools {
             if v["usable"] == json!(true) {
-                println!("  {t:<11} uses {} ({})", v["mechanism"].as_str().unwrap_or("?"), v["failed_attempts"].as_str().unwrap_or(""));
+                println!("  {t:<11} uses {} ({})", v["mechanism"].as_str().unwrap_or("?"), v["detail"].as_str().unwrap_or(""));
             } else {
                 println!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"));
             }
