@@ -782,3 +782,23 @@ fn profile_json_and_top_table_agree_with_the_workload() {
     let selfp: f64 = first.split('%').next().unwrap_or("0").trim().parse().unwrap_or(0.0);
     assert!(first.ends_with(" spin") && selfp > 75.0, "{text}");
 }
+
+#[test]
+fn profile_symbolizes_a_process_in_its_own_mount_and_pid_namespace() {
+    // A "container": the binary exists only on a tmpfs inside a new mount
+    // namespace, and the process has its own pid namespace. Selected by --comm.
+    let bin = build_workload("burn", FP);
+    let script = format!("mount -t tmpfs none /mnt && cp {} /mnt/cburn && exec /mnt/cburn 6", bin.display());
+    let mut c = KillOnDrop(Command::new("unshare").args(["--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", &script]).spawn().unwrap());
+    thread::sleep(Duration::from_millis(400));
+    assert!(!std::path::Path::new("/mnt/cburn").exists(), "the binary must not be visible outside");
+    let folded = bin.parent().unwrap().join("ns.folded");
+    let (code, err) = profile(&["--comm", "cburn", "-d", "2s", "-F", "199", "-o", folded.to_str().unwrap()]);
+    let _ = c.0.kill();
+    assert_eq!(code, 0, "{err}");
+    let rows = read_folded(&folded);
+    assert!(!rows.is_empty() && rows.iter().all(|(f, _)| f[0] == "cburn"), "--comm keeps only it: {rows:?}");
+    let named: u64 = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "heavy" || x == "light")).map(|r| r.1).sum();
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    assert!(named as f64 > 0.9 * total as f64, "symbolized through /proc/PID/map_files: {rows:?}");
+}

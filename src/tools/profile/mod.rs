@@ -302,6 +302,16 @@ fn sampled_pids(skel: &ProfileSkel<'_>) -> Vec<u32> {
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, cgroup) = validate(a)?;
     features::require_tracing_privileges()?;
+    // Every mapped file of every sampled process is held open until the end
+    // (for processes that exit): allow as many files as the hard limit does.
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain get/setrlimit on a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
     let loaded = load(a, cgroup)?;
     let skel = &loaded.skel;
     ready();
