@@ -5,6 +5,7 @@ pub mod error;
 pub mod features;
 pub mod netns;
 pub mod output;
+pub mod perf;
 pub mod pprof;
 pub mod render;
 pub mod ringbuf;

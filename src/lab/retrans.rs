@@ -196,9 +196,12 @@ impl Relation {
     }
 }
 
-/// Issue 2's open discrepancy: total segs and SYN retransmits have been seen
-/// 1-3 short with nothing lost or missed.
-const OPEN_SLACK: i64 = 3;
+/// Issue 2's open discrepancy: under CPU contention the kernel now and then
+/// counts a retransmit whose tracepoint never ran sonde's program (nothing
+/// lost, missed or unreadable). One such event is allowed per relation: up
+/// to 3 in event counts, up to 64 segments (one GSO skb) in segment sums.
+const OPEN_SLACK_EVENTS: i64 = 3;
+const OPEN_SLACK_SEGS: i64 = 64;
 
 /// The exact relations between sonde's totals and MIB deltas (see README).
 pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
@@ -215,16 +218,16 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
             counter: "TcpRetransSegs - TCPRetransFail",
             kernel: d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"),
             rel: eq,
-            open_slack: OPEN_SLACK,
+            open_slack: OPEN_SLACK_SEGS,
         },
-        Relation { what: "segs of fast".into(), sonde: t.segs(k("fast")), counter: "TcpExtTCPFastRetrans", kernel: d.get("TcpExtTCPFastRetrans"), rel: eq, open_slack: 0 },
+        Relation { what: "segs of fast".into(), sonde: t.segs(k("fast")), counter: "TcpExtTCPFastRetrans", kernel: d.get("TcpExtTCPFastRetrans"), rel: eq, open_slack: OPEN_SLACK_SEGS },
         Relation {
             what: "segs of loss_recovery".into(),
             sonde: t.segs(k("loss_recovery")),
             counter: "TcpExtTCPSlowStartRetrans",
             kernel: d.get("TcpExtTCPSlowStartRetrans"),
             rel: eq,
-            open_slack: 0,
+            open_slack: OPEN_SLACK_SEGS,
         },
         Relation {
             what: "events of syn + synack".into(),
@@ -232,7 +235,7 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
             counter: "TcpExtTCPSynRetrans",
             kernel: d.get("TcpExtTCPSynRetrans"),
             rel: eq,
-            open_slack: OPEN_SLACK,
+            open_slack: OPEN_SLACK_EVENTS,
         },
         Relation { what: "events of tlp".into(), sonde: t.count(k("tlp")), counter: "TcpExtTCPLossProbes", kernel: d.get("TcpExtTCPLossProbes"), rel: "<=", open_slack: 0 },
         Relation {
@@ -251,7 +254,9 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
             rel: ">=",
             open_slack: 0,
         },
-        Relation { what: "failed EBUSY".into(), sonde: busy, counter: "TcpExtTCPSpuriousRtxHostQueues", kernel: d.get("TcpExtTCPSpuriousRtxHostQueues"), rel: eq, open_slack: 0 },
+        // The counter also counts tail loss probes skipped while the tail is
+        // still queued; those never reach the tracepoint.
+        Relation { what: "failed EBUSY".into(), sonde: busy, counter: "TcpExtTCPSpuriousRtxHostQueues", kernel: d.get("TcpExtTCPSpuriousRtxHostQueues"), rel: "<=", open_slack: 0 },
     ]
 }
 

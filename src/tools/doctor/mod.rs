@@ -88,33 +88,14 @@ fn try_probe(which: Probe) -> Result<String, String> {
 
 /// Opens a cpu-clock sampling event on CPU 0 and attaches the program to it.
 fn perf_event_attach(prog: &libbpf_rs::ProgramMut<'_>) -> Result<String, String> {
-    #[repr(C)]
-    #[derive(Default)]
-    struct PerfEventAttr {
-        type_: u32,
-        size: u32,
-        config: u64,
-        sample_period: u64,
-        sample_type: u64,
-        read_format: u64,
-        flags: u64,
-        rest: [u64; 12],
-    }
-    let attr = PerfEventAttr {
-        type_: 1, // PERF_TYPE_SOFTWARE
-        size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config: 0, // PERF_COUNT_SW_CPU_CLOCK
-        sample_period: 10_000_000,
-        flags: 1 << 0, // disabled; the link enables it
-        ..Default::default()
-    };
-    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1, 0, -1, 8u64) };
-    if fd < 0 {
-        return Err(format!("perf_event_open: {}", std::io::Error::last_os_error()));
-    }
-    let r = prog.attach_perf_event(fd as i32).map(drop);
-    unsafe { libc::close(fd as i32) };
-    r.map(|_| "cpu-clock sampling attaches".into()).map_err(|e| format!("attach: {e:#}"))
+    let fd = crate::engine::perf::open_sampling(0, crate::engine::perf::Counter::CpuClock, 49)
+        .map_err(|e| format!("perf_event_open: {e}"))?;
+    // A link owns the event fd and closes it when dropped; on failure it is ours.
+    prog.attach_perf_event(fd).map(drop).map(|_| "cpu-clock sampling attaches".into()).map_err(|e| {
+        // SAFETY: our own fd, not taken by a link.
+        unsafe { libc::close(fd) };
+        format!("attach: {e:#}")
+    })
 }
 
 fn ringbuf_ok() -> Result<String, String> {
@@ -209,19 +190,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     tools.push(("retrans".into(), retrans));
 
     // profile: a BPF program on a sampling perf event per CPU.
-    let cycles = {
-        let mut attr = libbpf_sys::perf_event_attr { size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32, ..Default::default() };
-        attr.type_ = libbpf_sys::PERF_TYPE_HARDWARE;
-        attr.config = libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64;
-        attr.__bindgen_anon_1.sample_freq = 49;
-        attr.set_freq(1);
-        // SAFETY: a valid perf_event_attr; the fd is closed right away.
-        let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1, 0, -1, 8u64) };
-        if fd >= 0 {
-            unsafe { libc::close(fd as i32) };
-        }
-        fd >= 0
-    };
+    let cycles = crate::engine::perf::has_cycles();
     let profile = match (privileged, ok("perf_event")) {
         (false, _) => json!({"usable": false, "why": "not privileged"}),
         (_, false) => json!({"usable": false, "why": "BPF programs cannot attach to perf events here (see perf_event above)"}),

@@ -4,7 +4,6 @@
 use std::{
     io::{IsTerminal, Write},
     mem::MaybeUninit,
-    os::fd::IntoRawFd,
     path::PathBuf,
     time::{Duration, Instant},
 };
@@ -21,6 +20,7 @@ use crate::engine::{
     error::{env, usage},
     features,
     output::table,
+    perf::{online_cpus, open_sampling, percpu_sum, Counter},
     render::{self, Format},
     ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
@@ -150,49 +150,11 @@ pub struct Totals {
     pub render_time: Duration,
 }
 
-fn online_cpus() -> anyhow::Result<Vec<u32>> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading online CPUs")?;
-    let mut v = Vec::new();
-    for part in s.trim().split(',') {
-        match part.split_once('-') {
-            Some((a, b)) => v.extend(a.parse::<u32>()?..=b.parse::<u32>()?),
-            None => v.push(part.parse()?),
-        }
-    }
-    Ok(v)
-}
-
 fn max_sample_rate() -> u64 {
     std::fs::read_to_string("/proc/sys/kernel/perf_event_max_sample_rate")
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(100_000)
-}
-
-/// Opens a sampling perf event on `cpu` for all tasks.
-fn open_perf_event(cpu: u32, ev: Event, hz: u64) -> std::io::Result<i32> {
-    let mut attr = libbpf_sys::perf_event_attr { size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32, ..Default::default() };
-    match ev {
-        Event::CpuClock => {
-            attr.type_ = libbpf_sys::PERF_TYPE_SOFTWARE;
-            attr.config = libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64;
-        }
-        Event::Cycles => {
-            attr.type_ = libbpf_sys::PERF_TYPE_HARDWARE;
-            attr.config = libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64;
-        }
-    }
-    attr.__bindgen_anon_1.sample_freq = hz;
-    attr.set_freq(1);
-    // SAFETY: attr is a valid perf_event_attr of the size it declares.
-    let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1i32, cpu as i32, -1i32, libbpf_sys::PERF_FLAG_FD_CLOEXEC as u64)
-    };
-    if fd < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(fd as i32)
-    }
 }
 
 fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
@@ -274,20 +236,27 @@ fn load(a: &ProfileArgs, cgroup: u64) -> anyhow::Result<Loaded> {
     }
     let mut links = Vec::new();
     for cpu in online_cpus()? {
-        let fd = open_perf_event(cpu, a.event, a.frequency).map_err(|e| match (a.event, e.raw_os_error()) {
+        let counter = match a.event {
+            Event::CpuClock => Counter::CpuClock,
+            Event::Cycles => Counter::Cycles,
+        };
+        let fd = open_sampling(cpu, counter, a.frequency).map_err(|e| match (a.event, e.raw_os_error()) {
             (Event::Cycles, Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)) => {
                 env("--event cycles: this machine has no usable cycles counter (no PMU, e.g. in a VM); use the default cpu-clock")
             }
             _ => anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
         })?;
-        links.push(skel.progs.on_sample.attach_perf_event(fd.into_raw_fd())?);
+        // The link owns the event fd (closes it when dropped); on failure it is ours.
+        match skel.progs.on_sample.attach_perf_event(fd) {
+            Ok(l) => links.push(l),
+            Err(e) => {
+                // SAFETY: our own fd, not taken by a link.
+                unsafe { libc::close(fd) };
+                return Err(anyhow::Error::new(e).context(format!("attaching to the perf event of CPU {cpu}")));
+            }
+        }
     }
     Ok(Loaded { skel, _links: links })
-}
-
-fn percpu_sum(map: &dyn MapCore, key: u32) -> anyhow::Result<u64> {
-    let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-    Ok(vals.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
 }
 
 /// Pids present in the count map (to snapshot their mappings while they live).

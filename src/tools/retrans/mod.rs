@@ -29,6 +29,7 @@ use crate::engine::{
     error::usage,
     features,
     netns::netns_inode,
+    perf::percpu_sum,
     output::{table, Sink},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
@@ -351,11 +352,6 @@ pub struct Totals {
     filtered: u64,
     unreadable: u64,
     failed: BTreeMap<String, u64>,
-}
-
-fn percpu_sum(map: &dyn MapCore, key: u32) -> anyhow::Result<u64> {
-    let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-    Ok(vals.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
 }
 
 fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {

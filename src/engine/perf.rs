@@ -1,0 +1,71 @@
+//! Sampling perf events (for `profile` and doctor's probe) and per-CPU
+//! counter maps, shared by the tools.
+use libbpf_rs::{MapCore, MapFlags};
+
+/// What a sampling perf event counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// CPU time: a software timer, works everywhere (also in VMs).
+    CpuClock,
+    /// CPU cycles from the PMU (often missing in VMs).
+    Cycles,
+}
+
+/// Opens a perf event sampling `hz` times a second on `cpu`, for all tasks.
+/// The fd is close-on-exec; attach a BPF program to it (the link owns it).
+pub fn open_sampling(cpu: u32, counter: Counter, hz: u64) -> std::io::Result<i32> {
+    let mut attr = libbpf_sys::perf_event_attr { size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32, ..Default::default() };
+    match counter {
+        Counter::CpuClock => {
+            attr.type_ = libbpf_sys::PERF_TYPE_SOFTWARE;
+            attr.config = libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64;
+        }
+        Counter::Cycles => {
+            attr.type_ = libbpf_sys::PERF_TYPE_HARDWARE;
+            attr.config = libbpf_sys::PERF_COUNT_HW_CPU_CYCLES as u64;
+        }
+    }
+    attr.__bindgen_anon_1.sample_freq = hz;
+    attr.set_freq(1);
+    // SAFETY: attr is a valid perf_event_attr of the size it declares.
+    let fd = unsafe {
+        libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1i32, cpu as i32, -1i32, libbpf_sys::PERF_FLAG_FD_CLOEXEC as u64)
+    };
+    if fd < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(fd as i32)
+    }
+}
+
+/// Whether this machine has a cycles counter to sample on.
+pub fn has_cycles() -> bool {
+    match open_sampling(0, Counter::Cycles, 49) {
+        Ok(fd) => {
+            // SAFETY: our own fd, closed once.
+            unsafe { libc::close(fd) };
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// The online CPUs (/sys/devices/system/cpu/online).
+pub fn online_cpus() -> anyhow::Result<Vec<u32>> {
+    use anyhow::Context;
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading online CPUs")?;
+    let mut v = Vec::new();
+    for part in s.trim().split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => v.extend(a.parse::<u32>()?..=b.parse::<u32>()?),
+            None => v.push(part.parse()?),
+        }
+    }
+    Ok(v)
+}
+
+/// The sum over CPUs of a per-CPU array's u64 slot `key`.
+pub fn percpu_sum(map: &dyn MapCore, key: u32) -> anyhow::Result<u64> {
+    let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    Ok(vals.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
+}
