@@ -11,6 +11,7 @@ pub mod render;
 pub mod ringbuf;
 pub mod run;
 pub mod stacks;
+pub mod stacktool;
 pub mod symbols;
 
 /// Routes libbpf's own messages to stderr only with SONDE_DEBUG set: sonde

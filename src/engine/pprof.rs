@@ -135,10 +135,27 @@ impl Strings {
     }
 }
 
+/// What a stack's count means.
+#[derive(Debug, Clone, Copy)]
+pub enum Weight {
+    /// Samples, each `period_ns` of CPU (1e9 / Hz): values `samples/count`
+    /// and `cpu/nanoseconds`.
+    Samples {
+        /// CPU nanoseconds per sample.
+        period_ns: i64,
+    },
+    /// Microseconds of something (`name`, e.g. off-CPU time): one value
+    /// `name/nanoseconds`.
+    Micros {
+        /// The sample type's name.
+        name: &'static str,
+    },
+}
+
 /// What a pprof file says about the run besides the stacks.
 pub struct Meta<'a> {
-    /// Nanoseconds of CPU one sample stands for (1e9 / Hz).
-    pub period_ns: i64,
+    /// What counts are.
+    pub weight: Weight,
     /// Wall-clock start, ns since the epoch.
     pub time_nanos: i64,
     /// Length of the run.
@@ -155,19 +172,25 @@ pub struct Meta<'a> {
 pub fn encode(stacks: &[Stack], meta: &Meta<'_>) -> Vec<u8> {
     let mut st = Strings::default();
     st.id("");
-    let mut p = Profile {
-        sample_type: vec![
-            ValueType { r#type: st.id("samples"), unit: st.id("count") },
-            ValueType { r#type: st.id("cpu"), unit: st.id("nanoseconds") },
-        ],
-        period_type: Some(ValueType { r#type: st.id("cpu"), unit: st.id("nanoseconds") }),
-        period: meta.period_ns,
-        time_nanos: meta.time_nanos,
-        duration_nanos: meta.duration_nanos,
-        ..Default::default()
+    let mut p = Profile { time_nanos: meta.time_nanos, duration_nanos: meta.duration_nanos, ..Default::default() };
+    let main = match meta.weight {
+        Weight::Samples { period_ns } => {
+            p.sample_type = vec![
+                ValueType { r#type: st.id("samples"), unit: st.id("count") },
+                ValueType { r#type: st.id("cpu"), unit: st.id("nanoseconds") },
+            ];
+            p.period = period_ns;
+            "cpu"
+        }
+        Weight::Micros { name } => {
+            p.sample_type = vec![ValueType { r#type: st.id(name), unit: st.id("nanoseconds") }];
+            p.period = 1000;
+            name
+        }
     };
+    p.period_type = Some(ValueType { r#type: st.id(main), unit: st.id("nanoseconds") });
     p.comment.push(st.id(&meta.comment));
-    p.default_sample_type = st.id("cpu");
+    p.default_sample_type = st.id(main);
     let mut mappings: HashMap<String, u64> = HashMap::new();
     let mut functions: HashMap<(String, String), u64> = HashMap::new();
     let mut locations: HashMap<(u64, u64, i64), u64> = HashMap::new();
@@ -230,7 +253,11 @@ pub fn encode(stacks: &[Stack], meta: &Meta<'_>) -> Vec<u8> {
         if s.tid != 0 {
             label.push(Label { key: k_tid, num: s.tid as i64, ..Default::default() });
         }
-        p.sample.push(Sample { location_id: ids, value: vec![s.count as i64, s.count as i64 * meta.period_ns], label });
+        let value = match meta.weight {
+            Weight::Samples { period_ns } => vec![s.count as i64, s.count as i64 * period_ns],
+            Weight::Micros { .. } => vec![s.count as i64 * 1000],
+        };
+        p.sample.push(Sample { location_id: ids, value, label });
     }
     p.string_table = st.table;
     p.encode_to_vec()

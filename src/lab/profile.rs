@@ -91,9 +91,6 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     let cut: u64 = out.totals.sym.truncated_samples;
     println!("samples: {} ({} truncated)", out.totals.samples, cut);
     println!("heavy : light = {h} : {l} samples = {:.1}% : {:.1}% (built in: 66.7% : 33.3%)", 100.0 * share, 100.0 * (1.0 - share));
-    for p in &a.output {
-        println!("wrote {p}");
-    }
     let ok = (share - 2.0 / 3.0).abs() < 0.05 && h + l > 0;
     println!("{}", if ok { "split matches the built-in 2:1 (within 5 points)" } else { "MISMATCH: the split differs from the built-in 2:1" });
     if !ok {

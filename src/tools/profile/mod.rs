@@ -1,12 +1,7 @@
 //! `sonde profile`: CPU samples of every CPU (a perf event per CPU) with
 //! kernel and user stacks, counted in the kernel, symbolized once per unique
 //! address, written as folded stacks, SVG flame graphs or a top table.
-use std::{
-    io::{IsTerminal, Write},
-    mem::MaybeUninit,
-    path::PathBuf,
-    time::{Duration, Instant},
-};
+use std::{mem::MaybeUninit, path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -19,12 +14,12 @@ use crate::engine::{
     cgroup::cgroup_id,
     error::{env, usage},
     features,
-    output::table,
     perf::{online_cpus, open_sampling, percpu_sum, Counter},
-    render::{self, Format},
-    ringbuf::poll_until_stop,
+    pprof::Weight,
+    render::Format,
     run::{duration_arg, RunControl, Stop},
-    stacks::{read_samples, Images, SymStats, Symbols},
+    stacks::SymStats,
+    stacktool,
 };
 
 mod skel {
@@ -123,6 +118,8 @@ pub struct Outcome {
     pub totals: Totals,
     /// Why it stopped.
     pub stop: Stop,
+    /// The summary's symbolization lines.
+    pub sym_line: String,
 }
 
 /// Summary numbers of a run.
@@ -158,6 +155,7 @@ fn max_sample_rate() -> u64 {
 }
 
 fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
+    let outs = stacktool::check_outputs(&a.output)?;
     if a.frequency == 0 {
         return Err(usage("-F 0: the sampling frequency must be at least 1 Hz (default 49)"));
     }
@@ -190,18 +188,6 @@ fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
         }
     }
     let cg = a.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
-    let mut outs = Vec::new();
-    for p in &a.output {
-        let f = Format::of(p)?;
-        // Fail now, not after the run, on a path we cannot write.
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(p)
-            .map_err(|e| usage(format!("-o {}: {e}; pick a writable path", p.display())))?;
-        outs.push((p.clone(), f));
-    }
     Ok((outs, cg))
 }
 
@@ -259,91 +245,48 @@ fn load(a: &ProfileArgs, cgroup: u64) -> anyhow::Result<Loaded> {
     Ok(Loaded { skel, _links: links })
 }
 
-/// Pids present in the count map (to snapshot their mappings while they live).
-fn sampled_pids(skel: &ProfileSkel<'_>) -> Vec<u32> {
-    let mut v: Vec<u32> = skel.maps.stk_counts.keys().filter(|k| k.len() >= 4).map(|k| u32::from_ne_bytes(k[..4].try_into().unwrap())).collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
 /// Runs a profile; `ready` is called once sampling runs.
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, cgroup) = validate(a)?;
     features::require_tracing_privileges()?;
-    // Every mapped file of every sampled process is held open until the end
-    // (for processes that exit): allow as many files as the hard limit does.
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: plain get/setrlimit on a valid struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-        }
-    }
+    stacktool::raise_open_files();
     let loaded = load(a, cgroup)?;
     let skel = &loaded.skel;
     ready();
-    let start = Instant::now();
-    let mut images = Images::default();
-    let status = std::io::stderr().is_terminal();
-    let mut last_status = Instant::now();
-    // Every 250 ms: snapshot processes that appeared, so they can be
-    // symbolized even if they exit before the end.
-    let stop = poll_until_stop(None, ctl, Some(Duration::from_millis(250)), |due| {
-        if due {
-            for pid in sampled_pids(skel) {
-                images.observe(pid);
-            }
-        }
-        if status && last_status.elapsed() >= Duration::from_secs(1) {
-            last_status = Instant::now();
-            let n = percpu_sum(&skel.maps.stats, PS_SAMPLES)?;
-            let left = a.duration.map(|d| format!(", {:.0}s left", d.saturating_sub(start.elapsed()).as_secs_f64())).unwrap_or_default();
-            eprint!("\rsonde profile: {n} samples{left}   ");
-        }
-        Ok(())
+    let (stop, images, elapsed) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {
+        Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?))
     })?;
-    if status {
-        eprintln!();
-    }
     drop(loaded._links);
-
-    let t0 = Instant::now();
+    let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let mut totals = Totals {
-        samples: percpu_sum(&skel.maps.stats, PS_SAMPLES)?,
-        idle: percpu_sum(&skel.maps.stats, PS_IDLE)?,
-        filtered: percpu_sum(&skel.maps.stats, PS_FILTERED)?,
-        collisions: percpu_sum(&skel.maps.stats, PS_STACKS + STK_COLLISION)?,
-        kstack_errors: percpu_sum(&skel.maps.stats, PS_STACKS + STK_KERR)?,
-        ustack_errors: percpu_sum(&skel.maps.stats, PS_STACKS + STK_UERR)?,
-        counts_full: percpu_sum(&skel.maps.stats, PS_STACKS + STK_COUNTS_FULL)?,
+        samples: st(PS_SAMPLES)?,
+        idle: st(PS_IDLE)?,
+        filtered: st(PS_FILTERED)?,
+        collisions: st(PS_STACKS + STK_COLLISION)?,
+        kstack_errors: st(PS_STACKS + STK_KERR)?,
+        ustack_errors: st(PS_STACKS + STK_UERR)?,
+        counts_full: st(PS_STACKS + STK_COUNTS_FULL)?,
         ..Default::default()
     };
-    let raw = read_samples(&skel.maps.stk_counts, &skel.maps.stk_traces)?;
-    totals.unique_stacks = raw.len() as u64;
-    let mut syms = Symbols::default();
-    let stacks = syms.stacks(&raw, &mut images, &mut totals.sym);
-    let elapsed = start.elapsed();
-    let meta = render::Meta {
-        title: format!("sonde profile, {} Hz, {:.1} s", a.frequency, elapsed.as_secs_f64()),
-        count_name: "samples".into(),
-        pprof: crate::engine::pprof::Meta {
-            period_ns: (1e9 / a.frequency as f64) as i64,
-            time_nanos: (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default() - elapsed).as_nanos() as i64,
-            duration_nanos: elapsed.as_nanos() as i64,
-            build_ids: syms.build_ids(),
-            comment: format!("sonde profile -F {} ({:?})", a.frequency, a.event),
-        },
-    };
-    for (p, f) in &outs {
-        render::write(p, *f, &stacks, &meta)?;
-    }
-    totals.render_time = t0.elapsed();
-    Ok(Outcome { stacks, totals, stop })
+    let f = stacktool::finish(
+        &skel.maps.stk_counts,
+        &skel.maps.stk_traces,
+        images,
+        &outs,
+        format!("sonde profile, {} Hz, {:.1} s", a.frequency, elapsed.as_secs_f64()),
+        "samples",
+        Weight::Samples { period_ns: (1e9 / a.frequency as f64) as i64 },
+        elapsed,
+        format!("sonde profile -F {} ({:?})", a.frequency, a.event),
+    )?;
+    totals.unique_stacks = f.unique;
+    totals.sym = f.sym;
+    totals.render_time = f.render_time;
+    let sym_line = stacktool::sym_summary(&f, "samples");
+    Ok(Outcome { stacks: f.stacks, totals, stop, sym_line })
 }
 
-fn summary(t: &Totals, hz: u64) -> String {
+fn summary(t: &Totals, hz: u64, sym_line: &str) -> String {
     let mut s = format!(
         "{} samples ({:.2} s of CPU at {hz} Hz), {} unique stacks; skipped: {} idle, {} filtered",
         t.samples,
@@ -356,18 +299,8 @@ fn summary(t: &Totals, hz: u64) -> String {
         "\nstacks lost: {} to hash collisions, {} kernel and {} user not captured, {} samples with the count map full",
         t.collisions, t.kstack_errors, t.ustack_errors, t.counts_full
     ));
-    s.push_str(&format!(
-        "\ntruncated user stacks: {} ({} samples); unknown frames: {}; symbolized {} user and {} kernel addresses in {} ms",
-        t.sym.truncated_stacks,
-        t.sym.truncated_samples,
-        t.sym.unknown_frames,
-        t.sym.user_addrs,
-        t.sym.kernel_addrs,
-        t.render_time.as_millis()
-    ));
-    if t.sym.truncated_stacks > 0 {
-        s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; rebuild with -fno-omit-frame-pointer (C/C++) or -C force-frame-pointers=yes (Rust)");
-    }
+    s.push('\n');
+    s.push_str(sym_line);
     if t.collisions > 0 {
         s.push_str("\nhint: many unique stacks; profile a shorter time or fewer processes");
     }
@@ -377,14 +310,11 @@ fn summary(t: &Totals, hz: u64) -> String {
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.duration)?;
-    let out_run = run_with(a, &ctl, || {
+    let out = run_with(a, &ctl, || {
         eprintln!("sonde: sampling CPU stacks at {} Hz; Ctrl-C ends and writes the results", a.frequency);
     })?;
-    let out = &out_run;
+    let t = &out.totals;
     if a.json {
-        let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-        render::json_lines(&mut out, &out_run.stacks)?;
-        let t = &out_run.totals;
         let v = serde_json::json!({
             "type": "summary", "samples": t.samples, "frequency_hz": a.frequency,
             "idle": t.idle, "filtered": t.filtered, "unique_stacks": t.unique_stacks,
@@ -393,24 +323,12 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
             "truncated_stacks": t.sym.truncated_stacks, "truncated_samples": t.sym.truncated_samples,
             "unknown_frames": t.sym.unknown_frames,
         });
-        writeln!(out, "{v}")?;
-        out.flush()?;
-        return Ok(out_run.stop.exit_code());
+        stacktool::print_json(&out.stacks, &v)?;
+        return Ok(out.stop.exit_code());
     }
     if a.output.is_empty() {
-        let (rows, all) = render::top(&out.stacks);
-        let pct = |n: u64| format!("{:.1}%", 100.0 * n as f64 / all.max(1) as f64);
-        let body: Vec<Vec<String>> = rows
-            .iter()
-            .take(a.top)
-            .map(|r| vec![pct(r.self_count), pct(r.total_count), r.self_count.to_string(), r.name.clone()])
-            .collect();
-        println!("{}", table(&["SELF", "TOTAL", "SAMPLES", "FUNCTION"], &body));
-    } else {
-        for p in &a.output {
-            eprintln!("sonde: wrote {}", p.display());
-        }
+        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |n| n.to_string());
     }
-    eprintln!("{}", summary(&out.totals, a.frequency));
+    eprintln!("{}", summary(t, a.frequency, &out.sym_line));
     Ok(out.stop.exit_code())
 }

@@ -1,0 +1,171 @@
+//! What every stack tool (profile, offcpu, ...) does around its BPF program:
+//! check the outputs before attaching, poll while snapshotting processes that
+//! show up in the counts, then symbolize once and write every output.
+use std::{
+    io::{IsTerminal, Write},
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use libbpf_rs::MapCore;
+
+use super::{
+    error::usage,
+    output::table,
+    pprof::Weight,
+    render::{self, Format},
+    ringbuf::poll_until_stop,
+    run::{RunControl, Stop},
+    stacks::{read_samples, Images, Stack, SymStats, Symbols},
+};
+
+/// Checks every `-o` before anything is attached: a known extension and a
+/// path we can write (exit 2 otherwise).
+pub fn check_outputs(paths: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, Format)>> {
+    let mut outs = Vec::new();
+    for p in paths {
+        let f = Format::of(p)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(p)
+            .map_err(|e| usage(format!("-o {}: {e}; pick a writable path", p.display())))?;
+        outs.push((p.clone(), f));
+    }
+    Ok(outs)
+}
+
+/// Every mapped file of every sampled process is held open until the end
+/// (for processes that exit): allow as many files as the hard limit does.
+pub fn raise_open_files() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: plain get/setrlimit on a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
+    let mut v: Vec<u32> = counts.keys().filter(|k| k.len() >= 4).map(|k| u32::from_ne_bytes(k[..4].try_into().unwrap())).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Waits for the stop while, every 250 ms, snapshotting processes that
+/// appeared in `counts` (so they can be symbolized after they exit). On a
+/// terminal, `status()` is shown on stderr once a second with the time left.
+pub fn run_until_stop(
+    counts: &dyn MapCore,
+    ctl: &RunControl,
+    duration: Option<Duration>,
+    mut status: impl FnMut() -> anyhow::Result<String>,
+) -> anyhow::Result<(Stop, Images, Duration)> {
+    let start = Instant::now();
+    let mut images = Images::default();
+    let tty = std::io::stderr().is_terminal();
+    let mut last = Instant::now();
+    let stop = poll_until_stop(None, ctl, Some(Duration::from_millis(250)), |due| {
+        if due {
+            for pid in pids_in(counts) {
+                images.observe(pid);
+            }
+        }
+        if tty && last.elapsed() >= Duration::from_secs(1) {
+            last = Instant::now();
+            let left = duration.map(|d| format!(", {:.0}s left", d.saturating_sub(start.elapsed()).as_secs_f64())).unwrap_or_default();
+            eprint!("\r{}{left}   ", status()?);
+        }
+        Ok(())
+    })?;
+    if tty {
+        eprintln!();
+    }
+    Ok((stop, images, start.elapsed()))
+}
+
+/// Symbolized stacks and what it took.
+pub struct Finished {
+    /// The stacks, root first.
+    pub stacks: Vec<Stack>,
+    /// Unique stacks read from the kernel.
+    pub unique: u64,
+    /// Symbolization figures.
+    pub sym: SymStats,
+    /// Time to symbolize and write every output.
+    pub render_time: Duration,
+}
+
+/// Reads the counts, symbolizes and writes every output.
+#[allow(clippy::too_many_arguments)]
+pub fn finish(
+    counts: &dyn MapCore,
+    traces: &dyn MapCore,
+    mut images: Images,
+    outs: &[(PathBuf, Format)],
+    title: String,
+    count_name: &str,
+    weight: Weight,
+    elapsed: Duration,
+    comment: String,
+) -> anyhow::Result<Finished> {
+    let t0 = Instant::now();
+    let raw = read_samples(counts, traces)?;
+    let mut syms = Symbols::default();
+    let mut sym = SymStats::default();
+    let stacks = syms.stacks(&raw, &mut images, &mut sym);
+    let meta = render::Meta {
+        title,
+        count_name: count_name.into(),
+        pprof: super::pprof::Meta {
+            weight,
+            time_nanos: (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().saturating_sub(elapsed)).as_nanos() as i64,
+            duration_nanos: elapsed.as_nanos() as i64,
+            build_ids: syms.build_ids(),
+            comment,
+        },
+    };
+    for (p, f) in outs {
+        render::write(p, *f, &stacks, &meta)?;
+        eprintln!("sonde: wrote {}", p.display());
+    }
+    Ok(Finished { unique: raw.len() as u64, stacks, sym, render_time: t0.elapsed() })
+}
+
+/// The top functions by self and total weight, `fmt` formatting a weight.
+pub fn print_top(stacks: &[Stack], n: usize, weight_header: &str, fmt: impl Fn(u64) -> String) {
+    let (rows, all) = render::top(stacks);
+    let pct = |v: u64| format!("{:.1}%", 100.0 * v as f64 / all.max(1) as f64);
+    let body: Vec<Vec<String>> = rows.iter().take(n).map(|r| vec![pct(r.self_count), pct(r.total_count), fmt(r.self_count), r.name.clone()]).collect();
+    println!("{}", table(&["SELF", "TOTAL", weight_header, "FUNCTION"], &body));
+}
+
+/// Stack lines and then `summary` as JSON lines on stdout.
+pub fn print_json(stacks: &[Stack], summary: &serde_json::Value) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    render::json_lines(&mut out, stacks)?;
+    writeln!(out, "{summary}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// The summary lines every stack tool prints about symbolization.
+pub fn sym_summary(f: &Finished, unit: &str) -> String {
+    let mut s = format!(
+        "truncated user stacks: {} ({} {unit}); unknown frames: {}; symbolized {} user and {} kernel addresses in {} ms",
+        f.sym.truncated_stacks,
+        f.sym.truncated_samples,
+        f.sym.unknown_frames,
+        f.sym.user_addrs,
+        f.sym.kernel_addrs,
+        f.render_time.as_millis()
+    );
+    if f.sym.truncated_stacks > 0 {
+        s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; rebuild with -fno-omit-frame-pointer (C/C++) or -C force-frame-pointers=yes (Rust)");
+    }
+    s
+}

@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * sonde offcpu: time threads spend blocked, per (thread, kernel + user stack
+ * where it blocked), from sched_switch. At switch-out the filters run first
+ * (pid, tid, cgroup, comm, state: no stack walk for threads nobody asked
+ * about), then the stacks of the thread going off CPU (it is still current)
+ * are saved with a timestamp; at switch-in the blocked time is added, in
+ * microseconds, if it is within --min-block/--max-block.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include "offcpu.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define EEXIST 17
+#define EFAULT 14
+
+const volatile bool want_kernel = true;
+const volatile bool want_user = true;
+const volatile bool per_thread = true;
+const volatile bool filter_pids = false;
+const volatile __u32 n_tids = 0;
+const volatile __u32 tids[16] = {};
+const volatile __u64 cgroup_id = 0;
+const volatile bool filter_comm = false;
+const volatile char comm_filter[STK_COMM_LEN] = {};
+/* Bit per state: 1 running (preempted), 2 interruptible, 4 uninterruptible; 0 = all. */
+const volatile __u32 state_mask = 0;
+const volatile __u64 min_block_ns = 1000;
+const volatile __u64 max_block_ns = ~0ULL;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, OS_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PIDS);
+	__type(key, __u32);
+	__type(value, __u8);
+} pids SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct oc_start);
+} starts SEC(".maps");
+
+static __always_inline void stat_add(__u32 slot)
+{
+	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
+	if (p)
+		*p += 1;
+}
+
+static __always_inline void stk_stat(__u32 s)
+{
+	stat_add(OS_STACKS + s);
+}
+
+static __always_inline bool comm_matches(const char *c)
+{
+	for (int i = 0; i < STK_COMM_LEN; i++) {
+		if (c[i] != comm_filter[i])
+			return false;
+		if (!c[i])
+			break;
+	}
+	return true;
+}
+
+/* Whether the thread going off CPU is one we were asked about. */
+static __always_inline bool wanted(struct task_struct *prev, bool direct)
+{
+	__u32 tgid = direct ? prev->tgid : BPF_CORE_READ(prev, tgid);
+	__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
+	if (!tid)
+		return false; /* idle */
+	if (filter_pids && !bpf_map_lookup_elem(&pids, &tgid))
+		return false;
+	if (n_tids) {
+		bool hit = false;
+		for (__u32 i = 0; i < 16 && i < n_tids; i++)
+			if (tids[i] == tid)
+				hit = true;
+		if (!hit)
+			return false;
+	}
+	if (state_mask) {
+		unsigned int st = direct ? prev->__state : BPF_CORE_READ(prev, __state);
+		__u32 bit = st == 0 ? 1 : (st & 1) ? 2 : (st & 2) ? 4 : 0;
+		if (!(state_mask & bit))
+			return false;
+	}
+	/* prev is still current here: its cgroup and comm. */
+	if (cgroup_id && bpf_get_current_cgroup_id() != cgroup_id)
+		return false;
+	if (filter_comm) {
+		char c[STK_COMM_LEN];
+		bpf_get_current_comm(c, sizeof(c));
+		if (!comm_matches(c))
+			return false;
+	}
+	return true;
+}
+
+static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct task_struct *next, bool direct)
+{
+	__u64 now = bpf_ktime_get_ns();
+	stat_add(OS_SWITCHES);
+
+	if (wanted(prev, direct)) {
+		struct stk_key k = {};
+		k.pid = direct ? prev->tgid : BPF_CORE_READ(prev, tgid);
+		STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
+		struct oc_start s = {.ts = now, .kstack = k.kstack, .ustack = k.ustack};
+		__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
+		if (bpf_map_update_elem(&starts, &tid, &s, BPF_ANY))
+			stat_add(OS_STARTS_FULL);
+	}
+
+	__u32 ntid = direct ? next->pid : BPF_CORE_READ(next, pid);
+	struct oc_start *s = bpf_map_lookup_elem(&starts, &ntid);
+	if (!s)
+		return 0;
+	__u64 delta = now - s->ts;
+	struct stk_key k = {.kstack = s->kstack, .ustack = s->ustack};
+	bpf_map_delete_elem(&starts, &ntid);
+	if (delta < min_block_ns) {
+		stat_add(OS_SHORT);
+		return 0;
+	}
+	if (delta > max_block_ns) {
+		stat_add(OS_LONG);
+		return 0;
+	}
+	k.pid = direct ? next->tgid : BPF_CORE_READ(next, tgid);
+	k.tid = per_thread ? ntid : 0;
+	if (direct)
+		__builtin_memcpy(k.comm, next->comm, sizeof(k.comm));
+	else
+		BPF_CORE_READ_STR_INTO(&k.comm, next, comm);
+	__u64 us = delta / 1000;
+	STK_COUNT(&k, us, stk_stat);
+	stat_add(OS_RECORDED);
+	return 0;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(btf_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	return on_switch(ctx, prev, next, true);
+}
+
+SEC("raw_tp/sched_switch")
+int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	return on_switch(ctx, prev, next, false);
+}
