@@ -19,6 +19,8 @@ enum Cmd {
     Retrans(tools::retrans::RetransArgs),
     /// CPU flame graphs: on-CPU stacks sampled on every CPU.
     Profile(tools::profile::ProfileArgs),
+    /// Where threads wait: blocked time per stack (off-CPU flame graphs).
+    Offcpu(tools::offcpu::OffcpuArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
         Cmd::Doctor(a) => tools::doctor::run(a),
         Cmd::Retrans(a) => tools::retrans::run(a),
         Cmd::Profile(a) => tools::profile::run(a),
+        Cmd::Offcpu(a) => tools::offcpu::run(a),
         Cmd::Lab(a) => lab::run(a),
     };
     match r {

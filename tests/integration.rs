@@ -409,7 +409,7 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample"]
+            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch"]
                 .iter()
                 .any(|x| n.starts_with(x))
         })
@@ -501,6 +501,11 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["profile", "-o", "/nonexistent-dir/p.svg"],
         &["profile", "-o", "p.png"],
         &["profile", "--user-only", "--kernel-only"],
+        &["offcpu", "-p", "999999999"],
+        &["offcpu", "--min-block", "soon"],
+        &["offcpu", "--min-block", "10ms", "--max-block", "1ms"],
+        &["offcpu", "--state", "asleep"],
+        &["offcpu", "-o", "out.png"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -821,4 +826,42 @@ fn profile_symbolizes_a_process_in_its_own_mount_and_pid_namespace() {
     let named: u64 = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "heavy" || x == "light")).map(|r| r.1).sum();
     let total: u64 = rows.iter().map(|r| r.1).sum();
     assert!(named as f64 > 0.9 * total as f64, "symbolized through /proc/PID/map_files: {rows:?}");
+}
+
+// ---- sonde offcpu ----
+
+#[test]
+fn offcpu_attributes_blocked_time_to_the_right_stacks() {
+    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let dir = bin.parent().unwrap().to_path_buf();
+    let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let (folded, pb) = (dir.join("off.folded"), dir.join("off.pb.gz"));
+    let out = Command::new(SONDE)
+        .args(["offcpu", "-p", &w.0.id().to_string(), "-d", "3s", "--min-block", "1ms", "-o", folded.to_str().unwrap(), "-o", pb.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let _ = w.0.kill();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let rows = read_folded(&folded);
+    let us = |name: &str| rows.iter().filter(|(f, _)| f.iter().any(|x| x == name)).map(|r| r.1).sum::<u64>() as f64;
+    // Built in: the sleeper sleeps 20 ms in sleep_long and 10 ms in sleep_short.
+    let share = us("sleep_long") / (us("sleep_long") + us("sleep_short"));
+    assert!((share - 2.0 / 3.0).abs() < 0.05, "sleep_long share {share:.3}: {rows:?}");
+    // The sleeper and the reader are blocked nearly all of the 3 s traced.
+    for f in ["sleeper_main", "reader_wait"] {
+        let s = us(f) / 1e6;
+        assert!((2.6..=3.1).contains(&s), "{f} blocked {s:.2} s of 3 s: {err}");
+    }
+    // Blocked where the workload blocks: in the kernel's sleep and pipe read.
+    assert!(rows.iter().any(|(f, _)| f.iter().any(|x| x == "sleep_long") && f.iter().any(|x| x == "do_nanosleep_[k]")), "{rows:?}");
+    assert!(rows.iter().any(|(f, _)| f.iter().any(|x| x == "reader_wait") && f.iter().any(|x| x.contains("pipe_read"))), "{rows:?}");
+    // The stack engine's own frames are not in the stacks.
+    assert!(rows.iter().all(|(f, _)| f.iter().all(|x| !x.starts_with("bpf_prog_") && !x.starts_with("bpf_trace_run"))), "{rows:?}");
+    // pprof: an offcpu sample type in nanoseconds with the same split.
+    let top = Command::new(go_bin()).args(["tool", "pprof", "-top", "-cum"]).arg(&pb).output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(top.contains("Type: offcpu"), "{top}");
+    assert!(top.lines().any(|l| l.ends_with(" sleep_long")), "{top}");
 }

@@ -1,0 +1,258 @@
+//! `sonde offcpu`: where threads wait. Blocked time per (thread, kernel +
+//! user stack at the moment it went off CPU), from sched_switch, in
+//! microseconds; the same outputs as `profile`.
+use std::{mem::MaybeUninit, path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use libbpf_rs::{
+    skel::{OpenSkel, SkelBuilder},
+    Link, MapCore, MapFlags, OpenObject,
+};
+
+use crate::engine::{
+    attach::{with_fallbacks, Mechanism},
+    cgroup::cgroup_id,
+    error::usage,
+    features,
+    perf::percpu_sum,
+    pprof::Weight,
+    render::Format,
+    run::{duration_arg, RunControl, Stop},
+    stacks::Stack,
+    stacktool,
+};
+
+mod skel {
+    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
+}
+use skel::{OffcpuSkel, OffcpuSkelBuilder};
+
+const MAX_PIDS: usize = 64;
+const MAX_TIDS: usize = 16;
+const OS_SWITCHES: u32 = 0;
+const OS_RECORDED: u32 = 1;
+const OS_SHORT: u32 = 2;
+const OS_LONG: u32 = 3;
+const OS_STARTS_FULL: u32 = 4;
+const OS_STACKS: u32 = 5;
+
+/// Which blocked states to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "kebab-case")]
+pub enum State {
+    /// Preempted while runnable (waiting for a CPU).
+    Running,
+    /// Sleeping, wakeable by signals (poll, read, futex, nanosleep...).
+    Interruptible,
+    /// Sleeping, not wakeable by signals (mostly disk I/O).
+    Uninterruptible,
+}
+
+/// Where threads wait: time off CPU per stack.
+///
+/// At each context switch, a thread going off CPU that passes the filters has
+/// its kernel and user stacks saved; when it runs again the time in between
+/// is added to that stack (if within --min-block/--max-block). Outputs as for
+/// `profile`, weights in microseconds: .folded, .svg, .html, .pb.gz (sample
+/// type offcpu/nanoseconds), .json, or the top table.
+///
+/// OVERHEAD: runs on every context switch (can be >1M/s on busy hosts); the
+/// filters run before any stack walk. Measured figures are in the README.
+#[derive(Debug, Args)]
+pub struct OffcpuArgs {
+    /// Only this process and its threads (repeatable).
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Vec<u32>,
+    /// Only this thread (repeatable, up to 16).
+    #[arg(long)]
+    pub tid: Vec<u32>,
+    /// Only tasks in this cgroup (v2 path).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Only threads with this name.
+    #[arg(long)]
+    pub comm: Option<String>,
+    /// Ignore blocks shorter than this (e.g. 1ms, 100us).
+    #[arg(long, value_parser = duration_arg, default_value = "1us")]
+    pub min_block: Duration,
+    /// Ignore blocks longer than this.
+    #[arg(long, value_parser = duration_arg)]
+    pub max_block: Option<Duration>,
+    /// Only these states when going off CPU (repeatable; default all).
+    #[arg(long, value_enum)]
+    pub state: Vec<State>,
+    /// Stop after this long (e.g. 10s); default: until Ctrl-C.
+    #[arg(short = 'd', long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    /// User stacks only.
+    #[arg(long, conflicts_with = "kernel_only")]
+    pub user_only: bool,
+    /// Kernel stacks only.
+    #[arg(long)]
+    pub kernel_only: bool,
+    /// Merge the threads of a process (default: one stack set per thread).
+    #[arg(long)]
+    pub per_process: bool,
+    /// Write here; the extension picks the format (repeatable).
+    #[arg(short = 'o', long = "output")]
+    pub output: Vec<PathBuf>,
+    /// Rows of the top table.
+    #[arg(long, default_value_t = 25)]
+    pub top: usize,
+    /// Print every stack as a JSON line on stdout, then a summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a finished run saw.
+pub struct Outcome {
+    /// Stacks weighted by blocked microseconds.
+    pub stacks: Vec<Stack>,
+    /// Summary JSON.
+    pub summary: serde_json::Value,
+    /// Summary text.
+    pub text: String,
+    /// Why it stopped.
+    pub stop: Stop,
+}
+
+struct Loaded {
+    skel: OffcpuSkel<'static>,
+    _links: Vec<Link>,
+}
+
+fn load(a: &OffcpuArgs, cgroup: u64, mech: Mechanism) -> anyhow::Result<Loaded> {
+    let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
+    let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
+    ro.want_kernel = !a.user_only;
+    ro.want_user = !a.kernel_only;
+    ro.per_thread = !a.per_process;
+    ro.filter_pids = !a.pid.is_empty();
+    ro.n_tids = a.tid.len() as u32;
+    for (i, t) in a.tid.iter().enumerate() {
+        ro.tids[i] = *t;
+    }
+    ro.cgroup_id = cgroup;
+    if let Some(c) = &a.comm {
+        ro.filter_comm = true;
+        for (i, b) in c.bytes().enumerate() {
+            ro.comm_filter[i] = b as _;
+        }
+    }
+    ro.state_mask = a
+        .state
+        .iter()
+        .map(|s| match s {
+            State::Running => 1,
+            State::Interruptible => 2,
+            State::Uninterruptible => 4,
+        })
+        .fold(0, |m, b| m | b);
+    ro.min_block_ns = a.min_block.as_nanos() as u64;
+    ro.max_block_ns = a.max_block.map(|d| d.as_nanos() as u64).unwrap_or(u64::MAX);
+    let typed = mech == Mechanism::TpBtf;
+    open.progs.btf_switch.set_autoload(typed);
+    open.progs.raw_switch.set_autoload(!typed);
+    let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
+    for p in &a.pid {
+        skel.maps.pids.update(&p.to_ne_bytes(), &[1u8], MapFlags::ANY)?;
+    }
+    let link = if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? };
+    Ok(Loaded { skel, _links: vec![link] })
+}
+
+fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
+    let outs = stacktool::check_outputs(&a.output)?;
+    if a.pid.len() > MAX_PIDS {
+        return Err(usage(format!("at most {MAX_PIDS} -p; use --cgroup for a group of processes")));
+    }
+    if a.tid.len() > MAX_TIDS {
+        return Err(usage(format!("at most {MAX_TIDS} --tid; use -p for whole processes")));
+    }
+    for p in &a.pid {
+        if !crate::engine::pid_exists(*p) {
+            return Err(usage(format!("-p {p}: no such process; check the pid with `pgrep`")));
+        }
+    }
+    if let Some(c) = &a.comm {
+        if c.is_empty() || c.len() > 15 {
+            return Err(usage(format!("--comm {c:?}: a thread name is 1 to 15 bytes (as in /proc/PID/comm)")));
+        }
+    }
+    if let Some(m) = a.max_block {
+        if m < a.min_block {
+            return Err(usage(format!("--max-block {m:?} is below --min-block {:?}; raise it or drop it", a.min_block)));
+        }
+    }
+    let cg = a.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
+    Ok((outs, cg))
+}
+
+fn us(v: u64) -> String {
+    match v {
+        v if v >= 10_000_000 => format!("{:.1}s", v as f64 / 1e6),
+        v if v >= 10_000 => format!("{:.1}ms", v as f64 / 1e3),
+        v => format!("{v}us"),
+    }
+}
+
+/// Runs offcpu; `ready` is called once tracing runs.
+pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+    let (outs, cgroup) = validate(a)?;
+    features::require_tracing_privileges()?;
+    stacktool::raise_open_files();
+    let (loaded, mech, _) = with_fallbacks("sched:sched_switch", &[Mechanism::TpBtf, Mechanism::RawTp], |m| load(a, cgroup, m))?;
+    let skel = &loaded.skel;
+    ready();
+    let (stop, images, elapsed) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {
+        Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
+    })?;
+    drop(loaded._links);
+    let st = |slot| percpu_sum(&skel.maps.stats, slot);
+    let (switches, recorded, short, long, full) = (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
+    let (coll, kerr, uerr, cfull) = (st(OS_STACKS)?, st(OS_STACKS + 1)?, st(OS_STACKS + 2)?, st(OS_STACKS + 3)?);
+    let f = stacktool::finish(
+        &skel.maps.stk_counts,
+        &skel.maps.stk_traces,
+        images,
+        &outs,
+        format!("sonde offcpu, {:.1} s", elapsed.as_secs_f64()),
+        "us",
+        Weight::Micros { name: "offcpu" },
+        elapsed,
+        format!("sonde offcpu --min-block {:?}", a.min_block),
+    )?;
+    let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();
+    let summary = serde_json::json!({
+        "type": "summary", "mechanism": mech.to_string(), "switches": switches, "blocked_periods": recorded,
+        "blocked_us": total_us, "shorter_than_min": short, "longer_than_max": long,
+        "unique_stacks": f.unique,
+        "lost": {"starts_full": full, "collisions": coll, "kernel_stack_errors": kerr, "user_stack_errors": uerr, "counts_full": cfull},
+        "truncated_stacks": f.sym.truncated_stacks, "unknown_frames": f.sym.unknown_frames,
+    });
+    let text = format!(
+        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\nlost: {full} with the start map full, {coll} stacks to hash collisions, {kerr} kernel and {uerr} user stacks not captured, {cfull} with the count map full\n{}",
+        us(total_us),
+        f.unique,
+        stacktool::sym_summary(&f, "us")
+    );
+    Ok(Outcome { stacks: f.stacks, summary, text, stop })
+}
+
+/// Entry point for the CLI; returns the exit status.
+pub fn run(a: &OffcpuArgs) -> anyhow::Result<i32> {
+    let ctl = RunControl::new(a.duration)?;
+    let out = run_with(a, &ctl, || eprintln!("sonde: tracing off-CPU time; Ctrl-C ends and writes the results"))?;
+    if a.json {
+        stacktool::print_json(&out.stacks, &out.summary)?;
+        return Ok(out.stop.exit_code());
+    }
+    if a.output.is_empty() {
+        stacktool::print_top(&out.stacks, a.top, "BLOCKED", us);
+    }
+    eprintln!("{}", out.text);
+    Ok(out.stop.exit_code())
+}
