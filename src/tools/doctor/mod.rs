@@ -203,6 +203,15 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     };
     tools.push(("profile".into(), profile));
 
+    // offcpu: sched_switch through tp_btf, else raw_tp.
+    let sw = [("tp_btf", "typed task pointers"), ("raw_tp", "probe reads")].into_iter().find(|(n, _)| ok(n));
+    let offcpu = match (privileged, sw) {
+        (false, _) => json!({"usable": false, "why": "not privileged"}),
+        (_, None) => json!({"usable": false, "why": "neither tp_btf nor raw_tp programs load"}),
+        (_, Some((m, d))) => json!({"usable": true, "mechanism": m, "detail": format!("sched:sched_switch, {d}")}),
+    };
+    tools.push(("offcpu".into(), offcpu));
+
     let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
     if a.json {
         let mut feats = serde_json::Map::new();
