@@ -13,6 +13,7 @@ pub mod run;
 pub mod stacks;
 pub mod stacktool;
 pub mod symbols;
+pub mod taskfilter;
 
 /// Routes libbpf's own messages to stderr only with SONDE_DEBUG set: sonde
 /// reports load failures itself, in one line.

@@ -7,12 +7,11 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use libbpf_rs::{
     skel::{OpenSkel, SkelBuilder},
-    Link, MapCore, MapFlags, OpenObject,
+    Link, OpenObject,
 };
 
 use crate::engine::{
     attach::{with_fallbacks, Mechanism},
-    cgroup::cgroup_id,
     error::usage,
     features,
     perf::percpu_sum,
@@ -21,6 +20,7 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
     stacks::Stack,
     stacktool,
+    taskfilter::TaskFilter,
 };
 
 mod skel {
@@ -29,8 +29,6 @@ mod skel {
 }
 use skel::{OffcpuSkel, OffcpuSkelBuilder};
 
-const MAX_PIDS: usize = 64;
-const MAX_TIDS: usize = 16;
 const OS_SWITCHES: u32 = 0;
 const OS_RECORDED: u32 = 1;
 const OS_SHORT: u32 = 2;
@@ -123,25 +121,14 @@ struct Loaded {
     _links: Vec<Link>,
 }
 
-fn load(a: &OffcpuArgs, cgroup: u64, mech: Mechanism) -> anyhow::Result<Loaded> {
+fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     ro.want_kernel = !a.user_only;
     ro.want_user = !a.kernel_only;
     ro.per_thread = !a.per_process;
-    ro.filter_pids = !a.pid.is_empty();
-    ro.n_tids = a.tid.len() as u32;
-    for (i, t) in a.tid.iter().enumerate() {
-        ro.tids[i] = *t;
-    }
-    ro.cgroup_id = cgroup;
-    if let Some(c) = &a.comm {
-        ro.filter_comm = true;
-        for (i, b) in c.bytes().enumerate() {
-            ro.comm_filter[i] = b as _;
-        }
-    }
+    crate::set_task_filter!(&mut *ro, tf);
     ro.state_mask = a
         .state
         .iter()
@@ -157,38 +144,20 @@ fn load(a: &OffcpuArgs, cgroup: u64, mech: Mechanism) -> anyhow::Result<Loaded> 
     open.progs.btf_switch.set_autoload(typed);
     open.progs.raw_switch.set_autoload(!typed);
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
-    for p in &a.pid {
-        skel.maps.pids.update(&p.to_ne_bytes(), &[1u8], MapFlags::ANY)?;
-    }
+    tf.fill_pids(&skel.maps.tf_pids)?;
     let link = if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? };
     Ok(Loaded { skel, _links: vec![link] })
 }
 
-fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
+fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilter)> {
     let outs = stacktool::check_outputs(&a.output)?;
-    if a.pid.len() > MAX_PIDS {
-        return Err(usage(format!("at most {MAX_PIDS} -p; use --cgroup for a group of processes")));
-    }
-    if a.tid.len() > MAX_TIDS {
-        return Err(usage(format!("at most {MAX_TIDS} --tid; use -p for whole processes")));
-    }
-    for p in &a.pid {
-        if !crate::engine::pid_exists(*p) {
-            return Err(usage(format!("-p {p}: no such process; check the pid with `pgrep`")));
-        }
-    }
-    if let Some(c) = &a.comm {
-        if c.is_empty() || c.len() > 15 {
-            return Err(usage(format!("--comm {c:?}: a thread name is 1 to 15 bytes (as in /proc/PID/comm)")));
-        }
-    }
     if let Some(m) = a.max_block {
         if m < a.min_block {
             return Err(usage(format!("--max-block {m:?} is below --min-block {:?}; raise it or drop it", a.min_block)));
         }
     }
-    let cg = a.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
-    Ok((outs, cg))
+    let tf = TaskFilter::new(&a.pid, &a.tid, a.cgroup.as_deref(), a.comm.as_deref())?;
+    Ok((outs, tf))
 }
 
 fn us(v: u64) -> String {
@@ -201,10 +170,10 @@ fn us(v: u64) -> String {
 
 /// Runs offcpu; `ready` is called once tracing runs.
 pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    let (outs, cgroup) = validate(a)?;
+    let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let (loaded, mech, _) = with_fallbacks("sched:sched_switch", &[Mechanism::TpBtf, Mechanism::RawTp], |m| load(a, cgroup, m))?;
+    let (loaded, mech, _) = with_fallbacks("sched:sched_switch", &[Mechanism::TpBtf, Mechanism::RawTp], |m| load(a, &tf, m))?;
     let skel = &loaded.skel;
     ready();
     let (stop, images, elapsed) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {

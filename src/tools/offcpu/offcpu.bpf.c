@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
+#include "taskfilter.h"
 #include "offcpu.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -21,12 +22,6 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile bool want_kernel = true;
 const volatile bool want_user = true;
 const volatile bool per_thread = true;
-const volatile bool filter_pids = false;
-const volatile __u32 n_tids = 0;
-const volatile __u32 tids[16] = {};
-const volatile __u64 cgroup_id = 0;
-const volatile bool filter_comm = false;
-const volatile char comm_filter[STK_COMM_LEN] = {};
 /* Bit per state: 1 running (preempted), 2 interruptible, 4 uninterruptible; 0 = all. */
 const volatile __u32 state_mask = 0;
 const volatile __u64 min_block_ns = 1000;
@@ -38,13 +33,6 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } stats SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_PIDS);
-	__type(key, __u32);
-	__type(value, __u8);
-} pids SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -65,17 +53,6 @@ static __always_inline void stk_stat(__u32 s)
 	stat_add(OS_STACKS + s);
 }
 
-static __always_inline bool comm_matches(const char *c)
-{
-	for (int i = 0; i < STK_COMM_LEN; i++) {
-		if (c[i] != comm_filter[i])
-			return false;
-		if (!c[i])
-			break;
-	}
-	return true;
-}
-
 /* Whether the thread going off CPU is one we were asked about. */
 static __always_inline bool wanted(struct task_struct *prev, bool direct)
 {
@@ -83,16 +60,6 @@ static __always_inline bool wanted(struct task_struct *prev, bool direct)
 	__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
 	if (!tid)
 		return false; /* idle */
-	if (filter_pids && !bpf_map_lookup_elem(&pids, &tgid))
-		return false;
-	if (n_tids) {
-		bool hit = false;
-		for (__u32 i = 0; i < 16 && i < n_tids; i++)
-			if (tids[i] == tid)
-				hit = true;
-		if (!hit)
-			return false;
-	}
 	if (state_mask) {
 		unsigned int st = direct ? prev->__state : BPF_CORE_READ(prev, __state);
 		__u32 bit = st == 0 ? 1 : (st & 1) ? 2 : (st & 2) ? 4 : 0;
@@ -100,15 +67,7 @@ static __always_inline bool wanted(struct task_struct *prev, bool direct)
 			return false;
 	}
 	/* prev is still current here: its cgroup and comm. */
-	if (cgroup_id && bpf_get_current_cgroup_id() != cgroup_id)
-		return false;
-	if (filter_comm) {
-		char c[STK_COMM_LEN];
-		bpf_get_current_comm(c, sizeof(c));
-		if (!comm_matches(c))
-			return false;
-	}
-	return true;
+	return tf_wanted_current(tgid, tid);
 }
 
 static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct task_struct *next, bool direct)

@@ -4,7 +4,6 @@
 
 #include "stacks.h"
 
-#define MAX_PIDS 64
 
 /* Where a thread went off CPU, kept until it runs again. */
 struct oc_start {

@@ -7,11 +7,10 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use libbpf_rs::{
     skel::{OpenSkel, SkelBuilder},
-    Link, MapCore, MapFlags, OpenObject,
+    Link, OpenObject,
 };
 
 use crate::engine::{
-    cgroup::cgroup_id,
     error::{env, usage},
     features,
     perf::{online_cpus, open_sampling, percpu_sum, Counter},
@@ -20,6 +19,7 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
     stacks::SymStats,
     stacktool,
+    taskfilter::TaskFilter,
 };
 
 mod skel {
@@ -28,8 +28,6 @@ mod skel {
 }
 use skel::{ProfileSkel, ProfileSkelBuilder};
 
-const MAX_PIDS: usize = 64;
-const MAX_TIDS: usize = 16;
 const PS_SAMPLES: u32 = 0;
 const PS_IDLE: u32 = 1;
 const PS_FILTERED: u32 = 2;
@@ -154,7 +152,7 @@ fn max_sample_rate() -> u64 {
         .unwrap_or(100_000)
 }
 
-fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
+fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilter)> {
     let outs = stacktool::check_outputs(&a.output)?;
     if a.frequency == 0 {
         return Err(usage("-F 0: the sampling frequency must be at least 1 Hz (default 49)"));
@@ -166,29 +164,8 @@ fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, u64)> {
             a.frequency
         )));
     }
-    if a.pid.len() > MAX_PIDS {
-        return Err(usage(format!("at most {MAX_PIDS} -p; use --cgroup for a group of processes")));
-    }
-    if a.tid.len() > MAX_TIDS {
-        return Err(usage(format!("at most {MAX_TIDS} --tid; use -p for whole processes")));
-    }
-    for p in &a.pid {
-        if !crate::engine::pid_exists(*p) {
-            return Err(usage(format!("-p {p}: no such process; check the pid with `pgrep`")));
-        }
-    }
-    for t in &a.tid {
-        if !std::path::Path::new(&format!("/proc/{t}")).exists() {
-            return Err(usage(format!("--tid {t}: no such thread; list threads with `ps -T -p PID`")));
-        }
-    }
-    if let Some(c) = &a.comm {
-        if c.is_empty() || c.len() > 15 {
-            return Err(usage(format!("--comm {c:?}: a thread name is 1 to 15 bytes (as in /proc/PID/comm)")));
-        }
-    }
-    let cg = a.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
-    Ok((outs, cg))
+    let tf = TaskFilter::new(&a.pid, &a.tid, a.cgroup.as_deref(), a.comm.as_deref())?;
+    Ok((outs, tf))
 }
 
 struct Loaded {
@@ -196,7 +173,7 @@ struct Loaded {
     _links: Vec<Link>,
 }
 
-fn load(a: &ProfileArgs, cgroup: u64) -> anyhow::Result<Loaded> {
+fn load(a: &ProfileArgs, tf: &TaskFilter) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = ProfileSkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
@@ -204,22 +181,9 @@ fn load(a: &ProfileArgs, cgroup: u64) -> anyhow::Result<Loaded> {
     ro.want_kernel = !a.user_only;
     ro.want_user = !a.kernel_only;
     ro.per_thread = a.per_thread;
-    ro.filter_pids = !a.pid.is_empty();
-    ro.n_tids = a.tid.len() as u32;
-    for (i, t) in a.tid.iter().enumerate() {
-        ro.tids[i] = *t;
-    }
-    ro.cgroup_id = cgroup;
-    if let Some(c) = &a.comm {
-        ro.filter_comm = true;
-        for (i, b) in c.bytes().enumerate() {
-            ro.comm_filter[i] = b as _;
-        }
-    }
+    crate::set_task_filter!(&mut *ro, tf);
     let skel = open.load().context("loading the profile program")?;
-    for p in &a.pid {
-        skel.maps.pids.update(&p.to_ne_bytes(), &[1u8], MapFlags::ANY)?;
-    }
+    tf.fill_pids(&skel.maps.tf_pids)?;
     let mut links = Vec::new();
     for cpu in online_cpus()? {
         let counter = match a.event {
@@ -247,10 +211,10 @@ fn load(a: &ProfileArgs, cgroup: u64) -> anyhow::Result<Loaded> {
 
 /// Runs a profile; `ready` is called once sampling runs.
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    let (outs, cgroup) = validate(a)?;
+    let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let loaded = load(a, cgroup)?;
+    let loaded = load(a, &tf)?;
     let skel = &loaded.skel;
     ready();
     let (stop, images, elapsed) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {

@@ -4,7 +4,6 @@
 
 #include "stacks.h"
 
-#define MAX_PIDS 64
 
 /* Totals in a per-CPU array, indexed by these slots. */
 enum prof_stat {
