@@ -39,6 +39,7 @@ static: setup
 bench: build
 	$(SUDO) bench/retrans/run
 	$(SUDO) bench/profile/run
+	$(SUDO) bench/offcpu/run
 
 clean:
 	$(CARGO) clean

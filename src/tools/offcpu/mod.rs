@@ -57,7 +57,10 @@ pub enum State {
 /// type offcpu/nanoseconds), .json, or the top table.
 ///
 /// OVERHEAD: runs on every context switch (can be >1M/s on busy hosts); the
-/// filters run before any stack walk. Measured figures are in the README.
+/// filters run before any stack walk. bench/offcpu/run (pipe ping-pong, ~800k
+/// switches/s on one CPU): tracing all tasks 1,793 ns per switch in BPF and
+/// 60% fewer round trips; with the ping-pong filtered out (-p of another
+/// process) 83 ns per switch and 9% fewer. Filter on busy hosts.
 #[derive(Debug, Args)]
 pub struct OffcpuArgs {
     /// Only this process and its threads (repeatable).
