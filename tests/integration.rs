@@ -427,18 +427,20 @@ fn sigkill_leaves_no_program_or_link_behind() {
     assert_ne!(code, 0);
     assert_gone(pid, &ours);
 
-    // profile: programs attached to perf events, one per CPU.
-    let before = our_prog_ids();
-    let mut p = Command::new(SONDE).args(["profile", "-d", "60s"]).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(p.stderr.take().unwrap()).read_line(&mut line).unwrap();
-    assert!(line.contains("sampling CPU stacks"), "{line}");
-    let ours: Vec<u64> = our_prog_ids().into_iter().filter(|id| !before.contains(id)).collect();
-    assert!(!ours.is_empty(), "the profile program is visible");
-    let pid = p.id();
-    p.kill().unwrap();
-    let _ = p.wait();
-    assert_gone(pid, &ours);
+    // profile (programs on perf events, one per CPU) and offcpu (tp_btf).
+    for (tool, ready) in [("profile", "sampling CPU stacks"), ("offcpu", "tracing off-CPU time")] {
+        let before = our_prog_ids();
+        let mut p = Command::new(SONDE).args([tool, "-d", "60s"]).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(p.stderr.take().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.contains(ready), "{tool}: {line}");
+        let ours: Vec<u64> = our_prog_ids().into_iter().filter(|id| !before.contains(id)).collect();
+        assert!(!ours.is_empty(), "the {tool} program is visible");
+        let pid = p.id();
+        p.kill().unwrap();
+        let _ = p.wait();
+        assert_gone(pid, &ours);
+    }
 }
 
 /// Neither programs `ours` nor links held by `pid` (killed) remain.
