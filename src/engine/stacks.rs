@@ -462,10 +462,14 @@ impl Symbols {
 
         // User: refresh snapshots that miss an address (code loaded later),
         // then group new offsets per file and symbolize each file once.
+        let mut refreshed = std::collections::HashSet::new();
         for s in samples {
             images.observe(s.pid);
-            if s.ustack.iter().any(|&a| !images.covers(s.pid, a)) {
+            // Once per process: code without a file or perf map (e.g. a JIT
+            // with no map) stays uncovered however often we look.
+            if !refreshed.contains(&s.pid) && s.ustack.iter().any(|&a| !images.covers(s.pid, a)) {
                 images.refresh(s.pid);
+                refreshed.insert(s.pid);
             }
         }
         let mut per_file: HashMap<usize, (Rc<MappedFile>, Vec<u64>)> = HashMap::new();
