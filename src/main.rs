@@ -21,6 +21,8 @@ enum Cmd {
     Profile(tools::profile::ProfileArgs),
     /// Where threads wait: blocked time per stack (off-CPU flame graphs).
     Offcpu(tools::offcpu::OffcpuArgs),
+    /// Who wakes waiting threads: blocked stacks joined to their wakers' stacks.
+    Wakeup(tools::offcpu::OffcpuArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         Cmd::Retrans(a) => tools::retrans::run(a),
         Cmd::Profile(a) => tools::profile::run(a),
         Cmd::Offcpu(a) => tools::offcpu::run(a),
+        Cmd::Wakeup(a) => tools::offcpu::run_wakeup(a),
         Cmd::Lab(a) => lab::run(a),
     };
     match r {

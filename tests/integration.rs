@@ -409,7 +409,7 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch"]
+            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking"]
                 .iter()
                 .any(|x| n.starts_with(x))
         })
@@ -427,8 +427,8 @@ fn sigkill_leaves_no_program_or_link_behind() {
     assert_ne!(code, 0);
     assert_gone(pid, &ours);
 
-    // profile (programs on perf events, one per CPU) and offcpu (tp_btf).
-    for (tool, ready) in [("profile", "sampling CPU stacks"), ("offcpu", "tracing off-CPU time")] {
+    // profile (programs on perf events, one per CPU), offcpu and wakeup (tp_btf).
+    for (tool, ready) in [("profile", "sampling CPU stacks"), ("offcpu", "tracing off-CPU time"), ("wakeup", "tracing off-CPU time and its wakers")] {
         let before = our_prog_ids();
         let mut p = Command::new(SONDE).args([tool, "-d", "60s"]).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
@@ -508,6 +508,7 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["offcpu", "--min-block", "10ms", "--max-block", "1ms"],
         &["offcpu", "--state", "asleep"],
         &["offcpu", "-o", "out.png"],
+        &["wakeup", "-p", "999999999"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -866,4 +867,41 @@ fn offcpu_attributes_blocked_time_to_the_right_stacks() {
     let top = String::from_utf8_lossy(&top.stdout);
     assert!(top.contains("Type: offcpu"), "{top}");
     assert!(top.lines().any(|l| l.ends_with(" sleep_long")), "{top}");
+}
+
+#[test]
+fn wakeup_names_the_pipe_writer_as_the_readers_waker() {
+    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let folded = bin.parent().unwrap().join("wake.folded");
+    let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let out = Command::new(SONDE)
+        .args(["wakeup", "-p", &w.0.id().to_string(), "-d", "3s", "--min-block", "1ms", "-o", folded.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let _ = w.0.kill();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows = read_folded(&folded);
+    // The reader's blocked periods: reader_wait below the separator.
+    let blocked_in = |f: &[String], name: &str| f.iter().position(|x| x == name) < f.iter().position(|x| x == "--");
+    let reader: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "reader_wait") && blocked_in(f, "reader_wait")).collect();
+    let total: u64 = reader.iter().map(|r| r.1).sum();
+    // Built in: only writer_tick() writes the pipe the reader blocks on.
+    let by_writer: u64 = reader
+        .iter()
+        .filter(|(f, _)| {
+            let sep = f.iter().position(|x| x == "--").unwrap_or(f.len());
+            let waker = &f[sep..];
+            waker.iter().any(|x| x == "writer_tick")
+                && waker.iter().any(|x| x.contains("pipe_write"))
+                && waker.last().map(String::as_str) == Some("writer (waker)")
+        })
+        .map(|r| r.1)
+        .sum();
+    assert!(total > 2_000_000 && by_writer as f64 > 0.9 * total as f64, "reader blocked {total} us, {by_writer} woken by writer_tick: {reader:?}");
+    // The sleeper is woken by its timer, from interrupt context.
+    let sleeper: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "sleep_long") && blocked_in(f, "sleep_long")).collect();
+    let by_timer: u64 = sleeper.iter().filter(|(f, _)| f.iter().any(|x| x == "hrtimer_wakeup_[k]")).map(|r| r.1).sum();
+    let stotal: u64 = sleeper.iter().map(|r| r.1).sum();
+    assert!(stotal > 0 && by_timer as f64 > 0.9 * stotal as f64, "{sleeper:?}");
 }

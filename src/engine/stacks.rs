@@ -54,6 +54,20 @@ fn comm_of(b: &[u8]) -> String {
 /// Reads every `stk_key` -> count of `counts` and the stacks they name in
 /// `traces`. Stacks are read once per id.
 pub fn read_samples(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<RawSample>> {
+    Ok(read_keyed(counts, traces)?.into_iter().map(|(s, _)| s).collect())
+}
+
+/// For keys that carry a waker after the `stk_key` (offcpu's `oc_wake_key`:
+/// kernel stack, user stack, pid, comm at bytes 32..60): (blocked, waker)
+/// pairs; the waker's count is the blocked one's.
+pub fn read_wake_pairs(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, RawSample)>> {
+    read_keyed(counts, traces)?
+        .into_iter()
+        .map(|(b, w)| w.map(|w| (b, w)).ok_or_else(|| anyhow::anyhow!("count map key without a waker")))
+        .collect()
+}
+
+fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, Option<RawSample>)>> {
     let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
     let mut stack = |id: i32| -> anyhow::Result<Vec<u64>> {
         if id < 0 {
@@ -79,14 +93,29 @@ pub fn read_samples(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Resul
         let Some(val) = counts.lookup(&key, MapFlags::ANY)? else { continue };
         let u32_at = |o: usize| u32::from_ne_bytes(key[o..o + 4].try_into().unwrap());
         let (kid, uid) = (u32_at(8) as i32, u32_at(12) as i32);
-        out.push(RawSample {
+        let count = u64::from_ne_bytes(val[..8].try_into().unwrap());
+        let blocked = RawSample {
             pid: u32_at(0),
             tid: u32_at(4),
             comm: comm_of(&key[16..32]),
             kstack: if kid == STK_NONE { Vec::new() } else { stack(kid)? },
             ustack: if uid == STK_NONE { Vec::new() } else { stack(uid)? },
-            count: u64::from_ne_bytes(val[..8].try_into().unwrap()),
-        });
+            count,
+        };
+        let waker = if key.len() >= 60 {
+            let (wk, wu) = (u32_at(32) as i32, u32_at(36) as i32);
+            Some(RawSample {
+                pid: u32_at(40),
+                tid: 0,
+                comm: comm_of(&key[44..60]),
+                kstack: if wk < 0 { Vec::new() } else { stack(wk)? },
+                ustack: if wu < 0 { Vec::new() } else { stack(wu)? },
+                count,
+            })
+        } else {
+            None
+        };
+        out.push((blocked, waker));
     }
     Ok(out)
 }

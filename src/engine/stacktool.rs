@@ -105,7 +105,7 @@ pub struct Finished {
 pub fn finish(
     counts: &dyn MapCore,
     traces: &dyn MapCore,
-    mut images: Images,
+    images: Images,
     outs: &[(PathBuf, Format)],
     title: String,
     count_name: &str,
@@ -113,11 +113,86 @@ pub fn finish(
     elapsed: Duration,
     comment: String,
 ) -> anyhow::Result<Finished> {
+    finish_with(images, outs, title, count_name, weight, elapsed, comment, |syms, images, sym| {
+        let raw = read_samples(counts, traces)?;
+        Ok((syms.stacks(&raw, images, sym), raw.len() as u64))
+    })
+}
+
+/// wakeup: blocked stacks joined to their wakers' like BCC's offwaketime:
+/// blocked stack root first, a `--` frame, then the waker's stack leaf first
+/// and the waker's comm on top. A blocked period nobody woke (preempted) gets
+/// `[no waker]`.
+#[allow(clippy::too_many_arguments)]
+pub fn finish_wakeup(
+    counts: &dyn MapCore,
+    traces: &dyn MapCore,
+    images: Images,
+    outs: &[(PathBuf, Format)],
+    title: String,
+    count_name: &str,
+    weight: Weight,
+    elapsed: Duration,
+    comment: String,
+) -> anyhow::Result<Finished> {
+    use super::stacks::{Frame, FrameKind};
+    finish_with(images, outs, title, count_name, weight, elapsed, comment, |syms, images, sym| {
+        let pairs = super::stacks::read_wake_pairs(counts, traces)?;
+        let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+        let b = syms.stacks(&blocked, images, sym);
+        let mut wsym = SymStats::default();
+        let w = syms.stacks(&wakers, images, &mut wsym);
+        sym.unknown_frames += wsym.unknown_frames;
+        let sep = |name: &str| Frame { name: name.into(), file: None, line: None, kind: FrameKind::Unknown, module: std::rc::Rc::from("[sonde]"), inlined: false };
+        let stacks = b
+            .into_iter()
+            .zip(w.into_iter().zip(wakers.iter()))
+            .map(|(mut s, (ws, wr))| {
+                s.frames.push(sep("--"));
+                if wr.kstack.is_empty() && wr.ustack.is_empty() {
+                    s.frames.push(sep("[no waker]"));
+                } else if ws.frames.iter().any(|f| f.kind == FrameKind::Kernel && in_interrupt(&f.name)) {
+                    // Woken from interrupt context: the task that was
+                    // interrupted (its comm, its user stack) had no part in it.
+                    s.frames.extend(ws.frames.into_iter().rev().filter(|f| f.kind == FrameKind::Kernel));
+                    s.frames.push(sep("[interrupt] (waker)"));
+                } else {
+                    s.frames.extend(ws.frames.into_iter().rev());
+                    s.frames.push(sep(&format!("{} (waker)", wr.comm)));
+                }
+                s
+            })
+            .collect::<Vec<Stack>>();
+        let n = stacks.len() as u64;
+        Ok((stacks, n))
+    })
+}
+
+/// Kernel functions that only run on an interrupt or softirq path.
+fn in_interrupt(name: &str) -> bool {
+    name.starts_with("asm_sysvec_")
+        || name.starts_with("asm_common_interrupt")
+        || name.starts_with("irq_exit")
+        || name == "handle_softirqs"
+        || name == "__do_softirq"
+        || name == "do_softirq"
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_with(
+    mut images: Images,
+    outs: &[(PathBuf, Format)],
+    title: String,
+    count_name: &str,
+    weight: Weight,
+    elapsed: Duration,
+    comment: String,
+    make: impl FnOnce(&mut Symbols, &mut Images, &mut SymStats) -> anyhow::Result<(Vec<Stack>, u64)>,
+) -> anyhow::Result<Finished> {
     let t0 = Instant::now();
-    let raw = read_samples(counts, traces)?;
     let mut syms = Symbols::default();
     let mut sym = SymStats::default();
-    let stacks = syms.stacks(&raw, &mut images, &mut sym);
+    let (stacks, unique) = make(&mut syms, &mut images, &mut sym)?;
     let meta = render::Meta {
         title,
         count_name: count_name.into(),
@@ -133,7 +208,7 @@ pub fn finish(
         render::write(p, *f, &stacks, &meta)?;
         eprintln!("sonde: wrote {}", p.display());
     }
-    Ok(Finished { unique: raw.len() as u64, stacks, sym, render_time: t0.elapsed() })
+    Ok(Finished { unique, stacks, sym, render_time: t0.elapsed() })
 }
 
 /// The top functions by self and total weight, `fmt` formatting a weight.

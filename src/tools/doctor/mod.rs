@@ -210,7 +210,13 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         (_, None) => json!({"usable": false, "why": "neither tp_btf nor raw_tp programs load"}),
         (_, Some((m, d))) => json!({"usable": true, "mechanism": m, "detail": format!("sched:sched_switch, {d}")}),
     };
-    tools.push(("offcpu".into(), offcpu));
+    tools.push(("offcpu".into(), offcpu.clone()));
+    // wakeup: the same, plus sched_waking.
+    let mut wakeup = offcpu;
+    if wakeup["usable"] == json!(true) {
+        wakeup["detail"] = json!("sched:sched_switch + sched:sched_waking");
+    }
+    tools.push(("wakeup".into(), wakeup));
 
     let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
     if a.json {

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use libbpf_rs::{
     skel::{OpenSkel, SkelBuilder},
-    Link, OpenObject,
+    Link, MapCore, OpenObject,
 };
 
 use crate::engine::{
@@ -124,7 +124,7 @@ struct Loaded {
     _links: Vec<Link>,
 }
 
-fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism) -> anyhow::Result<Loaded> {
+fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism, wake: bool) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
@@ -143,13 +143,19 @@ fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism) -> anyhow::Result<Load
         .fold(0, |m, b| m | b);
     ro.min_block_ns = a.min_block.as_nanos() as u64;
     ro.max_block_ns = a.max_block.map(|d| d.as_nanos() as u64).unwrap_or(u64::MAX);
+    ro.want_waker = wake;
     let typed = mech == Mechanism::TpBtf;
     open.progs.btf_switch.set_autoload(typed);
     open.progs.raw_switch.set_autoload(!typed);
+    open.progs.btf_waking.set_autoload(typed && wake);
+    open.progs.raw_waking.set_autoload(!typed && wake);
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
     tf.fill_pids(&skel.maps.tf_pids)?;
-    let link = if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? };
-    Ok(Loaded { skel, _links: vec![link] })
+    let mut links = vec![if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? }];
+    if wake {
+        links.push(if typed { skel.progs.btf_waking.attach()? } else { skel.progs.raw_waking.attach()? });
+    }
+    Ok(Loaded { skel, _links: links })
 }
 
 fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilter)> {
@@ -171,31 +177,34 @@ fn us(v: u64) -> String {
     }
 }
 
-/// Runs offcpu; `ready` is called once tracing runs.
-pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+/// Runs offcpu (or, with `wake`, wakeup); `ready` is called once tracing runs.
+pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let (loaded, mech, _) = with_fallbacks("sched:sched_switch", &[Mechanism::TpBtf, Mechanism::RawTp], |m| load(a, &tf, m))?;
+    let (loaded, mech, _) = with_fallbacks("sched:sched_switch", &[Mechanism::TpBtf, Mechanism::RawTp], |m| load(a, &tf, m, wake))?;
     let skel = &loaded.skel;
     ready();
-    let (stop, images, elapsed) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {
+    let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
+    let (stop, images, elapsed) = stacktool::run_until_stop(counts, ctl, a.duration, || {
         Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
     })?;
     drop(loaded._links);
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (switches, recorded, short, long, full) = (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
     let (coll, kerr, uerr, cfull) = (st(OS_STACKS)?, st(OS_STACKS + 1)?, st(OS_STACKS + 2)?, st(OS_STACKS + 3)?);
-    let f = stacktool::finish(
-        &skel.maps.stk_counts,
+    let tool = if wake { "wakeup" } else { "offcpu" };
+    let finish = if wake { stacktool::finish_wakeup } else { stacktool::finish };
+    let f = finish(
+        counts,
         &skel.maps.stk_traces,
         images,
         &outs,
-        format!("sonde offcpu, {:.1} s", elapsed.as_secs_f64()),
+        format!("sonde {tool}, {:.1} s", elapsed.as_secs_f64()),
         "us",
         Weight::Micros { name: "offcpu" },
         elapsed,
-        format!("sonde offcpu --min-block {:?}", a.min_block),
+        format!("sonde {tool} --min-block {:?}", a.min_block),
     )?;
     let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();
     let summary = serde_json::json!({
@@ -216,8 +225,18 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &OffcpuArgs) -> anyhow::Result<i32> {
+    run_tool(a, false)
+}
+
+/// Entry point for `sonde wakeup`; returns the exit status.
+pub fn run_wakeup(a: &OffcpuArgs) -> anyhow::Result<i32> {
+    run_tool(a, true)
+}
+
+fn run_tool(a: &OffcpuArgs, wake: bool) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.duration)?;
-    let out = run_with(a, &ctl, || eprintln!("sonde: tracing off-CPU time; Ctrl-C ends and writes the results"))?;
+    let what = if wake { "off-CPU time and its wakers" } else { "off-CPU time" };
+    let out = run_with(a, &ctl, wake, || eprintln!("sonde: tracing {what}; Ctrl-C ends and writes the results"))?;
     if a.json {
         stacktool::print_json(&out.stacks, &out.summary)?;
         return Ok(out.stop.exit_code());

@@ -26,6 +26,8 @@ const volatile bool per_thread = true;
 const volatile __u32 state_mask = 0;
 const volatile __u64 min_block_ns = 1000;
 const volatile __u64 max_block_ns = ~0ULL;
+/* wakeup mode: join each blocked period to the stack that woke it. */
+const volatile bool want_waker = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -40,6 +42,23 @@ struct {
 	__type(key, __u32);
 	__type(value, struct oc_start);
 } starts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct oc_waker);
+} wakers SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct oc_wake_key);
+	__type(value, __u64);
+} wake_counts SEC(".maps");
+
+/* Referenced so the skeleton mirrors the layout. */
+struct oc_wake_key _oc_wake_key = {};
 
 static __always_inline void stat_add(__u32 slot)
 {
@@ -92,6 +111,17 @@ static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct
 	__u64 delta = now - s->ts;
 	struct stk_key k = {.kstack = s->kstack, .ustack = s->ustack};
 	bpf_map_delete_elem(&starts, &ntid);
+	struct oc_wake_key wk = {};
+	if (want_waker) {
+		struct oc_waker *w = bpf_map_lookup_elem(&wakers, &ntid);
+		if (w) {
+			wk.waker = *w;
+			bpf_map_delete_elem(&wakers, &ntid);
+		} else {
+			wk.waker.kstack = STK_NONE; /* preempted: nobody woke it */
+			wk.waker.ustack = STK_NONE;
+		}
+	}
 	if (delta < min_block_ns) {
 		stat_add(OS_SHORT);
 		return 0;
@@ -107,9 +137,54 @@ static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct
 	else
 		BPF_CORE_READ_STR_INTO(&k.comm, next, comm);
 	__u64 us = delta / 1000;
-	STK_COUNT(&k, us, stk_stat);
+	if (want_waker) {
+		wk.blocked = k;
+		__u64 *c = bpf_map_lookup_elem(&wake_counts, &wk);
+		if (c) {
+			__sync_fetch_and_add(c, us);
+		} else if (bpf_map_update_elem(&wake_counts, &wk, &us, BPF_NOEXIST)) {
+			c = bpf_map_lookup_elem(&wake_counts, &wk);
+			if (c)
+				__sync_fetch_and_add(c, us);
+			else
+				stk_stat(STK_COUNTS_FULL);
+		}
+	} else {
+		STK_COUNT(&k, us, stk_stat);
+	}
 	stat_add(OS_RECORDED);
 	return 0;
+}
+
+/* The waker: only for threads whose blocking is being timed (a start record
+ * exists), so other wake-ups cost one lookup. */
+static __always_inline int on_waking(void *ctx, struct task_struct *p, bool direct)
+{
+	if (!want_waker)
+		return 0;
+	__u32 tid = direct ? p->pid : BPF_CORE_READ(p, pid);
+	if (!bpf_map_lookup_elem(&starts, &tid))
+		return 0;
+	struct stk_key tmp = {};
+	__u64 id = bpf_get_current_pid_tgid();
+	tmp.pid = id >> 32;
+	STK_CAPTURE(ctx, &tmp, true, want_user, stk_stat);
+	struct oc_waker w = {.kstack = tmp.kstack, .ustack = tmp.ustack, .pid = tmp.pid};
+	bpf_get_current_comm(w.comm, sizeof(w.comm));
+	bpf_map_update_elem(&wakers, &tid, &w, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(btf_waking, struct task_struct *p)
+{
+	return on_waking(ctx, p, true);
+}
+
+SEC("raw_tp/sched_waking")
+int BPF_PROG(raw_waking, struct task_struct *p)
+{
+	return on_waking(ctx, p, false);
 }
 
 SEC("tp_btf/sched_switch")

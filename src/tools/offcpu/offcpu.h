@@ -12,6 +12,22 @@ struct oc_start {
 	__s32 ustack;
 };
 
+/* Who woke a thread (wakeup mode): taken at sched_waking, in the waker's
+ * context (in interrupt context: the interrupted task's comm and pid). */
+struct oc_waker {
+	__s32 kstack;
+	__s32 ustack;
+	__u32 pid;
+	char comm[STK_COMM_LEN];
+	__u32 pad;
+};
+
+/* wakeup mode: a blocked stack and its waker. */
+struct oc_wake_key {
+	struct stk_key blocked;
+	struct oc_waker waker;
+};
+
 enum oc_stat {
 	OS_SWITCHES = 0, /* switches seen */
 	OS_RECORDED,     /* blocked periods counted */
