@@ -100,20 +100,25 @@ pub struct Finished {
     pub render_time: Duration,
 }
 
+/// Where and how a stack tool writes its results.
+pub struct Outputs<'a> {
+    /// Files and their formats (from [`check_outputs`]).
+    pub outs: &'a [(PathBuf, Format)],
+    /// Heads the flame graphs.
+    pub title: String,
+    /// What a count is ("samples", "us").
+    pub count_name: &'a str,
+    /// What a count weighs, for pprof.
+    pub weight: Weight,
+    /// Length of the run.
+    pub elapsed: Duration,
+    /// For `go tool pprof -comments`.
+    pub comment: String,
+}
+
 /// Reads the counts, symbolizes and writes every output.
-#[allow(clippy::too_many_arguments)]
-pub fn finish(
-    counts: &dyn MapCore,
-    traces: &dyn MapCore,
-    images: Images,
-    outs: &[(PathBuf, Format)],
-    title: String,
-    count_name: &str,
-    weight: Weight,
-    elapsed: Duration,
-    comment: String,
-) -> anyhow::Result<Finished> {
-    finish_with(images, outs, title, count_name, weight, elapsed, comment, |syms, images, sym| {
+pub fn finish(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
+    finish_with(images, o, |syms, images, sym| {
         let raw = read_samples(counts, traces)?;
         Ok((syms.stacks(&raw, images, sym), raw.len() as u64))
     })
@@ -123,20 +128,9 @@ pub fn finish(
 /// blocked stack root first, a `--` frame, then the waker's stack leaf first
 /// and the waker's comm on top. A blocked period nobody woke (preempted) gets
 /// `[no waker]`.
-#[allow(clippy::too_many_arguments)]
-pub fn finish_wakeup(
-    counts: &dyn MapCore,
-    traces: &dyn MapCore,
-    images: Images,
-    outs: &[(PathBuf, Format)],
-    title: String,
-    count_name: &str,
-    weight: Weight,
-    elapsed: Duration,
-    comment: String,
-) -> anyhow::Result<Finished> {
+pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
     use super::stacks::{Frame, FrameKind};
-    finish_with(images, outs, title, count_name, weight, elapsed, comment, |syms, images, sym| {
+    finish_with(images, o, |syms, images, sym| {
         let pairs = super::stacks::read_wake_pairs(counts, traces)?;
         let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
         let b = syms.stacks(&blocked, images, sym);
@@ -178,15 +172,9 @@ fn in_interrupt(name: &str) -> bool {
         || name == "do_softirq"
 }
 
-#[allow(clippy::too_many_arguments)]
 fn finish_with(
     mut images: Images,
-    outs: &[(PathBuf, Format)],
-    title: String,
-    count_name: &str,
-    weight: Weight,
-    elapsed: Duration,
-    comment: String,
+    o: &Outputs<'_>,
     make: impl FnOnce(&mut Symbols, &mut Images, &mut SymStats) -> anyhow::Result<(Vec<Stack>, u64)>,
 ) -> anyhow::Result<Finished> {
     let t0 = Instant::now();
@@ -194,17 +182,17 @@ fn finish_with(
     let mut sym = SymStats::default();
     let (stacks, unique) = make(&mut syms, &mut images, &mut sym)?;
     let meta = render::Meta {
-        title,
-        count_name: count_name.into(),
+        title: o.title.clone(),
+        count_name: o.count_name.into(),
         pprof: super::pprof::Meta {
-            weight,
-            time_nanos: (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().saturating_sub(elapsed)).as_nanos() as i64,
-            duration_nanos: elapsed.as_nanos() as i64,
+            weight: o.weight,
+            time_nanos: (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().saturating_sub(o.elapsed)).as_nanos() as i64,
+            duration_nanos: o.elapsed.as_nanos() as i64,
             build_ids: syms.build_ids(),
-            comment,
+            comment: o.comment.clone(),
         },
     };
-    for (p, f) in outs {
+    for (p, f) in o.outs {
         render::write(p, *f, &stacks, &meta)?;
         eprintln!("sonde: wrote {}", p.display());
     }

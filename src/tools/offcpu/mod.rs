@@ -199,12 +199,14 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         counts,
         &skel.maps.stk_traces,
         images,
-        &outs,
-        format!("sonde {tool}, {:.1} s", elapsed.as_secs_f64()),
-        "us",
-        Weight::Micros { name: "offcpu" },
-        elapsed,
-        format!("sonde {tool} --min-block {:?}", a.min_block),
+        &stacktool::Outputs {
+            outs: &outs,
+            title: format!("sonde {tool}, {:.1} s", elapsed.as_secs_f64()),
+            count_name: "us",
+            weight: Weight::Micros { name: "offcpu" },
+            elapsed,
+            comment: format!("sonde {tool} --min-block {:?}", a.min_block),
+        },
     )?;
     let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();
     let summary = serde_json::json!({

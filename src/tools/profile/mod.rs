@@ -236,12 +236,14 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         &skel.maps.stk_counts,
         &skel.maps.stk_traces,
         images,
-        &outs,
-        format!("sonde profile, {} Hz, {:.1} s", a.frequency, elapsed.as_secs_f64()),
-        "samples",
-        Weight::Samples { period_ns: (1e9 / a.frequency as f64) as i64 },
-        elapsed,
-        format!("sonde profile -F {} ({:?})", a.frequency, a.event),
+        &stacktool::Outputs {
+            outs: &outs,
+            title: format!("sonde profile, {} Hz, {:.1} s", a.frequency, elapsed.as_secs_f64()),
+            count_name: "samples",
+            weight: Weight::Samples { period_ns: (1e9 / a.frequency as f64) as i64 },
+            elapsed,
+            comment: format!("sonde profile -F {} ({:?})", a.frequency, a.event),
+        },
     )?;
     totals.unique_stacks = f.unique;
     totals.sym = f.sym;
