@@ -22,6 +22,12 @@ enum Cmd {
     /// Where threads wait: blocked time per stack (off-CPU flame graphs).
     Offcpu(tools::offcpu::OffcpuArgs),
     /// Who wakes waiting threads: blocked stacks joined to their wakers' stacks.
+    #[command(long_about = "Who wakes waiting threads: each blocked period (as in `offcpu`, same options) joined to \
+the stack that woke the thread, taken at sched_waking in the waker's context. Rendered like BCC's offwaketime: \
+blocked stack root first, a `--` frame, the waker's stack leaf first, `COMM (waker)` on top; a wake-up from \
+interrupt context keeps only its kernel stack (`[interrupt] (waker)`), a preempted period ends in `[no waker]`.\n\n\
+OVERHEAD: offcpu's (see `sonde offcpu --help`) plus one map lookup per wake-up, and a stack walk for wake-ups \
+of threads being timed. Not benchmarked separately yet.")]
     Wakeup(tools::offcpu::OffcpuArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
