@@ -12,6 +12,14 @@
 #define STK_MAX_DEPTH 127 /* PERF_MAX_STACK_DEPTH, the kernel's default limit */
 #define STK_NONE (-1)     /* not captured (--user-only, --kernel-only, kernel thread) */
 
+/* Errors bpf_get_stackid returns that STK_CAPTURE tells apart. */
+#ifndef EEXIST
+#define EEXIST 17
+#endif
+#ifndef EFAULT
+#define EFAULT 14
+#endif
+
 struct stk_key {
 	__u32 pid;  /* process (tgid) */
 	__u32 tid;  /* thread, or 0 when not split by thread */

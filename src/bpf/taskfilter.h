@@ -7,6 +7,8 @@
 #ifndef SONDE_TASKFILTER_H
 #define SONDE_TASKFILTER_H
 
+#include "inlist.h"
+
 #define TF_MAX_PIDS 64
 #define TF_MAX_TIDS 16
 #define TF_COMM_LEN 16
@@ -43,14 +45,8 @@ static __always_inline bool tf_wanted_current(__u32 tgid, __u32 tid)
 {
 	if (tf_filter_pids && !bpf_map_lookup_elem(&tf_pids, &tgid))
 		return false;
-	if (tf_n_tids) {
-		bool hit = false;
-		for (__u32 i = 0; i < TF_MAX_TIDS && i < tf_n_tids; i++)
-			if (tf_tids[i] == tid)
-				hit = true;
-		if (!hit)
-			return false;
-	}
+	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
+		return false;
 	if (tf_cgroup_id && bpf_get_current_cgroup_id() != tf_cgroup_id)
 		return false;
 	if (tf_filter_comm) {

@@ -16,9 +16,6 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-#define EEXIST 17
-#define EFAULT 14
-
 const volatile bool want_kernel = true;
 const volatile bool want_user = true;
 const volatile bool per_thread = true;

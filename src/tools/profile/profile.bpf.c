@@ -11,9 +11,6 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-#define EEXIST 17
-#define EFAULT 14
-
 const volatile bool include_idle = false;
 const volatile bool want_kernel = true;
 const volatile bool want_user = true;

@@ -29,6 +29,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_endian.h>
 #include "sonde.h"
+#include "inlist.h"
 #include "retrans.h"
 
 char LICENSE[] SEC("license") = "GPL";
@@ -256,24 +257,12 @@ static __always_inline bool pass_filters(const struct rt_flow *f, const struct r
 {
 	if (family_filter && f->family != family_filter)
 		return false;
-	if (n_netns) {
-		bool hit = false;
-		for (__u32 i = 0; i < MAX_NETNS && i < n_netns; i++)
-			if (netns_ids[i] == f->netns)
-				hit = true;
-		if (!hit)
-			return false;
-	}
+	if (n_netns && !IN_LIST(netns_ids, n_netns, MAX_NETNS, f->netns))
+		return false;
 	if (kind_mask && !(kind_mask & (1u << f->kind)))
 		return false;
-	if (n_ports) {
-		bool hit = false;
-		for (__u32 i = 0; i < MAX_PORTS && i < n_ports; i++)
-			if (ports[i] == f->sport || ports[i] == f->dport)
-				hit = true;
-		if (!hit)
-			return false;
-	}
+	if (n_ports && !IN_LIST(ports, n_ports, MAX_PORTS, f->sport) && !IN_LIST(ports, n_ports, MAX_PORTS, f->dport))
+		return false;
 	if (n_cidrs) {
 		bool hit = false;
 		for (__u32 i = 0; i < MAX_CIDRS && i < n_cidrs; i++)
@@ -282,16 +271,8 @@ static __always_inline bool pass_filters(const struct rt_flow *f, const struct r
 		if (!hit)
 			return false;
 	}
-	if (n_pids) {
-		if (!has_owner)
-			return false;
-		bool hit = false;
-		for (__u32 i = 0; i < MAX_PIDS && i < n_pids; i++)
-			if (pids[i] == o->pid)
-				hit = true;
-		if (!hit)
-			return false;
-	}
+	if (n_pids && (!has_owner || !IN_LIST(pids, n_pids, MAX_PIDS, o->pid)))
+		return false;
 	if (cgroup_id && (!has_owner || o->cgroup != cgroup_id))
 		return false;
 	return true;
