@@ -19,6 +19,38 @@ use super::{
     stacks::{read_samples, Images, Stack, SymStats, Symbols},
 };
 
+/// What the kernel half (`src/bpf/stacks.h`) counts about stacks it could not
+/// keep: `enum stk_stat`, the slots from `base` on in a tool's per-CPU stats.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StackLoss {
+    /// Stacks that lost their hash bucket to another stack.
+    pub collisions: u64,
+    /// Kernel stacks not captured.
+    pub kernel_errors: u64,
+    /// User stacks not captured.
+    pub user_errors: u64,
+    /// Counts lost because the count map was full.
+    pub counts_full: u64,
+}
+
+impl StackLoss {
+    /// Reads the four slots from `base` of the per-CPU array `stats`.
+    pub fn read(stats: &dyn MapCore, base: u32) -> anyhow::Result<Self> {
+        let st = |i: u32| super::perf::percpu_sum(stats, base + i);
+        Ok(StackLoss { collisions: st(0)?, kernel_errors: st(1)?, user_errors: st(2)?, counts_full: st(3)? })
+    }
+
+    /// The summary's `"lost"` fields for these counters.
+    pub fn json_fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut m = serde_json::Map::new();
+        m.insert("collisions".into(), self.collisions.into());
+        m.insert("kernel_stack_errors".into(), self.kernel_errors.into());
+        m.insert("user_stack_errors".into(), self.user_errors.into());
+        m.insert("counts_full".into(), self.counts_full.into());
+        m
+    }
+}
+
 /// Checks every `-o` before anything is attached: a known extension and a
 /// path we can write (exit 2 otherwise).
 pub fn check_outputs(paths: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, Format)>> {

@@ -19,7 +19,7 @@ use crate::engine::{
     render::Format,
     run::{duration_arg, RunControl, Stop},
     stacks::Stack,
-    stacktool,
+    stacktool::{self, StackLoss},
     taskfilter::TaskFilter,
 };
 
@@ -192,7 +192,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     drop(loaded._links);
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (switches, recorded, short, long, full) = (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
-    let (coll, kerr, uerr, cfull) = (st(OS_STACKS)?, st(OS_STACKS + 1)?, st(OS_STACKS + 2)?, st(OS_STACKS + 3)?);
+    let loss = StackLoss::read(&skel.maps.stats, OS_STACKS)?;
     let tool = if wake { "wakeup" } else { "offcpu" };
     let finish = if wake { stacktool::finish_wakeup } else { stacktool::finish };
     let f = finish(
@@ -209,17 +209,23 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         },
     )?;
     let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();
+    let mut lost = loss.json_fields();
+    lost.insert("starts_full".into(), full.into());
     let summary = serde_json::json!({
         "type": "summary", "mechanism": mech.to_string(), "switches": switches, "blocked_periods": recorded,
         "blocked_us": total_us, "shorter_than_min": short, "longer_than_max": long,
         "unique_stacks": f.unique,
-        "lost": {"starts_full": full, "collisions": coll, "kernel_stack_errors": kerr, "user_stack_errors": uerr, "counts_full": cfull},
+        "lost": lost,
         "truncated_stacks": f.sym.truncated_stacks, "unknown_frames": f.sym.unknown_frames,
     });
     let text = format!(
-        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\nlost: {full} with the start map full, {coll} stacks to hash collisions, {kerr} kernel and {uerr} user stacks not captured, {cfull} with the count map full\n{}",
+        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\nlost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
         us(total_us),
         f.unique,
+        loss.collisions,
+        loss.kernel_errors,
+        loss.user_errors,
+        loss.counts_full,
         stacktool::sym_summary(&f, "us")
     );
     Ok(Outcome { stacks: f.stacks, summary, text, stop })

@@ -18,7 +18,7 @@ use crate::engine::{
     render::Format,
     run::{duration_arg, RunControl, Stop},
     stacks::SymStats,
-    stacktool,
+    stacktool::{self, StackLoss},
     taskfilter::TaskFilter,
 };
 
@@ -32,10 +32,6 @@ const PS_SAMPLES: u32 = 0;
 const PS_IDLE: u32 = 1;
 const PS_FILTERED: u32 = 2;
 const PS_STACKS: u32 = 3;
-const STK_COLLISION: u32 = 0;
-const STK_KERR: u32 = 1;
-const STK_UERR: u32 = 2;
-const STK_COUNTS_FULL: u32 = 3;
 
 /// What the perf event counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -129,14 +125,8 @@ pub struct Totals {
     pub idle: u64,
     /// Samples of other tasks skipped by filters.
     pub filtered: u64,
-    /// Samples whose stack lost its hash bucket to another stack.
-    pub collisions: u64,
-    /// Kernel / user stacks the kernel could not capture.
-    pub kstack_errors: u64,
-    /// See `kstack_errors`.
-    pub ustack_errors: u64,
-    /// Samples lost because the count map was full.
-    pub counts_full: u64,
+    /// Stacks (and samples) the kernel half could not keep.
+    pub loss: StackLoss,
     /// Unique stacks.
     pub unique_stacks: u64,
     /// Symbolization figures.
@@ -226,10 +216,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         samples: st(PS_SAMPLES)?,
         idle: st(PS_IDLE)?,
         filtered: st(PS_FILTERED)?,
-        collisions: st(PS_STACKS + STK_COLLISION)?,
-        kstack_errors: st(PS_STACKS + STK_KERR)?,
-        ustack_errors: st(PS_STACKS + STK_UERR)?,
-        counts_full: st(PS_STACKS + STK_COUNTS_FULL)?,
+        loss: StackLoss::read(&skel.maps.stats, PS_STACKS)?,
         ..Default::default()
     };
     let f = stacktool::finish(
@@ -263,11 +250,11 @@ fn summary(t: &Totals, hz: u64, sym_line: &str) -> String {
     );
     s.push_str(&format!(
         "\nstacks lost: {} to hash collisions, {} kernel and {} user not captured, {} samples with the count map full",
-        t.collisions, t.kstack_errors, t.ustack_errors, t.counts_full
+        t.loss.collisions, t.loss.kernel_errors, t.loss.user_errors, t.loss.counts_full
     ));
     s.push('\n');
     s.push_str(sym_line);
-    if t.collisions > 0 {
+    if t.loss.collisions > 0 {
         s.push_str("\nhint: many unique stacks; profile a shorter time or fewer processes");
     }
     s
@@ -284,8 +271,7 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
         let v = serde_json::json!({
             "type": "summary", "samples": t.samples, "frequency_hz": a.frequency,
             "idle": t.idle, "filtered": t.filtered, "unique_stacks": t.unique_stacks,
-            "lost": {"collisions": t.collisions, "kernel_stack_errors": t.kstack_errors,
-                     "user_stack_errors": t.ustack_errors, "counts_full": t.counts_full},
+            "lost": t.loss.json_fields(),
             "truncated_stacks": t.sym.truncated_stacks, "truncated_samples": t.sym.truncated_samples,
             "unknown_frames": t.sym.unknown_frames,
         });
