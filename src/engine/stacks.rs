@@ -501,14 +501,15 @@ impl Symbols {
                 refreshed.insert(s.pid);
             }
         }
+        // Where each user address lies, looked up once (leaf first, like ustack).
+        let placed: Vec<Vec<Place>> =
+            samples.iter().map(|s| s.ustack.iter().enumerate().map(|(i, &a)| images.place(s.pid, adj(i, a))).collect()).collect();
         let mut per_file: HashMap<usize, (Rc<MappedFile>, Vec<u64>)> = HashMap::new();
-        for s in samples {
-            for (i, &a) in s.ustack.iter().enumerate() {
-                if let Place::Elf { file, offset } = images.place(s.pid, adj(i, a)) {
-                    let id = Rc::as_ptr(&file) as usize;
-                    if !self.user.contains_key(&(id, offset)) {
-                        per_file.entry(id).or_insert_with(|| (file.clone(), Vec::new())).1.push(offset);
-                    }
+        for place in placed.iter().flatten() {
+            if let Place::Elf { file, offset } = place {
+                let id = Rc::as_ptr(file) as usize;
+                if !self.user.contains_key(&(id, *offset)) {
+                    per_file.entry(id).or_insert_with(|| (file.clone(), Vec::new())).1.push(*offset);
                 }
             }
         }
@@ -537,17 +538,17 @@ impl Symbols {
         }
 
         let mut out = Vec::with_capacity(samples.len());
-        for s in samples {
+        for (s, places) in samples.iter().zip(&placed) {
             let mut frames: Vec<Frame> = Vec::new();
             // User part, outermost first.
             let mut user: Vec<Frame> = Vec::new();
-            for (i, &a) in s.ustack.iter().enumerate().rev() {
-                match images.place(s.pid, adj(i, a)) {
+            for place in places.iter().rev() {
+                match place {
                     Place::Elf { file, offset } => {
-                        let id = Rc::as_ptr(&file) as usize;
-                        user.extend(self.user.get(&(id, offset)).cloned().unwrap_or_default());
+                        let id = Rc::as_ptr(file) as usize;
+                        user.extend(self.user.get(&(id, *offset)).cloned().unwrap_or_default());
                     }
-                    Place::Jit(name) => user.push(Frame::simple(&name, FrameKind::Jit, self.jitmod.clone())),
+                    Place::Jit(name) => user.push(Frame::simple(name, FrameKind::Jit, self.jitmod.clone())),
                     Place::Unknown => user.push(Frame::simple("[unknown]", FrameKind::Unknown, self.unknown.clone())),
                 }
             }
