@@ -254,11 +254,18 @@ fn spawn_connector(pair: &Pair, delay_s: f32) -> Child {
     Command::new("ip").args(["netns", "exec", &pair.a.name, "bash", "-c", &script]).spawn().unwrap()
 }
 
+/// A lab whose server side listens on PORT_SYN and drops every SYN to it, so
+/// connects there retransmit SYNs. Keep the server as long as the lab.
+fn syn_dropping_lab() -> (Pair, Server) {
+    let pair = Pair::new().unwrap();
+    let srv = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap();
+    drop_all(&pair.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
+    (pair, srv)
+}
+
 #[test]
 fn retransmits_are_attributed_to_the_owning_process() {
-    let pair = Pair::new().unwrap();
-    let _srv = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap();
-    drop_all(&pair.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
+    let (pair, _srv) = syn_dropping_lab();
     let mut owner = spawn_connector(&pair, 1.5);
     let mut other = spawn_connector(&pair, 1.5);
     // -p filters on the owner recorded at connect(), not on who runs the timer.
@@ -350,12 +357,7 @@ fn retransmits_of_accepted_sockets_belong_to_the_accepting_process() {
 fn netns_filter_sees_only_that_namespace() {
     use std::os::unix::fs::MetadataExt;
     // Two labs with the same drops; trace only the first one's client side.
-    let (p1, p2) = (Pair::new().unwrap(), Pair::new().unwrap());
-    let mut servers = Vec::new();
-    for p in [&p1, &p2] {
-        servers.push(Server::start(&p.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap());
-        drop_all(&p.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
-    }
+    let ((p1, _s1), (p2, _s2)) = (syn_dropping_lab(), syn_dropping_lab());
     let inode = std::fs::metadata(format!("/run/netns/{}", p1.a.name)).unwrap().ino();
     let t = Tracer::start(&["--netns", p1.a.name.as_str()]);
     let b1 = p1.mib().unwrap();
@@ -376,12 +378,7 @@ fn netns_filter_sees_only_that_namespace() {
 #[test]
 fn ipv6_only_filter_sees_only_ipv6() {
     // Two labs: one connects over IPv4, the other over IPv6; SYNs dropped in both.
-    let (p4, p6) = (Pair::new().unwrap(), Pair::new().unwrap());
-    let mut servers = Vec::new();
-    for p in [&p4, &p6] {
-        servers.push(Server::start(&p.b, SocketAddr::new(IpAddr::V6("::".parse().unwrap()), PORT_SYN), Mode::Sink).unwrap());
-        drop_all(&p.b, "sonde_syn", &format!("tcp dport {PORT_SYN} tcp flags & (syn | ack) == syn")).unwrap();
-    }
+    let ((p4, _s4), (p6, _s6)) = (syn_dropping_lab(), syn_dropping_lab());
     let args = ["--addr", p4.net4.as_str(), "--addr", p6.net6.as_str(), "-6", "--kind", "syn"];
     let t = Tracer::start(&args);
     let (b4, b6) = (p4.mib().unwrap(), p6.mib().unwrap());
