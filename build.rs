@@ -36,21 +36,23 @@ fn main() {
     }
 }
 
-/// The `sonde lab profile` workload (tests/workloads/burn.c), built static with
-/// frame pointers and line tables and embedded in the binary: the lab needs no
-/// compiler on the host.
+/// The lab workloads (tests/workloads/: burn.c for `lab profile`, dnsweb.c
+/// for `lab dns`), built static with frame pointers and line tables and
+/// embedded in the binary: the labs need no compiler on the host.
 fn build_lab_workload(out: &std::path::Path, manifest: &std::path::Path) {
-    let src = manifest.join("tests/workloads/burn.c");
-    println!("cargo:rerun-if-changed={}", src.display());
-    let bin = out.join("burn");
-    let flags = ["-O2", "-gline-tables-only", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"];
-    let st = std::process::Command::new("clang")
-        .args(flags)
-        .arg("-static")
-        .arg("-o")
-        .arg(&bin)
-        .arg(&src)
-        .status()
-        .expect("clang (for the lab workload)");
-    assert!(st.success(), "building {} statically (needs libc6-dev)", src.display());
+    for name in ["burn", "dnsweb"] {
+        let src = manifest.join(format!("tests/workloads/{name}.c"));
+        println!("cargo:rerun-if-changed={}", src.display());
+        let bin = out.join(name);
+        let flags = ["-O2", "-gline-tables-only", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"];
+        let st = std::process::Command::new("clang")
+            .args(flags)
+            .arg("-static")
+            .arg("-o")
+            .arg(&bin)
+            .arg(&src)
+            .status()
+            .expect("clang (for the lab workloads)");
+        assert!(st.success(), "building {} statically (needs libc6-dev)", src.display());
+    }
 }

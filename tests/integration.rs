@@ -494,6 +494,10 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["retrans", "-o", "out.svg"],
         &["retrans", "-i", "5s"],
         &["lab", "retrans", "--loss", "90"],
+        &["lab", "dns", "-d", "0s"],
+        &["lab", "dns", "--delay", "200ms-100ms"],
+        &["lab", "dns", "--workers", "0"],
+        &["lab", "dns", "--prefix", "/nonexistent-dir/x"],
         &["profile", "-F", "0"],
         &["profile", "-F", "100000000"],
         &["profile", "-p", "999999999"],
@@ -782,6 +786,32 @@ fn lab_profile_measures_the_built_in_split() {
     // The embedded static workload is symbolized from its own ELF, root to leaf.
     let rows = read_folded(&folded);
     assert!(rows.iter().any(|(f, _)| f.join(";").starts_with("burn;__libc_start_call_main;main;heavy;spin")), "{rows:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn lab_dns_finds_the_resolver_wait_and_its_waker() {
+    let dir = std::env::temp_dir().join(format!("sonde-labdns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("dns");
+    let out = Command::new(SONDE).args(["lab", "dns", "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(text.trim()).unwrap();
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
+    // Built in: 4 workers, each waiting 30-130 ms (80 on average) per request.
+    assert!(f("rate_with_delay") > 25.0 && f("rate_with_delay") < 75.0, "{v}");
+    assert!(f("rate_without_delay") > 3.0 * f("rate_with_delay") && f("failed_requests") == 0.0, "{v}");
+    // offcpu's time in poll() is the time the responder held the queries.
+    let (rw, held, blocked) = (f("resolver_wait_us"), f("responder_delay_us"), f("blocked_us"));
+    assert!(rw >= 0.8 * held && rw <= 1.1 * held && rw >= 0.7 * blocked, "{v}");
+    assert!(f("wakeup_udp_us") >= 0.9 * f("wakeup_resolver_us") && f("wakeup_resolver_us") >= 0.8 * f("wakeup_responder_delay_us"), "{v}");
+    assert!(f("cpu_cores_proc") < 0.5, "{v}");
+    // The flame graphs: the wait in poll(), and its waker through UDP receive.
+    let svg = |t: &str| std::fs::read_to_string(dir.join(format!("dns-{t}.svg"))).unwrap();
+    assert!(svg("offcpu").contains("do_sys_poll"));
+    assert!(svg("wakeup").contains("sock_def_readable") && svg("wakeup").contains("dns-reply (waker)"));
+    assert!(std::fs::metadata(dir.join("dns-profile.html")).unwrap().len() > 1000);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -570,7 +570,7 @@ impl Symbols {
             frames.extend(user);
             // The leaf kernel frames of a stack taken inside a tracing program
             // are the program and its dispatch: not the traced code.
-            let own = |f: &Frame| f.name.starts_with("bpf_prog_") || f.name.starts_with("bpf_trace_run") || f.name.starts_with("__bpf_trace_");
+            let own = |f: &Frame| ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"].iter().any(|p| f.name.starts_with(p));
             let skip = s.kstack.iter().enumerate().take_while(|(i, &a)| self.kernel.get(&adj(*i, a)).is_some_and(|fr| fr.iter().all(own))).count();
             for (i, &a) in s.kstack.iter().enumerate().skip(skip).rev() {
                 frames.extend(self.kernel.get(&adj(i, a)).cloned().unwrap_or_default());

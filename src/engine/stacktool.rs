@@ -194,14 +194,12 @@ pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images,
     })
 }
 
-/// Kernel functions that only run on an interrupt or softirq path.
+/// Kernel functions that only run on entry from a hardware interrupt: a
+/// wake-up below one is the interrupt's doing, not the interrupted task's.
+/// Softirq work run by a task itself (`local_bh_enable` after it queued a
+/// packet, e.g. a loopback send) keeps the task as the waker.
 fn in_interrupt(name: &str) -> bool {
-    name.starts_with("asm_sysvec_")
-        || name.starts_with("asm_common_interrupt")
-        || name.starts_with("irq_exit")
-        || name == "handle_softirqs"
-        || name == "__do_softirq"
-        || name == "do_softirq"
+    name.starts_with("asm_sysvec_") || name.starts_with("asm_common_interrupt") || name.starts_with("irq_exit")
 }
 
 fn finish_with(

@@ -1,5 +1,6 @@
 //! `sonde lab NAME`: one-command reproductions on real kernel traffic in
 //! network namespaces that are always removed afterwards.
+pub mod dns;
 pub mod profile;
 pub mod retrans;
 pub mod traffic;
@@ -22,6 +23,10 @@ pub enum Lab {
     /// A bundled workload with a built-in 2:1 CPU split, profiled; the
     /// measured split beside the built-in one, and its flame graphs.
     Profile(profile::ProfileLabArgs),
+    /// Seed 001: an HTTP server slowed by reverse DNS lookups in its
+    /// logging; profile, offcpu and wakeup find the cause, then the rate
+    /// without the resolver's delay.
+    Dns(dns::DnsLabArgs),
 }
 
 /// Runs the chosen lab; returns the exit status.
@@ -29,5 +34,6 @@ pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
     match &a.lab {
         Lab::Retrans(r) => retrans::run(r),
         Lab::Profile(p) => profile::run(p),
+        Lab::Dns(d) => dns::run(d),
     }
 }
