@@ -1,6 +1,9 @@
-/* Context-switch-heavy ping-pong for bench/offcpu/run: two processes pinned
- * to one CPU pass a byte back and forth through two pipes for argv[1]
- * seconds; prints round trips (each is two context switches). */
+/* Context-switch-heavy ping-pong for bench/offcpu/run: two processes pass a
+ * byte back and forth through two pipes for argv[1] seconds; prints round
+ * trips. Both run on CPU argv[2] (default 0: every hop is a switch from one
+ * to the other), or the child on CPU argv[3] when given (every hop wakes a
+ * CPU that idles meanwhile: two switches per hop). argv[4]: microseconds of
+ * CPU work per hop before answering (default 0), for a lower switch rate. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <signal.h>
@@ -27,12 +30,21 @@ int main(int argc, char **argv)
 	int a[2], b[2];
 	if (pipe(a) || pipe(b))
 		return 1;
+	double work = argc > 4 ? atof(argv[4]) / 1e6 : 0;
 	pid_t child = fork();
 	char c = 0;
 	if (child == 0) {
-		while (read(a[0], &c, 1) == 1)
+		if (argc > 3) {
+			CPU_ZERO(&set);
+			CPU_SET(atoi(argv[3]), &set);
+			sched_setaffinity(0, sizeof(set), &set);
+		}
+		while (read(a[0], &c, 1) == 1) {
+			for (double t = work > 0 ? now() + work : 0; now() < t;)
+				;
 			if (write(b[1], &c, 1) != 1)
 				break;
+		}
 		_exit(0);
 	}
 	unsigned long n = 0;
@@ -40,6 +52,8 @@ int main(int argc, char **argv)
 	while (now() < end) {
 		if (write(a[1], &c, 1) != 1 || read(b[0], &c, 1) != 1)
 			break;
+		for (double t = work > 0 ? now() + work : 0; now() < t;)
+			;
 		n++;
 	}
 	kill(child, SIGKILL);

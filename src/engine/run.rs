@@ -97,6 +97,14 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
     }
 }
 
+/// clap value parser for durations that may be `0` (a switch turned off).
+pub fn duration_or_zero_arg(s: &str) -> Result<Duration, String> {
+    if s.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    duration_arg(s)
+}
+
 /// clap value parser for durations (keeps the one-line message).
 pub fn duration_arg(s: &str) -> Result<Duration, String> {
     parse_duration(s).map_err(|e| e.to_string())

@@ -96,7 +96,7 @@ pub fn run_until_stop(
     ctl: &RunControl,
     duration: Option<Duration>,
     mut status: impl FnMut() -> anyhow::Result<String>,
-) -> anyhow::Result<(Stop, Images, Duration)> {
+) -> anyhow::Result<(Stop, Images)> {
     let start = Instant::now();
     let mut images = Images::default();
     let tty = std::io::stderr().is_terminal();
@@ -117,7 +117,7 @@ pub fn run_until_stop(
     if tty {
         eprintln!();
     }
-    Ok((stop, images, start.elapsed()))
+    Ok((stop, images))
 }
 
 /// Symbolized stacks and what it took.
@@ -142,6 +142,10 @@ pub struct Outputs<'a> {
     pub count_name: &'a str,
     /// What a count weighs, for pprof.
     pub weight: Weight,
+    /// The kernel half counts in units this many times smaller than
+    /// `count_name` (offcpu sums nanoseconds, shown in microseconds, so no
+    /// rounding accumulates per period); 1: as counted.
+    pub divisor: u64,
     /// Length of the run.
     pub elapsed: Duration,
     /// For `go tool pprof -comments`.
@@ -151,8 +155,11 @@ pub struct Outputs<'a> {
 /// Reads the counts, symbolizes and writes every output.
 pub fn finish(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
     finish_with(images, o, |syms, images, sym| {
-        let raw = read_samples(counts, traces)?;
-        Ok((syms.stacks(&raw, images, sym), raw.len() as u64))
+        let mut raw = read_samples(counts, traces)?;
+        let unique = raw.len() as u64;
+        raw.iter_mut().for_each(|s| s.count /= o.divisor.max(1));
+        raw.retain(|s| s.count > 0);
+        Ok((syms.stacks(&raw, images, sym), unique))
     })
 }
 
@@ -163,7 +170,12 @@ pub fn finish(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Ou
 pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
     use super::stacks::{Frame, FrameKind};
     finish_with(images, o, |syms, images, sym| {
-        let pairs = super::stacks::read_wake_pairs(counts, traces)?;
+        let mut pairs = super::stacks::read_wake_pairs(counts, traces)?;
+        pairs.iter_mut().for_each(|(b, w)| {
+            b.count /= o.divisor.max(1);
+            w.count = b.count;
+        });
+        pairs.retain(|(b, _)| b.count > 0);
         let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
         let b = syms.stacks(&blocked, images, sym);
         let mut wsym = SymStats::default();

@@ -463,6 +463,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         comm: None,
         min_block: Duration::from_micros(1),
         max_block: None,
+        sample_below: Duration::from_millis(1),
         state: vec![],
         duration: Some(a.duration),
         user_only: false,
@@ -471,6 +472,8 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         output: out(tool),
         top: 10,
         json: false,
+        mechanism: None,
+        switch_only: false,
     };
     let c = phase()?;
     let o_held = Held::new(&responder);

@@ -47,6 +47,23 @@ __attribute__((noinline)) static void *sleeper_main(void *arg)
 	return arg;
 }
 
+/* With argv[2] == "tiny": a thread that blocks ~300 us at a time, thousands
+ * of times a second (offcpu samples blocks under 1 ms). */
+__attribute__((noinline)) void sleep_tiny(void)
+{
+	struct timespec ts = {0, 300 * 1000};
+	sys3(SYS_nanosleep, (long)&ts, 0, 0);
+}
+
+__attribute__((noinline)) static void *ticker_main(void *arg)
+{
+	prctl(PR_SET_NAME, "ticker");
+	prctl(PR_SET_TIMERSLACK, 1);
+	while (!done)
+		sleep_tiny();
+	return arg;
+}
+
 __attribute__((noinline)) void reader_wait(void)
 {
 	char c;
@@ -83,15 +100,18 @@ int main(int argc, char **argv)
 	double secs = argc > 1 ? atof(argv[1]) : 10;
 	if (pipe(fds))
 		return 1;
-	pthread_t t[3];
+	pthread_t t[4];
+	int n = 3;
 	pthread_create(&t[0], NULL, sleeper_main, NULL);
 	pthread_create(&t[1], NULL, reader_main, NULL);
 	pthread_create(&t[2], NULL, writer_main, NULL);
+	if (argc > 2 && argv[2][0] == 't')
+		pthread_create(&t[n++], NULL, ticker_main, NULL);
 	struct timespec end = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
 	nanosleep(&end, NULL);
 	done = 1;
 	writer_tick(); /* release the reader */
-	for (int i = 0; i < 3; i++)
+	for (int i = 0; i < n; i++)
 		pthread_join(t[i], NULL);
 	return 0;
 }

@@ -203,18 +203,25 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     };
     tools.push(("profile".into(), profile));
 
-    // offcpu: sched_switch through tp_btf, else raw_tp.
-    let sw = [("tp_btf", "typed task pointers"), ("raw_tp", "probe reads")].into_iter().find(|(n, _)| ok(n));
+    // offcpu: sched_switch through tp_btf, else raw_tp; periods end at
+    // sched_exit_tp where the kernel has it (found in BTF).
+    let sw = [("tp_btf", "start records in task storage"), ("raw_tp", "start records in a hash")].into_iter().find(|(n, _)| ok(n));
+    let exit_hook = features::btf_has_type("btf_trace_sched_exit_tp");
+    let hook = if exit_hook {
+        "sched:sched_switch + sched_exit_tp (stacks walked only for kept periods; short ones sampled)"
+    } else {
+        "sched:sched_switch only, no sched_exit_tp here (stacks walked at every switch-out of a traced thread)"
+    };
     let offcpu = match (privileged, sw) {
         (false, _) => json!({"usable": false, "why": "not privileged"}),
         (_, None) => json!({"usable": false, "why": "neither tp_btf nor raw_tp programs load"}),
-        (_, Some((m, d))) => json!({"usable": true, "mechanism": m, "detail": format!("sched:sched_switch, {d}")}),
+        (_, Some((m, d))) => json!({"usable": true, "mechanism": m, "exit_hook": exit_hook, "detail": format!("{hook}; {d}")}),
     };
     tools.push(("offcpu".into(), offcpu.clone()));
     // wakeup: the same, plus sched_waking.
     let mut wakeup = offcpu;
     if wakeup["usable"] == json!(true) {
-        wakeup["detail"] = json!("sched:sched_switch + sched:sched_waking");
+        wakeup["detail"] = json!(format!("{hook} + sched:sched_waking"));
     }
     tools.push(("wakeup".into(), wakeup));
 

@@ -17,7 +17,7 @@ use crate::engine::{
     perf::percpu_sum,
     pprof::Weight,
     render::Format,
-    run::{duration_arg, RunControl, Stop},
+    run::{duration_arg, duration_or_zero_arg, RunControl, Stop},
     stacks::Stack,
     stacktool::{self, StackLoss},
     taskfilter::TaskFilter,
@@ -34,7 +34,9 @@ const OS_RECORDED: u32 = 1;
 const OS_SHORT: u32 = 2;
 const OS_LONG: u32 = 3;
 const OS_STARTS_FULL: u32 = 4;
-const OS_STACKS: u32 = 5;
+const OS_SAMPLED: u32 = 5;
+const OS_SAMPLED_OUT: u32 = 6;
+const OS_STACKS: u32 = 7;
 
 /// Which blocked states to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -50,17 +52,21 @@ pub enum State {
 
 /// Where threads wait: time off CPU per stack.
 ///
-/// At each context switch, a thread going off CPU that passes the filters has
-/// its kernel and user stacks saved; when it runs again the time in between
-/// is added to that stack (if within --min-block/--max-block). Outputs as for
-/// `profile`, weights in microseconds: .folded, .svg, .html, .pb.gz (sample
-/// type offcpu/nanoseconds), .json, or the top table.
+/// A traced thread going off CPU (after the filters) gets a start time. Where
+/// the kernel has sched_exit_tp, the period ends right after the thread is
+/// switched back in, in its own context: only periods within
+/// --min-block/--max-block and kept by sampling (--sample-below) get their
+/// kernel and user stacks walked. Elsewhere the stacks are walked at every
+/// switch-out. Outputs as for `profile`, weights in microseconds: .folded,
+/// .svg, .html, .pb.gz (sample type offcpu/nanoseconds), .json, or the top
+/// table.
 ///
-/// OVERHEAD: runs on every context switch (can be >1M/s on busy hosts); the
-/// filters run before any stack walk. bench/offcpu/run (pipe ping-pong, ~800k
-/// switches/s on one CPU): tracing all tasks 1,793 ns per switch in BPF and
-/// 60% fewer round trips; with the ping-pong filtered out (-p of another
-/// process) 83 ns per switch and 9% fewer. Filter on busy hosts.
+/// OVERHEAD: two small programs on every context switch (can be >1M/s on busy
+/// hosts). bench/offcpu/run, pipe ping-pong, all tasks traced, defaults:
+/// 137-254 ns per switch in BPF. That is 1.1% fewer round trips at ~125k
+/// switches/s, and 6-15% at 400k-800k switches/s. With the ping-pong filtered
+/// out: ~110 ns. Exact (--sample-below 0): 1.4-2.1 us per switch and 12-60%
+/// fewer round trips.
 #[derive(Debug, Args)]
 pub struct OffcpuArgs {
     /// Only this process and its threads (repeatable).
@@ -81,6 +87,13 @@ pub struct OffcpuArgs {
     /// Ignore blocks longer than this.
     #[arg(long, value_parser = duration_arg)]
     pub max_block: Option<Duration>,
+    /// Blocks shorter than this are sampled: kept with probability
+    /// (block / this) and then counted as this long, so each stack's total is
+    /// an unbiased estimate while stack walks for short blocks stay bounded.
+    /// 0 keeps every block (exact, at full cost). Needs the sched_exit_tp
+    /// hook (see `sonde doctor`); without it every block is kept.
+    #[arg(long, value_parser = duration_or_zero_arg, default_value = "1ms")]
+    pub sample_below: Duration,
     /// Only these states when going off CPU (repeatable; default all).
     #[arg(long, value_enum)]
     pub state: Vec<State>,
@@ -105,6 +118,24 @@ pub struct OffcpuArgs {
     /// Print every stack as a JSON line on stdout, then a summary line.
     #[arg(long)]
     pub json: bool,
+    /// Force one attach mechanism instead of the best available.
+    #[arg(long, value_enum)]
+    pub mechanism: Option<OffcpuMechanism>,
+    /// Take the stacks at sched_switch, as on kernels without the
+    /// sched_exit_tp hook (every block's stacks, no sampling), to compare.
+    #[arg(long)]
+    pub switch_only: bool,
+}
+
+/// Attach mechanisms offcpu and wakeup can use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OffcpuMechanism {
+    /// BTF-typed tracepoints; start records in task storage.
+    #[value(name = "tp_btf")]
+    TpBtf,
+    /// Raw tracepoints; start records in a hash by thread id.
+    #[value(name = "raw_tp")]
+    RawTp,
 }
 
 /// What a finished run saw.
@@ -124,7 +155,7 @@ struct Loaded {
     _links: Vec<Link>,
 }
 
-fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism, wake: bool) -> anyhow::Result<Loaded> {
+fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism, wake: bool, at_exit: bool) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
@@ -144,14 +175,21 @@ fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism, wake: bool) -> anyhow:
     ro.min_block_ns = a.min_block.as_nanos() as u64;
     ro.max_block_ns = a.max_block.map(|d| d.as_nanos() as u64).unwrap_or(u64::MAX);
     ro.want_waker = wake;
+    ro.at_exit = at_exit;
+    ro.sample_ns = if at_exit { a.sample_below.as_nanos() as u64 } else { 0 };
     let typed = mech == Mechanism::TpBtf;
     open.progs.btf_switch.set_autoload(typed);
     open.progs.raw_switch.set_autoload(!typed);
+    open.progs.btf_exit.set_autoload(typed && at_exit);
+    open.progs.raw_exit.set_autoload(!typed && at_exit);
     open.progs.btf_waking.set_autoload(typed && wake);
     open.progs.raw_waking.set_autoload(!typed && wake);
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
     tf.fill_pids(&skel.maps.tf_pids)?;
     let mut links = vec![if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? }];
+    if at_exit {
+        links.push(if typed { skel.progs.btf_exit.attach()? } else { skel.progs.raw_exit.attach()? });
+    }
     if wake {
         links.push(if typed { skel.progs.btf_waking.attach()? } else { skel.progs.raw_waking.attach()? });
     }
@@ -164,6 +202,9 @@ fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilte
         if m < a.min_block {
             return Err(usage(format!("--max-block {m:?} is below --min-block {:?}; raise it or drop it", a.min_block)));
         }
+    }
+    if a.sample_below > Duration::from_secs(1) {
+        return Err(usage(format!("--sample-below {:?}: at most 1s (0 turns sampling off)", a.sample_below)));
     }
     let tf = TaskFilter::new(&a.pid, &a.tid, a.cgroup.as_deref(), a.comm.as_deref())?;
     Ok((outs, tf))
@@ -182,16 +223,40 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let (loaded, mech, _) = with_fallbacks("sched:sched_switch", &[Mechanism::TpBtf, Mechanism::RawTp], |m| load(a, &tf, m, wake))?;
+    let order: &[Mechanism] = match a.mechanism {
+        None => &[Mechanism::TpBtf, Mechanism::RawTp],
+        Some(OffcpuMechanism::TpBtf) => &[Mechanism::TpBtf],
+        Some(OffcpuMechanism::RawTp) => &[Mechanism::RawTp],
+    };
+    // Best: sched_exit_tp, right after the switch in the context of the
+    // thread that runs again; else everything at sched_switch.
+    let exit = if a.switch_only {
+        Err(anyhow::anyhow!("--switch-only"))
+    } else {
+        with_fallbacks("sched:sched_switch and sched_exit_tp", order, |m| load(a, &tf, m, wake, true))
+    };
+    let (loaded, mech, at_exit) = match exit {
+        Ok((l, m, _)) => (l, m, true),
+        Err(_) => {
+            let (l, m, _) = with_fallbacks("sched:sched_switch", order, |m| load(a, &tf, m, wake, false))?;
+            (l, m, false)
+        }
+    };
+    let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     ready();
     let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
-    let (stop, images, elapsed) = stacktool::run_until_stop(counts, ctl, a.duration, || {
+    let (stop, images) = stacktool::run_until_stop(counts, ctl, a.duration, || {
         Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
     })?;
     drop(loaded._links);
+    // The window the programs were attached: what the counts cover.
+    let elapsed = attached.elapsed();
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (switches, recorded, short, long, full) = (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
+    let (sampled, sampled_out) = (st(OS_SAMPLED)?, st(OS_SAMPLED_OUT)?);
+    let hook = if at_exit { "sched_exit_tp" } else { "sched_switch" };
+    let sample_below_us = if at_exit { a.sample_below.as_micros() as u64 } else { 0 };
     let loss = StackLoss::read(&skel.maps.stats, OS_STACKS)?;
     let tool = if wake { "wakeup" } else { "offcpu" };
     let finish = if wake { stacktool::finish_wakeup } else { stacktool::finish };
@@ -203,6 +268,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
             outs: &outs,
             title: format!("sonde {tool}, {:.1} s", elapsed.as_secs_f64()),
             count_name: "us",
+            divisor: 1000,
             weight: Weight::Micros { name: "offcpu" },
             elapsed,
             comment: format!("sonde {tool} --min-block {:?}", a.min_block),
@@ -212,16 +278,23 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let mut lost = loss.json_fields();
     lost.insert("starts_full".into(), full.into());
     let summary = serde_json::json!({
-        "type": "summary", "mechanism": mech.to_string(), "switches": switches, "blocked_periods": recorded,
+        "type": "summary", "mechanism": mech.to_string(), "hook": hook, "duration_s": elapsed.as_secs_f64(),
+        "switches": switches, "blocked_periods": recorded,
+        "sample_below_us": sample_below_us, "sampled_periods": sampled, "sampled_out": sampled_out,
         "blocked_us": total_us, "shorter_than_min": short, "longer_than_max": long,
         "unique_stacks": f.unique,
         "lost": lost,
         "truncated_stacks": f.sym.truncated_stacks, "unknown_frames": f.sym.unknown_frames,
     });
     let text = format!(
-        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\nlost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
+        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}, {hook}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\n{}lost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
         us(total_us),
         f.unique,
+        if sampled + sampled_out > 0 {
+            format!("sampled (blocks under {}): {sampled} kept and weighted up, {sampled_out} left out; totals are estimates\n", us(sample_below_us))
+        } else {
+            String::new()
+        },
         loss.collisions,
         loss.kernel_errors,
         loss.user_errors,

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * sonde offcpu: time threads spend blocked, per (thread, kernel + user stack
- * where it blocked), from sched_switch. At switch-out the filters run first
- * (pid, tid, cgroup, comm, state: no stack walk for threads nobody asked
- * about), then the stacks of the thread going off CPU (it is still current)
- * are saved with a timestamp; at switch-in the blocked time is added, in
- * microseconds, if it is within --min-block/--max-block.
+ * sonde offcpu: time threads spend off CPU, per (thread, kernel + user stack
+ * where it blocked), in nanoseconds. At sched_switch the filters run first
+ * (pid, tid, cgroup, comm, state: nothing more for threads nobody asked
+ * about) and the thread going off CPU gets a start time. Where the kernel
+ * has sched_exit_tp (it fires as __schedule returns into the thread that
+ * runs again, which is then current), the period ends there: if it is
+ * within --min-block/--max-block and kept by sampling (keep()), its stacks
+ * are walked then, so short periods cost no walk. Without that hook the
+ * stacks are walked at every switch-out and the period ends at the switch-in.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -25,6 +28,11 @@ const volatile __u64 min_block_ns = 1000;
 const volatile __u64 max_block_ns = ~0ULL;
 /* wakeup mode: join each blocked period to the stack that woke it. */
 const volatile bool want_waker = false;
+/* Periods end in on_exit (sched_exit_tp, current = the thread that runs
+ * again): stacks are walked only for periods that are kept. */
+const volatile bool at_exit = false;
+/* Periods shorter than this are sampled (see keep()); 0 = all kept. */
+const volatile __u64 sample_ns = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -33,12 +41,65 @@ struct {
 	__type(value, __u64);
 } stats SEC(".maps");
 
+/* When this CPU last switched (raw_tp; under tp_btf the switch-in time goes
+ * into the start record of the thread switched in): a period ends when its
+ * thread is switched in, as the kernel's own run-time accounting counts it,
+ * not later in on_exit, after the context switch itself. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} switch_at SEC(".maps");
+
+/* Start records: in the thread's own task storage under tp_btf (a pointer
+ * chase, no hashing, freed with the thread); a hash by thread id under raw_tp,
+ * whose task pointers the verifier does not trust. */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct oc_start);
+} task_starts SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, struct oc_start);
 } starts SEC(".maps");
+
+/* The running period of `t` (thread `tid`), or NULL. */
+static __always_inline struct oc_start *start_of(struct task_struct *t, __u32 tid, bool direct)
+{
+	if (direct) {
+		struct oc_start *s = bpf_task_storage_get(&task_starts, t, 0, 0);
+		return s && s->ts ? s : NULL;
+	}
+	return bpf_map_lookup_elem(&starts, &tid);
+}
+
+/* Ends the period `s` of thread `tid` (read what you need first). */
+static __always_inline void start_end(struct oc_start *s, __u32 tid, bool direct)
+{
+	if (direct)
+		s->ts = 0;
+	else
+		bpf_map_delete_elem(&starts, &tid);
+}
+
+/* Starts a period of `t`; false when there is no room. */
+static __always_inline bool start_begin(struct task_struct *t, __u32 tid, bool direct, struct oc_start *v)
+{
+	if (direct) {
+		struct oc_start *s = bpf_task_storage_get(&task_starts, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		if (!s)
+			return false;
+		*s = *v;
+		return true;
+	}
+	return !bpf_map_update_elem(&starts, &tid, v, BPF_ANY);
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -86,82 +147,214 @@ static __always_inline bool wanted(struct task_struct *prev, bool direct)
 	return tf_wanted_current(tgid, tid);
 }
 
-static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct task_struct *next, bool direct)
+/*
+ * Whether a period of `delta` ns is kept, and its weight in ns. With
+ * sample_ns = T, a period shorter than T is kept with probability delta/T and
+ * then weighs T: each stack's expected total is its true blocked time, and
+ * the stack walks for short periods are bounded by (blocked time)/T.
+ */
+static __always_inline bool keep(__u64 delta, __u64 *weight)
 {
-	__u64 now = bpf_ktime_get_ns();
-	stat_add(OS_SWITCHES);
+	*weight = delta;
+	if (!sample_ns || delta >= sample_ns)
+		return true;
+	if ((bpf_get_prandom_u32() % (__u32)sample_ns) >= delta)
+		return false;
+	*weight = sample_ns;
+	return true;
+}
 
-	if (wanted(prev, direct)) {
-		struct stk_key k = {};
-		k.pid = direct ? prev->tgid : BPF_CORE_READ(prev, tgid);
-		STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
-		struct oc_start s = {.ts = now, .kstack = k.kstack, .ustack = k.ustack};
-		__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
-		if (bpf_map_update_elem(&starts, &tid, &s, BPF_ANY))
-			stat_add(OS_STARTS_FULL);
-	}
-
-	__u32 ntid = direct ? next->pid : BPF_CORE_READ(next, pid);
-	struct oc_start *s = bpf_map_lookup_elem(&starts, &ntid);
-	if (!s)
-		return 0;
-	__u64 delta = now - s->ts;
-	struct stk_key k = {.kstack = s->kstack, .ustack = s->ustack};
-	bpf_map_delete_elem(&starts, &ntid);
-	struct oc_wake_key wk = {};
+/* Adds a finished period of `ns` nanoseconds with the stacks in `k`. */
+static __always_inline void account(struct stk_key *k, struct oc_wake_key *wk, __u64 ns)
+{
 	if (want_waker) {
-		struct oc_waker *w = bpf_map_lookup_elem(&wakers, &ntid);
-		if (w) {
-			wk.waker = *w;
-			bpf_map_delete_elem(&wakers, &ntid);
-		} else {
-			wk.waker.kstack = STK_NONE; /* preempted: nobody woke it */
-			wk.waker.ustack = STK_NONE;
+		wk->blocked = *k;
+		__u64 *c = bpf_map_lookup_elem(&wake_counts, wk);
+		if (c) {
+			__sync_fetch_and_add(c, ns);
+		} else if (bpf_map_update_elem(&wake_counts, wk, &ns, BPF_NOEXIST)) {
+			c = bpf_map_lookup_elem(&wake_counts, wk);
+			if (c)
+				__sync_fetch_and_add(c, ns);
+			else
+				stk_stat(STK_COUNTS_FULL);
 		}
+	} else {
+		STK_COUNT(k, ns, stk_stat);
 	}
+	stat_add(OS_RECORDED);
+}
+
+/* Takes the waker record of `tid` into `wk` (wakeup mode). */
+static __always_inline void take_waker(__u32 tid, struct oc_wake_key *wk)
+{
+	if (!want_waker)
+		return;
+	struct oc_waker *w = bpf_map_lookup_elem(&wakers, &tid);
+	if (w) {
+		wk->waker = *w;
+		bpf_map_delete_elem(&wakers, &tid);
+	} else {
+		wk->waker.kstack = STK_NONE; /* preempted: nobody woke it */
+		wk->waker.ustack = STK_NONE;
+	}
+}
+
+static __always_inline bool in_range(__u64 delta)
+{
 	if (delta < min_block_ns) {
 		stat_add(OS_SHORT);
-		return 0;
+		return false;
 	}
 	if (delta > max_block_ns) {
 		stat_add(OS_LONG);
-		return 0;
+		return false;
 	}
+	return true;
+}
+
+static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct task_struct *next, bool direct)
+{
+	stat_add(OS_SWITCHES);
+	__u64 now = 0;
+	if (at_exit && direct) {
+		/* A pointer chase, and a clock read only for traced threads. */
+		struct oc_start *n = start_of(next, 0, true);
+		if (n) {
+			now = bpf_ktime_get_ns();
+			n->end = now;
+		}
+	} else if (at_exit) {
+		__u32 zero = 0;
+		__u64 *at = bpf_map_lookup_elem(&switch_at, &zero);
+		now = bpf_ktime_get_ns();
+		if (at)
+			*at = now;
+	}
+
+	if (wanted(prev, direct)) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		struct oc_start s = {.ts = now, .kstack = STK_NONE, .ustack = STK_NONE};
+		if (!at_exit) {
+			/* No hook after the switch: the stacks must be taken now,
+			 * while prev is current, whatever the period turns out to be. */
+			struct stk_key k = {};
+			k.pid = direct ? prev->tgid : BPF_CORE_READ(prev, tgid);
+			STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
+			s.kstack = k.kstack;
+			s.ustack = k.ustack;
+		}
+		__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
+		/* prev is current: the trusted pointer to it. */
+		if (!start_begin(bpf_get_current_task_btf(), tid, direct, &s))
+			stat_add(OS_STARTS_FULL);
+	}
+	if (at_exit)
+		return 0; /* next's period ends in on_exit, in its own context */
+
+	__u32 ntid = direct ? next->pid : BPF_CORE_READ(next, pid);
+	struct oc_start *s = start_of(next, ntid, direct);
+	if (!s)
+		return 0;
+	__u64 delta = bpf_ktime_get_ns() - s->ts;
+	struct stk_key k = {.kstack = s->kstack, .ustack = s->ustack};
+	start_end(s, ntid, direct);
+	struct oc_wake_key wk = {};
+	take_waker(ntid, &wk);
+	if (!in_range(delta))
+		return 0;
 	k.pid = direct ? next->tgid : BPF_CORE_READ(next, tgid);
 	k.tid = per_thread ? ntid : 0;
 	if (direct)
 		__builtin_memcpy(k.comm, next->comm, sizeof(k.comm));
 	else
 		BPF_CORE_READ_STR_INTO(&k.comm, next, comm);
-	__u64 us = delta / 1000;
-	if (want_waker) {
-		wk.blocked = k;
-		__u64 *c = bpf_map_lookup_elem(&wake_counts, &wk);
-		if (c) {
-			__sync_fetch_and_add(c, us);
-		} else if (bpf_map_update_elem(&wake_counts, &wk, &us, BPF_NOEXIST)) {
-			c = bpf_map_lookup_elem(&wake_counts, &wk);
-			if (c)
-				__sync_fetch_and_add(c, us);
-			else
-				stk_stat(STK_COUNTS_FULL);
-		}
-	} else {
-		STK_COUNT(&k, us, stk_stat);
+	account(&k, &wk, delta);
+	return 0;
+}
+
+/*
+ * Right after a switch, in the context of the thread that now runs again
+ * (sched_exit_tp fires as __schedule returns into it): its period is known
+ * before any stack walk, and its stacks are the current ones, as they were
+ * when it went off CPU.
+ */
+static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
+{
+	if (!is_switch)
+		return 0;
+	__u64 id = direct ? 0 : bpf_get_current_pid_tgid();
+	__u32 tid = id;
+	struct oc_start *s = start_of(bpf_get_current_task_btf(), tid, direct);
+	if (!s)
+		return 0;
+	if (direct) {
+		id = bpf_get_current_pid_tgid();
+		tid = id;
 	}
-	stat_add(OS_RECORDED);
+	__u64 end = s->end;
+	if (!direct) {
+		__u32 zero = 0;
+		__u64 *at = bpf_map_lookup_elem(&switch_at, &zero);
+		end = at ? *at : 0;
+	}
+	if (end <= s->ts)
+		end = bpf_ktime_get_ns();
+	__u64 delta = end - s->ts;
+	__u64 wdelta = s->wdelta;
+	bool skip = s->skip;
+	start_end(s, tid, direct);
+	struct oc_wake_key wk = {};
+	take_waker(tid, &wk);
+	if (!in_range(delta))
+		return 0;
+	__u64 weight = delta;
+	if (skip) {
+		stat_add(OS_SAMPLED_OUT);
+		return 0;
+	}
+	if (wdelta && wdelta < sample_ns) {
+		/* Kept at wake-up with probability wdelta/T. */
+		weight = delta / wdelta * sample_ns + (delta % wdelta) * sample_ns / wdelta;
+	} else if (!wdelta && !keep(delta, &weight)) {
+		stat_add(OS_SAMPLED_OUT);
+		return 0;
+	}
+	if (weight != delta)
+		stat_add(OS_SAMPLED);
+	struct stk_key k = {};
+	k.pid = id >> 32;
+	STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
+	k.tid = per_thread ? tid : 0;
+	bpf_get_current_comm(k.comm, sizeof(k.comm));
+	account(&k, &wk, weight);
 	return 0;
 }
 
 /* The waker: only for threads whose blocking is being timed (a start record
- * exists), so other wake-ups cost one lookup. */
+ * exists), so other wake-ups cost one lookup. With sampling, the decision
+ * for the period is taken here (its length so far is known), so wake-ups of
+ * periods that will not be kept take no stack either. */
 static __always_inline int on_waking(void *ctx, struct task_struct *p, bool direct)
 {
 	if (!want_waker)
 		return 0;
 	__u32 tid = direct ? p->pid : BPF_CORE_READ(p, pid);
-	if (!bpf_map_lookup_elem(&starts, &tid))
+	struct oc_start *s = start_of(p, tid, direct);
+	if (!s)
 		return 0;
+	if (at_exit && sample_ns) {
+		__u64 so_far = bpf_ktime_get_ns() - s->ts;
+		__u64 w;
+		if (!so_far)
+			so_far = 1;
+		if (!keep(so_far, &w)) {
+			s->skip = 1;
+			return 0;
+		}
+		s->wdelta = so_far;
+	}
 	struct stk_key tmp = {};
 	__u64 id = bpf_get_current_pid_tgid();
 	tmp.pid = id >> 32;
@@ -194,4 +387,16 @@ SEC("raw_tp/sched_switch")
 int BPF_PROG(raw_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	return on_switch(ctx, prev, next, false);
+}
+
+SEC("tp_btf/sched_exit_tp")
+int BPF_PROG(btf_exit, bool is_switch)
+{
+	return on_exit(ctx, is_switch, true);
+}
+
+SEC("raw_tp/sched_exit_tp")
+int BPF_PROG(raw_exit, bool is_switch)
+{
+	return on_exit(ctx, is_switch, false);
 }

@@ -8,8 +8,12 @@
 /* Where a thread went off CPU, kept until it runs again. */
 struct oc_start {
 	__u64 ts;
-	__s32 kstack;
+	__u64 end;    /* tp_btf with the exit hook: when it was switched back in */
+	__s32 kstack; /* taken at switch-out when there is no exit hook */
 	__s32 ustack;
+	__u64 wdelta; /* wakeup with sampling: period so far when woken and kept */
+	__u32 skip;   /* wakeup with sampling: not kept */
+	__u32 pad;
 };
 
 /* Who woke a thread (wakeup mode): taken at sched_waking, in the waker's
@@ -34,8 +38,10 @@ enum oc_stat {
 	OS_SHORT,        /* shorter than --min-block */
 	OS_LONG,         /* longer than --max-block */
 	OS_STARTS_FULL,  /* the start map was full: period lost */
-	OS_MAX = OS_STARTS_FULL + 1 + STK_STAT_MAX,
+	OS_SAMPLED,      /* kept by sampling, weighted up */
+	OS_SAMPLED_OUT,  /* left out by sampling */
+	OS_MAX = OS_SAMPLED_OUT + 1 + STK_STAT_MAX,
 };
-#define OS_STACKS (OS_STARTS_FULL + 1) /* + enum stk_stat */
+#define OS_STACKS (OS_SAMPLED_OUT + 1) /* + enum stk_stat */
 
 #endif

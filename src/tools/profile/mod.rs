@@ -205,12 +205,15 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
     let loaded = load(a, &tf)?;
+    let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     ready();
-    let (stop, images, elapsed) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {
+    let (stop, images) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {
         Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?))
     })?;
     drop(loaded._links);
+    // The window the programs were attached: what the counts cover.
+    let elapsed = attached.elapsed();
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let mut totals = Totals {
         samples: st(PS_SAMPLES)?,
@@ -227,6 +230,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             outs: &outs,
             title: format!("sonde profile, {} Hz, {:.1} s", a.frequency, elapsed.as_secs_f64()),
             count_name: "samples",
+            divisor: 1,
             weight: Weight::Samples { period_ns: (1e9 / a.frequency as f64) as i64 },
             elapsed,
             comment: format!("sonde profile -F {} ({:?})", a.frequency, a.event),
