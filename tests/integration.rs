@@ -948,27 +948,34 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
         .expect("ticker thread");
     // Each way sonde can run: sampled under 100us (default), exact, start
     // records in a hash (raw_tp), stacks at sched_switch (no exit hook).
-    for extra in [&[][..], &["--sample-below", "0"], &["--mechanism", "raw_tp"], &["--switch-only"]] {
+    // wakeup decides at the wake-up and weighs by the length then.
+    for (tool, extra) in [
+        ("offcpu", &[][..]),
+        ("offcpu", &["--sample-below", "0"]),
+        ("offcpu", &["--mechanism", "raw_tp"]),
+        ("offcpu", &["--switch-only"]),
+        ("wakeup", &[]),
+    ] {
         let (b0, t0) = offcpu_ns(pid, tid);
         // Under the default 1 ms, ~30% of the ~300 us blocks are kept: a few
         // thousand in 3 s, a few percent of error.
         let d = "3s";
-        let out = Command::new(SONDE).args(["offcpu", "--tid", &tid.to_string(), "-d", d, "--json"]).args(extra).output().unwrap();
+        let out = Command::new(SONDE).args([tool, "--tid", &tid.to_string(), "-d", d, "--json"]).args(extra).output().unwrap();
         let (b1, t1) = offcpu_ns(pid, tid);
-        assert_eq!(out.status.code(), Some(0), "{extra:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(0), "{tool} {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
         let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         let s = summary(&lines);
         // The kernel's share of time off CPU over the run against sonde's
         // estimate over its traced window.
         let truth = (b1 - b0 + (t1 - t0).as_nanos() as f64) / (t1 - t0).as_nanos() as f64;
         let est = s["blocked_us"].as_f64().unwrap() / 1e6 / s["duration_s"].as_f64().unwrap();
-        assert!(s["blocked_periods"].as_u64().unwrap() > 1500, "{extra:?}: {s}");
-        assert!((est / truth - 1.0).abs() < 0.06, "{extra:?}: sonde {est:.3} of the time off CPU, schedstat {truth:.3}: {s}");
+        assert!(s["blocked_periods"].as_u64().unwrap() > 1500, "{tool} {extra:?}: {s}");
+        assert!((est / truth - 1.0).abs() < 0.06, "{tool} {extra:?}: sonde {est:.3} of the time off CPU, schedstat {truth:.3}: {s}");
         let sampled = s["sampled_periods"].as_u64().unwrap();
         if extra.is_empty() || extra[0] == "--mechanism" {
-            assert!(s["hook"] == "sched_exit_tp" && sampled > 1500 && s["sampled_out"].as_u64().unwrap() > sampled, "{extra:?}: {s}");
+            assert!(s["hook"] == "sched_exit_tp" && sampled > 1500 && s["sampled_out"].as_u64().unwrap() > sampled, "{tool} {extra:?}: {s}");
         } else {
-            assert_eq!(sampled, 0, "{extra:?}: {s}");
+            assert_eq!(sampled, 0, "{tool} {extra:?}: {s}");
         }
         // And the time is where the thread blocks.
         let in_tiny: u64 = lines
@@ -976,7 +983,7 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
             .filter(|v| v["type"] == "stack" && v["frames"].as_array().unwrap().iter().any(|f| f["name"] == "sleep_tiny"))
             .map(|v| v["count"].as_u64().unwrap())
             .sum();
-        assert!(in_tiny as f64 > 0.97 * s["blocked_us"].as_f64().unwrap(), "{extra:?}: {in_tiny} us in sleep_tiny: {s}");
+        assert!(in_tiny as f64 > 0.97 * s["blocked_us"].as_f64().unwrap(), "{tool} {extra:?}: {in_tiny} us in sleep_tiny: {s}");
     }
 }
 
