@@ -8,6 +8,8 @@
 #include <bpf/bpf_tracing.h>
 #include "taskfilter.h"
 #include "profile.h"
+#define SONDE_STATS_MAX PS_MAX
+#include "stats.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -15,20 +17,6 @@ const volatile bool include_idle = false;
 const volatile bool want_kernel = true;
 const volatile bool want_user = true;
 const volatile bool per_thread = false;
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, PS_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
-
-static __always_inline void stat_add(__u32 slot)
-{
-	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
-	if (p)
-		*p += 1;
-}
 
 static __always_inline void stk_stat(__u32 s)
 {

@@ -31,6 +31,8 @@
 #include "sonde.h"
 #include "inlist.h"
 #include "retrans.h"
+#define SONDE_STATS_MAX STAT_MAX
+#include "stats.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -61,13 +63,6 @@ const volatile __u32 pids[MAX_PIDS] = {};
 const volatile __u64 cgroup_id = 0;
 const volatile __u32 n_netns = 0;
 const volatile __u32 netns_ids[MAX_NETNS] = {};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, STAT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
 
 /* Failed attempts by -err, per CPU. */
 struct {
@@ -104,13 +99,6 @@ struct {
 struct rt_event _rt_event = {};
 struct rt_flow_stats _rt_flow_stats = {};
 
-static __always_inline void stat_add(__u32 slot, __u64 v)
-{
-	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
-	if (p)
-		*p += v;
-}
-
 /* ---- ownership, recorded in process context ---- */
 
 /* The owner record of a socket, if any. `typed`: sk is a BTF pointer (tp_btf). */
@@ -140,7 +128,7 @@ static __always_inline void record_owner(const struct sock *sk, bool typed)
 		if (!cur)
 			cur = bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 		if (!cur) {
-			stat_add(STAT_OWNER_FULL, 1);
+			stat_add(STAT_OWNER_FULL);
 			return;
 		}
 		fill_owner(cur, id);
@@ -150,7 +138,7 @@ static __always_inline void record_owner(const struct sock *sk, bool typed)
 	struct rt_owner o = {};
 	fill_owner(&o, id);
 	if (bpf_map_update_elem(&owners, &key, &o, BPF_ANY))
-		stat_add(STAT_OWNER_FULL, 1);
+		stat_add(STAT_OWNER_FULL);
 }
 
 SEC("tracepoint/sock/inet_sock_set_state")
@@ -357,13 +345,13 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		looked = true;
 	}
 	if (!pass_filters(f, o ? o : &none, o != NULL)) {
-		stat_add(STAT_FILTERED, 1);
+		stat_add(STAT_FILTERED);
 		return;
 	}
 
 	/* Totals always, so the summary is exact whatever the ring buffer lost. */
-	stat_add(STAT_COUNT + f->kind, 1);
-	stat_add(STAT_SEGS + f->kind, segs);
+	stat_add(STAT_COUNT + f->kind);
+	stat_add_n(STAT_SEGS + f->kind, segs);
 	if (err) {
 		__u32 e = (__u32)(-err);
 		if (e < MAX_ERRNO) {
@@ -389,7 +377,7 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 			bpf_map_update_elem(&flows, f, &init, BPF_NOEXIST);
 			fs = bpf_map_lookup_elem(&flows, f);
 			if (!fs) {
-				stat_add(STAT_FLOW_FULL, 1);
+				stat_add(STAT_FLOW_FULL);
 				return;
 			}
 		}
@@ -403,7 +391,7 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		o = owner_of(sk, typed);
 	void *rb = rb_this_cpu();
 	if (!rb) {
-		stat_add(STAT_LOST, 1);
+		stat_add(STAT_LOST);
 		return;
 	}
 	struct rt_event *e;
@@ -412,7 +400,7 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	else
 		e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
 	if (!e) {
-		stat_add(STAT_LOST, 1);
+		stat_add(STAT_LOST);
 		return;
 	}
 	e->ts_ns = bpf_ktime_get_ns();
@@ -447,7 +435,7 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 	if (direct) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
 		if (!tp) {
-			stat_add(STAT_UNREADABLE, 1);
+			stat_add(STAT_UNREADABLE);
 			return 0;
 		}
 		icsk = &tp->inet_conn;
