@@ -40,6 +40,7 @@ bench: build
 	$(SUDO) bench/retrans/run
 	$(SUDO) bench/profile/run
 	$(SUDO) bench/offcpu/run
+	$(SUDO) bench/funclatency/run
 
 clean:
 	$(CARGO) clean

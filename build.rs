@@ -9,6 +9,8 @@ fn main() {
     build_lab_workload(&out, &manifest);
     let include = manifest.join("src/bpf");
     println!("cargo:rerun-if-changed=src/bpf");
+    // New tool folders too.
+    println!("cargo:rerun-if-changed=src/tools");
     for entry in fs::read_dir(manifest.join("src/tools")).unwrap() {
         let dir = entry.unwrap().path();
         if !dir.is_dir() {

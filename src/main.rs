@@ -32,6 +32,8 @@ OVERHEAD: offcpu's (see `sonde offcpu --help`) plus one lookup per wake-up of a 
 for the wake-ups of kept periods. bench/offcpu/run, pipe ping-pong, all tasks traced: 181-436 ns per switch in \
 BPF, 3.7% fewer round trips at ~125k switches/s, 8-17% at 400k-800k switches/s.")]
     Wakeup(tools::offcpu::OffcpuArgs),
+    /// Latency histograms of user functions, syscalls and softirqs.
+    Funclatency(tools::funclatency::FunclatencyArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -62,6 +64,7 @@ fn main() -> ExitCode {
         Cmd::Profile(a) => tools::profile::run(a),
         Cmd::Offcpu(a) => tools::offcpu::run(a),
         Cmd::Wakeup(a) => tools::offcpu::run_wakeup(a),
+        Cmd::Funclatency(a) => tools::funclatency::run(a),
         Cmd::Lab(a) => lab::run(a),
     };
     match r {

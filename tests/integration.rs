@@ -406,7 +406,7 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit"]
+            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit", "fl_"]
                 .iter()
                 .any(|x| n.starts_with(x))
         })
@@ -425,8 +425,14 @@ fn sigkill_leaves_no_program_or_link_behind() {
     assert_gone(pid, &ours);
 
     // profile (programs on perf events, one per CPU), offcpu and wakeup (tp_btf).
-    for (tool, ready) in [("profile", "sampling CPU stacks"), ("offcpu", "tracing off-CPU time"), ("wakeup", "tracing off-CPU time and its wakers")] {
-        let mut p = Command::new(SONDE).args([tool, "-d", "60s"]).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    // funclatency (uprobes, syscall tracepoints, softirq tp_btf).
+    for (tool, ready, targets) in [
+        ("profile", "sampling CPU stacks", &[][..]),
+        ("offcpu", "tracing off-CPU time", &[]),
+        ("wakeup", "tracing off-CPU time and its wakers", &[]),
+        ("funclatency", "timing calls", &["libc:getpid", "syscall:read", "softirq:TIMER"]),
+    ] {
+        let mut p = Command::new(SONDE).args([tool, "-d", "60s"]).args(targets).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(p.stderr.take().unwrap()).read_line(&mut line).unwrap();
         assert!(line.contains(ready), "{tool}: {line}");
@@ -509,6 +515,15 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["offcpu", "--state", "asleep"],
         &["offcpu", "-o", "out.png"],
         &["wakeup", "-p", "999999999"],
+        &["funclatency"],
+        &["funclatency", "no-such-binary-xyz:main"],
+        &["funclatency", "libc:no_such_function_xyz*"],
+        &["funclatency", "syscall:no_such_syscall"],
+        &["funclatency", "softirq:BOGUS"],
+        &["funclatency", "kernel:tcp_*"],
+        &["funclatency", "-p", "999999999", "syscall:read"],
+        &["funclatency", "nocolon"],
+        &["funclatency", "libc:*", "--max-probes", "8"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -1022,4 +1037,77 @@ fn wakeup_names_the_pipe_writer_as_the_readers_waker() {
     let by_timer: u64 = sleeper.iter().filter(|(f, _)| f.iter().any(|x| x == "hrtimer_wakeup_[k]")).map(|r| r.1).sum();
     let stotal: u64 = sleeper.iter().map(|r| r.1).sum();
     assert!(stotal > 0 && by_timer as f64 > 0.9 * stotal as f64, "{sleeper:?}");
+}
+
+/// `--json` latency lines of a funclatency run, by target.
+fn latency_lines(stdout: &[u8]) -> (std::collections::HashMap<String, Value>, Value) {
+    let lines: Vec<Value> = String::from_utf8_lossy(stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let s = summary(&lines).clone();
+    let by = lines.iter().filter(|v| v["type"] == "latency").map(|v| (v["target"].as_str().unwrap().to_string(), v.clone())).collect();
+    (by, s)
+}
+
+/// The one bucket a target's calls fell in: (le_ns, count) of the non-empty ones.
+fn filled(v: &Value) -> Vec<(u64, u64)> {
+    v["buckets"].as_array().unwrap().iter().map(|b| (b["le_ns"].as_u64().unwrap(), b["count"].as_u64().unwrap())).filter(|b| b.1 > 0).collect()
+}
+
+#[test]
+fn funclatency_counts_and_buckets_match_the_workload() {
+    let bin = build_workload("lat", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
+    // Run 1: the calls, then hang() still running when tracing stops.
+    let w = KillOnDrop(Command::new(&bin).args(["1", "3"]).spawn().unwrap());
+    let pid = w.0.id().to_string();
+    // `libc` is found in the process's mappings (libc.so.6).
+    let out = Command::new(SONDE)
+        .args(["funclatency", "-p", &pid, "lat:one_ms", "lat:ten_ms", "lat:recurse", "lat:hang", "libc:nanosleep", "-d", "3s", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (t, s) = latency_lines(&out.stdout);
+    // Built in: 100 calls of 1.2 ms, 10 of 12 ms, each set in one bucket
+    // (1.2 ms in [1.05, 1.31) ms, 12 ms in [10.5, 12.6) ms).
+    assert_eq!(filled(&t["lat:one_ms"]), vec![(1_310_720, 100)], "{}", t["lat:one_ms"]);
+    assert_eq!(filled(&t["lat:ten_ms"]), vec![(12_582_912, 10)], "{}", t["lat:ten_ms"]);
+    // Recursion: five nested calls per recurse(4), each paired with its own
+    // return (all ~1.2 ms), none left over.
+    assert_eq!(filled(&t["lat:recurse"]), vec![(1_310_720, 50)], "{}", t["lat:recurse"]);
+    let p50 = t["lat:one_ms"]["p50_ns"].as_u64().unwrap();
+    assert!((1_048_576..=1_310_720).contains(&p50) && t["lat:one_ms"]["max_ns"].as_u64().unwrap() < 1_310_720, "{}", t["lat:one_ms"]);
+    // hang(0.2) is done; hang(3) is still running at the end.
+    assert_eq!(t["lat:hang"]["count"], 1, "{}", t["lat:hang"]);
+    assert_eq!(t["lat:hang"]["in_flight"], 1, "{}", t["lat:hang"]);
+    assert!(t["lat:hang"]["oldest_in_flight_ns"].as_u64().unwrap() > 500_000_000, "{}", t["lat:hang"]);
+    assert_eq!(s["not_timed"]["unmatched_returns"], 0, "{s}");
+    // hang() sleeps in libc's nanosleep: the same two calls, nested inside.
+    let libc = &t["libc:nanosleep"];
+    assert!(libc["count"] == 1 && libc["in_flight"] == 1 && libc["max_ns"].as_u64().unwrap() >= 200_000_000, "{libc}");
+    drop(w);
+
+    // Run 2: the process exits mid-trace; tracing finishes cleanly.
+    let w = KillOnDrop(Command::new(&bin).args(["0.5", "0.2"]).spawn().unwrap());
+    let pid = w.0.id().to_string();
+    let out = Command::new(SONDE).args(["funclatency", "-p", &pid, "lat:one_ms", "-d", "3s", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (t, s) = latency_lines(&out.stdout);
+    assert_eq!(t["lat:one_ms"]["count"], 100, "{s}");
+    assert_eq!(s["in_flight"], 0, "{s}");
+}
+
+#[test]
+fn funclatency_times_syscalls_and_softirqs_here() {
+    // The block workload's sleeper: nanosleep of 20 and 10 ms, alternately.
+    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let w = KillOnDrop(Command::new(&bin).arg("6").spawn().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    let pid = w.0.id().to_string();
+    let out = Command::new(SONDE).args(["funclatency", "-p", &pid, "syscall:nanosleep", "softirq:TIMER", "-d", "2s", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let (t, _) = latency_lines(&out.stdout);
+    let ns = &t["syscall:nanosleep"];
+    // ~67 sleeps in 2 s: half 20 ms, half 10 ms (plus the writer's 5 ms).
+    let in_range = |lo: u64, hi: u64| filled(ns).iter().filter(|(le, _)| *le > lo && *le <= hi).map(|b| b.1).sum::<u64>();
+    let (tens, twenties) = (in_range(10_000_000, 12_582_912), in_range(20_000_000, 25_165_824));
+    assert!(tens >= 25 && twenties >= 25 && (tens as i64 - twenties as i64).abs() <= 2, "10 ms: {tens}, 20 ms: {twenties}: {ns}");
+    assert!(t["softirq:TIMER"]["count"].as_u64().unwrap() > 0, "{}", t["softirq:TIMER"]);
 }

@@ -1,5 +1,6 @@
 //! One folder per tool: the kernel half (`NAME.bpf.c`, `NAME.h`) beside the user half.
 pub mod doctor;
+pub mod funclatency;
 pub mod offcpu;
 pub mod profile;
 pub mod retrans;

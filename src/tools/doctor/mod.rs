@@ -225,6 +225,33 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     }
     tools.push(("wakeup".into(), wakeup));
 
+    // funclatency: uprobes for user functions, syscall tracepoints, softirq
+    // tracepoints; kernel functions need fentry or kprobes.
+    let funclatency = if !privileged {
+        json!({"usable": false, "why": "not privileged"})
+    } else {
+        let kernel_fn = if ok("fentry") {
+            "kernel:GLOB refused (fentry loads, not implemented yet)".to_string()
+        } else if ok("kprobe") {
+            "kernel:GLOB refused (kprobes load, not implemented yet)".to_string()
+        } else {
+            "kernel:GLOB unavailable: neither fentry nor kprobes here".to_string()
+        };
+        json!({
+            "usable": ok("uprobe") || ok("tracepoint"),
+            "mechanism": "uprobe + tracepoint",
+            "user_functions": ok("uprobe"), "syscalls": ok("tracepoint") && features::tracepoint_exists("syscalls", "sys_enter_read"),
+            "softirqs": ok("tp_btf") || ok("raw_tp"), "kernel_functions": false,
+            "detail": format!(
+                "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
+                if ok("uprobe") { "uprobe/uretprobe" } else { "no uprobes" },
+                if features::tracepoint_exists("syscalls", "sys_enter_read") { "syscalls:sys_enter_*/sys_exit_*" } else { "no syscall tracepoints" },
+                if ok("tp_btf") { "tp_btf irq:softirq_entry/exit" } else if ok("raw_tp") { "raw_tp irq:softirq_entry/exit" } else { "unavailable" }
+            ),
+        })
+    };
+    tools.push(("funclatency".into(), funclatency));
+
     let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
     if a.json {
         let mut feats = serde_json::Map::new();

@@ -16,6 +16,8 @@
 #include <bpf/bpf_tracing.h>
 #include "taskfilter.h"
 #include "offcpu.h"
+#define SONDE_STATS_MAX OS_MAX
+#include "stats.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -33,13 +35,6 @@ const volatile bool want_waker = false;
 const volatile bool at_exit = false;
 /* Periods shorter than this are sampled (see keep()); 0 = all kept. */
 const volatile __u64 sample_ns = 0;
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, OS_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} stats SEC(".maps");
 
 /* When this CPU last switched (raw_tp; under tp_btf the switch-in time goes
  * into the start record of the thread switched in): a period ends when its
@@ -117,13 +112,6 @@ struct {
 
 /* Referenced so the skeleton mirrors the layout. */
 struct oc_wake_key _oc_wake_key = {};
-
-static __always_inline void stat_add(__u32 slot)
-{
-	__u64 *p = bpf_map_lookup_elem(&stats, &slot);
-	if (p)
-		*p += 1;
-}
 
 static __always_inline void stk_stat(__u32 s)
 {

@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * sonde funclatency: per-target log2 latency histograms. Targets are user
+ * functions (uprobe + uretprobe), syscalls (syscalls:sys_enter_X / sys_exit_X)
+ * and softirqs (irq:softirq_entry / softirq_exit). Every probe carries its
+ * target's index as the attach cookie. Function and syscall calls are timed
+ * with a per-thread stack of entries, so recursion and nesting pair each
+ * return with its own entry; softirqs, which do not nest on a CPU, per CPU.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include "taskfilter.h"
+#include "funclatency.h"
+#define SONDE_STATS_MAX FL_STAT_MAX
+#include "stats.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* softirq vector -> target index + 1 (0: not traced). */
+const volatile __u32 softirq_target[16] = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 64); /* resized to the number of targets */
+	__type(key, __u32);
+	__type(value, struct fl_hist);
+} hists SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct fl_stack);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct fl_softirq);
+} softirq_start SEC(".maps");
+
+/* floor(log2(v)) for v > 0, else 0. */
+static __always_inline __u32 log2_u64(__u64 v)
+{
+	__u32 r = 0;
+	if (v >> 32) { v >>= 32; r += 32; }
+	if (v >> 16) { v >>= 16; r += 16; }
+	if (v >> 8) { v >>= 8; r += 8; }
+	if (v >> 4) { v >>= 4; r += 4; }
+	if (v >> 2) { v >>= 2; r += 2; }
+	if (v >> 1) { r += 1; }
+	return r;
+}
+
+static __always_inline void record(__u32 idx, __u64 ns)
+{
+	struct fl_hist *h = bpf_map_lookup_elem(&hists, &idx);
+	if (!h)
+		return;
+	__u32 b = 0;
+	if (ns < 4) {
+		b = ns;
+	} else {
+		__u32 l = log2_u64(ns);
+		b = 4 * (l - 1) + ((ns >> (l - 2)) & 3);
+	}
+	if (b >= FL_BUCKETS)
+		b = FL_BUCKETS - 1;
+	h->buckets[b] += 1;
+	h->count += 1;
+	h->sum_ns += ns;
+	if (ns > h->max_ns)
+		h->max_ns = ns;
+}
+
+static __always_inline bool wanted(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	return tf_wanted_current(id >> 32, (__u32)id);
+}
+
+static __always_inline int enter(__u32 idx)
+{
+	if (!wanted())
+		return 0;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct fl_stack *s = bpf_map_lookup_elem(&stacks, &tid);
+	if (!s) {
+		static const struct fl_stack empty = {};
+		bpf_map_update_elem(&stacks, &tid, &empty, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&stacks, &tid);
+		if (!s) {
+			stat_add(FL_THREADS_FULL);
+			return 0;
+		}
+	}
+	__u32 d = s->depth;
+	if (d >= FL_DEPTH || s->overflow) {
+		s->overflow += 1;
+		stat_add(FL_TOO_DEEP);
+		return 0;
+	}
+	s->ts[d] = bpf_ktime_get_ns();
+	s->idx[d] = idx;
+	s->depth = d + 1;
+	return 0;
+}
+
+static __always_inline int leave(__u32 idx)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct fl_stack *s = bpf_map_lookup_elem(&stacks, &tid);
+	if (!s)
+		return 0; /* a thread we never timed (filtered, or began before) */
+	if (s->overflow) {
+		s->overflow -= 1;
+		return 0;
+	}
+	__u32 d = s->depth;
+	if (d == 0 || d > FL_DEPTH) {
+		stat_add(FL_UNMATCHED);
+		return 0;
+	}
+	d -= 1;
+	if (s->idx[d] != idx) {
+		/* Not the innermost entry: a return whose entry we did not see. */
+		stat_add(FL_UNMATCHED);
+		return 0;
+	}
+	__u64 ts = s->ts[d];
+	s->depth = d;
+	record(idx, now - ts);
+	/* The entry stays (no delete per call); user space removes those of
+	 * threads that are gone. */
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(fl_uentry)
+{
+	return enter((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("uretprobe")
+int BPF_URETPROBE(fl_ureturn)
+{
+	return leave((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("tracepoint")
+int fl_sys_enter(void *ctx)
+{
+	return enter((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("tracepoint")
+int fl_sys_exit(void *ctx)
+{
+	return leave((__u32)bpf_get_attach_cookie(ctx));
+}
+
+static __always_inline int softirq_in(unsigned int vec)
+{
+	if (vec >= 16 || !softirq_target[vec & 15])
+		return 0;
+	__u32 zero = 0;
+	struct fl_softirq *s = bpf_map_lookup_elem(&softirq_start, &zero);
+	if (s) {
+		s->ts = bpf_ktime_get_ns();
+		s->vec = vec;
+	}
+	return 0;
+}
+
+static __always_inline int softirq_out(unsigned int vec)
+{
+	if (vec >= 16 || !softirq_target[vec & 15])
+		return 0;
+	__u32 zero = 0;
+	struct fl_softirq *s = bpf_map_lookup_elem(&softirq_start, &zero);
+	if (!s || !s->ts || s->vec != vec) {
+		stat_add(FL_UNMATCHED);
+		return 0;
+	}
+	record(softirq_target[vec & 15] - 1, bpf_ktime_get_ns() - s->ts);
+	s->ts = 0;
+	return 0;
+}
+
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(fl_btf_softirq_entry, unsigned int vec)
+{
+	return softirq_in(vec);
+}
+
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(fl_btf_softirq_exit, unsigned int vec)
+{
+	return softirq_out(vec);
+}
+
+SEC("raw_tp/softirq_entry")
+int BPF_PROG(fl_raw_softirq_entry, unsigned int vec)
+{
+	return softirq_in(vec);
+}
+
+SEC("raw_tp/softirq_exit")
+int BPF_PROG(fl_raw_softirq_exit, unsigned int vec)
+{
+	return softirq_out(vec);
+}

@@ -1,0 +1,41 @@
+/* Shared between funclatency.bpf.c and src/tools/funclatency/mod.rs. */
+#ifndef SONDE_FUNCLATENCY_H
+#define SONDE_FUNCLATENCY_H
+
+/* Four buckets per power of two (each a quarter of it, so within 25%):
+ * values 0-3 have buckets of their own; for v >= 4 with b = floor(log2 v),
+ * bucket 4(b-1) + the two bits after the leading one. */
+#define FL_BUCKETS 256
+#define FL_DEPTH 32   /* calls in flight per thread that are timed */
+
+/* Per target (function, syscall, softirq), per CPU. */
+struct fl_hist {
+	__u64 buckets[FL_BUCKETS];
+	__u64 count;
+	__u64 sum_ns;
+	__u64 max_ns;
+};
+
+/* A thread's calls in flight, innermost last. */
+struct fl_stack {
+	__u32 depth;    /* entries used in ts/idx */
+	__u32 overflow; /* calls deeper than FL_DEPTH, not timed */
+	__u64 ts[FL_DEPTH];
+	__u32 idx[FL_DEPTH];
+};
+
+/* A softirq in flight on a CPU. */
+struct fl_softirq {
+	__u64 ts;
+	__u32 vec;
+	__u32 pad;
+};
+
+enum fl_stat {
+	FL_TOO_DEEP = 0,    /* calls nested deeper than FL_DEPTH: not timed */
+	FL_THREADS_FULL,    /* no room for another thread's stack: not timed */
+	FL_UNMATCHED,       /* returns without a timed entry (began before tracing) */
+	FL_STAT_MAX,
+};
+
+#endif

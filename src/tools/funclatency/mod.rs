@@ -1,0 +1,387 @@
+//! `sonde funclatency`: latency histograms of user functions, syscalls and
+//! softirqs (kernel functions where the kernel allows fentry or kprobes).
+pub mod hist;
+pub mod targets;
+
+use std::{
+    mem::MaybeUninit,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use clap::Args;
+use libbpf_rs::{
+    skel::{OpenSkel, SkelBuilder},
+    Link, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeOpts,
+};
+
+use crate::engine::{
+    error::usage,
+    features,
+    perf::percpu_sum,
+    run::{duration_arg, RunControl, Stop},
+    taskfilter::TaskFilter,
+};
+use hist::{human, Hist};
+use targets::{Probe, ProbeKind};
+
+mod skel {
+    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/funclatency.skel.rs"));
+}
+use skel::{FunclatencySkel, FunclatencySkelBuilder};
+
+const FL_TOO_DEEP: u32 = 0;
+const FL_THREADS_FULL: u32 = 1;
+const FL_UNMATCHED: u32 = 2;
+/// FL_DEPTH: calls in flight per thread that are timed.
+const DEPTH: usize = 32;
+
+/// Latency histograms of functions, syscalls and softirqs.
+///
+/// TARGET is one of:
+///   BINARY:GLOB    user functions (uprobe + uretprobe), e.g. libc:getnameinfo,
+///                  /usr/lib/x86_64-linux-gnu/libmariadb.so.3:mysql_*; a short
+///                  library name is looked up like the dynamic linker does,
+///                  with -p in that process's mappings
+///   syscall:GLOB   syscalls (syscalls:sys_enter_*/sys_exit_* tracepoints)
+///   softirq:NAME   softirqs (irq:softirq_entry/exit): HI TIMER NET_TX NET_RX
+///                  BLOCK IRQ_POLL TASKLET SCHED HRTIMER RCU
+///   kernel:GLOB    kernel functions (fentry/fexit or kprobes; refused with
+///                  the reason where the kernel has neither)
+///
+/// Each function gets its own log2 histogram (ns/us/ms), count, average,
+/// p50/p90/p99 estimates and maximum. A per-thread stack of entries pairs
+/// every return with its own entry, so recursion and nested targets are
+/// timed right. Calls still running at the end are counted as in flight,
+/// with the oldest one's age. -p and --cgroup do not apply to softirqs.
+///
+/// OVERHEAD (bench/funclatency/run, tight loops): a traced user function
+/// costs ~5.2 us more per call (two uprobe traps; sonde's BPF is 0.2 us of
+/// it; a bpftrace one-liner costs the same), a traced syscall ~170 ns more
+/// (bpftrace: ~270 ns). Trace hot user functions with -p, for short periods.
+#[derive(Debug, Args)]
+pub struct FunclatencyArgs {
+    /// What to time (repeatable; see above).
+    #[arg(required = true, value_name = "TARGET")]
+    pub targets: Vec<String>,
+    /// Only this process (repeatable). User-function probes are placed in
+    /// these processes only.
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Vec<u32>,
+    /// Only tasks in this cgroup (v2 path).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Stop after this long (e.g. 10s); default: until Ctrl-C.
+    #[arg(short = 'd', long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    /// Also print each interval's histograms this often (e.g. 5s).
+    #[arg(short = 'i', long, value_parser = duration_arg)]
+    pub interval: Option<Duration>,
+    /// Most functions a glob may expand to.
+    #[arg(long, default_value_t = 64)]
+    pub max_probes: usize,
+    /// One JSON object per target and interval, then a summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One target's result.
+pub struct TargetResult {
+    /// The probe.
+    pub probe: Probe,
+    /// Its calls.
+    pub hist: Hist,
+    /// Calls still running when tracing stopped.
+    pub in_flight: u64,
+    /// Age of the oldest of those, ns.
+    pub oldest_in_flight_ns: u64,
+}
+
+/// What a run saw.
+pub struct Outcome {
+    /// Per target, in target order.
+    pub targets: Vec<TargetResult>,
+    /// Summary JSON.
+    pub summary: serde_json::Value,
+    /// Why it stopped.
+    pub stop: Stop,
+}
+
+struct Loaded {
+    skel: FunclatencySkel<'static>,
+    links: Vec<Link>,
+}
+
+fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe], typed: bool) -> anyhow::Result<Loaded> {
+    let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
+    let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
+    crate::set_task_filter!(&mut *ro, tf);
+    let mut softirq = false;
+    for (i, p) in probes.iter().enumerate() {
+        if let ProbeKind::Softirq(v) = p.kind {
+            ro.softirq_target[v as usize] = i as u32 + 1;
+            softirq = true;
+        }
+    }
+    open.maps.hists.set_max_entries(probes.len().max(1) as u32)?;
+    let has = |f: fn(&ProbeKind) -> bool| probes.iter().any(|p| f(&p.kind));
+    let user = has(|k| matches!(k, ProbeKind::User { .. }));
+    let sys = has(|k| matches!(k, ProbeKind::Syscall(_)));
+    open.progs.fl_uentry.set_autoload(user);
+    open.progs.fl_ureturn.set_autoload(user);
+    open.progs.fl_sys_enter.set_autoload(sys);
+    open.progs.fl_sys_exit.set_autoload(sys);
+    open.progs.fl_btf_softirq_entry.set_autoload(softirq && typed);
+    open.progs.fl_btf_softirq_exit.set_autoload(softirq && typed);
+    open.progs.fl_raw_softirq_entry.set_autoload(softirq && !typed);
+    open.progs.fl_raw_softirq_exit.set_autoload(softirq && !typed);
+    let skel = open.load().context("loading BPF programs")?;
+    tf.fill_pids(&skel.maps.tf_pids)?;
+    let mut links = Vec::new();
+    // Returns before entries, so no call is entered without its return
+    // being caught (it would sit in its thread's stack for ever).
+    for ret in [true, false] {
+        for (i, p) in probes.iter().enumerate() {
+            let cookie = i as u64;
+            match &p.kind {
+                ProbeKind::User { path, offset } => {
+                    let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
+                    let pids: Vec<i32> = if a.pid.is_empty() { vec![-1] } else { a.pid.iter().map(|&p| p as i32).collect() };
+                    for pid in pids {
+                        let opts = UprobeOpts { cookie, retprobe: ret, ..Default::default() };
+                        links.push(
+                            prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts)
+                                .with_context(|| format!("attaching a uprobe to {} ({} at {offset:#x})", p.name, path.display()))?,
+                        );
+                    }
+                }
+                ProbeKind::Syscall(name) => {
+                    let (prog, tp) = if ret { (&skel.progs.fl_sys_exit, format!("sys_exit_{name}")) } else { (&skel.progs.fl_sys_enter, format!("sys_enter_{name}")) };
+                    let opts = TracepointOpts { cookie, ..Default::default() };
+                    links.push(prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts).with_context(|| format!("attaching syscalls:{tp}"))?);
+                }
+                ProbeKind::Softirq(_) => {}
+            }
+        }
+    }
+    if softirq {
+        let (entry, exit) = if typed {
+            (&skel.progs.fl_btf_softirq_entry, &skel.progs.fl_btf_softirq_exit)
+        } else {
+            (&skel.progs.fl_raw_softirq_entry, &skel.progs.fl_raw_softirq_exit)
+        };
+        links.push(exit.attach().context("attaching irq:softirq_exit")?);
+        links.push(entry.attach().context("attaching irq:softirq_entry")?);
+    }
+    Ok(Loaded { skel, links })
+}
+
+/// Every target's histogram, summed over CPUs.
+fn read_hists(map: &dyn MapCore, n: usize) -> anyhow::Result<Vec<Hist>> {
+    (0..n)
+        .map(|i| {
+            let mut h = Hist::default();
+            if let Some(per_cpu) = map.lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)? {
+                for raw in per_cpu {
+                    h.add_raw(&raw);
+                }
+            }
+            Ok(h)
+        })
+        .collect()
+}
+
+/// Calls in flight per target and the oldest start, from the per-thread
+/// stacks (struct fl_stack) and the per-CPU softirq starts.
+fn in_flight(skel: &FunclatencySkel<'_>, n: usize) -> anyhow::Result<Vec<(u64, u64)>> {
+    let mut out = vec![(0u64, u64::MAX); n];
+    for k in skel.maps.stacks.keys() {
+        let Some(v) = skel.maps.stacks.lookup(&k, MapFlags::ANY)? else { continue };
+        let depth = (u32::from_ne_bytes(v[0..4].try_into().unwrap()) as usize).min(DEPTH);
+        for d in 0..depth {
+            let ts = u64::from_ne_bytes(v[8 + d * 8..16 + d * 8].try_into().unwrap());
+            let idx = u32::from_ne_bytes(v[8 + DEPTH * 8 + d * 4..12 + DEPTH * 8 + d * 4].try_into().unwrap()) as usize;
+            if idx < n {
+                out[idx].0 += 1;
+                out[idx].1 = out[idx].1.min(ts);
+            }
+        }
+    }
+    if let Some(per_cpu) = skel.maps.softirq_start.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)? {
+        for v in per_cpu {
+            let ts = u64::from_ne_bytes(v[0..8].try_into().unwrap());
+            let vec = u32::from_ne_bytes(v[8..12].try_into().unwrap());
+            if ts == 0 {
+                continue;
+            }
+            // The target of this vector: its index is in rodata; find it by kind.
+            if let Some(i) = skel.maps.rodata_data.as_ref().map(|ro| ro.softirq_target.get(vec as usize).copied().unwrap_or(0)).filter(|&i| i > 0) {
+                let i = i as usize - 1;
+                if i < n {
+                    out[i].0 += 1;
+                    out[i].1 = out[i].1.min(ts);
+                }
+            }
+        }
+    }
+    let now = monotonic_ns();
+    Ok(out.into_iter().map(|(c, ts)| (c, if c > 0 { now.saturating_sub(ts) } else { 0 })).collect())
+}
+
+/// CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns.
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Removes the per-thread stacks of threads that are gone (a thread that
+/// exits inside a call never returns from it).
+fn prune_dead_threads(map: &dyn MapCore) {
+    for k in map.keys() {
+        let tid = u32::from_ne_bytes(k[..4].try_into().unwrap());
+        if !std::path::Path::new(&format!("/proc/{tid}")).exists() {
+            let _ = map.delete(&k);
+        }
+    }
+}
+
+fn target_json(r: &TargetResult, interval: Option<u64>) -> serde_json::Value {
+    let h = &r.hist;
+    let mut v = serde_json::json!({
+        "type": "latency", "target": r.probe.name, "count": h.count, "in_flight": r.in_flight,
+        "buckets": h.json_buckets(),
+        "avg_ns": h.avg_ns(), "p50_ns": h.quantile_ns(0.5), "p90_ns": h.quantile_ns(0.9), "p99_ns": h.quantile_ns(0.99), "max_ns": h.max_ns,
+        "oldest_in_flight_ns": r.oldest_in_flight_ns,
+    });
+    if let Some(i) = interval {
+        v["interval"] = i.into();
+    }
+    v
+}
+
+fn target_text(r: &TargetResult) -> String {
+    let h = &r.hist;
+    let mut s = format!(
+        "{}: {} calls, avg {}, p50 {}, p90 {}, p99 {}, max {}",
+        r.probe.name,
+        h.count,
+        human(h.avg_ns()),
+        human(h.quantile_ns(0.5)),
+        human(h.quantile_ns(0.9)),
+        human(h.quantile_ns(0.99)),
+        human(h.max_ns)
+    );
+    if r.in_flight > 0 {
+        s.push_str(&format!("; {} in flight (oldest {})", r.in_flight, human(r.oldest_in_flight_ns)));
+    }
+    s.push('\n');
+    if h.count > 0 {
+        s.push_str(&h.render());
+    }
+    s
+}
+
+/// Runs funclatency; `ready` is called once every probe is attached.
+pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+    if a.max_probes == 0 || a.max_probes > 4096 {
+        return Err(usage(format!("--max-probes {}: pick 1 to 4096", a.max_probes)));
+    }
+    if a.interval.is_some_and(|i| i < Duration::from_millis(100)) {
+        return Err(usage("-i: at least 100ms"));
+    }
+    let tf = TaskFilter::new(&a.pid, &[], a.cgroup.as_deref(), None)?;
+    let probes = targets::resolve(&a.targets, &a.pid, a.max_probes)?;
+    features::require_tracing_privileges()?;
+    let loaded = match load(a, &tf, &probes, true) {
+        Ok(l) => l,
+        Err(e) if probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_))) => {
+            load(a, &tf, &probes, false).with_context(|| format!("tp_btf failed too: {e:#}"))?
+        }
+        Err(e) => return Err(e),
+    };
+    let attached = Instant::now();
+    let skel = &loaded.skel;
+    ready();
+    let n = probes.len();
+    let mut last = vec![Hist::default(); n];
+    let mut next_print = a.interval.map(|i| attached + i);
+    let mut next_prune = attached + Duration::from_secs(1);
+    let mut interval_no = 0u64;
+    let stop = loop {
+        if let Some(s) = ctl.should_stop() {
+            break s;
+        }
+        std::thread::sleep(ctl.next_wait(Duration::from_millis(100)));
+        if Instant::now() >= next_prune {
+            prune_dead_threads(&skel.maps.stacks);
+            next_prune = Instant::now() + Duration::from_secs(1);
+        }
+        if let (Some(due), Some(iv)) = (next_print, a.interval) {
+            if Instant::now() >= due {
+                interval_no += 1;
+                let now = read_hists(&skel.maps.hists, n)?;
+                for (i, p) in probes.iter().enumerate() {
+                    let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
+                    if a.json {
+                        println!("{}", target_json(&r, Some(interval_no)));
+                    } else if r.hist.count > 0 {
+                        print!("{}", target_text(&r));
+                    }
+                }
+                if !a.json {
+                    println!("-- interval {interval_no} ({} s)", iv.as_secs_f64());
+                }
+                last = now;
+                next_print = Some(due + iv);
+            }
+        }
+    };
+    // Calls in flight now, before anything is detached.
+    let flight = in_flight(skel, n)?;
+    let hists = read_hists(&skel.maps.hists, n)?;
+    let elapsed = attached.elapsed();
+    let Loaded { skel, links } = loaded;
+    drop(links);
+    let st = |slot| percpu_sum(&skel.maps.stats, slot);
+    let (too_deep, threads_full, unmatched) = (st(FL_TOO_DEEP)?, st(FL_THREADS_FULL)?, st(FL_UNMATCHED)?);
+    let targets: Vec<TargetResult> = probes
+        .into_iter()
+        .zip(hists)
+        .zip(flight)
+        .map(|((probe, hist), (in_flight, oldest))| TargetResult { probe, hist, in_flight, oldest_in_flight_ns: oldest })
+        .collect();
+    let calls: u64 = targets.iter().map(|t| t.hist.count).sum();
+    let summary = serde_json::json!({
+        "type": "summary", "duration_s": elapsed.as_secs_f64(), "targets": targets.len(), "calls": calls,
+        "in_flight": targets.iter().map(|t| t.in_flight).sum::<u64>(),
+        "not_timed": {"too_deep": too_deep, "threads_full": threads_full, "unmatched_returns": unmatched},
+    });
+    Ok(Outcome { targets, summary, stop })
+}
+
+/// Entry point for the CLI; returns the exit status.
+pub fn run(a: &FunclatencyArgs) -> anyhow::Result<i32> {
+    let ctl = RunControl::new(a.duration)?;
+    let out = run_with(a, &ctl, || eprintln!("sonde: timing calls; Ctrl-C ends and prints the histograms"))?;
+    if a.json {
+        for t in &out.targets {
+            println!("{}", target_json(t, None));
+        }
+        println!("{}", out.summary);
+    } else {
+        for t in &out.targets {
+            print!("{}", target_text(t));
+        }
+        let s = &out.summary;
+        let nt = &s["not_timed"];
+        eprintln!(
+            "{} calls in {} targets over {:.1} s; {} in flight at the end; not timed: {} nested deeper than {DEPTH}, {} with the thread map full, {} returns whose entry was not seen",
+            s["calls"], s["targets"], s["duration_s"].as_f64().unwrap_or(0.0), s["in_flight"], nt["too_deep"], nt["threads_full"], nt["unmatched_returns"]
+        );
+    }
+    Ok(out.stop.exit_code())
+}

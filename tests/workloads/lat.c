@@ -1,0 +1,65 @@
+/*
+ * Known latencies for `sonde funclatency` tests: after argv[1] seconds,
+ * one_ms() x100 (1.2 ms each) and ten_ms() x10 (12 ms each), spinning on the
+ * clock so each call lasts its time plus little; recurse(4) x10 (five nested
+ * calls of ~1.2 ms each, the innermost spinning); then hang(0.2) and
+ * hang(argv[2] seconds), and exit. Build with -fno-inline -fno-optimize-sibling-calls.
+ */
+#include <stdlib.h>
+#include <time.h>
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+__attribute__((noinline)) static void spin(double sec)
+{
+	double end = now() + sec;
+	while (now() < end)
+		;
+}
+
+__attribute__((noinline)) void one_ms(void)
+{
+	spin(0.0012);
+}
+
+__attribute__((noinline)) void ten_ms(void)
+{
+	spin(0.012);
+}
+
+__attribute__((noinline)) int recurse(int depth)
+{
+	if (depth == 0) {
+		spin(0.0012);
+		return 0;
+	}
+	return recurse(depth - 1) + 1;
+}
+
+__attribute__((noinline)) void hang(double sec)
+{
+	struct timespec ts = {(time_t)sec, (long)((sec - (time_t)sec) * 1e9)};
+	nanosleep(&ts, NULL);
+}
+
+int main(int argc, char **argv)
+{
+	double wait = argc > 1 ? atof(argv[1]) : 1;
+	struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
+	nanosleep(&ts, NULL); /* time for the tracer to attach */
+	for (int i = 0; i < 100; i++)
+		one_ms();
+	for (int i = 0; i < 10; i++)
+		ten_ms();
+	int r = 0;
+	for (int i = 0; i < 10; i++)
+		r += recurse(4);
+	hang(0.2);
+	hang(argc > 2 ? atof(argv[2]) : 0);
+	return r == 40 ? 0 : 1;
+}
