@@ -34,6 +34,8 @@ BPF, 3.7% fewer round trips at ~125k switches/s, 8-17% at 400k-800k switches/s."
     Wakeup(tools::offcpu::OffcpuArgs),
     /// Latency histograms of user functions, syscalls and softirqs.
     Funclatency(tools::funclatency::FunclatencyArgs),
+    /// Calls slower than a threshold, and stacks sampled while they were slow.
+    Slow(tools::funclatency::slow::SlowArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Cmd::Offcpu(a) => tools::offcpu::run(a),
         Cmd::Wakeup(a) => tools::offcpu::run_wakeup(a),
         Cmd::Funclatency(a) => tools::funclatency::run(a),
+        Cmd::Slow(a) => tools::funclatency::slow::run(a),
         Cmd::Lab(a) => lab::run(a),
     };
     match r {

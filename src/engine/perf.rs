@@ -69,3 +69,28 @@ pub fn percpu_sum(map: &dyn MapCore, key: u32) -> anyhow::Result<u64> {
     let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
     Ok(vals.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
 }
+
+/// Opens a sampling event on every online CPU and attaches `prog` to each;
+/// the links own the event fds. `open_err` turns an open failure on a CPU
+/// into the error to report.
+pub fn attach_sampling(
+    prog: &libbpf_rs::ProgramMut<'_>,
+    counter: Counter,
+    hz: u64,
+    open_err: impl Fn(u32, std::io::Error) -> anyhow::Error,
+) -> anyhow::Result<Vec<libbpf_rs::Link>> {
+    let mut links = Vec::new();
+    for cpu in online_cpus()? {
+        let fd = open_sampling(cpu, counter, hz).map_err(|e| open_err(cpu, e))?;
+        // The link owns the event fd (closes it when dropped); on failure it is ours.
+        match prog.attach_perf_event(fd) {
+            Ok(l) => links.push(l),
+            Err(e) => {
+                // SAFETY: our own fd, not taken by a link.
+                unsafe { libc::close(fd) };
+                return Err(anyhow::Error::new(e).context(format!("attaching to the perf event of CPU {cpu}")));
+            }
+        }
+    }
+    Ok(links)
+}

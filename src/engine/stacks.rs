@@ -67,21 +67,23 @@ pub fn read_wake_pairs(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Re
         .collect()
 }
 
+/// The addresses (leaf first) of stack `id` in a stack-trace map; empty for
+/// a negative id (not captured) or one the map no longer holds.
+pub fn read_stack(traces: &dyn MapCore, id: i32) -> anyhow::Result<Vec<u64>> {
+    if id < 0 {
+        return Ok(Vec::new());
+    }
+    let v = traces.lookup(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    Ok(v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect())
+}
+
 fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, Option<RawSample>)>> {
     let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
     let mut stack = |id: i32| -> anyhow::Result<Vec<u64>> {
-        if id < 0 {
-            return Ok(Vec::new());
-        }
         if let Some(s) = stacks.get(&id) {
             return Ok(s.clone());
         }
-        let v = traces.lookup(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-        let s: Vec<u64> = v
-            .chunks_exact(8)
-            .map(|c| u64::from_ne_bytes(c.try_into().unwrap()))
-            .take_while(|&a| a != 0)
-            .collect();
+        let s = read_stack(traces, id)?;
         stacks.insert(id, s.clone());
         Ok(s)
     };

@@ -91,19 +91,23 @@ fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
 /// Waits for the stop while, every 250 ms, snapshotting processes that
 /// appeared in `counts` (so they can be symbolized after they exit). On a
 /// terminal, `status()` is shown on stderr once a second with the time left.
+/// With a ring buffer `rb`, its events are handled as they come; `also()`
+/// names more processes to snapshot (e.g. those the events were about).
 pub fn run_until_stop(
     counts: &dyn MapCore,
     ctl: &RunControl,
     duration: Option<Duration>,
+    rb: Option<&libbpf_rs::RingBuffer<'_>>,
+    mut also: impl FnMut() -> Vec<u32>,
     mut status: impl FnMut() -> anyhow::Result<String>,
 ) -> anyhow::Result<(Stop, Images)> {
     let start = Instant::now();
     let mut images = Images::default();
     let tty = std::io::stderr().is_terminal();
     let mut last = Instant::now();
-    let stop = poll_until_stop(None, ctl, Some(Duration::from_millis(250)), |due| {
+    let stop = poll_until_stop(rb, ctl, Some(Duration::from_millis(250)), |due| {
         if due {
-            for pid in pids_in(counts) {
+            for pid in pids_in(counts).into_iter().chain(also()) {
                 images.observe(pid);
             }
         }
@@ -150,6 +154,8 @@ pub struct Outputs<'a> {
     pub elapsed: Duration,
     /// For `go tool pprof -comments`.
     pub comment: String,
+    /// Rewrites each stack before it is rendered (e.g. its root).
+    pub relabel: Option<&'a dyn Fn(&mut Stack)>,
 }
 
 /// Reads the counts, symbolizes and writes every output.
@@ -222,7 +228,10 @@ fn finish_with(
     let t0 = Instant::now();
     let mut syms = Symbols::default();
     let mut sym = SymStats::default();
-    let (stacks, unique) = make(&mut syms, &mut images, &mut sym)?;
+    let (mut stacks, unique) = make(&mut syms, &mut images, &mut sym)?;
+    if let Some(r) = o.relabel {
+        stacks.iter_mut().for_each(r);
+    }
     let meta = render::Meta {
         title: o.title.clone(),
         count_name: o.count_name.into(),

@@ -250,7 +250,14 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             ),
         })
     };
-    tools.push(("funclatency".into(), funclatency));
+    tools.push(("funclatency".into(), funclatency.clone()));
+    // slow: funclatency's probes plus a perf-event sampler.
+    let mut slow = funclatency;
+    if slow["usable"] == json!(true) {
+        let sampler = if ok("perf_event") { "; sampler: perf_event cpu-clock" } else { "; no perf_event sampling: no flame graph of slow calls" };
+        slow["detail"] = json!(format!("{}{sampler}", slow["detail"].as_str().unwrap_or("")));
+    }
+    tools.push(("slow".into(), slow));
 
     let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
     if a.json {

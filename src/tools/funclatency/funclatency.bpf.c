@@ -1,11 +1,16 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * sonde funclatency: per-target log2 latency histograms. Targets are user
+ * sonde funclatency and sonde slow: per-target latency histograms. Targets are user
  * functions (uprobe + uretprobe), syscalls (syscalls:sys_enter_X / sys_exit_X)
  * and softirqs (irq:softirq_entry / softirq_exit). Every probe carries its
  * target's index as the attach cookie. Function and syscall calls are timed
  * with a per-thread stack of entries, so recursion and nesting pair each
  * return with its own entry; softirqs, which do not nest on a CPU, per CPU.
+ *
+ * `slow` (over_ns > 0) adds: each call over the threshold goes to a ring
+ * buffer with its caller's stack, and a perf_event sampler takes the stacks
+ * of a thread only while it is inside a call already older than the
+ * threshold (per CPU for softirqs).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -13,6 +18,7 @@
 #include <bpf/bpf_tracing.h>
 #include "taskfilter.h"
 #include "funclatency.h"
+#include "stacks.h"
 #define SONDE_STATS_MAX FL_STAT_MAX
 #include "stats.h"
 
@@ -20,6 +26,18 @@ char LICENSE[] SEC("license") = "GPL";
 
 /* softirq vector -> target index + 1 (0: not traced). */
 const volatile __u32 softirq_target[16] = {};
+/* slow: the threshold (0: funclatency) and which stacks samples take. */
+const volatile __u64 over_ns = 0;
+const volatile bool want_kernel = true;
+const volatile bool want_user = true;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} slow_events SEC(".maps");
+
+/* Referenced so the skeleton mirrors the layout. */
+struct fl_slow_event _fl_slow_event = {};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -77,6 +95,36 @@ static __always_inline void record(__u32 idx, __u64 ns)
 		h->max_ns = ns;
 }
 
+static __always_inline void stk_stat(__u32 s)
+{
+	stat_add(FL_STACKS + s);
+}
+
+/* slow: reports a call of `ns` to target `idx` that just returned. */
+static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now, bool kernel)
+{
+	if (!over_ns || ns < over_ns)
+		return;
+	struct fl_slow_event *e = bpf_ringbuf_reserve(&slow_events, sizeof(*e), 0);
+	if (!e) {
+		stat_add(FL_SLOW_LOST);
+		return;
+	}
+	struct stk_key k = {};
+	__u64 id = bpf_get_current_pid_tgid();
+	k.pid = id >> 32;
+	STK_CAPTURE(ctx, &k, kernel, !kernel, stk_stat);
+	e->end_ns = now;
+	e->latency_ns = ns;
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->idx = idx;
+	e->ustack = k.ustack;
+	e->kstack = k.kstack;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	bpf_ringbuf_submit(e, 0);
+}
+
 static __always_inline bool wanted(void)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -110,7 +158,7 @@ static __always_inline int enter(__u32 idx)
 	return 0;
 }
 
-static __always_inline int leave(__u32 idx)
+static __always_inline int leave(void *ctx, __u32 idx)
 {
 	__u64 now = bpf_ktime_get_ns();
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
@@ -135,6 +183,7 @@ static __always_inline int leave(__u32 idx)
 	__u64 ts = s->ts[d];
 	s->depth = d;
 	record(idx, now - ts);
+	slow_call(ctx, idx, now - ts, now, false);
 	/* The entry stays (no delete per call); user space removes those of
 	 * threads that are gone. */
 	return 0;
@@ -149,7 +198,7 @@ int BPF_UPROBE(fl_uentry)
 SEC("uretprobe")
 int BPF_URETPROBE(fl_ureturn)
 {
-	return leave((__u32)bpf_get_attach_cookie(ctx));
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx));
 }
 
 SEC("tracepoint")
@@ -161,7 +210,7 @@ int fl_sys_enter(void *ctx)
 SEC("tracepoint")
 int fl_sys_exit(void *ctx)
 {
-	return leave((__u32)bpf_get_attach_cookie(ctx));
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx));
 }
 
 static __always_inline int softirq_in(unsigned int vec)
@@ -177,7 +226,7 @@ static __always_inline int softirq_in(unsigned int vec)
 	return 0;
 }
 
-static __always_inline int softirq_out(unsigned int vec)
+static __always_inline int softirq_out(void *ctx, unsigned int vec)
 {
 	if (vec >= 16 || !softirq_target[vec & 15])
 		return 0;
@@ -187,7 +236,9 @@ static __always_inline int softirq_out(unsigned int vec)
 		stat_add(FL_UNMATCHED);
 		return 0;
 	}
-	record(softirq_target[vec & 15] - 1, bpf_ktime_get_ns() - s->ts);
+	__u64 now = bpf_ktime_get_ns();
+	record(softirq_target[vec & 15] - 1, now - s->ts);
+	slow_call(ctx, softirq_target[vec & 15] - 1, now - s->ts, now, true);
 	s->ts = 0;
 	return 0;
 }
@@ -201,7 +252,7 @@ int BPF_PROG(fl_btf_softirq_entry, unsigned int vec)
 SEC("tp_btf/softirq_exit")
 int BPF_PROG(fl_btf_softirq_exit, unsigned int vec)
 {
-	return softirq_out(vec);
+	return softirq_out(ctx, vec);
 }
 
 SEC("raw_tp/softirq_entry")
@@ -213,5 +264,48 @@ int BPF_PROG(fl_raw_softirq_entry, unsigned int vec)
 SEC("raw_tp/softirq_exit")
 int BPF_PROG(fl_raw_softirq_exit, unsigned int vec)
 {
-	return softirq_out(vec);
+	return softirq_out(ctx, vec);
+}
+
+/*
+ * slow: a timer sample. Taken if this CPU is in a traced softirq older than
+ * the threshold, or the current thread is inside a traced call older than
+ * it (the innermost such call); counted per (process, target, stacks), the
+ * target in the key's tid slot.
+ */
+SEC("perf_event")
+int fl_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u32 zero = 0;
+	__s64 target = -1;
+	struct fl_softirq *si = bpf_map_lookup_elem(&softirq_start, &zero);
+	if (si && si->ts && now - si->ts >= over_ns && si->vec < 16 && softirq_target[si->vec & 15])
+		target = softirq_target[si->vec & 15] - 1;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	if (target < 0 && tid) {
+		struct fl_stack *s = bpf_map_lookup_elem(&stacks, &tid);
+		if (s) {
+			__u32 d = s->depth;
+			for (int i = FL_DEPTH - 1; i >= 0; i--) {
+				if ((__u32)i < d && now - s->ts[i] >= over_ns) {
+					target = s->idx[i];
+					break;
+				}
+			}
+		}
+	}
+	if (target < 0) {
+		stat_add(FL_SAMPLES_OUTSIDE);
+		return 0;
+	}
+	struct stk_key k = {};
+	k.pid = id >> 32;
+	k.tid = (__u32)target + 1;
+	bpf_get_current_comm(k.comm, sizeof(k.comm));
+	STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
+	STK_COUNT(&k, 1, stk_stat);
+	stat_add(FL_SAMPLES);
+	return 0;
 }

@@ -31,11 +31,28 @@ struct fl_softirq {
 	__u32 pad;
 };
 
+/* `slow`: one call over the threshold (ring buffer). */
+struct fl_slow_event {
+	__u64 end_ns;     /* bpf_ktime_get_ns() at its return */
+	__u64 latency_ns;
+	__u32 pid;
+	__u32 tid;
+	__u32 idx;        /* target */
+	__s32 ustack;     /* user stack at its return: its caller's stack (stk_traces) */
+	__s32 kstack;     /* softirqs: kernel stack at its exit */
+	char comm[16];
+	__u32 pad;
+};
+
 enum fl_stat {
 	FL_TOO_DEEP = 0,    /* calls nested deeper than FL_DEPTH: not timed */
 	FL_THREADS_FULL,    /* no room for another thread's stack: not timed */
 	FL_UNMATCHED,       /* returns without a timed entry (began before tracing) */
-	FL_STAT_MAX,
+	FL_SLOW_LOST,       /* slow calls the ring buffer had no room for */
+	FL_SAMPLES,         /* samples taken inside slow calls */
+	FL_SAMPLES_OUTSIDE, /* samples of threads not in a slow call */
+	FL_STACKS,          /* + enum stk_stat */
+	FL_STAT_MAX = FL_STACKS + 4,
 };
 
 #endif

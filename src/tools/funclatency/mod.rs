@@ -1,6 +1,7 @@
 //! `sonde funclatency`: latency histograms of user functions, syscalls and
 //! softirqs (kernel functions where the kernel allows fentry or kprobes).
 pub mod hist;
+pub mod slow;
 pub mod targets;
 
 use std::{
@@ -34,6 +35,10 @@ use skel::{FunclatencySkel, FunclatencySkelBuilder};
 const FL_TOO_DEEP: u32 = 0;
 const FL_THREADS_FULL: u32 = 1;
 const FL_UNMATCHED: u32 = 2;
+const FL_SLOW_LOST: u32 = 3;
+const FL_SAMPLES: u32 = 4;
+const FL_SAMPLES_OUTSIDE: u32 = 5;
+const FL_STACKS: u32 = 6;
 /// FL_DEPTH: calls in flight per thread that are timed.
 const DEPTH: usize = 32;
 
@@ -113,7 +118,15 @@ struct Loaded {
     links: Vec<Link>,
 }
 
-fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe], typed: bool) -> anyhow::Result<Loaded> {
+/// `slow`'s additions to the kernel half.
+struct SlowCfg {
+    over_ns: u64,
+    hz: u64,
+    want_kernel: bool,
+    want_user: bool,
+}
+
+fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
@@ -125,6 +138,12 @@ fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe], typed: bool) -> 
             softirq = true;
         }
     }
+    if let Some(c) = slow {
+        ro.over_ns = c.over_ns;
+        ro.want_kernel = c.want_kernel;
+        ro.want_user = c.want_user;
+    }
+    open.progs.fl_sample.set_autoload(slow.is_some());
     open.maps.hists.set_max_entries(probes.len().max(1) as u32)?;
     let has = |f: fn(&ProbeKind) -> bool| probes.iter().any(|p| f(&p.kind));
     let user = has(|k| matches!(k, ProbeKind::User { .. }));
@@ -148,7 +167,7 @@ fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe], typed: bool) -> 
             match &p.kind {
                 ProbeKind::User { path, offset } => {
                     let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
-                    let pids: Vec<i32> = if a.pid.is_empty() { vec![-1] } else { a.pid.iter().map(|&p| p as i32).collect() };
+                    let pids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
                     for pid in pids {
                         let opts = UprobeOpts { cookie, retprobe: ret, ..Default::default() };
                         links.push(
@@ -175,7 +194,32 @@ fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe], typed: bool) -> 
         links.push(exit.attach().context("attaching irq:softirq_exit")?);
         links.push(entry.attach().context("attaching irq:softirq_entry")?);
     }
+    if let Some(c) = slow {
+        links.extend(crate::engine::perf::attach_sampling(&skel.progs.fl_sample, crate::engine::perf::Counter::CpuClock, c.hz, |cpu, e| {
+            anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}"))
+        })?);
+    }
     Ok(Loaded { skel, links })
+}
+
+/// Detaches in the reverse order of attaching: samplers, then entries, then
+/// returns, so no call is entered that no return probe will see (it would
+/// sit in its thread's stack, and look slow to the sampler).
+fn detach(links: Vec<Link>) {
+    for l in links.into_iter().rev() {
+        drop(l);
+    }
+}
+
+/// Loads with tp_btf softirq programs, else raw_tp ones.
+fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+    match load(pids, tf, probes, true, slow) {
+        Ok(l) => Ok(l),
+        Err(e) if probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_))) => {
+            load(pids, tf, probes, false, slow).with_context(|| format!("(with tp_btf: {e:#})"))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Every target's histogram, summed over CPUs.
@@ -296,13 +340,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     let tf = TaskFilter::new(&a.pid, &[], a.cgroup.as_deref(), None)?;
     let probes = targets::resolve(&a.targets, &a.pid, a.max_probes)?;
     features::require_tracing_privileges()?;
-    let loaded = match load(a, &tf, &probes, true) {
-        Ok(l) => l,
-        Err(e) if probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_))) => {
-            load(a, &tf, &probes, false).with_context(|| format!("tp_btf failed too: {e:#}"))?
-        }
-        Err(e) => return Err(e),
-    };
+    let loaded = load_with_fallback(&a.pid, &tf, &probes, None)?;
     let attached = Instant::now();
     let skel = &loaded.skel;
     ready();
@@ -344,10 +382,11 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     let flight = in_flight(skel, n)?;
     let hists = read_hists(&skel.maps.hists, n)?;
     let elapsed = attached.elapsed();
-    let Loaded { skel, links } = loaded;
-    drop(links);
+    // Counted at the stop, like the histograms: detaching makes returns
+    // without entries of its own.
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (too_deep, threads_full, unmatched) = (st(FL_TOO_DEEP)?, st(FL_THREADS_FULL)?, st(FL_UNMATCHED)?);
+    detach(loaded.links);
     let targets: Vec<TargetResult> = probes
         .into_iter()
         .zip(hists)

@@ -246,7 +246,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let skel = &loaded.skel;
     ready();
     let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
-    let (stop, images) = stacktool::run_until_stop(counts, ctl, a.duration, || {
+    let (stop, images) = stacktool::run_until_stop(counts, ctl, a.duration, None, Vec::new, || {
         Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
     })?;
     drop(loaded._links);
@@ -272,6 +272,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
             weight: Weight::Micros { name: "offcpu" },
             elapsed,
             comment: format!("sonde {tool} --min-block {:?}", a.min_block),
+            relabel: None,
         },
     )?;
     let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();

@@ -13,7 +13,7 @@ use libbpf_rs::{
 use crate::engine::{
     error::{env, usage},
     features,
-    perf::{online_cpus, open_sampling, percpu_sum, Counter},
+    perf::{percpu_sum, Counter},
     pprof::Weight,
     render::Format,
     run::{duration_arg, RunControl, Stop},
@@ -174,28 +174,16 @@ fn load(a: &ProfileArgs, tf: &TaskFilter) -> anyhow::Result<Loaded> {
     crate::set_task_filter!(&mut *ro, tf);
     let skel = open.load().context("loading the profile program")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
-    let mut links = Vec::new();
-    for cpu in online_cpus()? {
-        let counter = match a.event {
-            Event::CpuClock => Counter::CpuClock,
-            Event::Cycles => Counter::Cycles,
-        };
-        let fd = open_sampling(cpu, counter, a.frequency).map_err(|e| match (a.event, e.raw_os_error()) {
-            (Event::Cycles, Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)) => {
-                env("--event cycles: this machine has no usable cycles counter (no PMU, e.g. in a VM); use the default cpu-clock")
-            }
-            _ => anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
-        })?;
-        // The link owns the event fd (closes it when dropped); on failure it is ours.
-        match skel.progs.on_sample.attach_perf_event(fd) {
-            Ok(l) => links.push(l),
-            Err(e) => {
-                // SAFETY: our own fd, not taken by a link.
-                unsafe { libc::close(fd) };
-                return Err(anyhow::Error::new(e).context(format!("attaching to the perf event of CPU {cpu}")));
-            }
+    let counter = match a.event {
+        Event::CpuClock => Counter::CpuClock,
+        Event::Cycles => Counter::Cycles,
+    };
+    let links = crate::engine::perf::attach_sampling(&skel.progs.on_sample, counter, a.frequency, |cpu, e| match (a.event, e.raw_os_error()) {
+        (Event::Cycles, Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)) => {
+            env("--event cycles: this machine has no usable cycles counter (no PMU, e.g. in a VM); use the default cpu-clock")
         }
-    }
+        _ => anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
+    })?;
     Ok(Loaded { skel, _links: links })
 }
 
@@ -208,7 +196,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     ready();
-    let (stop, images) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, || {
+    let (stop, images) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, None, Vec::new, || {
         Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?))
     })?;
     drop(loaded._links);
@@ -234,6 +222,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             weight: Weight::Samples { period_ns: (1e9 / a.frequency as f64) as i64 },
             elapsed,
             comment: format!("sonde profile -F {} ({:?})", a.frequency, a.event),
+            relabel: None,
         },
     )?;
     totals.unique_stacks = f.unique;
