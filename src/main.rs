@@ -15,11 +15,8 @@ struct Cli {
 enum Cmd {
     /// What this kernel allows and which mechanism each tool uses.
     Doctor(tools::doctor::DoctorArgs),
-    /// TCP retransmissions with their cause, flow, state and owning process.
     Retrans(tools::retrans::RetransArgs),
-    /// CPU flame graphs: on-CPU stacks sampled on every CPU.
     Profile(tools::profile::ProfileArgs),
-    /// Where threads wait: blocked time per stack (off-CPU flame graphs).
     Offcpu(tools::offcpu::OffcpuArgs),
     /// Who wakes waiting threads: blocked stacks joined to their wakers' stacks.
     #[command(long_about = "Who wakes waiting threads: each blocked period (as in `offcpu`, same options) joined to \
@@ -32,9 +29,7 @@ OVERHEAD: offcpu's (see `sonde offcpu --help`) plus one lookup per wake-up of a 
 for the wake-ups of kept periods. bench/offcpu/run, pipe ping-pong, all tasks traced: 181-436 ns per switch in \
 BPF, 3.7% fewer round trips at ~125k switches/s, 8-17% at 400k-800k switches/s.")]
     Wakeup(tools::offcpu::OffcpuArgs),
-    /// Latency histograms of user functions, syscalls and softirqs.
     Funclatency(tools::funclatency::FunclatencyArgs),
-    /// Calls slower than a threshold, and stacks sampled while they were slow.
     Slow(tools::funclatency::slow::SlowArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
@@ -51,7 +46,13 @@ fn main() -> ExitCode {
         Err(e) => {
             // One line: the problem, then where to look for the fix.
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("bad usage").trim_start_matches("error: ");
+            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+            let mut first = lines.next().unwrap_or("bad usage").trim_start_matches("error: ").to_string();
+            if first.ends_with(':') {
+                // "the following required arguments were not provided:" + the arguments.
+                let what: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")).collect();
+                first = format!("{} {}", first, what.join(", "));
+            }
             let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
             match tip {
                 Some(t) => eprintln!("sonde: {first}; {t}"),

@@ -1162,3 +1162,16 @@ fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
     assert_eq!(s["lost"]["slow_calls"], 0, "{s}");
     assert!(s["not_timed"]["too_deep"] == 0 && s["not_timed"]["unmatched_returns"] == 0, "{s}");
 }
+
+#[test]
+fn every_tool_help_has_an_overhead_paragraph() {
+    for tool in ["retrans", "profile", "offcpu", "wakeup", "funclatency", "slow"] {
+        let out = Command::new(SONDE).args([tool, "--help"]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("OVERHEAD"), "{tool} --help: {text}");
+    }
+    // A missing required option is named in the one-line error.
+    let out = Command::new(SONDE).args(["slow", "syscall:read"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.code() == Some(2) && err.contains("--over"), "{err}");
+}

@@ -7,20 +7,7 @@
  */
 #include <stdlib.h>
 #include <time.h>
-
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-__attribute__((noinline)) static void spin(double sec)
-{
-	double end = now() + sec;
-	while (now() < end)
-		;
-}
+#include "spin.h"
 
 __attribute__((noinline)) void inner_slow(void)
 {

@@ -67,6 +67,20 @@ const DEPTH: usize = 32;
 /// (bpftrace: ~270 ns). Trace hot user functions with -p, for short periods.
 #[derive(Debug, Args)]
 pub struct FunclatencyArgs {
+    /// Targets, filters and duration.
+    #[command(flatten)]
+    pub scope: Scope,
+    /// Also print each interval's histograms this often (e.g. 5s).
+    #[arg(short = 'i', long, value_parser = duration_arg)]
+    pub interval: Option<Duration>,
+    /// One JSON object per target and interval, then a summary line.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What to time, whose calls and for how long: shared by funclatency and slow.
+#[derive(Debug, Args)]
+pub struct Scope {
     /// What to time (repeatable; see above).
     #[arg(required = true, value_name = "TARGET")]
     pub targets: Vec<String>,
@@ -80,15 +94,21 @@ pub struct FunclatencyArgs {
     /// Stop after this long (e.g. 10s); default: until Ctrl-C.
     #[arg(short = 'd', long, value_parser = duration_arg)]
     pub duration: Option<Duration>,
-    /// Also print each interval's histograms this often (e.g. 5s).
-    #[arg(short = 'i', long, value_parser = duration_arg)]
-    pub interval: Option<Duration>,
     /// Most functions a glob may expand to.
     #[arg(long, default_value_t = 64)]
     pub max_probes: usize,
-    /// One JSON object per target and interval, then a summary line.
-    #[arg(long)]
-    pub json: bool,
+}
+
+impl Scope {
+    /// Checks the options and resolves the targets into probes.
+    fn resolve(&self) -> anyhow::Result<(TaskFilter, Vec<Probe>)> {
+        if self.max_probes == 0 || self.max_probes > 4096 {
+            return Err(usage(format!("--max-probes {}: pick 1 to 4096", self.max_probes)));
+        }
+        let tf = TaskFilter::new(&self.pid, &[], self.cgroup.as_deref(), None)?;
+        let probes = targets::resolve(&self.targets, &self.pid, self.max_probes)?;
+        Ok((tf, probes))
+    }
 }
 
 /// One target's result.
@@ -331,16 +351,12 @@ fn target_text(r: &TargetResult) -> String {
 
 /// Runs funclatency; `ready` is called once every probe is attached.
 pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    if a.max_probes == 0 || a.max_probes > 4096 {
-        return Err(usage(format!("--max-probes {}: pick 1 to 4096", a.max_probes)));
-    }
     if a.interval.is_some_and(|i| i < Duration::from_millis(100)) {
         return Err(usage("-i: at least 100ms"));
     }
-    let tf = TaskFilter::new(&a.pid, &[], a.cgroup.as_deref(), None)?;
-    let probes = targets::resolve(&a.targets, &a.pid, a.max_probes)?;
+    let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
-    let loaded = load_with_fallback(&a.pid, &tf, &probes, None)?;
+    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, None)?;
     let attached = Instant::now();
     let skel = &loaded.skel;
     ready();
@@ -404,7 +420,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &FunclatencyArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.scope.duration)?;
     let out = run_with(a, &ctl, || eprintln!("sonde: timing calls; Ctrl-C ends and prints the histograms"))?;
     if a.json {
         for t in &out.targets {

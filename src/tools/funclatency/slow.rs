@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Args;
 use libbpf_rs::RingBufferBuilder;
 
-use super::{hist::human, in_flight, load_with_fallback, read_hists, targets, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
+use super::{hist::human, in_flight, load_with_fallback, read_hists, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
 use crate::engine::{
     error::usage,
     features,
@@ -16,7 +16,6 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
     stacks::{read_stack, RawSample, Stack, SymStats, Symbols},
     stacktool::{self, StackLoss},
-    taskfilter::TaskFilter,
 };
 
 /// Most slow calls kept for the list (all are counted).
@@ -40,21 +39,12 @@ const KEEP: usize = 100_000;
 /// and a stack walk per sample inside a slow call.
 #[derive(Debug, Args)]
 pub struct SlowArgs {
-    /// What to time (repeatable).
-    #[arg(required = true, value_name = "TARGET")]
-    pub targets: Vec<String>,
+    /// Targets, filters and duration.
+    #[command(flatten)]
+    pub scope: Scope,
     /// Report calls longer than this (e.g. 100us, 5ms).
     #[arg(long, value_parser = duration_arg, required = true)]
     pub over: Duration,
-    /// Only this process (repeatable).
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Vec<u32>,
-    /// Only tasks in this cgroup (v2 path).
-    #[arg(long)]
-    pub cgroup: Option<String>,
-    /// Stop after this long (e.g. 10s); default: until Ctrl-C.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
     /// Samples per second per CPU while a call is slow.
     #[arg(short = 'F', long = "frequency", default_value_t = 999)]
     pub frequency: u64,
@@ -70,9 +60,6 @@ pub struct SlowArgs {
     /// Sample kernel stacks only.
     #[arg(long)]
     pub kernel_only: bool,
-    /// Most functions a glob may expand to.
-    #[arg(long, default_value_t = 64)]
-    pub max_probes: usize,
     /// JSON lines: each slow call, each flame-graph stack, then a summary.
     #[arg(long)]
     pub json: bool,
@@ -138,16 +125,12 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     if a.frequency == 0 || a.frequency > 10_000 {
         return Err(usage(format!("-F {}: pick 1 to 10000 samples per second", a.frequency)));
     }
-    if a.max_probes == 0 || a.max_probes > 4096 {
-        return Err(usage(format!("--max-probes {}: pick 1 to 4096", a.max_probes)));
-    }
     let outs = stacktool::check_outputs(&a.output)?;
-    let tf = TaskFilter::new(&a.pid, &[], a.cgroup.as_deref(), None)?;
-    let probes = targets::resolve(&a.targets, &a.pid, a.max_probes)?;
+    let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
     let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only };
-    let loaded = load_with_fallback(&a.pid, &tf, &probes, Some(&cfg))?;
+    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, Some(&cfg))?;
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     let events: Rc<RefCell<(Vec<Event>, u64)>> = Rc::default();
@@ -170,7 +153,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let (stop, mut images) = stacktool::run_until_stop(
         &skel.maps.stk_counts,
         ctl,
-        a.duration,
+        a.scope.duration,
         Some(&rb),
         || {
             let s = seen.borrow();
@@ -269,7 +252,7 @@ fn names(s: &Stack) -> Vec<String> {
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.scope.duration)?;
     let out = run_with(a, &ctl, || eprintln!("sonde: watching for calls over {}; Ctrl-C ends and reports", human(a.over.as_nanos() as u64)))?;
     let s = &out.summary;
     if a.json {

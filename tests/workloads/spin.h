@@ -1,0 +1,20 @@
+/* Clock helpers shared by the latency workloads (lat.c, slowfn.c): spin()
+ * burns wall-clock time, so a call lasts its time plus little. */
+#ifndef SONDE_WORKLOAD_SPIN_H
+#define SONDE_WORKLOAD_SPIN_H
+#include <time.h>
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+__attribute__((noinline)) static void spin(double sec)
+{
+	double end = now() + sec;
+	while (now() < end)
+		;
+}
+#endif
