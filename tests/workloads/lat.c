@@ -4,7 +4,11 @@
  * clock so each call lasts its time plus little; recurse(4) x10 (five nested
  * calls of ~1.2 ms each, the innermost spinning); then hang(0.2) and
  * hang(argv[2] seconds), and exit. Build with -fno-inline -fno-optimize-sibling-calls.
+ * A call preempted at its end lasts longer: with argv[3], each one_ms() and
+ * ten_ms() call's own measured duration goes there ("one_ms NS"), the test's
+ * oracle for where each call must land.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include "spin.h"
@@ -39,10 +43,18 @@ int main(int argc, char **argv)
 	double wait = argc > 1 ? atof(argv[1]) : 1;
 	struct timespec ts = {(time_t)wait, (long)((wait - (time_t)wait) * 1e9)};
 	nanosleep(&ts, NULL); /* time for the tracer to attach */
-	for (int i = 0; i < 100; i++)
-		one_ms();
-	for (int i = 0; i < 10; i++)
-		ten_ms();
+	FILE *log = argc > 3 ? fopen(argv[3], "w") : NULL;
+	for (int i = 0; i < 110; i++) {
+		double t0 = now();
+		if (i < 100)
+			one_ms();
+		else
+			ten_ms();
+		if (log)
+			fprintf(log, "%s %.0f\n", i < 100 ? "one_ms" : "ten_ms", (now() - t0) * 1e9);
+	}
+	if (log)
+		fclose(log);
 	int r = 0;
 	for (int i = 0; i < 10; i++)
 		r += recurse(4);
