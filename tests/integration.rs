@@ -199,6 +199,7 @@ fn assert_relations(out: &[Value], d: &Mib) {
 
 #[test]
 fn every_kind_matches_the_mib_counters() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let (out, d) = traced_workload(&[], 2);
     assert_relations(&out, &d);
     // The workload makes every kind, on IPv4 and IPv6.
@@ -220,6 +221,7 @@ fn every_kind_matches_the_mib_counters() {
 
 #[test]
 fn raw_tp_fallback_matches_the_mib_counters() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let (out, d) = traced_workload(&["--mechanism", "raw_tp"], 2);
     assert_eq!(summary(&out)["mechanism"], "raw_tp");
     assert_relations(&out, &d);
@@ -227,6 +229,7 @@ fn raw_tp_fallback_matches_the_mib_counters() {
 
 #[test]
 fn classic_tracepoint_fallback_matches_the_mib_counters() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let (out, d) = traced_workload(&["--mechanism", "tracepoint"], 2);
     assert_eq!(summary(&out)["mechanism"], "tracepoint");
     assert_relations(&out, &d);
@@ -234,6 +237,7 @@ fn classic_tracepoint_fallback_matches_the_mib_counters() {
 
 #[test]
 fn count_mode_totals_match_the_mib_counters() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let (out, d) = traced_workload(&["--count"], 3);
     assert!(out.iter().all(|e| e["type"] != "retrans"), "count mode sends no events");
     let flows: Vec<&Value> = out.iter().filter(|e| e["type"] == "flow" && e["kind"] != "failed").collect();
@@ -501,6 +505,7 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["retrans", "-i", "5s"],
         &["lab", "retrans", "--loss", "90"],
         &["lab", "dns", "-d", "0s"],
+        &["lab", "slow", "-d", "0s"],
         &["lab", "dns", "--delay", "200ms-100ms"],
         &["lab", "dns", "--workers", "0"],
         &["lab", "dns", "--prefix", "/nonexistent-dir/x"],
@@ -957,6 +962,7 @@ fn offcpu_ns(pid: u32, tid: u32) -> (f64, Instant) {
 
 #[test]
 fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
     let w = KillOnDrop(Command::new(&bin).args(["60", "tiny"]).spawn().unwrap());
     let pid = w.0.id();
@@ -1044,6 +1050,10 @@ fn wakeup_names_the_pipe_writer_as_the_readers_waker() {
     assert!(stotal > 0 && by_timer as f64 > 0.9 * stotal as f64, "{sleeper:?}");
 }
 
+/// Tests whose oracles are exact counters or timings hold this shared; a
+/// test that saturates the CPUs holds it alone.
+static QUIET: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// `--json` latency lines of a funclatency run, by target.
 fn latency_lines(stdout: &[u8]) -> (std::collections::HashMap<String, Value>, Value) {
     let lines: Vec<Value> = String::from_utf8_lossy(stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -1059,6 +1069,7 @@ fn filled(v: &Value) -> Vec<(u64, u64)> {
 
 #[test]
 fn funclatency_counts_and_buckets_match_the_workload() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let bin = build_workload("lat", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
     // Run 1: the calls, then hang() still running when tracing stops.
     let log = bin.parent().unwrap().join(format!("lat-{}.log", std::process::id()));
@@ -1144,6 +1155,7 @@ fn funclatency_times_syscalls_and_softirqs_here() {
 
 #[test]
 fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let bin = build_workload("slowfn", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
     let w = KillOnDrop(Command::new(&bin).arg("6").spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
@@ -1193,4 +1205,28 @@ fn every_tool_help_has_an_overhead_paragraph() {
     let out = Command::new(SONDE).args(["slow", "syscall:read"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code() == Some(2) && err.contains("--over"), "{err}");
+}
+
+#[test]
+fn lab_slow_shows_connect_in_port_selection_then_tw_reuse_shrinks_it() {
+    // Saturates both CPUs with connect() scans: not beside the tests whose
+    // oracles are exact counters or timings.
+    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
+    let dir = std::env::temp_dir().join(format!("sonde-labslow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join("slow");
+    let out = Command::new(SONDE).args(["lab", "slow", "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(text.trim()).unwrap();
+    let (b, a) = (&v["tw_reuse_0"], &v["tw_reuse_1"]);
+    let f = |x: &Value, k: &str| x[k].as_f64().unwrap();
+    // Port range full of TIME_WAIT: connects fail after scanning it, slowly,
+    // in __inet_hash_connect; with reuse they succeed.
+    assert!(f(b, "slow_calls") >= 0.5 * f(b, "connect_calls") && f(b, "samples_in_port_selection") >= 0.8 * f(b, "samples"), "{v}");
+    assert!(f(a, "slow_calls") / f(a, "connect_calls") <= 0.5 * f(b, "slow_calls") / f(b, "connect_calls"), "{v}");
+    assert!(f(a, "connects_ok") / f(a, "seconds") > f(b, "connects_ok") / f(b, "seconds"), "{v}");
+    let svg = std::fs::read_to_string(dir.join("slow-tw-reuse-0.svg")).unwrap();
+    assert!(svg.contains("__inet_hash_connect") && svg.contains("syscall:connect"), "flame graph of the slow connects");
+    let _ = std::fs::remove_dir_all(&dir);
 }

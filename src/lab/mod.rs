@@ -3,6 +3,7 @@
 pub mod dns;
 pub mod profile;
 pub mod retrans;
+pub mod slow;
 pub mod traffic;
 
 use clap::{Args, Subcommand};
@@ -27,6 +28,9 @@ pub enum Lab {
     /// logging; profile, offcpu and wakeup find the cause, then the rate
     /// without the resolver's delay.
     Dns(dns::DnsLabArgs),
+    /// Seed 003: connect() slow in port selection with TIME_WAIT filling the
+    /// ephemeral range; `slow` shows where, then tcp_tw_reuse=1 shrinks it.
+    Slow(slow::SlowLabArgs),
 }
 
 /// Runs the chosen lab; returns the exit status.
@@ -35,5 +39,6 @@ pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
         Lab::Retrans(r) => retrans::run(r),
         Lab::Profile(p) => profile::run(p),
         Lab::Dns(d) => dns::run(d),
+        Lab::Slow(s) => slow::run(s),
     }
 }
