@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab test static bench clean
+.PHONY: setup build lab test static vmtest bench clean
 
 setup:
 	@scripts/setup
@@ -24,6 +24,7 @@ test: setup
 	$(SUDO) ./target/debug/sonde lab retrans --loss 3
 	$(MAKE) static
 	$(SUDO) scripts/static-check target/$(TARGET)/release/sonde
+	$(SUDO) scripts/vmtest target/$(TARGET)/release/sonde
 
 # A fully static binary (static-pie): libbpf, libelf, zlib and zstd linked in,
 # crt-static. GNU ld, not the rust-lld that rustc >= 1.90 uses by default:
@@ -41,6 +42,11 @@ bench: build
 	$(SUDO) bench/profile/run
 	$(SUDO) bench/offcpu/run
 	$(SUDO) bench/funclatency/run
+
+# The static binary on Debian's 6.1 kernel under qemu (kprobes, fentry, no
+# sched_exit_tp, tcp_retransmit_skb without err).
+vmtest: static
+	$(SUDO) scripts/vmtest target/$(TARGET)/release/sonde
 
 clean:
 	$(CARGO) clean

@@ -205,7 +205,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
 
     // offcpu: sched_switch through tp_btf, else raw_tp; periods end at
     // sched_exit_tp where the kernel has it (found in BTF).
-    let sw = [("tp_btf", "start records in task storage"), ("raw_tp", "start records in a hash")].into_iter().find(|(n, _)| ok(n));
+    let sw = [("tp_btf", "start records in task storage where the kernel allocates it with bpf_mem_alloc, else a hash"), ("raw_tp", "start records in a hash")].into_iter().find(|(n, _)| ok(n));
     let exit_hook = features::btf_has_type("btf_trace_sched_exit_tp");
     let hook = if exit_hook {
         "sched:sched_switch + sched_exit_tp (stacks walked only for kept periods; short ones sampled)"

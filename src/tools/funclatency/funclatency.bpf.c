@@ -86,8 +86,9 @@ static __always_inline void record(__u32 idx, __u64 ns)
 		__u32 l = log2_u64(ns);
 		b = 4 * (l - 1) + ((ns >> (l - 2)) & 3);
 	}
-	if (b >= FL_BUCKETS)
-		b = FL_BUCKETS - 1;
+	/* b <= 251; the mask (FL_BUCKETS is a power of two) is for older
+	 * verifiers, which lose the bound of a clamp. */
+	b &= FL_BUCKETS - 1;
 	h->buckets[b] += 1;
 	h->count += 1;
 	h->sum_ns += ns;
@@ -152,6 +153,7 @@ static __always_inline int enter(__u32 idx)
 		stat_add(FL_TOO_DEEP);
 		return 0;
 	}
+	d &= FL_DEPTH - 1;
 	s->ts[d] = bpf_ktime_get_ns();
 	s->idx[d] = idx;
 	s->depth = d + 1;
@@ -174,7 +176,8 @@ static __always_inline int leave(void *ctx, __u32 idx)
 		stat_add(FL_UNMATCHED);
 		return 0;
 	}
-	d -= 1;
+	/* The mask keeps older verifiers (6.1) sure of the bound. */
+	d = (d - 1) & (FL_DEPTH - 1);
 	if (s->idx[d] != idx) {
 		/* Not the innermost entry: a return whose entry we did not see. */
 		stat_add(FL_UNMATCHED);

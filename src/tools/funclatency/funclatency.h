@@ -6,7 +6,7 @@
  * values 0-3 have buckets of their own; for v >= 4 with b = floor(log2 v),
  * bucket 4(b-1) + the two bits after the leading one. */
 #define FL_BUCKETS 256
-#define FL_DEPTH 32   /* calls in flight per thread that are timed */
+#define FL_DEPTH 32   /* calls in flight per thread that are timed (a power of two) */
 
 /* Per target (function, syscall, softirq), per CPU. */
 struct fl_hist {

@@ -49,7 +49,10 @@ struct {
 
 /* Start records: in the thread's own task storage under tp_btf (a pointer
  * chase, no hashing, freed with the thread); a hash by thread id under raw_tp,
- * whose task pointers the verifier does not trust. */
+ * whose task pointers the verifier does not trust, and on kernels whose local
+ * storage is not allocated with bpf_mem_alloc: there, creating task storage
+ * inside sched_switch allocates with the runqueue lock held, which can
+ * deadlock (it hung Debian's 6.1 in scripts/vmtest). */
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -64,10 +67,16 @@ struct {
 	__type(value, struct oc_start);
 } starts SEC(".maps");
 
+/* Whether start records live in task storage (see above). */
+static __always_inline bool task_storage_ok(bool direct)
+{
+	return direct && bpf_core_field_exists(struct bpf_local_storage_map, selem_ma);
+}
+
 /* The running period of `t` (thread `tid`), or NULL. */
 static __always_inline struct oc_start *start_of(struct task_struct *t, __u32 tid, bool direct)
 {
-	if (direct) {
+	if (task_storage_ok(direct)) {
 		struct oc_start *s = bpf_task_storage_get(&task_starts, t, 0, 0);
 		return s && s->ts ? s : NULL;
 	}
@@ -77,7 +86,7 @@ static __always_inline struct oc_start *start_of(struct task_struct *t, __u32 ti
 /* Ends the period `s` of thread `tid` (read what you need first). */
 static __always_inline void start_end(struct oc_start *s, __u32 tid, bool direct)
 {
-	if (direct)
+	if (task_storage_ok(direct))
 		s->ts = 0;
 	else
 		bpf_map_delete_elem(&starts, &tid);
@@ -86,7 +95,7 @@ static __always_inline void start_end(struct oc_start *s, __u32 tid, bool direct
 /* Starts a period of `t`; false when there is no room. */
 static __always_inline bool start_begin(struct task_struct *t, __u32 tid, bool direct, struct oc_start *v)
 {
-	if (direct) {
+	if (task_storage_ok(direct)) {
 		struct oc_start *s = bpf_task_storage_get(&task_starts, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (!s)
 			return false;
@@ -205,9 +214,9 @@ static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct
 {
 	stat_add(OS_SWITCHES);
 	__u64 now = 0;
-	if (at_exit && direct) {
+	if (at_exit && task_storage_ok(direct)) {
 		/* A pointer chase, and a clock read only for traced threads. */
-		struct oc_start *n = start_of(next, 0, true);
+		struct oc_start *n = start_of(next, 0, direct);
 		if (n) {
 			now = bpf_ktime_get_ns();
 			n->end = now;
@@ -282,7 +291,7 @@ static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
 		tid = id;
 	}
 	__u64 end = s->end;
-	if (!direct) {
+	if (!task_storage_ok(direct)) {
 		__u32 zero = 0;
 		__u64 *at = bpf_map_lookup_elem(&switch_at, &zero);
 		end = at ? *at : 0;
