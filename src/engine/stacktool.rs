@@ -91,14 +91,15 @@ fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
 /// Waits for the stop while, every 250 ms, snapshotting processes that
 /// appeared in `counts` (so they can be symbolized after they exit). On a
 /// terminal, `status()` is shown on stderr once a second with the time left.
-/// With a ring buffer `rb`, its events are handled as they come; `also()`
-/// names more processes to snapshot (e.g. those the events were about).
+/// With a ring buffer `rb`, its events are handled as they come. `tick()`
+/// runs every 250 ms too, for the tool's own upkeep, and names more
+/// processes to snapshot (e.g. those the events were about).
 pub fn run_until_stop(
     counts: &dyn MapCore,
     ctl: &RunControl,
     duration: Option<Duration>,
     rb: Option<&libbpf_rs::RingBuffer<'_>>,
-    mut also: impl FnMut() -> Vec<u32>,
+    mut tick: impl FnMut() -> Vec<u32>,
     mut status: impl FnMut() -> anyhow::Result<String>,
 ) -> anyhow::Result<(Stop, Images)> {
     let start = Instant::now();
@@ -107,7 +108,7 @@ pub fn run_until_stop(
     let mut last = Instant::now();
     let stop = poll_until_stop(rb, ctl, Some(Duration::from_millis(250)), |due| {
         if due {
-            for pid in pids_in(counts).into_iter().chain(also()) {
+            for pid in pids_in(counts).into_iter().chain(tick()) {
                 images.observe(pid);
             }
         }

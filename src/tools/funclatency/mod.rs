@@ -20,6 +20,7 @@ use crate::engine::{
     error::usage,
     features,
     perf::percpu_sum,
+    ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
     taskfilter::TaskFilter,
 };
@@ -362,38 +363,30 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     ready();
     let n = probes.len();
     let mut last = vec![Hist::default(); n];
-    let mut next_print = a.interval.map(|i| attached + i);
     let mut next_prune = attached + Duration::from_secs(1);
     let mut interval_no = 0u64;
-    let stop = loop {
-        if let Some(s) = ctl.should_stop() {
-            break s;
-        }
-        std::thread::sleep(ctl.next_wait(Duration::from_millis(100)));
+    let stop = poll_until_stop(None, ctl, a.interval, |due| {
         if Instant::now() >= next_prune {
             prune_dead_threads(&skel.maps.stacks);
             next_prune = Instant::now() + Duration::from_secs(1);
         }
-        if let (Some(due), Some(iv)) = (next_print, a.interval) {
-            if Instant::now() >= due {
-                interval_no += 1;
-                let now = read_hists(&skel.maps.hists, n)?;
-                for (i, p) in probes.iter().enumerate() {
-                    let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
-                    if a.json {
-                        println!("{}", target_json(&r, Some(interval_no)));
-                    } else if r.hist.count > 0 {
-                        print!("{}", target_text(&r));
-                    }
-                }
-                if !a.json {
-                    println!("-- interval {interval_no} ({} s)", iv.as_secs_f64());
-                }
-                last = now;
-                next_print = Some(due + iv);
+        let Some(iv) = a.interval.filter(|_| due) else { return Ok(()) };
+        interval_no += 1;
+        let now = read_hists(&skel.maps.hists, n)?;
+        for (i, p) in probes.iter().enumerate() {
+            let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
+            if a.json {
+                println!("{}", target_json(&r, Some(interval_no)));
+            } else if r.hist.count > 0 {
+                print!("{}", target_text(&r));
             }
         }
-    };
+        if !a.json {
+            println!("-- interval {interval_no} ({} s)", iv.as_secs_f64());
+        }
+        last = now;
+        Ok(())
+    })?;
     // Calls in flight now, before anything is detached.
     let flight = in_flight(skel, n)?;
     let hists = read_hists(&skel.maps.hists, n)?;

@@ -156,6 +156,9 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         a.scope.duration,
         Some(&rb),
         || {
+            // As in funclatency: a thread that exits inside a call would keep
+            // it in flight, old enough to look slow to the sampler.
+            super::prune_dead_threads(&skel.maps.stacks);
             let s = seen.borrow();
             let pids: Vec<u32> = s.0[observed.min(s.0.len())..].iter().map(|e| e.pid).collect();
             observed = s.0.len();
