@@ -260,34 +260,29 @@ fn read_hists(map: &dyn MapCore, n: usize) -> anyhow::Result<Vec<Hist>> {
 
 /// Calls in flight per target and the oldest start, from the per-thread
 /// stacks (struct fl_stack) and the per-CPU softirq starts.
-fn in_flight(skel: &FunclatencySkel<'_>, n: usize) -> anyhow::Result<Vec<(u64, u64)>> {
-    let mut out = vec![(0u64, u64::MAX); n];
+fn in_flight(skel: &FunclatencySkel<'_>, probes: &[Probe]) -> anyhow::Result<Vec<(u64, u64)>> {
+    let mut out = vec![(0u64, u64::MAX); probes.len()];
+    let mut note = |idx: usize, ts: u64| {
+        if let Some(o) = out.get_mut(idx) {
+            o.0 += 1;
+            o.1 = o.1.min(ts);
+        }
+    };
     for k in skel.maps.stacks.keys() {
         let Some(v) = skel.maps.stacks.lookup(&k, MapFlags::ANY)? else { continue };
         let depth = (u32::from_ne_bytes(v[0..4].try_into().unwrap()) as usize).min(DEPTH);
         for d in 0..depth {
             let ts = u64::from_ne_bytes(v[8 + d * 8..16 + d * 8].try_into().unwrap());
-            let idx = u32::from_ne_bytes(v[8 + DEPTH * 8 + d * 4..12 + DEPTH * 8 + d * 4].try_into().unwrap()) as usize;
-            if idx < n {
-                out[idx].0 += 1;
-                out[idx].1 = out[idx].1.min(ts);
-            }
+            let idx = u32::from_ne_bytes(v[8 + DEPTH * 8 + d * 4..12 + DEPTH * 8 + d * 4].try_into().unwrap());
+            note(idx as usize, ts);
         }
     }
     if let Some(per_cpu) = skel.maps.softirq_start.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)? {
         for v in per_cpu {
             let ts = u64::from_ne_bytes(v[0..8].try_into().unwrap());
             let vec = u32::from_ne_bytes(v[8..12].try_into().unwrap());
-            if ts == 0 {
-                continue;
-            }
-            // The target of this vector: its index is in rodata; find it by kind.
-            if let Some(i) = skel.maps.rodata_data.as_ref().map(|ro| ro.softirq_target.get(vec as usize).copied().unwrap_or(0)).filter(|&i| i > 0) {
-                let i = i as usize - 1;
-                if i < n {
-                    out[i].0 += 1;
-                    out[i].1 = out[i].1.min(ts);
-                }
+            if let Some(i) = probes.iter().position(|p| p.kind == ProbeKind::Softirq(vec)).filter(|_| ts != 0) {
+                note(i, ts);
             }
         }
     }
@@ -388,7 +383,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
         Ok(())
     })?;
     // Calls in flight now, before anything is detached.
-    let flight = in_flight(skel, n)?;
+    let flight = in_flight(skel, &probes)?;
     let hists = read_hists(&skel.maps.hists, n)?;
     let elapsed = attached.elapsed();
     // Counted at the stop, like the histograms: detaching makes returns

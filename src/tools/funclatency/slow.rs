@@ -167,7 +167,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         || Ok(format!("sonde slow: {} calls over {}", seen.borrow().1, human(a.over.as_nanos() as u64))),
     )?;
     let n = probes.len();
-    let flight = in_flight(skel, n)?;
+    let flight = in_flight(skel, &probes)?;
     let hists = read_hists(&skel.maps.hists, n)?;
     let elapsed = attached.elapsed();
     // Counted at the stop: detaching makes returns without entries.
