@@ -385,6 +385,17 @@ pub struct Stack {
     pub count: u64,
 }
 
+/// Total weight of the stacks for which `pred` holds (labs and tests check
+/// shares of a profile this way).
+pub fn weight_where(stacks: &[Stack], pred: impl Fn(&Stack) -> bool) -> u64 {
+    stacks.iter().filter(|s| pred(s)).map(|s| s.count).sum()
+}
+
+/// Total weight of the stacks with a frame named `name`.
+pub fn weight_under(stacks: &[Stack], name: &str) -> u64 {
+    weight_where(stacks, |s| s.frames.iter().any(|f| f.name == name))
+}
+
 /// What symbolization found, for the summary.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SymStats {

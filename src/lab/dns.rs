@@ -31,7 +31,7 @@ use crate::{
         features,
         netns::{Netns, Pair},
         run::{duration_arg, RunControl, Stop},
-        stacks::Stack,
+        stacks::{weight_where, Stack},
     },
     tools::{
         offcpu::{self, OffcpuArgs},
@@ -360,12 +360,6 @@ fn get(to: SocketAddr, buf: &mut [u8]) -> std::io::Result<bool> {
     Ok(buf[..n].starts_with(b"HTTP/1.1 200 OK") && buf[..n].ends_with(b"]"))
 }
 
-/// Weight of the stacks for which `pred` holds, and of all.
-fn share(stacks: &[Stack], pred: impl Fn(&Stack) -> bool) -> (u64, u64) {
-    let all = stacks.iter().map(|s| s.count).sum();
-    (stacks.iter().filter(|s| pred(s)).map(|s| s.count).sum(), all)
-}
-
 /// The blocked half of a wakeup stack (frames below the `--` separator).
 fn blocked_part(s: &Stack) -> &[crate::engine::stacks::Frame] {
     let i = s.frames.iter().position(|f| f.name == "--").unwrap_or(s.frames.len());
@@ -475,18 +469,19 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         mechanism: None,
         switch_only: false,
     };
-    let c = phase()?;
-    let o_held = Held::new(&responder);
-    let o = offcpu::run_with(&oargs("offcpu"), &c, false, || o_held.start())?;
-    let o_held = o_held.in_window(a.duration);
+    // offcpu, or with `wake` wakeup, and the responder's hold time over its window.
+    let blocked_run = |wake: bool| -> anyhow::Result<(offcpu::Outcome, u64, RunControl)> {
+        let c = phase()?;
+        let held = Held::new(&responder);
+        let out = offcpu::run_with(&oargs(if wake { "wakeup" } else { "offcpu" }), &c, wake, || held.start())?;
+        Ok((out, held.in_window(a.duration), c))
+    };
+    let (o, o_held, c) = blocked_run(false)?;
     if let Some(s) = interrupted(&c) {
         return Ok(s);
     }
     // 3. wakeup: woken by the UDP receive path.
-    let c = phase()?;
-    let w_held = Held::new(&responder);
-    let w = offcpu::run_with(&oargs("wakeup"), &c, true, || w_held.start())?;
-    let w_held = w_held.in_window(a.duration);
+    let (w, w_held, c) = blocked_run(true)?;
     if let Some(s) = interrupted(&c) {
         return Ok(s);
     }
@@ -505,9 +500,10 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     drop(server);
     drop(responder);
 
-    let (rw, blocked) = share(&o.stacks, |s| resolver_wait(&s.frames));
-    let (udp, _) = share(&w.stacks, |s| resolver_wait(blocked_part(s)) && udp_receive(waker_part(s)));
-    let (rw_w, _) = share(&w.stacks, |s| resolver_wait(blocked_part(s)));
+    let blocked = weight_where(&o.stacks, |_| true);
+    let rw = weight_where(&o.stacks, |s| resolver_wait(&s.frames));
+    let udp = weight_where(&w.stacks, |s| resolver_wait(blocked_part(s)) && udp_receive(waker_part(s)));
+    let rw_w = weight_where(&w.stacks, |s| resolver_wait(blocked_part(s)));
     let pct = |x: u64, of: u64| 100.0 * x as f64 / of.max(1) as f64;
     let top_cpu = p.stacks.iter().max_by_key(|s| s.count).map(|s| brief(s.frames.iter(), 2, 5)).unwrap_or_default();
     let top_off = o.stacks.iter().max_by_key(|s| s.count).map(|s| brief(s.frames.iter(), 2, 5)).unwrap_or_default();

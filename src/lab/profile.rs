@@ -11,6 +11,7 @@ use crate::{
         error::usage,
         features,
         run::{RunControl, Stop},
+        stacks::weight_under,
     },
     tools::profile::{self, Event, ProfileArgs},
 };
@@ -85,8 +86,7 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(pargs.duration)?;
     let out = profile::run_with(&pargs, &ctl, || {})?;
     drop(w);
-    let under = |name: &str| out.stacks.iter().filter(|s| s.frames.iter().any(|f| f.name == name)).map(|s| s.count).sum::<u64>();
-    let (h, l) = (under("heavy"), under("light"));
+    let (h, l) = (weight_under(&out.stacks, "heavy"), weight_under(&out.stacks, "light"));
     let share = h as f64 / (h + l).max(1) as f64;
     let cut: u64 = out.totals.sym.truncated_samples;
     println!("samples: {} ({} truncated)", out.totals.samples, cut);

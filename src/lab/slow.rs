@@ -25,7 +25,7 @@ use crate::{
         features,
         netns::{remove_stale, Netns, PREFIX},
         run::{duration_arg, RunControl, Stop},
-        stacks::Stack,
+        stacks::weight_under,
     },
     tools::funclatency::{
         slow::{self, SlowArgs},
@@ -129,10 +129,6 @@ struct Phase {
     top: String,
 }
 
-fn under(stacks: &[Stack], name: &str) -> u64 {
-    stacks.iter().filter(|s| s.frames.iter().any(|f| f.name == name)).map(|s| s.count).sum()
-}
-
 fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, Stop)> {
     let sargs = SlowArgs {
         scope: Scope { targets: vec!["syscall:connect".into()], pid: vec![std::process::id()], cgroup: None, duration: Some(a.duration), max_probes: 4 },
@@ -159,7 +155,7 @@ fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, St
             connects_failed: churn.failed.load(Ordering::Relaxed) - f0,
             seconds: t0.elapsed().as_secs_f64(),
             samples,
-            in_port_selection: under(&out.stacks, "__inet_hash_connect"),
+            in_port_selection: weight_under(&out.stacks, "__inet_hash_connect"),
             top: leafish,
         },
         out.stop,
