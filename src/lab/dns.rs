@@ -15,16 +15,16 @@ use std::{
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
         mpsc, Arc,
     },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context};
 use clap::Args;
 
+use super::traffic::Workers;
 use crate::{
     engine::{
         error::usage,
@@ -85,13 +85,12 @@ fn delay_arg(s: &str) -> Result<(Duration, Duration), String> {
 /// receives, another ("dns-reply") sends each answer when it is due, so the
 /// delays overlap like a real slow upstream.
 struct Responder {
-    stop: Arc<AtomicBool>,
     delay: Arc<(AtomicU64, AtomicU64)>,
     answered: Arc<AtomicU64>,
     /// Nanoseconds queries waited here before their answer went out, summed:
     /// the built-in resolver wait the tools must find.
     held_ns: Arc<AtomicU64>,
-    threads: Vec<JoinHandle<anyhow::Result<()>>>,
+    _workers: Workers,
 }
 
 struct Due {
@@ -120,7 +119,8 @@ impl Ord for Due {
 
 impl Responder {
     fn start(ns: &Netns, delay: (Duration, Duration)) -> anyhow::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Workers::default();
+        let stop = workers.stop_flag();
         let d = Arc::new((AtomicU64::new(delay.0.as_nanos() as u64), AtomicU64::new(delay.1.as_nanos() as u64)));
         let answered = Arc::new(AtomicU64::new(0));
         let sock = ns.run(|| UdpSocket::bind("127.0.0.1:53"))?.context("binding the lab's DNS responder to 127.0.0.1:53")?;
@@ -166,21 +166,14 @@ impl Responder {
             }
             Ok(())
         })?;
-        Ok(Self { stop, delay: d, answered, held_ns, threads: vec![recv, reply] })
+        workers.add(recv);
+        workers.add(reply);
+        Ok(Self { delay: d, answered, held_ns, _workers: workers })
     }
 
     fn set_delay(&self, lo: Duration, hi: Duration) {
         self.delay.0.store(lo.as_nanos() as u64, Ordering::Relaxed);
         self.delay.1.store(hi.as_nanos() as u64, Ordering::Relaxed);
-    }
-}
-
-impl Drop for Responder {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
     }
 }
 
@@ -298,32 +291,29 @@ impl Drop for Server {
 /// `clients` threads in a namespace, each sending GET /items on a new
 /// connection and reading the answer, again and again, until dropped.
 struct Load {
-    stop: Arc<AtomicBool>,
     done: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
-    threads: Vec<JoinHandle<anyhow::Result<()>>>,
+    _workers: Workers,
 }
 
 impl Load {
     fn start(ns: &Netns, to: SocketAddr, clients: u32) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Workers::default();
         let done = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
-        let threads = (0..clients)
-            .map(|_| {
-                let (st, d, f) = (stop.clone(), done.clone(), failed.clone());
-                ns.spawn(move || {
-                    let mut buf = vec![0u8; 32768];
-                    while !st.load(Ordering::Relaxed) {
-                        match get(to, &mut buf) {
-                            Ok(true) => d.fetch_add(1, Ordering::Relaxed),
-                            _ => f.fetch_add(1, Ordering::Relaxed),
-                        };
-                    }
-                })
-            })
-            .collect();
-        Self { stop, done, failed, threads }
+        for _ in 0..clients {
+            let (st, d, f) = (workers.stop_flag(), done.clone(), failed.clone());
+            workers.add(ns.spawn(move || {
+                let mut buf = vec![0u8; 32768];
+                while !st.load(Ordering::Relaxed) {
+                    match get(to, &mut buf) {
+                        Ok(true) => d.fetch_add(1, Ordering::Relaxed),
+                        _ => f.fetch_add(1, Ordering::Relaxed),
+                    };
+                }
+            }));
+        }
+        Self { done, failed, _workers: workers }
     }
 
     /// Requests answered per second over `d` from now.
@@ -331,15 +321,6 @@ impl Load {
         let (n0, t0) = (self.done.load(Ordering::Relaxed), Instant::now());
         std::thread::sleep(d);
         (self.done.load(Ordering::Relaxed) - n0) as f64 / t0.elapsed().as_secs_f64()
-    }
-}
-
-impl Drop for Load {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
     }
 }
 

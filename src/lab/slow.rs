@@ -10,15 +10,15 @@ use std::{
     net::{SocketAddr, TcpListener, TcpStream},
     path::PathBuf,
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
         Arc,
     },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use clap::Args;
 
+use super::traffic::Workers;
 use crate::{
     engine::{
         error::usage,
@@ -57,15 +57,14 @@ const PORTS: (u32, u32) = (32768, 40959);
 /// once (the client closes first, so its port goes to TIME_WAIT), again and
 /// again; a server thread accepts and closes after the client's FIN.
 struct Churn {
-    stop: Arc<AtomicBool>,
     ok: Arc<AtomicU64>,
     failed: Arc<AtomicU64>,
-    threads: Vec<JoinHandle<anyhow::Result<()>>>,
+    _workers: Workers,
 }
 
 impl Churn {
     fn start(ns: &Netns) -> anyhow::Result<Self> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Workers::default();
         let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let addr: SocketAddr = "127.0.0.1:8080".parse()?;
         let l = ns.run(|| TcpListener::bind(addr))??;
@@ -73,8 +72,8 @@ impl Churn {
         // SAFETY: listen() on our own listening socket, to raise its backlog.
         unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&l), 4096) };
         l.set_nonblocking(true)?;
-        let st = stop.clone();
-        let mut threads = vec![std::thread::spawn(move || -> anyhow::Result<()> {
+        let st = workers.stop_flag();
+        workers.add(std::thread::spawn(move || -> anyhow::Result<()> {
             let mut b = [0u8; 16];
             while !st.load(Ordering::Relaxed) {
                 match l.accept() {
@@ -87,10 +86,10 @@ impl Churn {
                 }
             }
             Ok(())
-        })];
+        }));
         for _ in 0..2 {
-            let (st, o, f) = (stop.clone(), ok.clone(), failed.clone());
-            threads.push(ns.spawn(move || {
+            let (st, o, f) = (workers.stop_flag(), ok.clone(), failed.clone());
+            workers.add(ns.spawn(move || {
                 while !st.load(Ordering::Relaxed) {
                     match TcpStream::connect(addr) {
                         Ok(s) => {
@@ -104,16 +103,7 @@ impl Churn {
                 }
             }));
         }
-        Ok(Self { stop, ok, failed, threads })
-    }
-}
-
-impl Drop for Churn {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+        Ok(Self { ok, failed, _workers: workers })
     }
 }
 

@@ -13,6 +13,36 @@ use std::{
 
 use crate::engine::netns::Netns;
 
+/// Threads that run until this is dropped: each polls the shared stop flag;
+/// dropping sets it and joins them all (the labs' responders, clients and
+/// connection churn).
+#[derive(Default)]
+pub struct Workers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<anyhow::Result<()>>>,
+}
+
+impl Workers {
+    /// The flag the threads poll.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Adds a thread that polls `stop_flag()`.
+    pub fn add(&mut self, t: JoinHandle<anyhow::Result<()>>) {
+        self.threads.push(t);
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
 /// A server thread in a namespace; stops when dropped.
 pub struct Server {
     stop: Arc<AtomicBool>,
