@@ -281,15 +281,11 @@ static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
 {
 	if (!is_switch)
 		return 0;
-	__u64 id = direct ? 0 : bpf_get_current_pid_tgid();
+	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = id;
 	struct oc_start *s = start_of(bpf_get_current_task_btf(), tid, direct);
 	if (!s)
 		return 0;
-	if (direct) {
-		id = bpf_get_current_pid_tgid();
-		tid = id;
-	}
 	__u64 end = s->end;
 	if (!task_storage_ok(direct)) {
 		__u32 zero = 0;
