@@ -163,7 +163,7 @@ pub fn find_binary(name: &str, pids: &[u32]) -> anyhow::Result<PathBuf> {
         file == name
             || [format!("{name}.so"), format!("lib{name}.so"), format!("{name}-"), format!("lib{name}-")]
                 .iter()
-                .any(|p| file.starts_with(p.as_str()) && (file.contains(".so") || file.ends_with(".so")))
+                .any(|p| file.starts_with(p.as_str()) && file.contains(".so"))
     };
     for pid in pids {
         if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
