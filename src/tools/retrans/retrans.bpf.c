@@ -510,13 +510,26 @@ int BPF_PROG(raw_synack, const struct sock *sk, const struct request_sock *req)
 	return on_synack(ctx, sk, req, false);
 }
 
+/* Before the record gained `err` (6.1 and older), tcp_retransmit_skb was an
+ * event of the tcp_event_sk_skb class, so its record type has that name (a
+ * CO-RE flavor: libbpf matches it by the name before the ___). */
+struct trace_event_raw_tcp_event_sk_skb___old {
+	struct trace_entry ent;
+	const void *skbaddr;
+	const void *skaddr;
+} __attribute__((preserve_access_index));
+
 /* Classic tracepoints: pointers from the record; err if the record has it. */
 SEC("tracepoint/tcp/tcp_retransmit_skb")
 int tp_retrans(struct trace_event_raw_tcp_retransmit_skb *ctx)
 {
+	if (!bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
+		struct trace_event_raw_tcp_event_sk_skb___old *old = (void *)ctx;
+		return on_retransmit(ctx, old->skaddr, old->skbaddr, 0, false);
+	}
 	int err = 0;
 	if (bpf_core_field_exists(ctx->err))
-		err = BPF_CORE_READ(ctx, err);
+		err = ctx->err;
 	return on_retransmit(ctx, ctx->skaddr, ctx->skbaddr, err, false);
 }
 
