@@ -48,6 +48,11 @@ enum Probe {
     Uprobe,
 }
 
+/// Whether an fentry program loads and attaches here (the detail, or why not).
+pub fn fentry_attaches() -> Result<String, String> {
+    try_probe(Probe::Fentry)
+}
+
 /// Loads one probe program alone and attaches it where that is harmless.
 fn try_probe(which: Probe) -> Result<String, String> {
     let storage: &mut MaybeUninit<OpenObject> = &mut MaybeUninit::uninit();
@@ -231,9 +236,9 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         json!({"usable": false, "why": "not privileged"})
     } else {
         let kernel_fn = if ok("fentry") {
-            "kernel:GLOB refused (fentry loads, not implemented yet)".to_string()
+            "kernel:GLOB: fentry/fexit, else kprobe-multi, else a kprobe per function".to_string()
         } else if ok("kprobe") {
-            "kernel:GLOB refused (kprobes load, not implemented yet)".to_string()
+            "kernel:GLOB: kprobe-multi, else a kprobe/kretprobe per function (fentry refused)".to_string()
         } else {
             "kernel:GLOB unavailable: neither fentry nor kprobes here".to_string()
         };
@@ -241,7 +246,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             "usable": ok("uprobe") || ok("tracepoint"),
             "mechanism": "uprobe + tracepoint",
             "user_functions": ok("uprobe"), "syscalls": ok("tracepoint") && features::tracepoint_exists("syscalls", "sys_enter_read"),
-            "softirqs": ok("tp_btf") || ok("raw_tp"), "kernel_functions": false,
+            "softirqs": ok("tp_btf") || ok("raw_tp"), "kernel_functions": ok("fentry") || ok("kprobe"),
             "detail": format!(
                 "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
                 if ok("uprobe") { "uprobe/uretprobe" } else { "no uprobes" },

@@ -101,8 +101,9 @@ static __always_inline void stk_stat(__u32 s)
 	stat_add(FL_STACKS + s);
 }
 
-/* slow: reports a call of `ns` to target `idx` that just returned. */
-static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now, bool kernel)
+/* slow: reports a call of `ns` to target `idx` that just returned, with the
+ * kernel and/or user stack it returns to. */
+static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now, bool kernel, bool user)
 {
 	if (!over_ns || ns < over_ns)
 		return;
@@ -114,7 +115,7 @@ static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now,
 	struct stk_key k = {};
 	__u64 id = bpf_get_current_pid_tgid();
 	k.pid = id >> 32;
-	STK_CAPTURE(ctx, &k, kernel, !kernel, stk_stat);
+	STK_CAPTURE(ctx, &k, kernel, user, stk_stat);
 	e->end_ns = now;
 	e->latency_ns = ns;
 	e->pid = id >> 32;
@@ -160,7 +161,8 @@ static __always_inline int enter(__u32 idx)
 	return 0;
 }
 
-static __always_inline int leave(void *ctx, __u32 idx)
+/* `kfunc`: a kernel function, whose slow calls keep the kernel stack too. */
+static __always_inline int leave(void *ctx, __u32 idx, bool kfunc)
 {
 	__u64 now = bpf_ktime_get_ns();
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
@@ -186,7 +188,7 @@ static __always_inline int leave(void *ctx, __u32 idx)
 	__u64 ts = s->ts[d];
 	s->depth = d;
 	record(idx, now - ts);
-	slow_call(ctx, idx, now - ts, now, false);
+	slow_call(ctx, idx, now - ts, now, kfunc, true);
 	/* The entry stays (no delete per call); user space removes those of
 	 * threads that are gone. */
 	return 0;
@@ -201,7 +203,7 @@ int BPF_UPROBE(fl_uentry)
 SEC("uretprobe")
 int BPF_URETPROBE(fl_ureturn)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
 }
 
 SEC("tracepoint")
@@ -213,7 +215,50 @@ int fl_sys_enter(void *ctx)
 SEC("tracepoint")
 int fl_sys_exit(void *ctx)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+}
+
+/*
+ * Kernel functions, timed on the thread that is current (a call from an
+ * interrupt nests on the interrupted thread's stack and returns before it
+ * resumes). fentry/fexit: user space loads these against the first target
+ * and then loads their instructions again for every other function.
+ */
+SEC("fentry")
+int BPF_PROG(fl_kentry)
+{
+	return enter((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("fexit")
+int BPF_PROG(fl_kexit)
+{
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+}
+
+/* kprobes: one kprobe.multi link for all functions, else one per function. */
+SEC("kprobe.multi")
+int BPF_KPROBE(fl_kmentry)
+{
+	return enter((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("kretprobe.multi")
+int BPF_KRETPROBE(fl_kmexit)
+{
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+}
+
+SEC("kprobe")
+int BPF_KPROBE(fl_kpentry)
+{
+	return enter((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("kretprobe")
+int BPF_KRETPROBE(fl_kpexit)
+{
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
 }
 
 static __always_inline int softirq_in(unsigned int vec)
@@ -241,7 +286,7 @@ static __always_inline int softirq_out(void *ctx, unsigned int vec)
 	}
 	__u64 now = bpf_ktime_get_ns();
 	record(softirq_target[vec & 15] - 1, now - s->ts);
-	slow_call(ctx, softirq_target[vec & 15] - 1, now - s->ts, now, true);
+	slow_call(ctx, softirq_target[vec & 15] - 1, now - s->ts, now, true, false);
 	s->ts = 0;
 	return 0;
 }

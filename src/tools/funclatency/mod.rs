@@ -13,12 +13,13 @@ use anyhow::Context;
 use clap::Args;
 use libbpf_rs::{
     skel::{OpenSkel, SkelBuilder},
-    Link, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeOpts,
+    KprobeMultiOpts, KprobeOpts, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeOpts,
 };
 
 use crate::engine::{
     error::usage,
     features,
+    kfunc::{fentry_clone, Attachment, VmlinuxBtf},
     perf::percpu_sum,
     ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
@@ -43,7 +44,7 @@ const FL_STACKS: u32 = 6;
 /// FL_DEPTH: calls in flight per thread that are timed.
 const DEPTH: usize = 32;
 
-/// Latency histograms of functions, syscalls and softirqs.
+/// Latency histograms of user and kernel functions, syscalls and softirqs.
 ///
 /// TARGET is one of:
 ///   BINARY:GLOB    user functions (uprobe + uretprobe), e.g. libc:getnameinfo,
@@ -98,6 +99,31 @@ pub struct Scope {
     /// Most functions a glob may expand to.
     #[arg(long, default_value_t = 64)]
     pub max_probes: usize,
+    /// How kernel functions are probed (default: the first that works of
+    /// fentry, kprobe-multi, kprobe).
+    #[arg(long, value_enum)]
+    pub kernel_mechanism: Option<KernelMechanism>,
+}
+
+/// Ways to probe kernel functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelMechanism {
+    /// fentry/fexit trampolines: one program per function and direction.
+    Fentry,
+    /// One kprobe.multi and one kretprobe.multi link for all functions.
+    KprobeMulti,
+    /// A kprobe and a kretprobe per function.
+    Kprobe,
+}
+
+impl KernelMechanism {
+    fn name(self) -> &'static str {
+        match self {
+            KernelMechanism::Fentry => "fentry",
+            KernelMechanism::KprobeMulti => "kprobe-multi",
+            KernelMechanism::Kprobe => "kprobe",
+        }
+    }
 }
 
 impl Scope {
@@ -136,7 +162,9 @@ pub struct Outcome {
 
 struct Loaded {
     skel: FunclatencySkel<'static>,
-    links: Vec<Link>,
+    links: Vec<Attachment>,
+    /// How kernel functions were probed, if there were any.
+    kernel: Option<KernelMechanism>,
 }
 
 /// `slow`'s additions to the kernel half.
@@ -147,7 +175,7 @@ struct SlowCfg {
     want_user: bool,
 }
 
-fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, kmech: Option<KernelMechanism>, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
@@ -177,6 +205,24 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, slow: Opti
     open.progs.fl_btf_softirq_exit.set_autoload(softirq && typed);
     open.progs.fl_raw_softirq_entry.set_autoload(softirq && !typed);
     open.progs.fl_raw_softirq_exit.set_autoload(softirq && !typed);
+    let kfuncs: Vec<(u64, &str)> = probes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| if let ProbeKind::Kernel(f) = &p.kind { Some((i as u64, f.name.as_str())) } else { None })
+        .collect();
+    let km = |m| kmech == Some(m) && !kfuncs.is_empty();
+    open.progs.fl_kentry.set_autoload(km(KernelMechanism::Fentry));
+    open.progs.fl_kexit.set_autoload(km(KernelMechanism::Fentry));
+    open.progs.fl_kmentry.set_autoload(km(KernelMechanism::KprobeMulti));
+    open.progs.fl_kmexit.set_autoload(km(KernelMechanism::KprobeMulti));
+    open.progs.fl_kpentry.set_autoload(km(KernelMechanism::Kprobe));
+    open.progs.fl_kpexit.set_autoload(km(KernelMechanism::Kprobe));
+    if km(KernelMechanism::Fentry) {
+        // The template is verified against the first function; the others
+        // get copies of its instructions (kfunc::fentry_clone).
+        open.progs.fl_kentry.set_attach_target(0, Some(kfuncs[0].1.to_string()))?;
+        open.progs.fl_kexit.set_attach_target(0, Some(kfuncs[0].1.to_string()))?;
+    }
     let skel = open.load().context("loading BPF programs")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
     let mut links = Vec::new();
@@ -191,19 +237,24 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, slow: Opti
                     let pids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
                     for pid in pids {
                         let opts = UprobeOpts { cookie, retprobe: ret, ..Default::default() };
-                        links.push(
+                        links.push(Attachment::Lib(
                             prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts)
                                 .with_context(|| format!("attaching a uprobe to {} ({} at {offset:#x})", p.name, path.display()))?,
-                        );
+                        ));
                     }
                 }
                 ProbeKind::Syscall(name) => {
                     let (prog, tp) = if ret { (&skel.progs.fl_sys_exit, format!("sys_exit_{name}")) } else { (&skel.progs.fl_sys_enter, format!("sys_enter_{name}")) };
                     let opts = TracepointOpts { cookie, ..Default::default() };
-                    links.push(prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts).with_context(|| format!("attaching syscalls:{tp}"))?);
+                    links.push(Attachment::Lib(
+                        prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts).with_context(|| format!("attaching syscalls:{tp}"))?,
+                    ));
                 }
-                ProbeKind::Softirq(_) => {}
+                ProbeKind::Softirq(_) | ProbeKind::Kernel(_) => {}
             }
+        }
+        if !kfuncs.is_empty() {
+            attach_kernel(&skel, kmech, &kfuncs, ret, &mut links)?;
         }
     }
     if softirq {
@@ -212,35 +263,86 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, slow: Opti
         } else {
             (&skel.progs.fl_raw_softirq_entry, &skel.progs.fl_raw_softirq_exit)
         };
-        links.push(exit.attach().context("attaching irq:softirq_exit")?);
-        links.push(entry.attach().context("attaching irq:softirq_entry")?);
+        links.push(Attachment::Lib(exit.attach().context("attaching irq:softirq_exit")?));
+        links.push(Attachment::Lib(entry.attach().context("attaching irq:softirq_entry")?));
     }
     if let Some(c) = slow {
-        links.extend(crate::engine::perf::attach_sampling(&skel.progs.fl_sample, crate::engine::perf::Counter::CpuClock, c.hz, |cpu, e| {
+        let samplers = crate::engine::perf::attach_sampling(&skel.progs.fl_sample, crate::engine::perf::Counter::CpuClock, c.hz, |cpu, e| {
             anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}"))
-        })?);
+        })?;
+        links.extend(samplers.into_iter().map(Attachment::Lib));
     }
-    Ok(Loaded { skel, links })
+    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()) })
+}
+
+/// Attaches the entry (`ret` false) or return probes of kernel functions
+/// `kfuncs` (cookie = target index, name) by `kmech`.
+fn attach_kernel(skel: &FunclatencySkel<'_>, kmech: Option<KernelMechanism>, kfuncs: &[(u64, &str)], ret: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+    let dir = if ret { "return" } else { "entry" };
+    match kmech {
+        Some(KernelMechanism::Fentry) => {
+            let btf = VmlinuxBtf::load()?;
+            let template = if ret { &skel.progs.fl_kexit } else { &skel.progs.fl_kentry };
+            for &(cookie, name) in kfuncs {
+                let id = btf.func_id(name).ok_or_else(|| anyhow::anyhow!("{name}: not in the kernel's BTF (a module function?), so no fentry"))?;
+                links.push(fentry_clone(template, ret, id, cookie).with_context(|| format!("kernel:{name} ({dir})"))?);
+            }
+        }
+        Some(KernelMechanism::KprobeMulti) => {
+            let prog = if ret { &skel.progs.fl_kmexit } else { &skel.progs.fl_kmentry };
+            let opts = KprobeMultiOpts {
+                symbols: kfuncs.iter().map(|f| f.1.to_string()).collect(),
+                cookies: kfuncs.iter().map(|f| f.0).collect(),
+                retprobe: ret,
+                ..Default::default()
+            };
+            links.push(Attachment::Lib(prog.attach_kprobe_multi_with_opts(opts).with_context(|| format!("attaching kprobe.multi ({dir}) to {} functions", kfuncs.len()))?));
+        }
+        Some(KernelMechanism::Kprobe) => {
+            let prog = if ret { &skel.progs.fl_kpexit } else { &skel.progs.fl_kpentry };
+            for &(cookie, name) in kfuncs {
+                let opts = KprobeOpts { cookie, ..Default::default() };
+                links.push(Attachment::Lib(prog.attach_kprobe_with_opts(ret, name, opts).with_context(|| format!("kprobe on kernel:{name} ({dir})"))?));
+            }
+        }
+        None => anyhow::bail!("kernel functions without a mechanism"),
+    }
+    Ok(())
 }
 
 /// Detaches in the reverse order of attaching: samplers, then entries, then
 /// returns, so no call is entered that no return probe will see (it would
 /// sit in its thread's stack, and look slow to the sampler).
-fn detach(links: Vec<Link>) {
+fn detach(links: Vec<Attachment>) {
     for l in links.into_iter().rev() {
         drop(l);
     }
 }
 
-/// Loads with tp_btf softirq programs, else raw_tp ones.
-fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
-    match load(pids, tf, probes, true, slow) {
-        Ok(l) => Ok(l),
-        Err(e) if probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_))) => {
-            load(pids, tf, probes, false, slow).with_context(|| format!("(with tp_btf: {e:#})"))
+/// Loads with tp_btf softirq programs, else raw_tp ones; kernel functions
+/// with the forced mechanism, else the first of fentry, kprobe-multi and
+/// kprobe that loads and attaches.
+fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], forced: Option<KernelMechanism>, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+    let softirq = probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_)));
+    let kernel = probes.iter().any(|p| matches!(p.kind, ProbeKind::Kernel(_)));
+    let order: Vec<Option<KernelMechanism>> = match (kernel, forced) {
+        (false, _) => vec![None],
+        (true, Some(m)) => vec![Some(m)],
+        (true, None) => vec![Some(KernelMechanism::Fentry), Some(KernelMechanism::KprobeMulti), Some(KernelMechanism::Kprobe)],
+    };
+    let mut failures = Vec::new();
+    for km in order {
+        let r = match load(pids, tf, probes, true, km, slow) {
+            Err(e) if softirq => load(pids, tf, probes, false, km, slow).with_context(|| format!("(with tp_btf: {e:#})")),
+            r => r,
+        };
+        match r {
+            Ok(l) => return Ok(l),
+            Err(e) if km.is_none() => return Err(e),
+            Err(e) => failures.push(format!("{}: {e:#}", km.map(KernelMechanism::name).unwrap_or(""))),
         }
-        Err(e) => Err(e),
     }
+    Err(crate::engine::error::env(format!("cannot probe the kernel functions ({}); see `sonde doctor`", failures.join("; "))))
 }
 
 /// Every target's histogram, summed over CPUs.
@@ -352,7 +454,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     }
     let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
-    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, None)?;
+    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, a.scope.kernel_mechanism, None)?;
     let attached = Instant::now();
     let skel = &loaded.skel;
     ready();
@@ -390,6 +492,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     // without entries of its own.
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (too_deep, threads_full, unmatched) = (st(FL_TOO_DEEP)?, st(FL_THREADS_FULL)?, st(FL_UNMATCHED)?);
+    let kernel_mechanism = loaded.kernel.map(KernelMechanism::name);
     detach(loaded.links);
     let targets: Vec<TargetResult> = probes
         .into_iter()
@@ -399,7 +502,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
         .collect();
     let calls: u64 = targets.iter().map(|t| t.hist.count).sum();
     let summary = serde_json::json!({
-        "type": "summary", "duration_s": elapsed.as_secs_f64(), "targets": targets.len(), "calls": calls,
+        "type": "summary", "duration_s": elapsed.as_secs_f64(), "targets": targets.len(), "calls": calls, "kernel_mechanism": kernel_mechanism,
         "in_flight": targets.iter().map(|t| t.in_flight).sum::<u64>(),
         "not_timed": {"too_deep": too_deep, "threads_full": threads_full, "unmatched_returns": unmatched},
     });

@@ -23,10 +23,11 @@ const KEEP: usize = 100_000;
 
 /// Calls slower than a threshold, and what they were doing while slow.
 ///
-/// TARGET as for `funclatency` (BINARY:GLOB, syscall:GLOB, softirq:NAME).
-/// Every call longer than --over is reported with its latency, thread and
-/// the stack it was called from (taken at its return: the caller's stack;
-/// for softirqs the kernel stack that ran it). Meanwhile a timer samples, at
+/// TARGET as for `funclatency` (BINARY:GLOB, syscall:GLOB, softirq:NAME,
+/// kernel:GLOB). Every call longer than --over is reported with its latency,
+/// thread and the stack it was called from (taken at its return: the
+/// caller's stack; kernel functions keep the kernel and user stacks; for
+/// softirqs the kernel stack that ran it). Meanwhile a timer samples, at
 /// -F Hz per CPU, the stacks of threads that are inside a call already
 /// older than --over (per CPU for softirqs), so the flame graph shows what
 /// slow calls were doing on CPU once slow, and nothing of fast calls. Time a
@@ -130,7 +131,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
     let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only };
-    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, Some(&cfg))?;
+    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, a.scope.kernel_mechanism, Some(&cfg))?;
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     let events: Rc<RefCell<(Vec<Event>, u64)>> = Rc::default();
@@ -173,6 +174,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     // Counted at the stop: detaching makes returns without entries.
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let not_timed = serde_json::json!({"too_deep": st(FL_TOO_DEEP)?, "threads_full": st(FL_THREADS_FULL)?, "unmatched_returns": st(FL_UNMATCHED)?});
+    let kernel_mechanism = loaded.kernel.map(super::KernelMechanism::name);
     super::detach(loaded.links);
     let _ = rb.consume();
     let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
@@ -238,7 +240,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let mut lost = loss.json_fields();
     lost.insert("slow_calls".into(), st(FL_SLOW_LOST)?.into());
     let summary = serde_json::json!({
-        "type": "summary", "duration_s": elapsed.as_secs_f64(), "over_ns": over_ns,
+        "type": "summary", "duration_s": elapsed.as_secs_f64(), "over_ns": over_ns, "kernel_mechanism": kernel_mechanism,
         "calls": hists.iter().map(|h| h.count).sum::<u64>(), "slow_calls": slow_total,
         "in_flight": flight.iter().map(|f| f.0).sum::<u64>(), "in_flight_over": in_flight_slow,
         "samples": st(FL_SAMPLES)?, "samples_outside_slow_calls": st(FL_SAMPLES_OUTSIDE)?,

@@ -12,6 +12,7 @@ use blazesym::SymType;
 use crate::engine::{
     error::{env, usage},
     features,
+    kfunc::{self, KernelFunc},
 };
 
 /// Softirq vectors by name (include/linux/interrupt.h order).
@@ -31,6 +32,8 @@ pub enum ProbeKind {
     Syscall(String),
     /// irq:softirq_entry/exit of this vector.
     Softirq(u32),
+    /// A kernel function: fentry/fexit, else kprobe/kretprobe.
+    Kernel(KernelFunc),
 }
 
 /// A resolved probe, named as printed (`libc:getnameinfo`, `syscall:connect`).
@@ -63,7 +66,7 @@ pub fn resolve(targets: &[String], pids: &[u32], max_probes: usize) -> anyhow::R
         let found = match scope {
             "syscall" => syscalls(pat)?,
             "softirq" => softirqs(pat)?,
-            "kernel" | "k" => return Err(kernel_unavailable(pat)),
+            "kernel" | "k" => kernel_functions(pat)?,
             _ => user_functions(scope, pat, pids)?,
         };
         if found.is_empty() {
@@ -84,13 +87,21 @@ pub fn resolve(targets: &[String], pids: &[u32], max_probes: usize) -> anyhow::R
     Ok(out)
 }
 
-/// Kernel functions need fentry/fexit or kprobes; says which this kernel lacks.
-fn kernel_unavailable(pat: &str) -> anyhow::Error {
-    let kprobes = features::has_kprobes();
-    env(format!(
-        "kernel:{pat}: kernel functions need fentry/fexit or kprobes, and {}; trace a syscall:NAME or softirq:NAME instead, or see `sonde doctor`",
-        if kprobes { "fentry is not implemented here yet (kprobes are)" } else { "this kernel has kprobes compiled out and refuses fentry" }
-    ))
+/// Kernel functions matching `pat`; refused with the reason where the kernel
+/// has neither fentry nor kprobes.
+fn kernel_functions(pat: &str) -> anyhow::Result<Vec<Probe>> {
+    if !features::has_kprobes() {
+        if let Err(why) = crate::tools::doctor::fentry_attaches() {
+            return Err(env(format!(
+                "kernel:{pat}: kernel functions need fentry/fexit or kprobes, and this kernel has kprobes compiled out and refuses fentry ({why}); trace a syscall:NAME or softirq:NAME instead, or see `sonde doctor`"
+            )));
+        }
+    }
+    let tracefs = features::tracefs().ok_or_else(|| env("kernel targets need tracefs (mount -t tracefs nodev /sys/kernel/tracing)"))?;
+    Ok(kfunc::matching(&tracefs, pat)?
+        .into_iter()
+        .map(|f| Probe { name: format!("kernel:{}", f.name), kind: ProbeKind::Kernel(f) })
+        .collect())
 }
 
 fn syscalls(pat: &str) -> anyhow::Result<Vec<Probe>> {

@@ -1,0 +1,125 @@
+//! Kernel functions: which ones a glob names, and one BPF program attached to
+//! many of them. fentry/fexit needs one program per function (the verifier
+//! checks each against its function's BTF prototype), so the loaded template
+//! program's instructions (map references already resolved by libbpf) are
+//! loaded again per function, as retsnoop does. kprobes take one program for
+//! all: kprobe.multi with a cookie per function where the kernel has it, else
+//! one perf-event kprobe per function. Every attachment is a file descriptor:
+//! closing it (or the process dying) detaches it.
+use std::{
+    ffi::CString,
+    os::fd::{FromRawFd, OwnedFd},
+    path::Path,
+};
+
+use libbpf_rs::{Link, Program};
+
+use super::error::usage;
+
+/// A kernel function a target names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelFunc {
+    /// Its symbol.
+    pub name: String,
+    /// The module it is in (None: vmlinux).
+    pub module: Option<String>,
+}
+
+/// Functions in `available_filter_functions` (those ftrace can hook, so fentry
+/// and kprobes can too) matching `pat`, in the file's order, each once.
+pub fn matching(tracefs: &Path, pat: &str) -> anyhow::Result<Vec<KernelFunc>> {
+    let g = glob::Pattern::new(pat).map_err(|e| usage(format!("kernel function '{pat}': {e}")))?;
+    let path = tracefs.join("available_filter_functions");
+    let text = std::fs::read_to_string(&path).map_err(|e| super::error::env(format!("reading {}: {e}", path.display())))?;
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let mut parts = l.split_whitespace();
+        let Some(name) = parts.next() else { continue };
+        // Entries ftrace could not place are listed under this prefix.
+        if name.starts_with("__ftrace_invalid_address__") || !g.matches(name) || !seen.insert(name.to_string()) {
+            continue;
+        }
+        let module = parts.next().map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
+        out.push(KernelFunc { name: name.to_string(), module });
+    }
+    Ok(out)
+}
+
+/// The kernel's own BTF, for the type ids fentry programs attach by.
+pub struct VmlinuxBtf(*mut libbpf_sys::btf);
+
+impl VmlinuxBtf {
+    /// Loads /sys/kernel/btf/vmlinux.
+    pub fn load() -> anyhow::Result<Self> {
+        // SAFETY: returns an owned btf or an error pointer.
+        let p = unsafe { libbpf_sys::btf__load_vmlinux_btf() };
+        if p.is_null() || (p as isize) < 0 && (p as isize) > -4096 {
+            anyhow::bail!("cannot read the kernel's BTF (/sys/kernel/btf/vmlinux)");
+        }
+        Ok(Self(p))
+    }
+
+    /// The BTF id of function `name`, if the kernel describes it.
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        let c = CString::new(name).ok()?;
+        // SAFETY: a valid btf and a NUL-terminated name.
+        let id = unsafe { libbpf_sys::btf__find_by_name_kind(self.0, c.as_ptr(), libbpf_sys::BTF_KIND_FUNC) };
+        (id > 0).then_some(id as u32)
+    }
+}
+
+impl Drop for VmlinuxBtf {
+    fn drop(&mut self) {
+        // SAFETY: owned since load().
+        unsafe { libbpf_sys::btf__free(self.0) };
+    }
+}
+
+/// What keeps a probe attached: a libbpf link or a raw link fd.
+pub enum Attachment {
+    /// A libbpf-managed link.
+    Lib(Link),
+    /// A link created here (fentry clones).
+    Fd(OwnedFd),
+}
+
+/// Loads `template` (a loaded fentry or fexit program) again for function
+/// `btf_id` and links it with `cookie`. The program fd is closed once the
+/// link holds it.
+pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) -> anyhow::Result<Attachment> {
+    let insns = template.insns();
+    let attach = if exit { libbpf_sys::BPF_TRACE_FEXIT } else { libbpf_sys::BPF_TRACE_FENTRY };
+    let mut log = vec![0u8; 64 * 1024];
+    let mut opts = libbpf_sys::bpf_prog_load_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
+        expected_attach_type: attach,
+        attach_btf_id: btf_id,
+        log_buf: log.as_mut_ptr().cast(),
+        log_size: log.len() as u32,
+        log_level: 0,
+        ..Default::default()
+    };
+    let name = CString::new(if exit { "fl_kexit" } else { "fl_kentry" }).unwrap();
+    // SAFETY: insns outlive the call; opts is sized and its buffer valid.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(libbpf_sys::BPF_PROG_TYPE_TRACING, name.as_ptr(), c"GPL".as_ptr(), insns.as_ptr(), insns.len() as _, &mut opts)
+    };
+    if fd < 0 {
+        let err = std::io::Error::from_raw_os_error(-fd);
+        let msg = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).lines().last().unwrap_or("").to_string();
+        anyhow::bail!("loading an {} program: {err}{}", if exit { "fexit" } else { "fentry" }, if msg.is_empty() { String::new() } else { format!(" ({msg})") });
+    }
+    // SAFETY: a new fd we own.
+    let prog = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut lopts = libbpf_sys::bpf_link_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _, ..Default::default() };
+    lopts.__bindgen_anon_1.tracing.cookie = cookie;
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid program fd and sized options.
+    let l = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), 0, attach, &lopts) };
+    if l < 0 {
+        anyhow::bail!("attaching an {} program: {}", if exit { "fexit" } else { "fentry" }, std::io::Error::from_raw_os_error(-l));
+    }
+    // SAFETY: a new fd we own.
+    Ok(Attachment::Fd(unsafe { OwnedFd::from_raw_fd(l) }))
+}
