@@ -1071,59 +1071,64 @@ fn filled(v: &Value) -> Vec<(u64, u64)> {
 fn funclatency_counts_and_buckets_match_the_workload() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let bin = build_workload("lat", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
-    // Run 1: the calls, then hang() still running when tracing stops.
-    let log = bin.parent().unwrap().join(format!("lat-{}.log", std::process::id()));
-    let w = KillOnDrop(Command::new(&bin).args(["1", "3", log.to_str().unwrap()]).spawn().unwrap());
-    let pid = w.0.id().to_string();
-    // `libc` is found in the process's mappings (libc.so.6).
-    let out = Command::new(SONDE)
-        .args(["funclatency", "-p", &pid, "lat:one_ms", "lat:ten_ms", "lat:recurse", "lat:hang", "libc:nanosleep", "-d", "3s", "--json"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let (t, s) = latency_lines(&out.stdout);
-    // Built in: 100 calls of 1.2 ms, 10 of 12 ms. The oracle for each call is
-    // its own duration as the workload measured it around the call (a call
-    // preempted at its end lasts longer): every call must be in that
-    // duration's bucket (buckets: 4 per power of two), or the one below when
-    // within 1% above a boundary (sonde's window lies inside the workload's).
-    let bucket_le = |ns: u64| -> u64 {
-        let l = 63 - ns.leading_zeros() as u64;
-        let sub = (ns >> (l - 2)) & 3;
-        (5 + sub) << (l - 2)
-    };
-    let measured = std::fs::read_to_string(&log).unwrap();
-    for name in ["one_ms", "ten_ms"] {
-        let v = &t[&format!("lat:{name}")];
-        let mut want: std::collections::BTreeMap<u64, i64> = Default::default();
-        let mut slack = 0;
-        for ns in measured.lines().filter_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok()) {
-            *want.entry(bucket_le(ns)).or_default() += 1;
-            if bucket_le(ns * 99 / 100) != bucket_le(ns) {
-                slack += 1;
+    // Run 1, by uprobe.multi links (this kernel has them), then by a uprobe
+    // per function: the calls, then hang() still running when tracing stops.
+    for (extra, mechanism) in [(None, "uprobe-multi"), (Some("--single-uprobes"), "uprobe")] {
+        let log = bin.parent().unwrap().join(format!("lat-{}.log", std::process::id()));
+        let w = KillOnDrop(Command::new(&bin).args(["1", "3", log.to_str().unwrap()]).spawn().unwrap());
+        let pid = w.0.id().to_string();
+        // `libc` is found in the process's mappings (libc.so.6).
+        let out = Command::new(SONDE)
+            .args(["funclatency", "-p", &pid, "lat:one_ms", "lat:ten_ms", "lat:recurse", "lat:hang", "libc:nanosleep", "-d", "3s", "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        let (t, s) = latency_lines(&out.stdout);
+        assert_eq!(s["uprobe_mechanism"], mechanism, "{s}");
+        // Built in: 100 calls of 1.2 ms, 10 of 12 ms. The oracle for each call is
+        // its own duration as the workload measured it around the call (a call
+        // preempted at its end lasts longer): every call must be in that
+        // duration's bucket (buckets: 4 per power of two), or the one below when
+        // within 1% above a boundary (sonde's window lies inside the workload's).
+        let bucket_le = |ns: u64| -> u64 {
+            let l = 63 - ns.leading_zeros() as u64;
+            let sub = (ns >> (l - 2)) & 3;
+            (5 + sub) << (l - 2)
+        };
+        let measured = std::fs::read_to_string(&log).unwrap();
+        for name in ["one_ms", "ten_ms"] {
+            let v = &t[&format!("lat:{name}")];
+            let mut want: std::collections::BTreeMap<u64, i64> = Default::default();
+            let mut slack = 0;
+            for ns in measured.lines().filter_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok()) {
+                *want.entry(bucket_le(ns)).or_default() += 1;
+                if bucket_le(ns * 99 / 100) != bucket_le(ns) {
+                    slack += 1;
+                }
             }
+            let got: std::collections::BTreeMap<u64, i64> = filled(v).into_iter().map(|(le, c)| (le, c as i64)).collect();
+            let diff: i64 = want.keys().chain(got.keys()).collect::<std::collections::BTreeSet<_>>().into_iter().map(|k| (want.get(k).unwrap_or(&0) - got.get(k).unwrap_or(&0)).abs()).sum();
+            assert_eq!(v["count"].as_u64(), Some(want.values().sum::<i64>() as u64), "{v}");
+            assert!(diff <= 2 * slack, "{name}: sonde {got:?}, workload {want:?} ({slack} near a boundary)");
         }
-        let got: std::collections::BTreeMap<u64, i64> = filled(v).into_iter().map(|(le, c)| (le, c as i64)).collect();
-        let diff: i64 = want.keys().chain(got.keys()).collect::<std::collections::BTreeSet<_>>().into_iter().map(|k| (want.get(k).unwrap_or(&0) - got.get(k).unwrap_or(&0)).abs()).sum();
-        assert_eq!(v["count"].as_u64(), Some(want.values().sum::<i64>() as u64), "{v}");
-        assert!(diff <= 2 * slack, "{name}: sonde {got:?}, workload {want:?} ({slack} near a boundary)");
+        // Recursion: five nested calls per recurse(4), each paired with its own
+        // return (each at least its 1.2 ms spin), none left over.
+        let r = &t["lat:recurse"];
+        assert!(r["count"] == 50 && filled(r).iter().all(|(le, _)| *le >= 1_310_720), "{r}");
+        let p50 = t["lat:one_ms"]["p50_ns"].as_u64().unwrap();
+        assert!((1_048_576..=1_310_720).contains(&p50), "{}", t["lat:one_ms"]);
+        // hang(0.2) is done; hang(3) is still running at the end.
+        assert_eq!(t["lat:hang"]["count"], 1, "{}", t["lat:hang"]);
+        assert_eq!(t["lat:hang"]["in_flight"], 1, "{}", t["lat:hang"]);
+        assert!(t["lat:hang"]["oldest_in_flight_ns"].as_u64().unwrap() > 500_000_000, "{}", t["lat:hang"]);
+        assert_eq!(s["not_timed"]["unmatched_returns"], 0, "{s}");
+        assert_eq!(s["not_timed"]["too_deep"], 0, "{s}");
+        // hang() sleeps in libc's nanosleep: the same two calls, nested inside.
+        let libc = &t["libc:nanosleep"];
+        assert!(libc["count"] == 1 && libc["in_flight"] == 1 && libc["max_ns"].as_u64().unwrap() >= 200_000_000, "{libc}");
+        drop(w);
     }
-    // Recursion: five nested calls per recurse(4), each paired with its own
-    // return (each at least its 1.2 ms spin), none left over.
-    let r = &t["lat:recurse"];
-    assert!(r["count"] == 50 && filled(r).iter().all(|(le, _)| *le >= 1_310_720), "{r}");
-    let p50 = t["lat:one_ms"]["p50_ns"].as_u64().unwrap();
-    assert!((1_048_576..=1_310_720).contains(&p50), "{}", t["lat:one_ms"]);
-    // hang(0.2) is done; hang(3) is still running at the end.
-    assert_eq!(t["lat:hang"]["count"], 1, "{}", t["lat:hang"]);
-    assert_eq!(t["lat:hang"]["in_flight"], 1, "{}", t["lat:hang"]);
-    assert!(t["lat:hang"]["oldest_in_flight_ns"].as_u64().unwrap() > 500_000_000, "{}", t["lat:hang"]);
-    assert_eq!(s["not_timed"]["unmatched_returns"], 0, "{s}");
-    assert_eq!(s["not_timed"]["too_deep"], 0, "{s}");
-    // hang() sleeps in libc's nanosleep: the same two calls, nested inside.
-    let libc = &t["libc:nanosleep"];
-    assert!(libc["count"] == 1 && libc["in_flight"] == 1 && libc["max_ns"].as_u64().unwrap() >= 200_000_000, "{libc}");
-    drop(w);
 
     // Run 2: the process exits mid-trace; tracing finishes cleanly.
     let w = KillOnDrop(Command::new(&bin).args(["0.5", "0.2"]).spawn().unwrap());

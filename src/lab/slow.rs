@@ -121,7 +121,7 @@ struct Phase {
 
 fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, Stop)> {
     let sargs = SlowArgs {
-        scope: Scope { targets: vec!["syscall:connect".into()], pid: vec![std::process::id()], cgroup: None, duration: Some(a.duration), max_probes: 4, kernel_mechanism: None },
+        scope: Scope { targets: vec!["syscall:connect".into()], pid: vec![std::process::id()], cgroup: None, duration: Some(a.duration), max_probes: 4, kernel_mechanism: None, single_uprobes: false },
         over: a.over,
         frequency: 999,
         output: vec![PathBuf::from(format!("{}-{tag}.html", a.prefix)), PathBuf::from(format!("{}-{tag}.svg", a.prefix))],

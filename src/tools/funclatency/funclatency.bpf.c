@@ -206,6 +206,19 @@ int BPF_URETPROBE(fl_ureturn)
 	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
 }
 
+/* The same as one uprobe.multi link per binary (kernels with it). */
+SEC("uprobe.multi")
+int BPF_UPROBE(fl_umentry)
+{
+	return enter((__u32)bpf_get_attach_cookie(ctx));
+}
+
+SEC("uretprobe.multi")
+int BPF_URETPROBE(fl_umexit)
+{
+	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+}
+
 SEC("tracepoint")
 int fl_sys_enter(void *ctx)
 {

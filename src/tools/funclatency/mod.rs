@@ -13,7 +13,7 @@ use anyhow::Context;
 use clap::Args;
 use libbpf_rs::{
     skel::{OpenSkel, SkelBuilder},
-    KprobeMultiOpts, KprobeOpts, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeOpts,
+    KprobeMultiOpts, KprobeOpts, UprobeMultiOpts, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeOpts,
 };
 
 use crate::engine::{
@@ -65,8 +65,10 @@ const DEPTH: usize = 32;
 ///
 /// OVERHEAD (bench/funclatency/run, tight loops): a traced user function
 /// costs ~5.2 us more per call (two uprobe traps; sonde's BPF is 0.2 us of
-/// it; a bpftrace one-liner costs the same), a traced syscall ~170 ns more
-/// (bpftrace: ~270 ns). Trace hot user functions with -p, for short periods.
+/// it; a bpftrace one-liner costs the same; uprobe.multi links cost the same
+/// per call), a traced syscall 150-170 ns more (bpftrace: 270-390 ns).
+/// Trace hot user functions with -p, for short periods. Kernel functions:
+/// not measured (refused on the machine we benchmark on).
 #[derive(Debug, Args)]
 pub struct FunclatencyArgs {
     /// Targets, filters and duration.
@@ -103,6 +105,10 @@ pub struct Scope {
     /// fentry, kprobe-multi, kprobe).
     #[arg(long, value_enum)]
     pub kernel_mechanism: Option<KernelMechanism>,
+    /// A uprobe link per function even where one uprobe.multi link per
+    /// binary is possible.
+    #[arg(long)]
+    pub single_uprobes: bool,
 }
 
 /// Ways to probe kernel functions.
@@ -165,6 +171,10 @@ struct Loaded {
     links: Vec<Attachment>,
     /// How kernel functions were probed, if there were any.
     kernel: Option<KernelMechanism>,
+    /// User functions: by uprobe.multi links (else a uprobe per function).
+    umulti: bool,
+    /// Functions the kernel refused a uprobe on (ENOTSUPP), not traced.
+    unprobeable: Vec<String>,
 }
 
 /// `slow`'s additions to the kernel half.
@@ -175,7 +185,17 @@ struct SlowCfg {
     want_user: bool,
 }
 
-fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, kmech: Option<KernelMechanism>, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+/// How to load: tp_btf softirqs (`typed`), the kernel-function mechanism,
+/// uprobe.multi for user functions.
+#[derive(Clone, Copy, Debug)]
+struct Way {
+    typed: bool,
+    kmech: Option<KernelMechanism>,
+    umulti: bool,
+}
+
+fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+    let Way { typed, kmech, umulti } = way;
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
@@ -197,8 +217,10 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, kmech: Opt
     let has = |f: fn(&ProbeKind) -> bool| probes.iter().any(|p| f(&p.kind));
     let user = has(|k| matches!(k, ProbeKind::User { .. }));
     let sys = has(|k| matches!(k, ProbeKind::Syscall(_)));
-    open.progs.fl_uentry.set_autoload(user);
-    open.progs.fl_ureturn.set_autoload(user);
+    open.progs.fl_uentry.set_autoload(user && !umulti);
+    open.progs.fl_ureturn.set_autoload(user && !umulti);
+    open.progs.fl_umentry.set_autoload(user && umulti);
+    open.progs.fl_umexit.set_autoload(user && umulti);
     open.progs.fl_sys_enter.set_autoload(sys);
     open.progs.fl_sys_exit.set_autoload(sys);
     open.progs.fl_btf_softirq_entry.set_autoload(softirq && typed);
@@ -226,21 +248,36 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, kmech: Opt
     let skel = open.load().context("loading BPF programs")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
     let mut links = Vec::new();
+    let mut unprobeable: Vec<usize> = Vec::new();
     // Returns before entries, so no call is entered without its return
     // being caught (it would sit in its thread's stack for ever).
     for ret in [true, false] {
+        if user && umulti {
+            attach_user_multi(&skel, pids, probes, ret, &mut links)?;
+        }
         for (i, p) in probes.iter().enumerate() {
             let cookie = i as u64;
             match &p.kind {
+                ProbeKind::User { .. } if umulti => {}
+                ProbeKind::User { .. } if unprobeable.contains(&i) => {}
                 ProbeKind::User { path, offset } => {
                     let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
                     let pids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
                     for pid in pids {
                         let opts = UprobeOpts { cookie, retprobe: ret, ..Default::default() };
-                        links.push(Attachment::Lib(
-                            prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts)
-                                .with_context(|| format!("attaching a uprobe to {} ({} at {offset:#x})", p.name, path.display()))?,
-                        ));
+                        match prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts) {
+                            Ok(l) => links.push(Attachment::Lib(l)),
+                            // ENOTSUPP: the kernel cannot place a uprobe on this
+                            // function's first instruction. Skipped and reported
+                            // when other functions remain.
+                            Err(e) if ret && format!("{e:#}").contains("(os error 524)") => {
+                                unprobeable.push(i);
+                                break;
+                            }
+                            Err(e) => {
+                                return Err(anyhow::Error::new(e).context(format!("attaching a uprobe to {} ({} at {offset:#x})", p.name, path.display())))
+                            }
+                        }
                     }
                 }
                 ProbeKind::Syscall(name) => {
@@ -272,7 +309,41 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], typed: bool, kmech: Opt
         })?;
         links.extend(samplers.into_iter().map(Attachment::Lib));
     }
-    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()) })
+    let n_user = probes.iter().filter(|p| matches!(p.kind, ProbeKind::User { .. })).count();
+    if n_user > 0 && unprobeable.len() == n_user {
+        return Err(crate::engine::error::env(format!("the kernel cannot place a uprobe on any of the {n_user} functions (first: {}; ENOTSUPP)", probes[unprobeable[0]].name)));
+    }
+    let unprobeable = unprobeable.into_iter().map(|i| probes[i].name.clone()).collect();
+    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti: user && umulti, unprobeable })
+}
+
+/// One uprobe.multi link per binary (and per -p process) for the entries or
+/// the returns (`ret`) of every user function in it, cookies per function.
+fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[u32], probes: &[Probe], ret: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+    let mut by_path: Vec<(&std::path::Path, Vec<usize>, Vec<u64>)> = Vec::new();
+    for (i, p) in probes.iter().enumerate() {
+        if let ProbeKind::User { path, offset } = &p.kind {
+            match by_path.iter_mut().find(|b| b.0 == path.as_path()) {
+                Some(b) => {
+                    b.1.push(*offset as usize);
+                    b.2.push(i as u64);
+                }
+                None => by_path.push((path, vec![*offset as usize], vec![i as u64])),
+            }
+        }
+    }
+    let prog = if ret { &skel.progs.fl_umexit } else { &skel.progs.fl_umentry };
+    let pids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
+    for (path, offsets, cookies) in by_path {
+        for &pid in &pids {
+            let opts = UprobeMultiOpts { offsets: offsets.clone(), cookies: cookies.clone(), retprobe: ret, ..Default::default() };
+            links.push(Attachment::Lib(
+                prog.attach_uprobe_multi_with_opts(pid, path, "", opts)
+                    .with_context(|| format!("attaching uprobe.multi to {} functions of {}", offsets.len(), path.display()))?,
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Attaches the entry (`ret` false) or return probes of kernel functions
@@ -321,26 +392,44 @@ fn detach(links: Vec<Attachment>) {
 
 /// Loads with tp_btf softirq programs, else raw_tp ones; kernel functions
 /// with the forced mechanism, else the first of fentry, kprobe-multi and
-/// kprobe that loads and attaches.
-fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], forced: Option<KernelMechanism>, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+/// kprobe that loads and attaches; user functions by uprobe.multi where the
+/// kernel has it (its link type is in the kernel's BTF), else one uprobe each.
+fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], scope: &Scope, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
     let softirq = probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_)));
     let kernel = probes.iter().any(|p| matches!(p.kind, ProbeKind::Kernel(_)));
-    let order: Vec<Option<KernelMechanism>> = match (kernel, forced) {
+    let user = probes.iter().any(|p| matches!(p.kind, ProbeKind::User { .. }));
+    let korder: Vec<Option<KernelMechanism>> = match (kernel, scope.kernel_mechanism) {
         (false, _) => vec![None],
         (true, Some(m)) => vec![Some(m)],
         (true, None) => vec![Some(KernelMechanism::Fentry), Some(KernelMechanism::KprobeMulti), Some(KernelMechanism::Kprobe)],
     };
+    let umulti = user && !scope.single_uprobes && features::btf_has_type("bpf_uprobe_multi_link");
     let mut failures = Vec::new();
-    for km in order {
-        let r = match load(pids, tf, probes, true, km, slow) {
-            Err(e) if softirq => load(pids, tf, probes, false, km, slow).with_context(|| format!("(with tp_btf: {e:#})")),
-            r => r,
-        };
-        match r {
-            Ok(l) => return Ok(l),
-            Err(e) if km.is_none() => return Err(e),
-            Err(e) => failures.push(format!("{}: {e:#}", km.map(KernelMechanism::name).unwrap_or(""))),
+    for &kmech in &korder {
+        let mut ways = vec![Way { typed: true, kmech, umulti }];
+        if softirq {
+            ways.push(Way { typed: false, kmech, umulti });
         }
+        if umulti {
+            ways.push(Way { typed: true, kmech, umulti: false });
+            if softirq {
+                ways.push(Way { typed: false, kmech, umulti: false });
+            }
+        }
+        let mut errs: Vec<anyhow::Error> = Vec::new();
+        for way in ways {
+            match load(pids, tf, probes, way, slow) {
+                Ok(l) => return Ok(l),
+                Err(e) => errs.push(e),
+            }
+        }
+        let text: Vec<String> = errs.iter().map(|e| format!("{e:#}")).collect();
+        if kmech.is_none() {
+            // No other mechanism to try: the last failure, after the others.
+            let last = errs.pop().expect("at least one way was tried");
+            return Err(if errs.is_empty() { last } else { last.context(format!("(before: {})", text[..text.len() - 1].join("; "))) });
+        }
+        failures.push(format!("{}: {}", kmech.map(KernelMechanism::name).unwrap_or(""), text.join("; then ")));
     }
     Err(crate::engine::error::env(format!("cannot probe the kernel functions ({}); see `sonde doctor`", failures.join("; "))))
 }
@@ -411,6 +500,15 @@ fn prune_dead_threads(map: &dyn MapCore) {
     }
 }
 
+/// Says which functions the kernel refused a uprobe on, if any.
+fn unprobeable_note(summary: &serde_json::Value) {
+    let names: Vec<&str> = summary["unprobeable"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+    if !names.is_empty() {
+        let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };
+        eprintln!("not traced: the kernel cannot place a uprobe on {}{more} (ENOTSUPP)", names[..names.len().min(5)].join(", "));
+    }
+}
+
 fn target_json(r: &TargetResult, interval: Option<u64>) -> serde_json::Value {
     let h = &r.hist;
     let mut v = serde_json::json!({
@@ -454,7 +552,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     }
     let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
-    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, a.scope.kernel_mechanism, None)?;
+    let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, None)?;
     let attached = Instant::now();
     let skel = &loaded.skel;
     ready();
@@ -493,6 +591,8 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (too_deep, threads_full, unmatched) = (st(FL_TOO_DEEP)?, st(FL_THREADS_FULL)?, st(FL_UNMATCHED)?);
     let kernel_mechanism = loaded.kernel.map(KernelMechanism::name);
+    let unprobeable = std::mem::take(&mut loaded.unprobeable);
+    let uprobe_mechanism = probes.iter().any(|p| matches!(p.kind, ProbeKind::User { .. })).then_some(if loaded.umulti { "uprobe-multi" } else { "uprobe" });
     detach(loaded.links);
     let targets: Vec<TargetResult> = probes
         .into_iter()
@@ -502,7 +602,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
         .collect();
     let calls: u64 = targets.iter().map(|t| t.hist.count).sum();
     let summary = serde_json::json!({
-        "type": "summary", "duration_s": elapsed.as_secs_f64(), "targets": targets.len(), "calls": calls, "kernel_mechanism": kernel_mechanism,
+        "type": "summary", "duration_s": elapsed.as_secs_f64(), "targets": targets.len(), "calls": calls, "kernel_mechanism": kernel_mechanism, "uprobe_mechanism": uprobe_mechanism, "unprobeable": unprobeable,
         "in_flight": targets.iter().map(|t| t.in_flight).sum::<u64>(),
         "not_timed": {"too_deep": too_deep, "threads_full": threads_full, "unmatched_returns": unmatched},
     });
@@ -528,6 +628,7 @@ pub fn run(a: &FunclatencyArgs) -> anyhow::Result<i32> {
             "{} calls in {} targets over {:.1} s; {} in flight at the end; not timed: {} nested deeper than {DEPTH}, {} with the thread map full, {} returns whose entry was not seen",
             s["calls"], s["targets"], s["duration_s"].as_f64().unwrap_or(0.0), s["in_flight"], nt["too_deep"], nt["threads_full"], nt["unmatched_returns"]
         );
+        unprobeable_note(s);
     }
     Ok(out.stop.exit_code())
 }

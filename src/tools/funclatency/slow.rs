@@ -131,7 +131,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
     let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only };
-    let loaded = load_with_fallback(&a.scope.pid, &tf, &probes, a.scope.kernel_mechanism, Some(&cfg))?;
+    let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, Some(&cfg))?;
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     let events: Rc<RefCell<(Vec<Event>, u64)>> = Rc::default();
@@ -175,6 +175,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let not_timed = serde_json::json!({"too_deep": st(FL_TOO_DEEP)?, "threads_full": st(FL_THREADS_FULL)?, "unmatched_returns": st(FL_UNMATCHED)?});
     let kernel_mechanism = loaded.kernel.map(super::KernelMechanism::name);
+    let unprobeable = std::mem::take(&mut loaded.unprobeable);
     super::detach(loaded.links);
     let _ = rb.consume();
     let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
@@ -240,7 +241,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let mut lost = loss.json_fields();
     lost.insert("slow_calls".into(), st(FL_SLOW_LOST)?.into());
     let summary = serde_json::json!({
-        "type": "summary", "duration_s": elapsed.as_secs_f64(), "over_ns": over_ns, "kernel_mechanism": kernel_mechanism,
+        "type": "summary", "duration_s": elapsed.as_secs_f64(), "over_ns": over_ns, "kernel_mechanism": kernel_mechanism, "unprobeable": unprobeable,
         "calls": hists.iter().map(|h| h.count).sum::<u64>(), "slow_calls": slow_total,
         "in_flight": flight.iter().map(|f| f.0).sum::<u64>(), "in_flight_over": in_flight_slow,
         "samples": st(FL_SAMPLES)?, "samples_outside_slow_calls": st(FL_SAMPLES_OUTSIDE)?,
@@ -272,6 +273,7 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
         w.flush()?;
         return Ok(out.stop.exit_code());
     }
+    super::unprobeable_note(s);
     println!("{} calls over {} of {} calls; {} samples inside them", s["slow_calls"], human(s["over_ns"].as_u64().unwrap_or(0)), s["calls"], s["samples"]);
     // Grouped by target and call site, slowest first.
     let mut sites: Vec<(String, Vec<String>, Vec<&SlowCall>)> = Vec::new();
