@@ -377,6 +377,11 @@ fn netns_filter_sees_only_that_namespace() {
     assert!(d1.get("TcpExtTCPSynRetrans") >= 1);
     assert_eq!(syn.len() as i64, d1.get("TcpExtTCPSynRetrans"), "exactly the first lab's SYN retransmits: {out:?}");
     assert!(syn.iter().all(|e| e["netns"].as_u64() == Some(inode) && e["daddr"] == p1.b4.as_str()), "{syn:?}");
+    // The second lab's SYN retransmits were left out, counted under its namespace.
+    let inode2 = std::fs::metadata(format!("/run/netns/{}", p2.a.name)).unwrap().ino();
+    let s = summary(&out);
+    assert!(s["filtered_netns"][inode2.to_string()].as_u64().unwrap_or(0) >= 1, "{s}");
+    assert!(s["filtered_netns"].get(inode.to_string()).is_none(), "{s}");
 }
 
 #[test]
@@ -429,7 +434,7 @@ fn sigkill_leaves_no_program_or_link_behind() {
     assert_gone(pid, &ours);
 
     // profile (programs on perf events, one per CPU), offcpu and wakeup (tp_btf).
-    // funclatency (uprobes, syscall tracepoints, softirq tp_btf).
+    // funclatency (uprobe.multi links, syscall tracepoints, softirq tp_btf).
     for (tool, ready, targets) in [
         ("profile", "sampling CPU stacks", &[][..]),
         ("offcpu", "tracing off-CPU time", &[]),

@@ -245,11 +245,15 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         json!({
             "usable": ok("uprobe") || ok("tracepoint"),
             "mechanism": "uprobe + tracepoint",
-            "user_functions": ok("uprobe"), "syscalls": ok("tracepoint") && features::tracepoint_exists("syscalls", "sys_enter_read"),
+            "user_functions": ok("uprobe"), "uprobe_multi": ok("uprobe") && features::btf_has_type("bpf_uprobe_multi_link"), "syscalls": ok("tracepoint") && features::tracepoint_exists("syscalls", "sys_enter_read"),
             "softirqs": ok("tp_btf") || ok("raw_tp"), "kernel_functions": ok("fentry") || ok("kprobe"),
             "detail": format!(
                 "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
-                if ok("uprobe") { "uprobe/uretprobe" } else { "no uprobes" },
+                match (ok("uprobe"), features::btf_has_type("bpf_uprobe_multi_link")) {
+                    (true, true) => "uprobe.multi links, one per binary",
+                    (true, false) => "a uprobe/uretprobe per function (no uprobe.multi here)",
+                    (false, _) => "no uprobes",
+                },
                 if features::tracepoint_exists("syscalls", "sys_enter_read") { "syscalls:sys_enter_*/sys_exit_*" } else { "no syscall tracepoints" },
                 if ok("tp_btf") { "tp_btf irq:softirq_entry/exit" } else if ok("raw_tp") { "raw_tp irq:softirq_entry/exit" } else { "unavailable" }
             ),

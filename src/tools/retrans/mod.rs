@@ -53,7 +53,8 @@ const STAT_FLOW_FULL: usize = STAT_LOST + 1;
 const STAT_OWNER_FULL: usize = STAT_LOST + 2;
 const STAT_FILTERED: usize = STAT_LOST + 3;
 const STAT_UNREADABLE: usize = STAT_LOST + 4;
-const STAT_MAX: usize = STAT_LOST + 5;
+const STAT_FILTERED_SEGS: usize = STAT_LOST + 5;
+const STAT_MAX: usize = STAT_LOST + 6;
 const MAX_ERRNO: u32 = 256;
 
 /// A retransmission cause, as `--kind` takes it.
@@ -350,6 +351,9 @@ pub struct Totals {
     flow_full: u64,
     owner_full: u64,
     filtered: u64,
+    filtered_segs: u64,
+    /// Events --netns filtered out, by the namespace they were in.
+    filtered_netns: BTreeMap<String, u64>,
     unreadable: u64,
     failed: BTreeMap<String, u64>,
 }
@@ -366,6 +370,12 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
     t.flow_full = stat[STAT_FLOW_FULL];
     t.owner_full = stat[STAT_OWNER_FULL];
     t.filtered = stat[STAT_FILTERED];
+    t.filtered_segs = stat[STAT_FILTERED_SEGS];
+    for k in skel.maps.filtered_netns.keys() {
+        if let (Ok(ns), Some(v)) = (<[u8; 4]>::try_from(&k[..]), skel.maps.filtered_netns.lookup(&k, libbpf_rs::MapFlags::ANY)?) {
+            t.filtered_netns.insert(u32::from_ne_bytes(ns).to_string(), u64::from_ne_bytes(v[..8].try_into().unwrap_or_default()));
+        }
+    }
     t.unreadable = stat[STAT_UNREADABLE];
     for e in 1..MAX_ERRNO {
         let n = percpu_sum(&skel.maps.errs, e)?;
@@ -394,6 +404,8 @@ fn summary_json(t: &Totals, mech: Mechanism, elapsed: Duration) -> Value {
         "missed": t.missed,
         "unreadable": t.unreadable,
         "filtered": t.filtered,
+        "filtered_segs": t.filtered_segs,
+        "filtered_netns": t.filtered_netns,
         "map_full": {"flows": t.flow_full, "owners": t.owner_full},
         "mechanism": mech.to_string(),
         "duration_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,

@@ -72,6 +72,15 @@ struct {
 	__type(value, __u64);
 } errs SEC(".maps");
 
+/* Events --netns filtered out, per namespace they were in (the summary
+ * names them, so a namespace missing from the list shows). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u64);
+} filtered_netns SEC(".maps");
+
 /* --count: allocated as flows appear (the seed load has 80k SYN_SENT flows). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -346,6 +355,14 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	}
 	if (!pass_filters(f, o ? o : &none, o != NULL)) {
 		stat_add(STAT_FILTERED);
+		stat_add_n(STAT_FILTERED_SEGS, segs);
+		if (n_netns && !IN_LIST(netns_ids, n_netns, MAX_NETNS, f->netns)) {
+			__u64 one = 1, *c = bpf_map_lookup_elem(&filtered_netns, &f->netns);
+			if (c)
+				__sync_fetch_and_add(c, 1);
+			else
+				bpf_map_update_elem(&filtered_netns, &f->netns, &one, BPF_NOEXIST);
+		}
 		return;
 	}
 

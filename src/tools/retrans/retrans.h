@@ -82,6 +82,7 @@ enum stat_slot {
 	STAT_OWNER_FULL,          /* owner map full */
 	STAT_FILTERED,            /* events dropped by filters */
 	STAT_UNREADABLE,          /* socket not readable as a tcp_sock (never seen) */
+	STAT_FILTERED_SEGS,       /* segments of the events dropped by filters */
 	STAT_MAX,
 };
 
