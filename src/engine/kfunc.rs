@@ -69,6 +69,19 @@ impl VmlinuxBtf {
     }
 }
 
+impl VmlinuxBtf {
+    /// How many arguments function `name` takes, from its BTF prototype.
+    pub fn func_args(&self, name: &str) -> Option<u32> {
+        let id = self.func_id(name)?;
+        // SAFETY: ids from this btf; the returned types live as long as it.
+        unsafe {
+            let f = libbpf_sys::btf__type_by_id(self.0, id).as_ref()?;
+            let proto = libbpf_sys::btf__type_by_id(self.0, f.__bindgen_anon_1.type_).as_ref()?;
+            Some(proto.info & 0xffff)
+        }
+    }
+}
+
 impl Drop for VmlinuxBtf {
     fn drop(&mut self) {
         // SAFETY: owned since load().

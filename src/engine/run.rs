@@ -36,7 +36,8 @@ const STOP_REQUESTED: usize = usize::MAX;
 #[derive(Clone)]
 pub struct RunControl {
     signal: Arc<AtomicUsize>,
-    deadline: Option<Instant>,
+    duration: Option<Duration>,
+    deadline: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl RunControl {
@@ -46,7 +47,17 @@ impl RunControl {
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
             signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
         }
-        Ok(Self { signal, deadline: duration.map(|d| Instant::now() + d) })
+        Ok(Self { signal, duration, deadline: Arc::new(std::sync::Mutex::new(duration.map(|d| Instant::now() + d))) })
+    }
+
+    /// Starts the duration over from now: tools call it once attached, so
+    /// that a long attach (hundreds of probes) does not eat into `-d`.
+    pub fn start_clock(&self) {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = self.duration.map(|d| Instant::now() + d);
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Asks the loop to stop as if the duration had elapsed (labs, tests).
@@ -64,7 +75,7 @@ impl RunControl {
             signal_hook::consts::SIGTERM => return Some(Stop::Terminated),
             _ => {}
         }
-        match self.deadline {
+        match self.deadline() {
             Some(d) if Instant::now() >= d => Some(Stop::Done),
             _ => None,
         }
@@ -72,7 +83,7 @@ impl RunControl {
 
     /// Time left before the deadline, capped at `max`.
     pub fn next_wait(&self, max: Duration) -> Duration {
-        match self.deadline {
+        match self.deadline() {
             Some(d) => d.saturating_duration_since(Instant::now()).min(max),
             None => max,
         }

@@ -240,12 +240,18 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     open.progs.fl_kpentry.set_autoload(km(KernelMechanism::Kprobe));
     open.progs.fl_kpexit.set_autoload(km(KernelMechanism::Kprobe));
     if km(KernelMechanism::Fentry) {
-        // The template is verified against the first function; the others
-        // get copies of its instructions (kfunc::fentry_clone).
-        open.progs.fl_kentry.set_attach_target(0, Some(kfuncs[0].1.to_string()))?;
-        open.progs.fl_kexit.set_attach_target(0, Some(kfuncs[0].1.to_string()))?;
+        // The template is verified against one function, the one with the
+        // fewest arguments (any trampoline takes it); the others get copies
+        // of its instructions (kfunc::fentry_clone).
+        let btf = VmlinuxBtf::load()?;
+        let template = kfuncs.iter().filter_map(|f| Some((btf.func_args(f.1)?, f.1))).min().map(|(_, n)| n).unwrap_or(kfuncs[0].1);
+        open.progs.fl_kentry.set_attach_target(0, Some(template.to_string()))?;
+        open.progs.fl_kexit.set_attach_target(0, Some(template.to_string()))?;
     }
     let skel = open.load().context("loading BPF programs")?;
+    // Every probe is a link fd (a kprobe also a perf-event fd): many
+    // functions need more than the usual soft limit of 1024.
+    crate::engine::stacktool::raise_open_files();
     tf.fill_pids(&skel.maps.tf_pids)?;
     let mut links = Vec::new();
     let mut unprobeable: Vec<usize> = Vec::new();
@@ -291,7 +297,7 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
             }
         }
         if !kfuncs.is_empty() {
-            attach_kernel(&skel, kmech, &kfuncs, ret, &mut links)?;
+            attach_kernel(&skel, kmech, &kfuncs, ret, &mut links, &mut unprobeable)?;
         }
     }
     if softirq {
@@ -310,8 +316,12 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
         links.extend(samplers.into_iter().map(Attachment::Lib));
     }
     let n_user = probes.iter().filter(|p| matches!(p.kind, ProbeKind::User { .. })).count();
-    if n_user > 0 && unprobeable.len() == n_user {
+    let user_refused = unprobeable.iter().filter(|&&i| matches!(probes[i].kind, ProbeKind::User { .. })).count();
+    if n_user > 0 && user_refused == n_user {
         return Err(crate::engine::error::env(format!("the kernel cannot place a uprobe on any of the {n_user} functions (first: {}; ENOTSUPP)", probes[unprobeable[0]].name)));
+    }
+    if !kfuncs.is_empty() && unprobeable.len() - user_refused == kfuncs.len() {
+        anyhow::bail!("the kernel refuses every one of the {} kernel functions by this mechanism", kfuncs.len());
     }
     let unprobeable = unprobeable.into_iter().map(|i| probes[i].name.clone()).collect();
     Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti: user && umulti, unprobeable })
@@ -348,15 +358,41 @@ fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[u32], probes: &[Probe],
 
 /// Attaches the entry (`ret` false) or return probes of kernel functions
 /// `kfuncs` (cookie = target index, name) by `kmech`.
-fn attach_kernel(skel: &FunclatencySkel<'_>, kmech: Option<KernelMechanism>, kfuncs: &[(u64, &str)], ret: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+/// With fentry, a function the kernel will not trampoline (ENOTSUPP: e.g.
+/// more arguments than registers; or no BTF prototype) is skipped and its
+/// target index put in `unprobeable`, when other functions remain.
+fn attach_kernel(
+    skel: &FunclatencySkel<'_>,
+    kmech: Option<KernelMechanism>,
+    kfuncs: &[(u64, &str)],
+    ret: bool,
+    links: &mut Vec<Attachment>,
+    unprobeable: &mut Vec<usize>,
+) -> anyhow::Result<()> {
     let dir = if ret { "return" } else { "entry" };
     match kmech {
         Some(KernelMechanism::Fentry) => {
             let btf = VmlinuxBtf::load()?;
             let template = if ret { &skel.progs.fl_kexit } else { &skel.progs.fl_kentry };
             for &(cookie, name) in kfuncs {
-                let id = btf.func_id(name).ok_or_else(|| anyhow::anyhow!("{name}: not in the kernel's BTF (a module function?), so no fentry"))?;
-                links.push(fentry_clone(template, ret, id, cookie).with_context(|| format!("kernel:{name} ({dir})"))?);
+                if unprobeable.contains(&(cookie as usize)) {
+                    continue;
+                }
+                let attached = match btf.func_id(name) {
+                    Some(id) => fentry_clone(template, ret, id, cookie),
+                    None => Err(anyhow::anyhow!("{name}: not in the kernel's BTF (a module function?), so no fentry")),
+                };
+                match attached {
+                    Ok(a) => links.push(a),
+                    // Returns are attached first: a refusal there skips the function.
+                    Err(e) if ret && kfuncs.len() > 1 => {
+                        if std::env::var_os("SONDE_DEBUG").is_some() {
+                            eprintln!("sonde: kernel:{name}: {e:#}");
+                        }
+                        unprobeable.push(cookie as usize);
+                    }
+                    Err(e) => return Err(e.context(format!("kernel:{name} ({dir})"))),
+                }
             }
         }
         Some(KernelMechanism::KprobeMulti) => {
@@ -505,7 +541,7 @@ fn unprobeable_note(summary: &serde_json::Value) {
     let names: Vec<&str> = summary["unprobeable"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
     if !names.is_empty() {
         let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };
-        eprintln!("not traced: the kernel cannot place a uprobe on {}{more} (ENOTSUPP)", names[..names.len().min(5)].join(", "));
+        eprintln!("not traced: the kernel refused a probe on {}{more} (a uprobe: ENOTSUPP; fentry: no trampoline or BTF for it)", names[..names.len().min(5)].join(", "));
     }
 }
 
@@ -553,6 +589,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
     let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, None)?;
+    ctl.start_clock();
     let attached = Instant::now();
     let skel = &loaded.skel;
     ready();

@@ -132,6 +132,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     stacktool::raise_open_files();
     let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only };
     let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, Some(&cfg))?;
+    ctl.start_clock();
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     let events: Rc<RefCell<(Vec<Event>, u64)>> = Rc::default();
