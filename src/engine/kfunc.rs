@@ -16,32 +16,21 @@ use libbpf_rs::{Link, Program};
 
 use super::error::usage;
 
-/// A kernel function a target names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KernelFunc {
-    /// Its symbol.
-    pub name: String,
-    /// The module it is in (None: vmlinux).
-    pub module: Option<String>,
-}
-
 /// Functions in `available_filter_functions` (those ftrace can hook, so fentry
-/// and kprobes can too) matching `pat`, in the file's order, each once.
-pub fn matching(tracefs: &Path, pat: &str) -> anyhow::Result<Vec<KernelFunc>> {
+/// and kprobes can too) matching `pat`, in the file's order, each once. A
+/// module's functions are listed with `[module]` after the name; fentry finds
+/// no prototype for them in vmlinux's BTF, kprobes attach by name.
+pub fn matching(tracefs: &Path, pat: &str) -> anyhow::Result<Vec<String>> {
     let g = glob::Pattern::new(pat).map_err(|e| usage(format!("kernel function '{pat}': {e}")))?;
     let path = tracefs.join("available_filter_functions");
     let text = std::fs::read_to_string(&path).map_err(|e| super::error::env(format!("reading {}: {e}", path.display())))?;
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
-    for l in text.lines() {
-        let mut parts = l.split_whitespace();
-        let Some(name) = parts.next() else { continue };
+    for name in text.lines().filter_map(|l| l.split_whitespace().next()) {
         // Entries ftrace could not place are listed under this prefix.
-        if name.starts_with("__ftrace_invalid_address__") || !g.matches(name) || !seen.insert(name.to_string()) {
-            continue;
+        if !name.starts_with("__ftrace_invalid_address__") && g.matches(name) && seen.insert(name) {
+            out.push(name.to_string());
         }
-        let module = parts.next().map(|m| m.trim_matches(|c| c == '[' || c == ']').to_string());
-        out.push(KernelFunc { name: name.to_string(), module });
     }
     Ok(out)
 }
@@ -67,9 +56,7 @@ impl VmlinuxBtf {
         let id = unsafe { libbpf_sys::btf__find_by_name_kind(self.0, c.as_ptr(), libbpf_sys::BTF_KIND_FUNC) };
         (id > 0).then_some(id as u32)
     }
-}
 
-impl VmlinuxBtf {
     /// How many arguments function `name` takes, from its BTF prototype.
     pub fn func_args(&self, name: &str) -> Option<u32> {
         let id = self.func_id(name)?;
@@ -101,8 +88,9 @@ pub enum Attachment {
 /// `btf_id` and links it with `cookie`. The program fd is closed once the
 /// link holds it.
 pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) -> anyhow::Result<Attachment> {
+    use std::os::fd::AsRawFd;
     let insns = template.insns();
-    let attach = if exit { libbpf_sys::BPF_TRACE_FEXIT } else { libbpf_sys::BPF_TRACE_FENTRY };
+    let (attach, kind) = if exit { (libbpf_sys::BPF_TRACE_FEXIT, "fexit") } else { (libbpf_sys::BPF_TRACE_FENTRY, "fentry") };
     let mut log = vec![0u8; 64 * 1024];
     let mut opts = libbpf_sys::bpf_prog_load_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
@@ -121,17 +109,16 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
     if fd < 0 {
         let err = std::io::Error::from_raw_os_error(-fd);
         let msg = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).lines().last().unwrap_or("").to_string();
-        anyhow::bail!("loading an {} program: {err}{}", if exit { "fexit" } else { "fentry" }, if msg.is_empty() { String::new() } else { format!(" ({msg})") });
+        anyhow::bail!("loading an {kind} program: {err}{}", if msg.is_empty() { String::new() } else { format!(" ({msg})") });
     }
     // SAFETY: a new fd we own.
     let prog = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut lopts = libbpf_sys::bpf_link_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _, ..Default::default() };
     lopts.__bindgen_anon_1.tracing.cookie = cookie;
-    use std::os::fd::AsRawFd;
     // SAFETY: a valid program fd and sized options.
     let l = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), 0, attach, &lopts) };
     if l < 0 {
-        anyhow::bail!("attaching an {} program: {}", if exit { "fexit" } else { "fentry" }, std::io::Error::from_raw_os_error(-l));
+        anyhow::bail!("attaching an {kind} program: {}", std::io::Error::from_raw_os_error(-l));
     }
     // SAFETY: a new fd we own.
     Ok(Attachment::Fd(unsafe { OwnedFd::from_raw_fd(l) }))

@@ -68,8 +68,10 @@ pub fn check_outputs(paths: &[PathBuf]) -> anyhow::Result<Vec<(PathBuf, Format)>
     Ok(outs)
 }
 
-/// Every mapped file of every sampled process is held open until the end
-/// (for processes that exit): allow as many files as the hard limit does.
+/// Raises the open-files soft limit to the hard limit. Stack tools hold every
+/// mapped file of every sampled process open until the end (for processes
+/// that exit); funclatency holds a link (a kprobe also a perf event) per
+/// probe, and a few hundred kernel functions pass the usual 1024.
 pub fn raise_open_files() {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: plain get/setrlimit on a valid struct.

@@ -23,6 +23,7 @@ use crate::engine::{
     perf::percpu_sum,
     ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
+    stacktool,
     taskfilter::TaskFilter,
 };
 use hist::{human, Hist};
@@ -219,8 +220,8 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     let sys = has(|k| matches!(k, ProbeKind::Syscall(_)));
     open.progs.fl_uentry.set_autoload(user && !umulti);
     open.progs.fl_ureturn.set_autoload(user && !umulti);
-    open.progs.fl_umentry.set_autoload(user && umulti);
-    open.progs.fl_umexit.set_autoload(user && umulti);
+    open.progs.fl_umentry.set_autoload(umulti);
+    open.progs.fl_umexit.set_autoload(umulti);
     open.progs.fl_sys_enter.set_autoload(sys);
     open.progs.fl_sys_exit.set_autoload(sys);
     open.progs.fl_btf_softirq_entry.set_autoload(softirq && typed);
@@ -230,7 +231,7 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     let kfuncs: Vec<(u64, &str)> = probes
         .iter()
         .enumerate()
-        .filter_map(|(i, p)| if let ProbeKind::Kernel(f) = &p.kind { Some((i as u64, f.name.as_str())) } else { None })
+        .filter_map(|(i, p)| if let ProbeKind::Kernel(f) = &p.kind { Some((i as u64, f.as_str())) } else { None })
         .collect();
     let km = |m| kmech == Some(m) && !kfuncs.is_empty();
     open.progs.fl_kentry.set_autoload(km(KernelMechanism::Fentry));
@@ -239,27 +240,27 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     open.progs.fl_kmexit.set_autoload(km(KernelMechanism::KprobeMulti));
     open.progs.fl_kpentry.set_autoload(km(KernelMechanism::Kprobe));
     open.progs.fl_kpexit.set_autoload(km(KernelMechanism::Kprobe));
-    if km(KernelMechanism::Fentry) {
+    // fentry: the kernel's BTF, read once, names each function's prototype.
+    let btf = if km(KernelMechanism::Fentry) { Some(VmlinuxBtf::load()?) } else { None };
+    if let Some(btf) = &btf {
         // The template is verified against one function, the one with the
         // fewest arguments (any trampoline takes it); the others get copies
         // of its instructions (kfunc::fentry_clone).
-        let btf = VmlinuxBtf::load()?;
         let template = kfuncs.iter().filter_map(|f| Some((btf.func_args(f.1)?, f.1))).min().map(|(_, n)| n).unwrap_or(kfuncs[0].1);
         open.progs.fl_kentry.set_attach_target(0, Some(template.to_string()))?;
         open.progs.fl_kexit.set_attach_target(0, Some(template.to_string()))?;
     }
     let skel = open.load().context("loading BPF programs")?;
-    // Every probe is a link fd (a kprobe also a perf-event fd): many
-    // functions need more than the usual soft limit of 1024.
-    crate::engine::stacktool::raise_open_files();
     tf.fill_pids(&skel.maps.tf_pids)?;
     let mut links = Vec::new();
     let mut unprobeable: Vec<usize> = Vec::new();
+    // Processes user-function probes are placed in (-1: every process).
+    let upids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
     // Returns before entries, so no call is entered without its return
     // being caught (it would sit in its thread's stack for ever).
     for ret in [true, false] {
-        if user && umulti {
-            attach_user_multi(&skel, pids, probes, ret, &mut links)?;
+        if umulti {
+            attach_user_multi(&skel, &upids, probes, ret, &mut links)?;
         }
         for (i, p) in probes.iter().enumerate() {
             let cookie = i as u64;
@@ -268,8 +269,7 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
                 ProbeKind::User { .. } if unprobeable.contains(&i) => {}
                 ProbeKind::User { path, offset } => {
                     let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
-                    let pids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
-                    for pid in pids {
+                    for &pid in &upids {
                         let opts = UprobeOpts { cookie, retprobe: ret, ..Default::default() };
                         match prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts) {
                             Ok(l) => links.push(Attachment::Lib(l)),
@@ -297,7 +297,7 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
             }
         }
         if !kfuncs.is_empty() {
-            attach_kernel(&skel, kmech, &kfuncs, ret, &mut links, &mut unprobeable)?;
+            attach_kernel(&skel, kmech, btf.as_ref(), &kfuncs, ret, &mut links, &mut unprobeable)?;
         }
     }
     if softirq {
@@ -324,12 +324,12 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
         anyhow::bail!("the kernel refuses every one of the {} kernel functions by this mechanism", kfuncs.len());
     }
     let unprobeable = unprobeable.into_iter().map(|i| probes[i].name.clone()).collect();
-    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti: user && umulti, unprobeable })
+    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti, unprobeable })
 }
 
 /// One uprobe.multi link per binary (and per -p process) for the entries or
 /// the returns (`ret`) of every user function in it, cookies per function.
-fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[u32], probes: &[Probe], ret: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[i32], probes: &[Probe], ret: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
     let mut by_path: Vec<(&std::path::Path, Vec<usize>, Vec<u64>)> = Vec::new();
     for (i, p) in probes.iter().enumerate() {
         if let ProbeKind::User { path, offset } = &p.kind {
@@ -343,9 +343,8 @@ fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[u32], probes: &[Probe],
         }
     }
     let prog = if ret { &skel.progs.fl_umexit } else { &skel.progs.fl_umentry };
-    let pids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
     for (path, offsets, cookies) in by_path {
-        for &pid in &pids {
+        for &pid in pids {
             let opts = UprobeMultiOpts { offsets: offsets.clone(), cookies: cookies.clone(), retprobe: ret, ..Default::default() };
             links.push(Attachment::Lib(
                 prog.attach_uprobe_multi_with_opts(pid, path, "", opts)
@@ -364,6 +363,7 @@ fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[u32], probes: &[Probe],
 fn attach_kernel(
     skel: &FunclatencySkel<'_>,
     kmech: Option<KernelMechanism>,
+    btf: Option<&VmlinuxBtf>,
     kfuncs: &[(u64, &str)],
     ret: bool,
     links: &mut Vec<Attachment>,
@@ -372,7 +372,7 @@ fn attach_kernel(
     let dir = if ret { "return" } else { "entry" };
     match kmech {
         Some(KernelMechanism::Fentry) => {
-            let btf = VmlinuxBtf::load()?;
+            let btf = btf.context("fentry without the kernel's BTF")?;
             let template = if ret { &skel.progs.fl_kexit } else { &skel.progs.fl_kentry };
             for &(cookie, name) in kfuncs {
                 if unprobeable.contains(&(cookie as usize)) {
@@ -588,6 +588,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     }
     let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
+    stacktool::raise_open_files();
     let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, None)?;
     ctl.start_clock();
     let attached = Instant::now();

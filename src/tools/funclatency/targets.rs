@@ -12,7 +12,7 @@ use blazesym::SymType;
 use crate::engine::{
     error::{env, usage},
     features,
-    kfunc::{self, KernelFunc},
+    kfunc,
 };
 
 /// Softirq vectors by name (include/linux/interrupt.h order).
@@ -32,8 +32,8 @@ pub enum ProbeKind {
     Syscall(String),
     /// irq:softirq_entry/exit of this vector.
     Softirq(u32),
-    /// A kernel function: fentry/fexit, else kprobe/kretprobe.
-    Kernel(KernelFunc),
+    /// A kernel function (its symbol): fentry/fexit, else kprobe/kretprobe.
+    Kernel(String),
 }
 
 /// A resolved probe, named as printed (`libc:getnameinfo`, `syscall:connect`).
@@ -100,7 +100,7 @@ fn kernel_functions(pat: &str) -> anyhow::Result<Vec<Probe>> {
     let tracefs = features::tracefs().ok_or_else(|| env("kernel targets need tracefs (mount -t tracefs nodev /sys/kernel/tracing)"))?;
     Ok(kfunc::matching(&tracefs, pat)?
         .into_iter()
-        .map(|f| Probe { name: format!("kernel:{}", f.name), kind: ProbeKind::Kernel(f) })
+        .map(|f| Probe { name: format!("kernel:{f}"), kind: ProbeKind::Kernel(f) })
         .collect())
 }
 
