@@ -847,15 +847,21 @@ fn lab_profile_measures_the_built_in_split() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn lab_dns_finds_the_resolver_wait_and_its_waker() {
-    let dir = std::env::temp_dir().join(format!("sonde-labdns-{}", std::process::id()));
+/// Runs `sonde lab NAME -d 2s --json` with its files under a fresh temporary
+/// directory (prefix DIR/NAME); it must succeed. Its JSON object and DIR.
+fn lab_json(name: &str) -> (Value, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sonde-lab{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let prefix = dir.join("dns");
-    let out = Command::new(SONDE).args(["lab", "dns", "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()]).output().unwrap();
+    let prefix = dir.join(name);
+    let out = Command::new(SONDE).args(["lab", name, "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()]).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_str(text.trim()).unwrap();
+    (serde_json::from_str(text.trim()).unwrap(), dir)
+}
+
+#[test]
+fn lab_dns_finds_the_resolver_wait_and_its_waker() {
+    let (v, dir) = lab_json("dns");
     let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} in {v}"));
     // Built in: 4 workers, each waiting 30-130 ms (80 on average) per request.
     assert!(f("rate_with_delay") > 25.0 && f("rate_with_delay") < 75.0, "{v}");
@@ -1222,13 +1228,7 @@ fn lab_slow_shows_connect_in_port_selection_then_tw_reuse_shrinks_it() {
     // Saturates both CPUs with connect() scans: not beside the tests whose
     // oracles are exact counters or timings.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    let dir = std::env::temp_dir().join(format!("sonde-labslow-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let prefix = dir.join("slow");
-    let out = Command::new(SONDE).args(["lab", "slow", "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_str(text.trim()).unwrap();
+    let (v, dir) = lab_json("slow");
     let (b, a) = (&v["tw_reuse_0"], &v["tw_reuse_1"]);
     let f = |x: &Value, k: &str| x[k].as_f64().unwrap();
     // Port range full of TIME_WAIT: connects fail after scanning it, slowly,
