@@ -3,6 +3,7 @@ pub mod attach;
 pub mod cgroup;
 pub mod error;
 pub mod features;
+pub mod flowfilter;
 pub mod kfunc;
 pub mod netns;
 pub mod output;

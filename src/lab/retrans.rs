@@ -15,6 +15,7 @@ use crate::{
     engine::{
         error::usage,
         features,
+        flowfilter::FlowArgs,
         netns::{Mib, Netns, Pair},
         output::table,
         run::RunControl,
@@ -280,14 +281,8 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
     let targs = RetransArgs {
         count: !a.events,
         interval: None,
-        port: vec![],
-        addr: vec![],
-        ipv4: false,
-        ipv6: false,
+        flow: FlowArgs { netns: vec![pair.a.name.clone(), pair.b.name.clone()], ..Default::default() },
         kind: vec![],
-        pid: vec![],
-        cgroup: None,
-        netns: vec![pair.a.name.clone(), pair.b.name.clone()],
         duration: None,
         json: false,
         output: None,

@@ -6,7 +6,7 @@ use std::{
     cell::RefCell,
     collections::BTreeMap,
     mem::MaybeUninit,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
     path::PathBuf,
     rc::Rc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
@@ -14,7 +14,6 @@ use std::{
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use ipnet::IpNet;
 use libbpf_rs::{
     skel::{OpenSkel, Skel, SkelBuilder},
     Link, MapCore, MapFlags, OpenObject,
@@ -25,10 +24,9 @@ pub use names::KINDS;
 
 use crate::engine::{
     attach::{recursion_misses, with_fallbacks, Mechanism},
-    cgroup::cgroup_id,
     error::usage,
     features,
-    netns::netns_inode,
+    flowfilter::{addr, clock_ns, comm, endpoint, hms, mono_to_epoch, FlowArgs, FlowFilter},
     perf::percpu_sum,
     output::{table, Sink},
     ringbuf::{self, poll_until_stop, PerCpuRings},
@@ -42,10 +40,6 @@ mod skel {
 }
 use skel::{types, RetransSkel, RetransSkelBuilder};
 
-const MAX_PORTS: usize = 8;
-const MAX_CIDRS: usize = 8;
-const MAX_PIDS: usize = 16;
-const MAX_NETNS: usize = 8;
 const KIND_MAX: usize = 7;
 const STAT_SEGS: usize = KIND_MAX;
 const STAT_LOST: usize = 2 * KIND_MAX;
@@ -109,31 +103,11 @@ pub struct RetransArgs {
     /// With --count, print the running table every INTERVAL (e.g. 5s).
     #[arg(short = 'i', long, value_parser = duration_arg, requires = "count")]
     pub interval: Option<Duration>,
-    /// Only flows with this local or remote port (repeatable, up to 8).
-    #[arg(long, value_parser = port_arg)]
-    pub port: Vec<u16>,
-    /// Only flows with an end in this address or CIDR, v4 or v6 (repeatable, up to 8).
-    #[arg(long, value_parser = cidr_arg)]
-    pub addr: Vec<IpNet>,
-    /// IPv4 only.
-    #[arg(short = '4', long = "ipv4", conflicts_with = "ipv6")]
-    pub ipv4: bool,
-    /// IPv6 only.
-    #[arg(short = '6', long = "ipv6")]
-    pub ipv6: bool,
+    #[command(flatten)]
+    pub flow: FlowArgs,
     /// Only these causes (comma-separated or repeated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub kind: Vec<Kind>,
-    /// Only sockets owned by this process (repeatable, up to 16).
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Vec<u32>,
-    /// Only sockets owned by a process in this cgroup (v2 path).
-    #[arg(long)]
-    pub cgroup: Option<String>,
-    /// Only sockets in this network namespace (repeatable, up to 8): a name
-    /// from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode.
-    #[arg(long)]
-    pub netns: Vec<String>,
     /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
     #[arg(short = 'd', long, value_parser = duration_arg)]
     pub duration: Option<Duration>,
@@ -158,51 +132,14 @@ pub struct RetransArgs {
     pub ringbuf_kib: Option<u32>,
 }
 
-fn port_arg(s: &str) -> Result<u16, String> {
-    match s.parse::<u32>() {
-        Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
-        _ => Err(format!("'{s}' is not a TCP port; give a number from 1 to 65535")),
-    }
-}
-
-fn cidr_arg(s: &str) -> Result<IpNet, String> {
-    if let Ok(n) = s.parse::<IpNet>() {
-        return Ok(n);
-    }
-    if let Ok(a) = s.parse::<IpAddr>() {
-        return Ok(IpNet::from(a));
-    }
-    Err(format!("'{s}' is not an address or CIDR; write it like 10.0.0.0/8, 192.0.2.7 or 2001:db8::/32"))
-}
-
 /// Everything the kernel half needs, validated before anything is loaded.
 struct Config {
-    ports: Vec<u16>,
-    cidrs: Vec<IpNet>,
-    family: u16,
+    flow: FlowFilter,
     kind_mask: u32,
-    pids: Vec<u32>,
-    cgroup: u64,
-    netns: Vec<u32>,
 }
 
 fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
-    if a.port.len() > MAX_PORTS {
-        return Err(usage(format!("at most {MAX_PORTS} --port filters; use fewer or trace all and filter the JSON")));
-    }
-    if a.addr.len() > MAX_CIDRS {
-        return Err(usage(format!("at most {MAX_CIDRS} --addr filters; merge them into wider CIDRs")));
-    }
-    if a.pid.len() > MAX_PIDS {
-        return Err(usage(format!("at most {MAX_PIDS} --pid filters; use --cgroup for a group of processes")));
-    }
-    for p in &a.pid {
-        if !crate::engine::pid_exists(*p) {
-            return Err(usage(format!("--pid {p}: no such process; check the pid with `pgrep`")));
-        }
-    }
-    let cgroup = a.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
-    let family = if a.ipv4 { 2 } else if a.ipv6 { 10 } else { 0 };
+    let flow = a.flow.validate()?;
     let mut kind_mask = 0u32;
     for k in &a.kind {
         kind_mask |= 1 << (*k as u32);
@@ -210,11 +147,7 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
     if a.kind.contains(&Kind::Failed) && !a.failed {
         return Err(usage("--kind failed needs --failed (failed attempts are not retransmissions)"));
     }
-    if a.netns.len() > MAX_NETNS {
-        return Err(usage(format!("at most {MAX_NETNS} --netns filters; trace all and filter the JSON on \"netns\"")));
-    }
-    let netns = a.netns.iter().map(|n| netns_inode(n)).collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(Config { ports: a.port.clone(), cidrs: a.addr.clone(), family, kind_mask, pids: a.pid.clone(), cgroup, netns })
+    Ok(Config { flow, kind_mask })
 }
 
 /// Loaded and attached BPF state; links detach when dropped (fd-based).
@@ -278,36 +211,8 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     ro.want_stack = a.stack;
     ro.count_mode = a.count;
     ro.want_failed = a.failed;
-    ro.family_filter = cfg.family;
     ro.kind_mask = cfg.kind_mask;
-    ro.n_ports = cfg.ports.len() as u32;
-    for (i, p) in cfg.ports.iter().enumerate() {
-        ro.ports[i] = *p;
-    }
-    ro.n_cidrs = cfg.cidrs.len() as u32;
-    for (i, n) in cfg.cidrs.iter().enumerate() {
-        let c = &mut ro.cidrs[i];
-        c.prefix = n.prefix_len() as u16;
-        match n.network() {
-            IpAddr::V4(v4) => {
-                c.family = 2;
-                c.addr[..4].copy_from_slice(&v4.octets());
-            }
-            IpAddr::V6(v6) => {
-                c.family = 10;
-                c.addr.copy_from_slice(&v6.octets());
-            }
-        }
-    }
-    ro.n_pids = cfg.pids.len() as u32;
-    for (i, p) in cfg.pids.iter().enumerate() {
-        ro.pids[i] = *p;
-    }
-    ro.cgroup_id = cfg.cgroup;
-    ro.n_netns = cfg.netns.len() as u32;
-    for (i, n) in cfg.netns.iter().enumerate() {
-        ro.netns_ids[i] = *n;
-    }
+    crate::set_flow_rodata!(&mut *ro, &cfg.flow);
 
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
     let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, a.ringbuf_kib);
@@ -438,32 +343,6 @@ fn summary_text(t: &Totals, mech: Mechanism, elapsed: Duration) -> String {
     s
 }
 
-fn addr(family: u16, b: &[u8; 16]) -> IpAddr {
-    if family == 2 {
-        IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(*b))
-    }
-}
-
-fn comm(c: &[i8; 16]) -> String {
-    let bytes: Vec<u8> = c.iter().take_while(|&&b| b != 0).map(|&b| b as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
-fn endpoint(family: u16, a: &[u8; 16], port: u16) -> String {
-    match addr(family, a) {
-        IpAddr::V4(v) => format!("{v}:{port}"),
-        IpAddr::V6(v) => format!("[{v}]:{port}"),
-    }
-}
-
-fn hms(epoch_ns: u64) -> String {
-    let s = epoch_ns / 1_000_000_000;
-    let ms = (epoch_ns / 1_000_000) % 1000;
-    format!("{:02}:{:02}:{:02}.{ms:03}", (s / 3600) % 24, (s / 60) % 60, s % 60)
-}
-
 /// One `--json` event line (schema in the README). Serialized straight from
 /// this struct: building a `serde_json::Value` per event cost a third of the
 /// user-space time at 20k events/s.
@@ -502,12 +381,6 @@ struct Printer {
     /// Events of the current drain: the rings are per CPU, so they are put
     /// in time order before printing.
     pending: Vec<types::rt_event>,
-}
-
-fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
 }
 
 impl Printer {
@@ -740,7 +613,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     let printer = Rc::new(RefCell::new(Printer {
         sink,
         json: json_out,
-        mono_to_epoch: clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC),
+        mono_to_epoch: mono_to_epoch(),
         ksyms: a.stack.then(KernelSymbols::default),
         header_done: false,
         error: None,

@@ -29,15 +29,13 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_endian.h>
 #include "sonde.h"
-#include "inlist.h"
+#include "flow.h"
 #include "retrans.h"
 #define SONDE_STATS_MAX STAT_MAX
 #include "stats.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-#define AF_INET 2
-#define AF_INET6 10
 #define TCP_ESTABLISHED 1
 #define TCP_SYN_SENT 2
 #define TCP_SYN_RECV 3
@@ -52,17 +50,7 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile bool want_stack = false;
 const volatile bool count_mode = false;
 const volatile bool want_failed = false;
-const volatile __u16 family_filter = 0;
 const volatile __u32 kind_mask = 0;
-const volatile __u32 n_ports = 0;
-const volatile __u16 ports[MAX_PORTS] = {};
-const volatile __u32 n_cidrs = 0;
-const volatile struct rt_cidr cidrs[MAX_CIDRS] = {};
-const volatile __u32 n_pids = 0;
-const volatile __u32 pids[MAX_PIDS] = {};
-const volatile __u64 cgroup_id = 0;
-const volatile __u32 n_netns = 0;
-const volatile __u32 netns_ids[MAX_NETNS] = {};
 
 /* Failed attempts by -err, per CPU. */
 struct {
@@ -94,14 +82,14 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 131072);
 	__type(key, __u64);
-	__type(value, struct rt_owner);
+	__type(value, struct sonde_owner);
 } owners SEC(".maps"); /* raw_tp and tracepoint; shrunk to 1 entry for tp_btf */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
 	__type(key, int);
-	__type(value, struct rt_owner);
+	__type(value, struct sonde_owner);
 } owner_store SEC(".maps"); /* tp_btf */
 
 /* Referenced so that the skeleton generates Rust mirrors of these layouts. */
@@ -111,7 +99,7 @@ struct rt_flow_stats _rt_flow_stats = {};
 /* ---- ownership, recorded in process context ---- */
 
 /* The owner record of a socket, if any. `typed`: sk is a BTF pointer (tp_btf). */
-static __always_inline struct rt_owner *owner_of(const struct sock *sk, bool typed)
+static __always_inline struct sonde_owner *owner_of(const struct sock *sk, bool typed)
 {
 	if (typed)
 		return bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0, 0);
@@ -119,18 +107,10 @@ static __always_inline struct rt_owner *owner_of(const struct sock *sk, bool typ
 	return bpf_map_lookup_elem(&owners, &key);
 }
 
-static __always_inline void fill_owner(struct rt_owner *o, __u64 id)
-{
-	o->pid = id >> 32;
-	o->tid = (__u32)id;
-	o->cgroup = bpf_get_current_cgroup_id();
-	bpf_get_current_comm(o->comm, sizeof(o->comm));
-}
-
 static __always_inline void record_owner(const struct sock *sk, bool typed)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct rt_owner *cur = owner_of(sk, typed);
+	struct sonde_owner *cur = owner_of(sk, typed);
 	if (cur && cur->tid == (__u32)id)
 		return;
 	if (typed) {
@@ -140,12 +120,12 @@ static __always_inline void record_owner(const struct sock *sk, bool typed)
 			stat_add(STAT_OWNER_FULL);
 			return;
 		}
-		fill_owner(cur, id);
+		owner_fill_current(cur, id);
 		return;
 	}
 	__u64 key = (__u64)sk;
-	struct rt_owner o = {};
-	fill_owner(&o, id);
+	struct sonde_owner o = {};
+	owner_fill_current(&o, id);
 	if (bpf_map_update_elem(&owners, &key, &o, BPF_ANY))
 		stat_add(STAT_OWNER_FULL);
 }
@@ -225,105 +205,14 @@ int BPF_PROG(btf_sendmsg, const struct sock *sk)
 
 /* ---- filters ---- */
 
-static __always_inline bool cidr_match(const struct rt_flow *f, __u32 i)
+static __always_inline bool pass_filters(const struct rt_flow *f, const struct sonde_owner *o)
 {
-	if (cidrs[i].family != f->family)
-		return false;
-	__u32 bits = cidrs[i].prefix;
-	/* Compare against either end of the flow. */
-	for (int side = 0; side < 2; side++) {
-		const __u8 *a = side ? f->daddr : f->saddr;
-		bool ok = true;
-		for (int b = 0; b < 16; b++) {
-			__u32 have = b * 8;
-			if (have >= bits)
-				break;
-			__u8 mask = bits - have >= 8 ? 0xff : (__u8)(0xff << (8 - (bits - have)));
-			if ((a[b] & mask) != (cidrs[i].addr[b] & mask)) {
-				ok = false;
-				break;
-			}
-		}
-		if (ok)
-			return true;
-	}
-	return false;
-}
-
-static __always_inline bool pass_filters(const struct rt_flow *f, const struct rt_owner *o, bool has_owner)
-{
-	if (family_filter && f->family != family_filter)
-		return false;
-	if (n_netns && !IN_LIST(netns_ids, n_netns, MAX_NETNS, f->netns))
-		return false;
 	if (kind_mask && !(kind_mask & (1u << f->kind)))
 		return false;
-	if (n_ports && !IN_LIST(ports, n_ports, MAX_PORTS, f->sport) && !IN_LIST(ports, n_ports, MAX_PORTS, f->dport))
-		return false;
-	if (n_cidrs) {
-		bool hit = false;
-		for (__u32 i = 0; i < MAX_CIDRS && i < n_cidrs; i++)
-			if (cidr_match(f, i))
-				hit = true;
-		if (!hit)
-			return false;
-	}
-	if (n_pids && (!has_owner || !IN_LIST(pids, n_pids, MAX_PIDS, o->pid)))
-		return false;
-	if (cgroup_id && (!has_owner || o->cgroup != cgroup_id))
-		return false;
-	return true;
+	return FLOW_PASS(f) && owner_pass(o);
 }
 
 /* ---- the retransmit itself ---- */
-
-/* A dual-stack socket talking IPv4 carries ::ffff:a.b.c.d: report it as IPv4. */
-static __always_inline void unmap_v4(struct rt_flow *f)
-{
-	if (f->family != AF_INET6)
-		return;
-	__u32 *w = (__u32 *)f->saddr, *d = (__u32 *)f->daddr;
-	if (w[0] || w[1] || w[2] != bpf_htonl(0xffff) || d[0] || d[1] || d[2] != bpf_htonl(0xffff))
-		return;
-	f->family = AF_INET;
-	w[0] = w[3];
-	d[0] = d[3];
-	w[2] = w[3] = d[2] = d[3] = 0;
-}
-
-/*
- * Field reads. tp_btf hands us typed pointers, so `direct` loads them (a
- * plain load the verifier guards; a few ns); raw_tp and classic tracepoints
- * need a probe read per field (a helper call each). `direct` is a constant
- * in every program, so only one branch is compiled in.
- */
-#define KREAD(direct, src, field) ((direct) ? (src)->field : BPF_CORE_READ(src, field))
-
-static __always_inline void kcopy(bool direct, void *dst, int n, const void *src)
-{
-	if (direct)
-		__builtin_memcpy(dst, src, n);
-	else
-		bpf_core_read(dst, n, src);
-}
-
-/* Addresses and ports of a socket (full or request socket: sock_common),
- * whose addresses are of `family`. */
-static __always_inline void fill_flow(struct rt_flow *f, const struct sock_common *c, __u16 family, bool direct)
-{
-	f->family = family;
-	f->netns = direct ? c->skc_net.net->ns.inum : BPF_CORE_READ(c, skc_net.net, ns.inum);
-	f->sport = KREAD(direct, c, skc_num);
-	f->dport = bpf_ntohs(KREAD(direct, c, skc_dport));
-	if (family == AF_INET) {
-		kcopy(direct, f->saddr, 4, &c->skc_rcv_saddr);
-		kcopy(direct, f->daddr, 4, &c->skc_daddr);
-	} else {
-		kcopy(direct, f->saddr, 16, &c->skc_v6_rcv_saddr);
-		kcopy(direct, f->daddr, 16, &c->skc_v6_daddr);
-		unmap_v4(f);
-	}
-}
 
 static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pending)
 {
@@ -346,17 +235,17 @@ static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pe
 static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
 				 __u8 ca_state, __u8 pending, const struct sock *sk, bool typed)
 {
-	struct rt_owner none = {};
-	struct rt_owner *o = NULL;
+	struct sonde_owner none = {};
+	struct sonde_owner *o = NULL;
 	bool looked = false;
-	if (n_pids || cgroup_id) {
+	if (owner_filtered()) {
 		o = owner_of(sk, typed);
 		looked = true;
 	}
-	if (!pass_filters(f, o ? o : &none, o != NULL)) {
+	if (!pass_filters(f, o)) {
 		stat_add(STAT_FILTERED);
 		stat_add_n(STAT_FILTERED_SEGS, segs);
-		if (n_netns && !IN_LIST(netns_ids, n_netns, MAX_NETNS, f->netns)) {
+		if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, f->netns)) {
 			__u64 one = 1, *c = bpf_map_lookup_elem(&filtered_netns, &f->netns);
 			if (c)
 				__sync_fetch_and_add(c, 1);
@@ -444,7 +333,7 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 					 bool direct)
 {
 	struct rt_flow f = {};
-	fill_flow(&f, &sk->__sk_common, KREAD(direct, sk, __sk_common.skc_family), direct);
+	FLOW_FILL(&f, &sk->__sk_common, KREAD(direct, sk, __sk_common.skc_family), direct);
 
 	/* A typed struct sock pointer may not be read past struct sock: the
 	 * verifier wants the tcp_sock it is, from bpf_skc_to_tcp_sock(). */
@@ -482,7 +371,7 @@ static __always_inline int on_synack(void *ctx, const struct sock *sk, const str
 	 * IPv4 addresses. Its ops (tcp_request_sock_ops) know the real family. */
 	const struct request_sock_ops *ops = KREAD(direct, req, rsk_ops);
 	__u16 family = KREAD(direct, ops, family);
-	fill_flow(&f, (const struct sock_common *)req, family, direct);
+	FLOW_FILL(&f, (const struct sock_common *)req, family, direct);
 	f.kind = KIND_SYNACK;
 	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
 	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, sk, direct);

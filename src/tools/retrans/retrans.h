@@ -2,13 +2,8 @@
 #ifndef SONDE_RETRANS_H
 #define SONDE_RETRANS_H
 
-#define TASK_COMM_LEN 16
 #define MAX_STACK 32
-#define MAX_PORTS 8
-#define MAX_CIDRS 8
-#define MAX_PIDS 16
 #define MAX_ERRNO 256
-#define MAX_NETNS 8
 
 enum retrans_kind {
 	KIND_RTO = 0,
@@ -19,14 +14,6 @@ enum retrans_kind {
 	KIND_SYNACK = 5,
 	KIND_FAILED = 6,
 	KIND_MAX = 7,
-};
-
-/* Who owns a socket, recorded in process context. */
-struct rt_owner {
-	__u32 pid;
-	__u32 tid;
-	__u64 cgroup;
-	char comm[TASK_COMM_LEN];
 };
 
 struct rt_flow {
@@ -43,7 +30,7 @@ struct rt_flow {
 struct rt_event {
 	__u64 ts_ns;
 	struct rt_flow flow;
-	struct rt_owner owner;
+	struct sonde_owner owner;
 	__s32 err;
 	__u32 segs;
 	__u8 state;
@@ -60,17 +47,10 @@ struct rt_event {
 struct rt_flow_stats {
 	__u64 count;
 	__u64 segs;
-	struct rt_owner owner;
+	struct sonde_owner owner;
 	__u8 state;
 	__u8 has_owner;
 	__u8 pad[6];
-};
-
-struct rt_cidr {
-	__u8 addr[16];
-	__u16 family;
-	__u16 prefix;
-	__u32 pad;
 };
 
 /* Totals kept in a per-CPU array, indexed by these slots. */

@@ -1,0 +1,199 @@
+//! TCP flows for the socket tools (retrans, cwnd): the filter flags they
+//! share (`--port`, `--addr`, `-4/-6`, `-p`, `--cgroup`, `--netns`), their
+//! validation, the values the kernel half (src/bpf/flow.h) reads, and how a
+//! flow is printed.
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use clap::Args;
+use ipnet::IpNet;
+
+use super::{cgroup::cgroup_id, error::usage, netns::netns_inode};
+
+/// Limits of the kernel half's filter lists (flow.h).
+pub const MAX_PORTS: usize = 8;
+/// See [`MAX_PORTS`].
+pub const MAX_CIDRS: usize = 8;
+/// See [`MAX_PORTS`].
+pub const MAX_PIDS: usize = 16;
+/// See [`MAX_PORTS`].
+pub const MAX_NETNS: usize = 8;
+
+/// Which connections a socket tool looks at.
+#[derive(Debug, Args, Clone, Default)]
+pub struct FlowArgs {
+    /// Only flows with this local or remote port (repeatable, up to 8).
+    #[arg(long, value_parser = port_arg)]
+    pub port: Vec<u16>,
+    /// Only flows with an end in this address or CIDR, v4 or v6 (repeatable, up to 8).
+    #[arg(long, value_parser = cidr_arg)]
+    pub addr: Vec<IpNet>,
+    /// IPv4 only.
+    #[arg(short = '4', long = "ipv4", conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// IPv6 only.
+    #[arg(short = '6', long = "ipv6")]
+    pub ipv6: bool,
+    /// Only sockets owned by this process (repeatable, up to 16).
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Vec<u32>,
+    /// Only sockets owned by a process in this cgroup (v2 path).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Only sockets in this network namespace (repeatable, up to 8): a name
+    /// from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode.
+    #[arg(long)]
+    pub netns: Vec<String>,
+}
+
+fn port_arg(s: &str) -> Result<u16, String> {
+    match s.parse::<u32>() {
+        Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
+        _ => Err(format!("'{s}' is not a TCP port; give a number from 1 to 65535")),
+    }
+}
+
+fn cidr_arg(s: &str) -> Result<IpNet, String> {
+    if let Ok(n) = s.parse::<IpNet>() {
+        return Ok(n);
+    }
+    if let Ok(a) = s.parse::<IpAddr>() {
+        return Ok(IpNet::from(a));
+    }
+    Err(format!("'{s}' is not an address or CIDR; write it like 10.0.0.0/8, 192.0.2.7 or 2001:db8::/32"))
+}
+
+/// The validated filters, as the kernel half takes them.
+#[derive(Debug, Clone, Default)]
+pub struct FlowFilter {
+    /// Ports, either end.
+    pub ports: Vec<u16>,
+    /// Networks, either end.
+    pub cidrs: Vec<IpNet>,
+    /// 0 (both), 2 (AF_INET) or 10 (AF_INET6).
+    pub family: u16,
+    /// Owner processes.
+    pub pids: Vec<u32>,
+    /// Owner cgroup id (0: any).
+    pub cgroup: u64,
+    /// Namespace inodes.
+    pub netns: Vec<u32>,
+}
+
+impl FlowArgs {
+    /// Checks the limits and resolves cgroup and namespaces; usage errors
+    /// (exit 2) name the flag and the fix.
+    pub fn validate(&self) -> anyhow::Result<FlowFilter> {
+        if self.port.len() > MAX_PORTS {
+            return Err(usage(format!("at most {MAX_PORTS} --port filters; use fewer or trace all and filter the JSON")));
+        }
+        if self.addr.len() > MAX_CIDRS {
+            return Err(usage(format!("at most {MAX_CIDRS} --addr filters; merge them into wider CIDRs")));
+        }
+        if self.pid.len() > MAX_PIDS {
+            return Err(usage(format!("at most {MAX_PIDS} --pid filters; use --cgroup for a group of processes")));
+        }
+        for p in &self.pid {
+            if !super::pid_exists(*p) {
+                return Err(usage(format!("--pid {p}: no such process; check the pid with `pgrep`")));
+            }
+        }
+        if self.netns.len() > MAX_NETNS {
+            return Err(usage(format!("at most {MAX_NETNS} --netns filters; trace all and filter the JSON on \"netns\"")));
+        }
+        let cgroup = self.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
+        let family = if self.ipv4 { 2 } else if self.ipv6 { 10 } else { 0 };
+        let netns = self.netns.iter().map(|n| netns_inode(n)).collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(FlowFilter { ports: self.port.clone(), cidrs: self.addr.clone(), family, pids: self.pid.clone(), cgroup, netns })
+    }
+}
+
+impl FlowFilter {
+    /// A network as flow.h's `struct sonde_cidr` holds it: (family, prefix, address bytes).
+    pub fn cidr_parts(n: &IpNet) -> (u16, u16, [u8; 16]) {
+        let mut addr = [0u8; 16];
+        let family = match n.network() {
+            IpAddr::V4(v4) => {
+                addr[..4].copy_from_slice(&v4.octets());
+                2
+            }
+            IpAddr::V6(v6) => {
+                addr.copy_from_slice(&v6.octets());
+                10
+            }
+        };
+        (family, n.prefix_len() as u16, addr)
+    }
+}
+
+/// Sets flow.h's read-only filter globals in a skeleton's rodata (each
+/// skeleton has its own Rust types for them, hence a macro).
+#[macro_export]
+macro_rules! set_flow_rodata {
+    ($ro:expr, $f:expr) => {{
+        let (ro, f) = ($ro, $f);
+        ro.family_filter = f.family;
+        ro.n_ports = f.ports.len() as u32;
+        for (i, p) in f.ports.iter().enumerate() {
+            ro.ports[i] = *p;
+        }
+        ro.n_cidrs = f.cidrs.len() as u32;
+        for (i, n) in f.cidrs.iter().enumerate() {
+            let (family, prefix, addr) = $crate::engine::flowfilter::FlowFilter::cidr_parts(n);
+            ro.cidrs[i].family = family;
+            ro.cidrs[i].prefix = prefix;
+            ro.cidrs[i].addr = addr;
+        }
+        ro.n_pids = f.pids.len() as u32;
+        for (i, p) in f.pids.iter().enumerate() {
+            ro.pids[i] = *p;
+        }
+        ro.cgroup_id = f.cgroup;
+        ro.n_netns = f.netns.len() as u32;
+        for (i, n) in f.netns.iter().enumerate() {
+            ro.netns_ids[i] = *n;
+        }
+    }};
+}
+
+/// An address of a flow (`family` 2 or 10).
+pub fn addr(family: u16, b: &[u8; 16]) -> IpAddr {
+    if family == 2 {
+        IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(*b))
+    }
+}
+
+/// `a.b.c.d:port` or `[v6]:port`.
+pub fn endpoint(family: u16, a: &[u8; 16], port: u16) -> String {
+    match addr(family, a) {
+        IpAddr::V4(v) => format!("{v}:{port}"),
+        IpAddr::V6(v) => format!("[{v}]:{port}"),
+    }
+}
+
+/// A task's comm from its C array.
+pub fn comm(c: &[i8; 16]) -> String {
+    let bytes: Vec<u8> = c.iter().take_while(|&&b| b != 0).map(|&b| b as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// `HH:MM:SS.mmm` (UTC) of nanoseconds since the epoch.
+pub fn hms(epoch_ns: u64) -> String {
+    let s = epoch_ns / 1_000_000_000;
+    let ms = (epoch_ns / 1_000_000) % 1000;
+    format!("{:02}:{:02}:{:02}.{ms:03}", (s / 3600) % 24, (s / 60) % 60, s % 60)
+}
+
+/// A clock's time in nanoseconds.
+pub fn clock_ns(clock: libc::clockid_t) -> i128 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-parameter.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
+/// What to add to bpf_ktime_get_ns() (CLOCK_MONOTONIC) to get wall-clock ns.
+pub fn mono_to_epoch() -> i128 {
+    clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
+}
