@@ -16,6 +16,7 @@ enum Cmd {
     /// What this kernel allows and which mechanism each tool uses.
     Doctor(tools::doctor::DoctorArgs),
     Retrans(tools::retrans::RetransArgs),
+    Cwnd(tools::cwnd::CwndArgs),
     Profile(tools::profile::ProfileArgs),
     Offcpu(tools::offcpu::OffcpuArgs),
     /// Who wakes waiting threads: blocked stacks joined to their wakers' stacks.
@@ -64,6 +65,7 @@ fn main() -> ExitCode {
     let r = match &cli.cmd {
         Cmd::Doctor(a) => tools::doctor::run(a),
         Cmd::Retrans(a) => tools::retrans::run(a),
+        Cmd::Cwnd(a) => tools::cwnd::run(a),
         Cmd::Profile(a) => tools::profile::run(a),
         Cmd::Offcpu(a) => tools::offcpu::run(a),
         Cmd::Wakeup(a) => tools::offcpu::run_wakeup(a),

@@ -30,8 +30,13 @@ struct Tracer {
 
 impl Tracer {
     fn start(args: &[&str]) -> Tracer {
+        Tracer::start_tool("retrans", "tracing TCP retransmissions", args)
+    }
+
+    /// `sonde TOOL --json ARGS`, once its stderr says `ready`.
+    fn start_tool(tool: &str, ready: &str, args: &[&str]) -> Tracer {
         let mut child = Command::new(SONDE)
-            .arg("retrans")
+            .arg(tool)
             .arg("--json")
             .args(args)
             .stdout(Stdio::piped())
@@ -55,7 +60,7 @@ impl Tracer {
             line.clear();
             let n = r.read_line(&mut line).unwrap();
             assert!(n > 0, "sonde exited before tracing: {:?}", child.wait());
-            if line.contains("tracing TCP retransmissions") {
+            if line.contains(ready) {
                 break;
             }
             assert!(t0.elapsed() < Duration::from_secs(30), "sonde did not start: {line}");
@@ -88,6 +93,11 @@ fn summary(v: &[Value]) -> &Value {
 
 fn events<'a>(v: &'a [Value], kind: &str) -> Vec<&'a Value> {
     v.iter().filter(|e| e["type"] == "retrans" && e["kind"] == kind).collect()
+}
+
+/// The JSON lines of one "type".
+fn of_type<'a>(v: &'a [Value], ty: &str) -> Vec<&'a Value> {
+    v.iter().filter(|e| e["type"] == ty).collect()
 }
 
 fn seg_sum(v: &[&Value]) -> i64 {
@@ -415,7 +425,7 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit", "fl_"]
+            ["btf_probe", "raw_probe", "btf_send", "raw_send", "btf_destroy", "raw_destroy", "btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit", "fl_"]
                 .iter()
                 .any(|x| n.starts_with(x))
         })
@@ -441,6 +451,8 @@ fn sigkill_leaves_no_program_or_link_behind() {
         ("wakeup", "tracing off-CPU time and its wakers", &[]),
         ("funclatency", "timing calls", &["libc:getpid", "syscall:read", "softirq:TIMER"]),
         ("slow", "watching for calls over", &["syscall:read", "--over", "1ms"]),
+        ("cwnd", "tracing TCP congestion windows", &[]),
+        ("cwnd", "tracing TCP congestion windows", &["--mechanism", "raw_tp"]),
     ] {
         let mut p = Command::new(SONDE).args([tool, "-d", "60s"]).args(targets).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
@@ -539,6 +551,18 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["slow", "syscall:read", "--over", "0"],
         &["slow", "syscall:read", "--over", "1ms", "-o", "x.png"],
         &["slow", "kernel:tcp_v4_connect", "--over", "1ms"],
+        &["cwnd", "--every", "soon"],
+        &["cwnd", "--min-idle", "-1ms"],
+        &["cwnd", "-o", "out.png"],
+        &["cwnd", "-o", "/nonexistent-dir/c.svg"],
+        &["cwnd", "-p", "999999999"],
+        &["cwnd", "--port", "0"],
+        &["cwnd", "--mechanism", "kprobe"],
+        &["cwnd", "--mechanism", "fentry"],
+        &["cwnd", "--mechanism", "bpftrace"],
+        &["lab", "idle-restart", "--responses", "1"],
+        &["lab", "idle-restart", "--gap", "100ms"],
+        &["lab", "idle-restart", "-o", "chart.png"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -1239,4 +1263,138 @@ fn lab_slow_shows_connect_in_port_selection_then_tw_reuse_shrinks_it() {
     let svg = std::fs::read_to_string(dir.join("slow-tw-reuse-0.svg")).unwrap();
     assert!(svg.contains("__inet_hash_connect") && svg.contains("syscall:connect"), "flame graph of the slow connects");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `sonde lab idle-restart` with 3 responses per setting and `extra`
+/// arguments; its JSON and the chart it wrote.
+fn idle_lab(extra: &[&str]) -> (Value, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sonde-lab-idle-{}-{}", std::process::id(), extra.join("")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let chart = dir.join("idle.html");
+    let out = Command::new(SONDE)
+        .args(["lab", "idle-restart", "--responses", "3", "--json", "-o", chart.to_str().unwrap()])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    (serde_json::from_str(text.trim()).unwrap(), chart)
+}
+
+/// The three settings of the idle-restart lab, checked against the kernel's
+/// rule, `ss -ti` and the client's own response times.
+fn check_idle_lab(v: &Value) {
+    let set = |i: usize| &v["settings"][i];
+    let sends = |i: usize| set(i)["idle_sends"].as_array().unwrap().clone();
+    let gaps = |i: usize| set(i)["ss_cwnd"].as_array().unwrap().len();
+    assert_eq!(v["lost"], 0, "{v}");
+    for i in 0..3 {
+        // One idle send per gap, each one's cwnd before it equal to what
+        // `ss -ti` showed on the same socket during the gap.
+        assert_eq!(sends(i).len(), gaps(i), "setting {i}: {v}");
+        assert_eq!(set(i)["ss_matches"].as_u64().unwrap() as usize, gaps(i), "setting {i}: {v}");
+        for s in sends(i) {
+            assert!(s["idle_ms"].as_f64().unwrap() > s["rto_ms"].as_f64().unwrap(), "{s}");
+            assert_eq!(s["packets_out"], 0, "{s}");
+        }
+    }
+    // CUBIC with the sysctl at 1: every idle send restarts slow start, back
+    // to the initial window, as tcp_cwnd_restart computes it (one halving
+    // per RTO of idle time, never below min(10, cwnd)).
+    for s in sends(0) {
+        assert_eq!((s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str()), (Some("cubic"), Some(true), Some("idle_over_rto")), "{s}");
+        let (before, idle, rto) = (s["cwnd_before"].as_u64().unwrap(), s["idle_ms"].as_f64().unwrap(), s["rto_ms"].as_f64().unwrap());
+        let floor = before.min(10);
+        let (mut cwnd, mut left) = (before, idle);
+        loop {
+            left -= rto;
+            if left <= 0.0 || cwnd <= floor {
+                break;
+            }
+            cwnd >>= 1;
+        }
+        assert!(before > 100, "cwnd grew in the burst before: {s}");
+        assert_eq!(s["cwnd_after"].as_u64().unwrap(), cwnd.max(floor), "{s}");
+        assert_eq!(s["cwnd_after"], 10, "back to the initial window: {s}");
+    }
+    // BBR: never, because of its cong_control hook; the sysctl at 0: never.
+    for s in sends(1) {
+        assert_eq!((s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str(), s["cong_control"].as_bool()), (Some("bbr"), Some(false), Some("cong_control"), Some(true)), "{s}");
+        assert_eq!(s["cwnd_after"], s["cwnd_before"], "{s}");
+    }
+    for s in sends(2) {
+        assert_eq!((s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str(), s["sysctl"].as_u64()), (Some("cubic"), Some(false), Some("sysctl_off"), Some(0)), "{s}");
+        assert_eq!(s["cwnd_after"], s["cwnd_before"], "{s}");
+    }
+    // What a restart costs, from the client's clock: 484 segments from cwnd
+    // 10 take 6 slow-start rounds instead of 1.
+    let rt = |i: usize| set(i)["round_trips"].as_f64().unwrap();
+    assert!(rt(0) >= rt(2) + 3.0, "restarted responses take more round trips: {v}");
+    assert!(rt(1) < rt(0) - 3.0, "{v}");
+}
+
+#[test]
+fn lab_idle_restart_cubic_restarts_while_bbr_and_sysctl_0_do_not() {
+    let (v, chart) = idle_lab(&[]);
+    assert_eq!(v["mechanism"], "tp_btf", "{v}");
+    check_idle_lab(&v);
+    // A browser loads the chart: no console errors, one restart marker per
+    // CUBIC restart, the three connections' lines.
+    let out = Command::new("chromium")
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom"])
+        .arg(format!("file://{}", chart.display()))
+        .output()
+        .expect("chromium (Debian package chromium)");
+    let (dom, log) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!log.contains("Uncaught") && !log.contains(":ERROR:CONSOLE"), "console errors: {log}");
+    assert_eq!(dom.matches("class=\"marker restart\"").count(), 2, "{dom}");
+    assert_eq!(dom.matches("class=\"series\"").count(), 3);
+    assert_eq!(dom.matches("<tr class=\"strong\">").count(), 2);
+    let _ = std::fs::remove_dir_all(chart.parent().unwrap());
+}
+
+#[test]
+fn cwnd_raw_tp_with_state_in_a_hash_decides_the_same() {
+    let (v, chart) = idle_lab(&["--mechanism", "raw_tp"]);
+    assert_eq!(v["mechanism"], "raw_tp", "{v}");
+    check_idle_lab(&v);
+    let _ = std::fs::remove_dir_all(chart.parent().unwrap());
+}
+
+#[test]
+fn cwnd_samples_a_bulk_transfer_and_every_and_pid_limit_them() {
+    let pair = Pair::new().unwrap();
+    let server = Server::start(&pair.b, SocketAddr::new(pair.b4.parse().unwrap(), 7200), Mode::Sink).unwrap();
+    let me = std::process::id().to_string();
+    let run = |args: &[&str]| {
+        let mut a = vec!["--netns", pair.a.name.as_str()];
+        a.extend_from_slice(args);
+        let t = Tracer::start_tool("cwnd", "tracing TCP congestion windows", &a);
+        sonde::lab::traffic::bulk(&pair.a, server.addr(), 200 << 20).unwrap();
+        t.stop()
+    };
+    // Every change: each sample differs from the one before on its connection.
+    let (code, out) = run(&[]);
+    assert_eq!(code, 130);
+    let s = summary(&out);
+    let samples = of_type(&out, "sample");
+    assert!(samples.len() > 20, "{s}");
+    assert_eq!(s["lost"], 0);
+    assert_eq!(s["samples"].as_u64().unwrap() as usize, samples.len(), "{s}");
+    assert_eq!(s["totals"]["observations"].as_u64().unwrap(), s["samples"].as_u64().unwrap() + s["totals"]["unchanged"].as_u64().unwrap(), "{s}");
+    for w in samples.windows(2) {
+        let key = |e: &Value| (e["cwnd"].clone(), e["ssthresh"].clone(), e["ca_state"].clone());
+        assert!(w[0]["cookie"] != w[1]["cookie"] || key(w[0]) != key(w[1]), "{} then {}", w[0], w[1]);
+    }
+    assert!(samples.iter().all(|e| e["dport"] == 7200 && e["pid"].as_u64() == Some(std::process::id() as u64) && e["srtt_us"].as_u64() > Some(0)), "{:?}", samples.first());
+    // --every 100ms: at most one sample per 100 ms of the connection.
+    let (_, out) = run(&["--every", "100ms", "-p", &me]);
+    let s = summary(&out);
+    let limited = of_type(&out, "sample");
+    assert!(s["totals"]["rate_limited"].as_u64().unwrap() > 0, "{s}");
+    let times: Vec<f64> = limited.iter().map(|e| e["time"].as_f64().unwrap()).collect();
+    assert!(!times.is_empty() && times.windows(2).all(|w| w[1] - w[0] >= 0.099), "{times:?}");
+    // -p of another process: the transfer's socket is filtered out.
+    let (_, out) = run(&["-p", "1"]);
+    assert!(of_type(&out, "sample").is_empty() && summary(&out)["totals"]["filtered"].as_u64() > Some(0), "{:?}", summary(&out));
 }

@@ -125,3 +125,8 @@ pub fn require_tracing_privileges() -> anyhow::Result<()> {
 pub fn sysctl(path: &str) -> Option<String> {
     fs::read_to_string(Path::new("/proc/sys").join(path)).ok().map(|s| s.trim().to_string())
 }
+
+/// The running kernel's release (`uname -r`).
+pub fn uname_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}

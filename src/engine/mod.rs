@@ -1,6 +1,7 @@
 //! The shared engine: everything a tool needs that is not the tool itself.
 pub mod attach;
 pub mod cgroup;
+pub mod chart;
 pub mod error;
 pub mod features;
 pub mod flowfilter;

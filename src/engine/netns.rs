@@ -275,6 +275,12 @@ impl Pair {
         Ok(p)
     }
 
+    /// This pair's subnet number N (10.213.N.0/24), unique among running
+    /// pairs: labs use it to name further links.
+    pub fn subnet(&self) -> u32 {
+        self._lease.n
+    }
+
     /// Summed MIB counters of both namespaces.
     pub fn mib(&self) -> anyhow::Result<Mib> {
         Ok(self.a.mib()?.add(&self.b.mib()?))

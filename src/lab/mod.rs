@@ -1,6 +1,8 @@
 //! `sonde lab NAME`: one-command reproductions on real kernel traffic in
 //! network namespaces that are always removed afterwards.
+pub mod delay;
 pub mod dns;
+pub mod idle;
 pub mod profile;
 pub mod retrans;
 pub mod slow;
@@ -31,6 +33,11 @@ pub enum Lab {
     /// Seed 003: connect() slow in port selection with TIME_WAIT filling the
     /// ephemeral range; `slow` shows where, then tcp_tw_reuse=1 shrinks it.
     Slow(slow::SlowLabArgs),
+    /// Seed 002: a response every few seconds on one connection; CUBIC
+    /// restarts slow start after each idle gap, BBR and the sysctl at 0 do
+    /// not; `sonde cwnd` shows each, `ss -ti` checks it, and the round trips
+    /// each restart costs are measured.
+    IdleRestart(idle::IdleLabArgs),
 }
 
 /// Runs the chosen lab; returns the exit status.
@@ -40,5 +47,6 @@ pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
         Lab::Profile(p) => profile::run(p),
         Lab::Dns(d) => dns::run(d),
         Lab::Slow(s) => slow::run(s),
+        Lab::IdleRestart(i) => idle::run(i),
     }
 }

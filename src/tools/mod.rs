@@ -1,4 +1,5 @@
 //! One folder per tool: the kernel half (`NAME.bpf.c`, `NAME.h`) beside the user half.
+pub mod cwnd;
 pub mod doctor;
 pub mod funclatency;
 pub mod offcpu;

@@ -1,0 +1,827 @@
+//! `sonde cwnd`: the congestion window of each sending TCP connection over
+//! time, and for every send after idle whether the kernel restarted slow
+//! start (RFC 5681 4.1, net.ipv4.tcp_slow_start_after_idle) and if not, why.
+use std::{
+    cell::RefCell,
+    collections::BTreeMap,
+    mem::MaybeUninit,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    rc::Rc,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use libbpf_rs::{
+    skel::{OpenSkel, Skel, SkelBuilder},
+    Link, OpenObject,
+};
+use serde::Serialize;
+
+use crate::engine::{
+    attach::{recursion_misses, with_fallbacks, Mechanism},
+    chart::{Chart, Marker, Series},
+    error::{env, usage},
+    features,
+    flowfilter::{addr, comm, endpoint, hms, mono_to_epoch, FlowArgs, FlowFilter},
+    output::{table, Sink},
+    perf::percpu_sum,
+    ringbuf::{self, poll_until_stop, PerCpuRings},
+    run::{duration_arg, RunControl, Stop},
+};
+
+mod skel {
+    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/cwnd.skel.rs"));
+}
+use skel::{types, CwndSkel, CwndSkelBuilder};
+
+const CW_IDLE_SEND: u8 = 1;
+const STAT_MAX: usize = 11;
+/// tcp_sock's ssthresh before the first loss: "infinite".
+const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
+
+/// Attach mechanisms `--mechanism` may force (default: the first that loads).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum CwndMechanism {
+    /// tp_btf tcp_probe + tp_btf tcp_sendmsg_locked, state in socket storage.
+    TpBtf,
+    /// tp_btf tcp_probe + fentry on tcp_sendmsg_locked (kernels without the tracepoint).
+    Fentry,
+    /// raw_tp tcp_probe + raw_tp tcp_sendmsg_locked, state in a hash map.
+    RawTp,
+    /// raw_tp tcp_probe + kprobe on tcp_sendmsg_locked, state in a hash map.
+    Kprobe,
+}
+
+impl CwndMechanism {
+    fn mechanism(self) -> Mechanism {
+        match self {
+            CwndMechanism::TpBtf => Mechanism::TpBtf,
+            CwndMechanism::Fentry => Mechanism::Fentry,
+            CwndMechanism::RawTp => Mechanism::RawTp,
+            CwndMechanism::Kprobe => Mechanism::Kprobe,
+        }
+    }
+}
+
+/// Congestion window per TCP connection over time, and slow-start restarts
+/// after idle (RFC 5681 4.1; seed 002): for every send after the connection
+/// was idle longer than its RTO, whether the kernel restarted slow start
+/// ("restart", with the cwnd before and after) or not, and why not (the
+/// congestion control has its own cong_control hook, as bbr does; the sysctl
+/// net.ipv4.tcp_slow_start_after_idle is 0; data still in flight).
+///
+/// Samples come from the tcp:tcp_probe tracepoint (every received segment,
+/// before it is processed): one when cwnd, ssthresh or the congestion state
+/// changed, at most one per --every per connection. Idle sends are judged
+/// where a send queues a new skb (tp_btf tcp_sendmsg_locked; fentry or
+/// kprobe on tcp_sendmsg_locked where that tracepoint is missing) by the
+/// kernel's own test, and confirmed by the cwnd the next observation shows.
+///
+/// OVERHEAD (bench/cwnd/run, one bulk transfer at full loopback speed,
+/// 2-core VM): see the README's cwnd section for the measured table.
+#[derive(Debug, Args, Default, Clone)]
+pub struct CwndArgs {
+    #[command(flatten)]
+    pub flow: FlowArgs,
+    /// At most one sample per connection per INTERVAL (e.g. 10ms); default:
+    /// every change of cwnd, ssthresh or congestion state.
+    #[arg(long, value_parser = duration_arg)]
+    pub every: Option<Duration>,
+    /// Also report sends after at least this long with nothing in flight,
+    /// even when shorter than the RTO (reason idle_under_rto); default: only
+    /// sends idle longer than the RTO, the ones the kernel may restart.
+    #[arg(long, value_parser = crate::engine::run::duration_or_zero_arg)]
+    pub min_idle: Option<Duration>,
+    /// Print only idle sends (samples still go to the chart and summary).
+    #[arg(long)]
+    pub idle_only: bool,
+    /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
+    #[arg(short = 'd', long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    /// One JSON object per line (samples, idle sends, then a summary).
+    #[arg(long)]
+    pub json: bool,
+    /// Write to this file: .json (JSON lines), .txt, or a chart of cwnd over
+    /// time per connection with idle sends marked: .svg or .html.
+    #[arg(short = 'o', long)]
+    pub output: Option<PathBuf>,
+    /// Force one attach mechanism instead of the best available.
+    #[arg(long, value_enum)]
+    pub mechanism: Option<CwndMechanism>,
+}
+
+/// What `-o` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Text,
+    Json,
+    Svg,
+    Html,
+}
+
+fn format_of(a: &CwndArgs) -> anyhow::Result<Format> {
+    let Some(p) = &a.output else { return Ok(if a.json { Format::Json } else { Format::Text }) };
+    match p.extension().and_then(|e| e.to_str()) {
+        Some("json") => Ok(Format::Json),
+        Some("txt") | Some("log") => Ok(if a.json { Format::Json } else { Format::Text }),
+        Some("svg") => Ok(Format::Svg),
+        Some("html") => Ok(Format::Html),
+        _ => Err(usage(format!(
+            "-o {}: cwnd writes .json (JSON lines), .txt, or a chart as .svg or .html; pick one of those extensions",
+            p.display()
+        ))),
+    }
+}
+
+/// Jiffies per second of the running kernel (CONFIG_HZ), for idle times and
+/// RTOs, which the kernel keeps in jiffies: from the kernel config, else
+/// measured from /proc/timer_list over 200 ms.
+pub fn kernel_hz() -> anyhow::Result<u32> {
+    let from_config = |text: &str| {
+        text.lines().find_map(|l| l.strip_prefix("CONFIG_HZ=").and_then(|v| v.trim().parse::<u32>().ok()))
+    };
+    if let Ok(f) = std::fs::File::open("/proc/config.gz") {
+        let mut s = String::new();
+        if std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(f), &mut s).is_ok() {
+            if let Some(hz) = from_config(&s) {
+                return Ok(hz);
+            }
+        }
+    }
+    let rel = features::uname_release();
+    if let Some(hz) = std::fs::read_to_string(format!("/boot/config-{rel}")).ok().as_deref().and_then(from_config) {
+        return Ok(hz);
+    }
+    let jiffies = || -> Option<u64> {
+        let t = std::fs::read_to_string("/proc/timer_list").ok()?;
+        t.lines().find_map(|l| l.strip_prefix("jiffies: ").and_then(|v| v.trim().parse().ok()))
+    };
+    let t0 = Instant::now();
+    let j0 = jiffies().ok_or_else(|| env("cannot tell this kernel's HZ: no CONFIG_HZ in /proc/config.gz or /boot/config-*, and /proc/timer_list is unreadable"))?;
+    std::thread::sleep(Duration::from_millis(200));
+    let j1 = jiffies().unwrap_or(j0);
+    let hz = (j1 - j0) as f64 / t0.elapsed().as_secs_f64();
+    // The nearest of the values Kconfig offers.
+    Ok(*[100u32, 250, 300, 1000].iter().min_by_key(|&&c| (c as f64 - hz).abs() as u64).unwrap())
+}
+
+/// Loaded and attached BPF state; links detach when dropped (fd-based).
+struct Loaded {
+    skel: CwndSkel<'static>,
+    _links: Vec<Link>,
+    rings: PerCpuRings,
+    /// The attached programs.
+    names: [&'static str; 3],
+}
+
+/// The programs each mechanism runs: (tcp_probe, send path, destroy).
+fn programs(m: Mechanism) -> [&'static str; 3] {
+    match m {
+        Mechanism::Fentry => ["btf_probe", "fentry_send", "btf_destroy"],
+        Mechanism::RawTp => ["raw_probe", "raw_send", "raw_destroy"],
+        Mechanism::Kprobe => ["raw_probe", "kprobe_send", "raw_destroy"],
+        _ => ["btf_probe", "btf_send", "btf_destroy"],
+    }
+}
+
+fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism) -> anyhow::Result<Loaded> {
+    let has_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
+    if matches!(mech, Mechanism::TpBtf | Mechanism::RawTp) && !has_tp {
+        anyhow::bail!("this kernel has no tcp:tcp_sendmsg_locked tracepoint");
+    }
+    if mech == Mechanism::Kprobe && !features::has_kprobes() {
+        anyhow::bail!("kprobes are not compiled into this kernel (no CONFIG_KPROBES)");
+    }
+    let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let mut open = CwndSkelBuilder::default().open(storage).context("opening BPF object")?;
+    let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
+    let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, None);
+    let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
+    crate::set_flow_rodata!(&mut *ro, flow);
+    let hashed = matches!(mech, Mechanism::RawTp | Mechanism::Kprobe);
+    ro.use_hash = hashed;
+    ro.every_ns = a.every.map(|d| d.as_nanos() as u64).unwrap_or(0);
+    ro.min_idle_j = a.min_idle.map(|d| ((d.as_nanos() * hz as u128) / 1_000_000_000).max(1) as u32).unwrap_or(0);
+    ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
+    if !hashed {
+        open.maps.conns.set_max_entries(1)?;
+    }
+    let wanted = programs(mech);
+    for mut prog in open.open_object_mut().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        prog.set_autoload(wanted.contains(&name.as_str()));
+    }
+    let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
+    let rings = PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?;
+    let mut links = Vec::new();
+    for prog in skel.object().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        if wanted.contains(&name.as_str()) {
+            links.push(prog.attach().with_context(|| format!("attaching {name}"))?);
+        }
+    }
+    Ok(Loaded { skel, _links: links, rings, names: wanted })
+}
+
+/// Why an idle send did or did not restart slow start (cwnd.h's order).
+const REASONS: [&str; 5] = ["idle_over_rto", "sysctl_off", "data_in_flight", "cong_control", "idle_under_rto"];
+const CONFIRMED_BY: [&str; 3] = ["send", "ack", "close"];
+const CA_STATES: [&str; 5] = ["open", "disorder", "cwr", "recovery", "loss"];
+
+/// A send after idle, as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleSend {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    /// Wall-clock seconds of the send.
+    pub time: f64,
+    /// Socket cookie (`ss -e` prints it as sk:<hex>).
+    pub cookie: u64,
+    /// 4 or 6.
+    pub family: u8,
+    /// Local address.
+    pub saddr: IpAddr,
+    /// Local port.
+    pub sport: u16,
+    /// Remote address.
+    pub daddr: IpAddr,
+    /// Remote port.
+    pub dport: u16,
+    /// Network namespace inode.
+    pub netns: u32,
+    /// Owner pid.
+    pub pid: Option<u32>,
+    /// Owner comm.
+    pub comm: Option<String>,
+    /// Congestion control name.
+    pub cc: String,
+    /// Whether it has its own cong_control hook (bbr does).
+    pub cong_control: bool,
+    /// net.ipv4.tcp_slow_start_after_idle in the socket's namespace.
+    pub sysctl: u8,
+    /// Whether the kernel restarted slow start.
+    pub restart: bool,
+    /// Machine-readable reason (REASONS).
+    pub reason: &'static str,
+    /// The reason in words.
+    pub why: String,
+    /// Time since the last data was sent, ms.
+    pub idle_ms: f64,
+    /// The connection's RTO, ms.
+    pub rto_ms: f64,
+    /// Packets out at the send.
+    pub packets_out: u32,
+    /// cwnd before the send's first new skb.
+    pub cwnd_before: u32,
+    /// cwnd the next observation showed.
+    pub cwnd_after: u32,
+    /// ssthresh before (None: infinite).
+    pub ssthresh_before: Option<u32>,
+    /// ssthresh after (None: infinite).
+    pub ssthresh_after: Option<u32>,
+    /// Smoothed RTT at confirmation, µs.
+    pub srtt_us: u32,
+    /// Maximum segment size, bytes.
+    pub mss: u32,
+    /// What showed cwnd_after: "send" (a later skb of the send), "ack" or "close".
+    pub confirmed_by: &'static str,
+}
+
+/// One sample line.
+#[derive(Serialize)]
+struct SampleLine {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    time: f64,
+    cookie: u64,
+    family: u8,
+    saddr: IpAddr,
+    sport: u16,
+    daddr: IpAddr,
+    dport: u16,
+    netns: u32,
+    pid: Option<u32>,
+    comm: Option<String>,
+    cc: String,
+    cwnd: u32,
+    ssthresh: Option<u32>,
+    srtt_us: u32,
+    rttvar_us: u32,
+    inflight: u32,
+    packets_out: u32,
+    snd_wnd: u32,
+    mss: u32,
+    ca_state: &'static str,
+}
+
+/// What the run saw of one connection (summary rows).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConnSummary {
+    /// Socket cookie.
+    pub cookie: u64,
+    /// `addr:port` local.
+    pub local: String,
+    /// `addr:port` remote.
+    pub remote: String,
+    /// Owner pid, when known.
+    pub pid: Option<u32>,
+    /// Owner comm.
+    pub comm: Option<String>,
+    /// Congestion control.
+    pub cc: String,
+    /// Samples emitted.
+    pub samples: u64,
+    /// Idle sends reported.
+    pub idle_sends: u64,
+    /// Of which restarted slow start.
+    pub restarts: u64,
+    /// Smallest, largest and last cwnd sampled.
+    pub cwnd_min: u32,
+    /// See cwnd_min.
+    pub cwnd_max: u32,
+    /// See cwnd_min.
+    pub cwnd_last: u32,
+    /// The last sample's (time s since start, cwnd) points, for the chart.
+    #[serde(skip)]
+    points: Vec<(f64, f64)>,
+    #[serde(skip)]
+    marks: Vec<Marker>,
+}
+
+/// Counters from the kernel half.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Totals {
+    /// Received segments seen on sending sockets we trace.
+    pub observations: u64,
+    /// Samples emitted.
+    pub samples: u64,
+    /// Observations without a change.
+    pub unchanged: u64,
+    /// Changes not emitted because of --every.
+    pub rate_limited: u64,
+    /// Send-path points evaluated.
+    pub sends: u64,
+    /// Idle sends reported.
+    pub idle_sends: u64,
+    /// Of which restarts.
+    pub restarts: u64,
+    /// Observations of sockets the filters exclude.
+    pub filtered: u64,
+    /// Events lost: ring buffer full.
+    pub lost: u64,
+    /// Hits the kernel skipped (recursion on a CPU).
+    pub missed: u64,
+    /// Sockets with no room for state (map full).
+    pub conn_full: u64,
+    /// Sockets not readable as tcp_sock.
+    pub unreadable: u64,
+}
+
+fn read_totals(l: &Loaded) -> anyhow::Result<Totals> {
+    let mut s = [0u64; STAT_MAX];
+    for (i, v) in s.iter_mut().enumerate() {
+        *v = percpu_sum(&l.skel.maps.stats, i as u32)?;
+    }
+    let missed = l.skel.object().progs().filter(|p| l.names.contains(&p.name().to_string_lossy().as_ref())).map(|p| recursion_misses(&p)).sum();
+    Ok(Totals {
+        observations: s[0],
+        samples: s[1],
+        unchanged: s[2],
+        rate_limited: s[3],
+        sends: s[4],
+        idle_sends: s[5],
+        restarts: s[6],
+        filtered: s[7],
+        lost: s[8],
+        conn_full: s[9],
+        unreadable: s[10],
+        missed,
+    })
+}
+
+fn cstr(c: &[i8]) -> String {
+    let b: Vec<u8> = c.iter().take_while(|&&x| x != 0).map(|&x| x as u8).collect();
+    String::from_utf8_lossy(&b).into_owned()
+}
+
+fn ssthresh(v: u32) -> Option<u32> {
+    (v < INFINITE_SSTHRESH).then_some(v)
+}
+
+fn ms(j: u32, hz: u32) -> f64 {
+    (j as f64 * 1000.0 / hz as f64 * 10.0).round() / 10.0
+}
+
+/// Turns ring-buffer records into lines and per-connection state.
+struct Printer {
+    sink: Sink,
+    format: Format,
+    idle_only: bool,
+    hz: u32,
+    mono_to_epoch: i128,
+    start_mono_ns: u64,
+    header_done: bool,
+    error: Option<std::io::Error>,
+    pending: Vec<types::cw_event>,
+    conns: BTreeMap<u64, ConnSummary>,
+    idle_sends: Vec<IdleSend>,
+    /// Chart points kept (each connection's series is thinned when drawn).
+    points: usize,
+    points_dropped: u64,
+}
+
+/// Chart points kept in memory at most (about 16 bytes each).
+const MAX_POINTS: usize = 4_000_000;
+
+impl Printer {
+    fn event(&mut self, data: &[u8]) {
+        if data.len() < std::mem::size_of::<types::cw_event>() {
+            return;
+        }
+        // SAFETY: cw_event is plain old data mirrored from cwnd.h.
+        let e: types::cw_event = unsafe { std::ptr::read_unaligned(data.as_ptr() as *const _) };
+        self.pending.push(e);
+    }
+
+    fn print_pending(&mut self) {
+        let mut evs = std::mem::take(&mut self.pending);
+        evs.sort_by_key(|e| if e.r#type == CW_IDLE_SEND { e.idle.ts_ns } else { e.ts_ns });
+        for e in &evs {
+            if let Err(err) = self.handle(e) {
+                self.error.get_or_insert(err);
+            }
+        }
+        evs.clear();
+        self.pending = evs;
+    }
+
+    fn epoch(&self, mono_ns: u64) -> f64 {
+        ((mono_ns as i128 + self.mono_to_epoch) as f64 / 1e9 * 1e6).round() / 1e6
+    }
+
+    fn since_start(&self, mono_ns: u64) -> f64 {
+        mono_ns.saturating_sub(self.start_mono_ns) as f64 / 1e9
+    }
+
+    fn conn(&mut self, e: &types::cw_event) -> &mut ConnSummary {
+        let f = &e.flow;
+        let owned = e.has_owner != 0;
+        let c = self.conns.entry(e.cookie).or_insert_with(|| ConnSummary {
+            cookie: e.cookie,
+            local: endpoint(f.family, &f.saddr, f.sport),
+            remote: endpoint(f.family, &f.daddr, f.dport),
+            cwnd_min: u32::MAX,
+            ..Default::default()
+        });
+        if owned {
+            c.pid = Some(e.owner.pid);
+            c.comm = Some(comm(&e.owner.comm));
+        }
+        let cc = cstr(&e.cc);
+        if !cc.is_empty() {
+            c.cc = cc;
+        }
+        c
+    }
+
+    fn handle(&mut self, e: &types::cw_event) -> std::io::Result<()> {
+        if e.r#type == CW_IDLE_SEND {
+            return self.idle(e);
+        }
+        let t = self.since_start(e.ts_ns);
+        let keep = self.points < MAX_POINTS;
+        let c = self.conn(e);
+        c.samples += 1;
+        c.cwnd_min = c.cwnd_min.min(e.cwnd);
+        c.cwnd_max = c.cwnd_max.max(e.cwnd);
+        c.cwnd_last = e.cwnd;
+        let cc = c.cc.clone();
+        if keep {
+            c.points.push((t, e.cwnd as f64));
+            self.points += 1;
+        } else {
+            self.points_dropped += 1;
+        }
+        if self.idle_only {
+            return Ok(());
+        }
+        let f = &e.flow;
+        let owned = e.has_owner != 0;
+        match self.format {
+            Format::Json => self.sink.json(&SampleLine {
+                ty: "sample",
+                time: self.epoch(e.ts_ns),
+                cookie: e.cookie,
+                family: if f.family == 2 { 4 } else { 6 },
+                saddr: addr(f.family, &f.saddr),
+                sport: f.sport,
+                daddr: addr(f.family, &f.daddr),
+                dport: f.dport,
+                netns: f.netns,
+                pid: owned.then_some(e.owner.pid),
+                comm: owned.then(|| comm(&e.owner.comm)),
+                cc,
+                cwnd: e.cwnd,
+                ssthresh: ssthresh(e.ssthresh),
+                srtt_us: e.srtt_us,
+                rttvar_us: e.rttvar_us,
+                inflight: e.inflight,
+                packets_out: e.packets_out,
+                snd_wnd: e.snd_wnd,
+                mss: e.mss,
+                ca_state: CA_STATES.get(e.ca_state as usize).copied().unwrap_or("unknown"),
+            }),
+            Format::Text => {
+                self.header()?;
+                let line = format!(
+                    "{:<12} {:>7} {:<12} {:<45} {:<9} cwnd {:>5}  ssthresh {:>5}  srtt {:>6} us  inflight {:>5}  {}",
+                    hms((e.ts_ns as i128 + self.mono_to_epoch) as u64),
+                    if owned { e.owner.pid.to_string() } else { "-".into() },
+                    if owned { comm(&e.owner.comm) } else { "-".into() },
+                    format!("{} -> {}", endpoint(f.family, &f.saddr, f.sport), endpoint(f.family, &f.daddr, f.dport)),
+                    "sample",
+                    e.cwnd,
+                    ssthresh(e.ssthresh).map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                    e.srtt_us,
+                    e.inflight,
+                    CA_STATES.get(e.ca_state as usize).copied().unwrap_or("unknown"),
+                );
+                self.sink.line(&line)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn header(&mut self) -> std::io::Result<()> {
+        if self.header_done {
+            return Ok(());
+        }
+        self.header_done = true;
+        self.sink.line(&format!("{:<12} {:>7} {:<12} {:<45} {:<9} {}", "TIME(UTC)", "PID", "COMM", "LOCAL -> REMOTE", "EVENT", "DETAIL"))
+    }
+
+    fn idle(&mut self, e: &types::cw_event) -> std::io::Result<()> {
+        let f = &e.flow;
+        let i = &e.idle;
+        let owned = e.has_owner != 0;
+        let cc = cstr(&e.cc);
+        let reason = REASONS.get(i.reason as usize).copied().unwrap_or("unknown");
+        let (idle_ms, rto_ms) = (ms(i.idle_j, self.hz), ms(i.rto_j, self.hz));
+        let why = match i.reason {
+            0 => format!("idle {idle_ms} ms > RTO {rto_ms} ms, and {cc} has no cong_control hook: slow start restarted"),
+            1 => "net.ipv4.tcp_slow_start_after_idle is 0 in this namespace".to_string(),
+            2 => format!("{} packets still in flight", i.packets_out),
+            3 => format!("{cc} has its own cong_control hook, which skips the RFC 5681 restart"),
+            _ => format!("idle {idle_ms} ms <= RTO {rto_ms} ms"),
+        };
+        let s = IdleSend {
+            ty: "idle_send",
+            time: self.epoch(i.ts_ns),
+            cookie: e.cookie,
+            family: if f.family == 2 { 4 } else { 6 },
+            saddr: addr(f.family, &f.saddr),
+            sport: f.sport,
+            daddr: addr(f.family, &f.daddr),
+            dport: f.dport,
+            netns: f.netns,
+            pid: owned.then_some(e.owner.pid),
+            comm: owned.then(|| comm(&e.owner.comm)),
+            cc,
+            cong_control: i.cong_control != 0,
+            sysctl: i.sysctl,
+            restart: i.reason == 0,
+            reason,
+            why,
+            idle_ms,
+            rto_ms,
+            packets_out: i.packets_out,
+            cwnd_before: i.cwnd,
+            cwnd_after: e.cwnd,
+            ssthresh_before: ssthresh(i.ssthresh),
+            ssthresh_after: ssthresh(e.ssthresh),
+            srtt_us: e.srtt_us,
+            mss: e.mss,
+            confirmed_by: CONFIRMED_BY.get(e.confirmed_by as usize).copied().unwrap_or("unknown"),
+        };
+        let t = self.since_start(i.ts_ns);
+        let c = self.conn(e);
+        c.idle_sends += 1;
+        if s.restart {
+            c.restarts += 1;
+        }
+        c.marks.push(Marker {
+            x: t,
+            y_from: s.cwnd_before as f64,
+            y_to: s.cwnd_after as f64,
+            strong: s.restart,
+            label: if s.restart {
+                format!("restart: {} idle {} ms > RTO {} ms, cwnd {} -> {}", s.cc, s.idle_ms, s.rto_ms, s.cwnd_before, s.cwnd_after)
+            } else {
+                format!("no restart ({}): {}; cwnd {} -> {}", s.reason, s.why, s.cwnd_before, s.cwnd_after)
+            },
+        });
+        match self.format {
+            Format::Json => self.sink.json(&s)?,
+            Format::Text => {
+                self.header()?;
+                let what = if s.restart { "RESTART".to_string() } else { format!("no-restart: {}", s.reason) };
+                let line = format!(
+                    "{:<12} {:>7} {:<12} {:<45} {:<9} {what} [{}] idle {} ms, RTO {} ms, cwnd {} -> {}, ssthresh {} -> {}; {}",
+                    hms((i.ts_ns as i128 + self.mono_to_epoch) as u64),
+                    s.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                    s.comm.clone().unwrap_or_else(|| "-".into()),
+                    format!("{} -> {}", endpoint(f.family, &f.saddr, f.sport), endpoint(f.family, &f.daddr, f.dport)),
+                    "idle_send",
+                    s.cc,
+                    s.idle_ms,
+                    s.rto_ms,
+                    s.cwnd_before,
+                    s.cwnd_after,
+                    s.ssthresh_before.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                    s.ssthresh_after.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                    s.why,
+                );
+                self.sink.line(&line)?;
+            }
+            _ => {}
+        }
+        self.idle_sends.push(s);
+        Ok(())
+    }
+}
+
+/// What a finished run saw, for labs and tests.
+pub struct Outcome {
+    /// Every idle send, in time order.
+    pub idle_sends: Vec<IdleSend>,
+    /// Per connection.
+    pub conns: Vec<ConnSummary>,
+    /// Kernel-side counters.
+    pub totals: Totals,
+    /// The send-path mechanism used.
+    pub mechanism: Mechanism,
+    /// Why it stopped.
+    pub stop: Stop,
+}
+
+fn summary_text(t: &Totals, conns: &[ConnSummary], mech: Mechanism, elapsed: Duration, dropped: u64) -> String {
+    let rows: Vec<Vec<String>> = conns
+        .iter()
+        .map(|c| {
+            vec![
+                format!("{:x}", c.cookie),
+                c.local.clone(),
+                c.remote.clone(),
+                c.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+                c.comm.clone().unwrap_or_else(|| "-".into()),
+                c.cc.clone(),
+                c.samples.to_string(),
+                c.idle_sends.to_string(),
+                c.restarts.to_string(),
+                if c.samples > 0 { format!("{}/{}/{}", c.cwnd_min, c.cwnd_max, c.cwnd_last) } else { "-".into() },
+            ]
+        })
+        .collect();
+    let mut s = format!("\nSummary ({:.1}s, {mech}):\n", elapsed.as_secs_f64());
+    s.push_str(&table(&["SK", "LOCAL", "REMOTE", "PID", "COMM", "CC", "SAMPLES", "IDLE_SENDS", "RESTARTS", "CWND MIN/MAX/LAST"], &rows));
+    s.push_str(&format!(
+        "\nobservations {} (unchanged {}, rate-limited {}), samples {}, sends evaluated {}, idle sends {}, restarts {}, filtered {}\nlost events: {} (ring buffer full) + {} (missed: kernel skipped the program on a busy CPU)  map full: conns {}  unreadable {}{}",
+        t.observations, t.unchanged, t.rate_limited, t.samples, t.sends, t.idle_sends, t.restarts, t.filtered, t.lost, t.missed, t.conn_full, t.unreadable,
+        if dropped > 0 { format!("  chart points dropped {dropped}") } else { String::new() }
+    ));
+    if t.lost > 0 {
+        s.push_str("\nhint: events were lost; use --every, --idle-only or filters");
+    }
+    s
+}
+
+fn write_chart(path: &Path, format: Format, conns: &[ConnSummary], t: &Totals, elapsed: Duration) -> anyhow::Result<()> {
+    let series: Vec<Series> = conns
+        .iter()
+        .filter(|c| !c.points.is_empty() || !c.marks.is_empty())
+        .map(|c| Series {
+            name: format!("{} -> {} {} {}", c.local, c.remote, c.cc, c.comm.clone().unwrap_or_default()),
+            points: c.points.clone(),
+            markers: c.marks.clone(),
+        })
+        .collect();
+    let chart = Chart {
+        title: format!(
+            "cwnd per connection ({:.1} s; {} idle sends, {} restarts)",
+            elapsed.as_secs_f64(),
+            t.idle_sends,
+            t.restarts
+        ),
+        x_label: "seconds since start".into(),
+        y_label: "cwnd (packets)".into(),
+        series,
+    };
+    let text = if format == Format::Svg { chart.svg() } else { chart.html() };
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs `sonde cwnd`; `ready` is called once everything is attached.
+pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+    let flow = a.flow.validate()?;
+    let format = format_of(a)?;
+    features::require_tracing_privileges()?;
+    let hz = kernel_hz()?;
+    // Charts are written at the end; text and JSON stream to the sink.
+    let sink = match format {
+        Format::Svg | Format::Html => {
+            if let Some(p) = &a.output {
+                std::fs::File::create(p).map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
+            }
+            Sink::open(None)?
+        }
+        _ => Sink::open(a.output.as_deref())?,
+    };
+    let order: Vec<Mechanism> = match a.mechanism {
+        Some(m) => vec![m.mechanism()],
+        None => vec![Mechanism::TpBtf, Mechanism::Fentry, Mechanism::RawTp, Mechanism::Kprobe],
+    };
+    let (loaded, mech, _fails) = with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
+    ctl.start_clock();
+    let start = Instant::now();
+    let start_mono_ns = (crate::engine::flowfilter::clock_ns(libc::CLOCK_MONOTONIC)) as u64;
+    ready();
+
+    let printer = Rc::new(RefCell::new(Printer {
+        sink,
+        format,
+        idle_only: a.idle_only,
+        hz,
+        mono_to_epoch: mono_to_epoch(),
+        start_mono_ns,
+        header_done: false,
+        error: None,
+        pending: Vec::new(),
+        conns: BTreeMap::new(),
+        idle_sends: Vec::new(),
+        points: 0,
+        points_dropped: 0,
+    }));
+    let p2 = printer.clone();
+    let rb = loaded.rings.reader(move |d: &[u8]| p2.borrow_mut().event(d))?;
+    let stop = poll_until_stop(Some(&rb), ctl, None, |_| {
+        let mut p = printer.borrow_mut();
+        p.print_pending();
+        p.sink.flush()?;
+        Ok(())
+    })?;
+    drop(rb);
+    let mut p = printer.borrow_mut();
+    p.print_pending();
+    let totals = read_totals(&loaded)?;
+    let elapsed = start.elapsed();
+    if let Some(e) = p.error.take() {
+        return Err(anyhow::Error::new(e).context("writing events"));
+    }
+    let conns: Vec<ConnSummary> = p.conns.values().cloned().collect();
+    match format {
+        Format::Json => {
+            let dropped = p.points_dropped;
+            p.sink.json(&serde_json::json!({
+                "type": "summary",
+                "connections": conns,
+                "totals": totals,
+                "observations": totals.observations,
+                "samples": totals.samples,
+                "idle_sends": totals.idle_sends,
+                "restarts": totals.restarts,
+                "lost": totals.lost,
+                "missed": totals.missed,
+                "map_full": {"conns": totals.conn_full},
+                "chart_points_dropped": dropped,
+                "mechanism": mech.to_string(),
+                "hz": hz,
+                "duration_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+            }))?;
+        }
+        Format::Text => {
+            let s = summary_text(&totals, &conns, mech, elapsed, p.points_dropped);
+            p.sink.line(&s)?;
+        }
+        Format::Svg | Format::Html => {
+            let path = a.output.as_deref().expect("chart formats come from -o");
+            write_chart(path, format, &conns, &totals, elapsed)?;
+            let s = summary_text(&totals, &conns, mech, elapsed, p.points_dropped);
+            eprintln!("{s}\nsonde: wrote {}", path.display());
+        }
+    }
+    p.sink.flush()?;
+    Ok(Outcome { idle_sends: std::mem::take(&mut p.idle_sends), conns, totals, mechanism: mech, stop })
+}
+
+/// Entry point for the CLI; returns the exit status.
+pub fn run(a: &CwndArgs) -> anyhow::Result<i32> {
+    let ctl = RunControl::new(a.duration)?;
+    let out = run_with(a, &ctl, || {
+        eprintln!("sonde: tracing TCP congestion windows and idle restarts; Ctrl-C ends with a summary");
+    })?;
+    Ok(out.stop.exit_code())
+}
