@@ -42,6 +42,7 @@ bench: build
 	$(SUDO) bench/profile/run
 	$(SUDO) bench/offcpu/run
 	$(SUDO) bench/funclatency/run
+	$(SUDO) bench/cwnd/run
 
 # The static binary on Debian's 6.1 kernel under qemu (kprobes, fentry, no
 # sched_exit_tp, tcp_retransmit_skb without err).

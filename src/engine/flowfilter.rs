@@ -197,3 +197,45 @@ pub fn clock_ns(clock: libc::clockid_t) -> i128 {
 pub fn mono_to_epoch() -> i128 {
     clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
 }
+
+/// A flow and its owner as the socket tools print them in JSON (flattened
+/// into each event line).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FlowJson {
+    /// Socket cookie (`ss -e` prints it as sk:<hex>).
+    pub cookie: u64,
+    /// 4 or 6.
+    pub family: u8,
+    /// Local address.
+    pub saddr: IpAddr,
+    /// Local port.
+    pub sport: u16,
+    /// Remote address.
+    pub daddr: IpAddr,
+    /// Remote port.
+    pub dport: u16,
+    /// Network namespace inode.
+    pub netns: u32,
+    /// Owner pid, when known.
+    pub pid: Option<u32>,
+    /// Owner comm, when known.
+    pub comm: Option<String>,
+}
+
+impl FlowJson {
+    /// From the kernel half's flow fields (`family` 2 or 10) and owner.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(cookie: u64, family: u16, saddr: &[u8; 16], sport: u16, daddr: &[u8; 16], dport: u16, netns: u32, owner: Option<(u32, &[i8; 16])>) -> Self {
+        FlowJson {
+            cookie,
+            family: if family == 2 { 4 } else { 6 },
+            saddr: addr(family, saddr),
+            sport,
+            daddr: addr(family, daddr),
+            dport,
+            netns,
+            pid: owner.map(|o| o.0),
+            comm: owner.map(|o| comm(o.1)),
+        }
+    }
+}

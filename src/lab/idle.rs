@@ -260,7 +260,7 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
     let mut results = Vec::new();
     for (st, (ss, times)) in SETTINGS.iter().zip(measured) {
         // The server's socket: local port is the setting's port.
-        let idle: Vec<IdleSend> = result.idle_sends.iter().filter(|i| i.sport == st.port).cloned().collect();
+        let idle: Vec<IdleSend> = result.idle_sends.iter().filter(|i| i.flow.sport == st.port).cloned().collect();
         // Idle sends after a gap (the first response may count as one when
         // the handshake was longer ago than the RTO; it is not a gap).
         let gaps: Vec<&IdleSend> = idle.iter().rev().take(ss.len()).collect::<Vec<_>>().into_iter().rev().collect();

@@ -194,6 +194,28 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     };
     tools.push(("retrans".into(), retrans));
 
+    // cwnd: tcp:tcp_probe for samples; the send path for idle restarts.
+    let send_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
+    let probe_tp = features::tracepoint_exists("tcp", "tcp_probe") || features::btf_has_type("btf_trace_tcp_probe");
+    let send = [
+        (send_tp && ok("tp_btf"), "tp_btf", "tp_btf tcp:tcp_probe + tp_btf tcp:tcp_sendmsg_locked"),
+        (ok("tp_btf") && ok("fentry"), "fentry", "tp_btf tcp:tcp_probe + fentry tcp_sendmsg_locked"),
+        (send_tp && ok("raw_tp"), "raw_tp", "raw_tp tcp:tcp_probe + raw_tp tcp:tcp_sendmsg_locked"),
+        (ok("raw_tp") && ok("kprobe"), "kprobe", "raw_tp tcp:tcp_probe + kprobe tcp_sendmsg_locked"),
+    ]
+    .into_iter()
+    .find(|s| s.0);
+    let cwnd = match (privileged, probe_tp, send) {
+        (false, _, _) => json!({"usable": false, "why": "not privileged"}),
+        (_, false, _) => json!({"usable": false, "why": "kernel has no tcp:tcp_probe tracepoint (added in 4.16)"}),
+        (_, _, None) => json!({"usable": false, "why": format!(
+            "no way to see sends: {} and neither fentry nor kprobes attach (see above)",
+            if send_tp { "tcp:tcp_sendmsg_locked loads by neither tp_btf nor raw_tp" } else { "no tcp:tcp_sendmsg_locked tracepoint" }
+        )}),
+        (_, _, Some((_, m, d))) => json!({"usable": true, "mechanism": m, "detail": d}),
+    };
+    tools.push(("cwnd".into(), cwnd));
+
     // profile: a BPF program on a sampling perf event per CPU.
     let cycles = crate::engine::perf::has_cycles();
     let profile = match (privileged, ok("perf_event")) {
