@@ -4,6 +4,7 @@ pub mod cgroup;
 pub mod chart;
 pub mod error;
 pub mod features;
+pub mod hist;
 pub mod flowfilter;
 pub mod kfunc;
 pub mod netns;

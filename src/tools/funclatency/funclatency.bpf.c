@@ -17,6 +17,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
 #include "taskfilter.h"
+#include "hist.h"
 #include "funclatency.h"
 #include "stacks.h"
 #define SONDE_STATS_MAX FL_STAT_MAX
@@ -43,7 +44,7 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 64); /* resized to the number of targets */
 	__type(key, __u32);
-	__type(value, struct fl_hist);
+	__type(value, struct sonde_hist);
 } hists SEC(".maps");
 
 struct {
@@ -61,39 +62,11 @@ struct {
 	__type(value, struct fl_softirq);
 } softirq_start SEC(".maps");
 
-/* floor(log2(v)) for v > 0, else 0. */
-static __always_inline __u32 log2_u64(__u64 v)
-{
-	__u32 r = 0;
-	if (v >> 32) { v >>= 32; r += 32; }
-	if (v >> 16) { v >>= 16; r += 16; }
-	if (v >> 8) { v >>= 8; r += 8; }
-	if (v >> 4) { v >>= 4; r += 4; }
-	if (v >> 2) { v >>= 2; r += 2; }
-	if (v >> 1) { r += 1; }
-	return r;
-}
-
 static __always_inline void record(__u32 idx, __u64 ns)
 {
-	struct fl_hist *h = bpf_map_lookup_elem(&hists, &idx);
-	if (!h)
-		return;
-	__u32 b = 0;
-	if (ns < 4) {
-		b = ns;
-	} else {
-		__u32 l = log2_u64(ns);
-		b = 4 * (l - 1) + ((ns >> (l - 2)) & 3);
-	}
-	/* b <= 251; the mask (FL_BUCKETS is a power of two) is for older
-	 * verifiers, which lose the bound of a clamp. */
-	b &= FL_BUCKETS - 1;
-	h->buckets[b] += 1;
-	h->count += 1;
-	h->sum_ns += ns;
-	if (ns > h->max_ns)
-		h->max_ns = ns;
+	struct sonde_hist *h = bpf_map_lookup_elem(&hists, &idx);
+	if (h)
+		hist_add(h, ns);
 }
 
 static __always_inline void stk_stat(__u32 s)

@@ -2,19 +2,7 @@
 #ifndef SONDE_FUNCLATENCY_H
 #define SONDE_FUNCLATENCY_H
 
-/* Four buckets per power of two (each a quarter of it, so within 25%):
- * values 0-3 have buckets of their own; for v >= 4 with b = floor(log2 v),
- * bucket 4(b-1) + the two bits after the leading one. */
-#define FL_BUCKETS 256
 #define FL_DEPTH 32   /* calls in flight per thread that are timed (a power of two) */
-
-/* Per target (function, syscall, softirq), per CPU. */
-struct fl_hist {
-	__u64 buckets[FL_BUCKETS];
-	__u64 count;
-	__u64 sum_ns;
-	__u64 max_ns;
-};
 
 /* A thread's calls in flight, innermost last. */
 struct fl_stack {

@@ -1,6 +1,5 @@
 //! `sonde funclatency`: latency histograms of user functions, syscalls and
 //! softirqs (kernel functions where the kernel allows fentry or kprobes).
-pub mod hist;
 pub mod slow;
 pub mod targets;
 
@@ -26,7 +25,7 @@ use crate::engine::{
     stacktool,
     taskfilter::TaskFilter,
 };
-use hist::{human, Hist};
+use crate::engine::hist::{human, Hist};
 use targets::{Probe, ProbeKind};
 
 mod skel {

@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::Args;
 use libbpf_rs::RingBufferBuilder;
 
-use super::{hist::human, in_flight, load_with_fallback, read_hists, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
+use crate::engine::hist::human;
+use super::{in_flight, load_with_fallback, read_hists, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
 use crate::engine::{
     error::usage,
     features,

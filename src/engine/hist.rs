@@ -1,8 +1,8 @@
-//! Latency histograms as the kernel half fills them: four buckets per power
+//! Latency histograms as the kernel halves fill them (src/bpf/hist.h): four buckets per power
 //! of two (each within 25%), their percentile estimates, and their text form
 //! (one row per power of two, as log2 histograms are usually read).
 
-/// Buckets per histogram (FL_BUCKETS).
+/// Buckets per histogram (HIST_BUCKETS in src/bpf/hist.h).
 pub const BUCKETS: usize = 256;
 
 /// One target's latencies, summed over CPUs.
@@ -63,7 +63,7 @@ fn octave(b: usize) -> usize {
 }
 
 impl Hist {
-    /// Parses one CPU's `struct fl_hist` and adds it.
+    /// Parses one CPU's `struct sonde_hist` and adds it.
     pub fn add_raw(&mut self, raw: &[u8]) {
         let u = |i: usize| u64::from_ne_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap());
         for b in 0..BUCKETS {
