@@ -43,6 +43,7 @@ bench: build
 	$(SUDO) bench/offcpu/run
 	$(SUDO) bench/funclatency/run
 	$(SUDO) bench/cwnd/run
+	$(SUDO) bench/broker/run
 
 # The static binary on Debian's 6.1 kernel under qemu (kprobes, fentry, no
 # sched_exit_tp, tcp_retransmit_skb without err).

@@ -42,7 +42,7 @@ fn main() {
 /// for `lab dns`), built static with frame pointers and line tables and
 /// embedded in the binary: the labs need no compiler on the host.
 fn build_lab_workload(out: &std::path::Path, manifest: &std::path::Path) {
-    for name in ["burn", "dnsweb"] {
+    for name in ["burn", "dnsweb", "msgbench"] {
         let src = manifest.join(format!("tests/workloads/{name}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let bin = out.join(name);

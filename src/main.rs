@@ -32,6 +32,7 @@ BPF, 3.7% fewer round trips at ~125k switches/s, 8-17% at 400k-800k switches/s."
     Wakeup(tools::offcpu::OffcpuArgs),
     Funclatency(tools::funclatency::FunclatencyArgs),
     Slow(tools::funclatency::slow::SlowArgs),
+    Msglat(tools::msglat::MsglatArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -71,6 +72,7 @@ fn main() -> ExitCode {
         Cmd::Wakeup(a) => tools::offcpu::run_wakeup(a),
         Cmd::Funclatency(a) => tools::funclatency::run(a),
         Cmd::Slow(a) => tools::funclatency::slow::run(a),
+        Cmd::Msglat(a) => tools::msglat::run(a),
         Cmd::Lab(a) => lab::run(a),
     };
     match r {

@@ -51,19 +51,25 @@ pub fn with_fallbacks<T>(
     )))
 }
 
-/// Times the kernel skipped `prog` because it was already running on that CPU
-/// (a softirq interrupting it, or another tracing program of the classic kind
-/// running there). Those events never reach the program, so tools add this to
-/// what they report as missed. 0 if the kernel does not count them.
-pub fn recursion_misses(prog: &impl std::os::fd::AsFd) -> u64 {
+/// The kernel's information on a loaded program (None if it cannot say).
+fn prog_info(prog: &impl std::os::fd::AsFd) -> Option<libbpf_sys::bpf_prog_info> {
     use std::os::fd::AsRawFd;
     let mut info = libbpf_sys::bpf_prog_info::default();
     let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
     // SAFETY: info is a plain struct of the size we pass; the kernel fills it.
     let r = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(prog.as_fd().as_raw_fd(), &mut info, &mut len) };
-    if r == 0 {
-        info.recursion_misses
-    } else {
-        0
-    }
+    (r == 0).then_some(info)
+}
+
+/// Times the kernel skipped `prog` because it was already running on that CPU
+/// (a softirq interrupting it, or another tracing program of the classic kind
+/// running there). Those events never reach the program, so tools add this to
+/// what they report as missed. 0 if the kernel does not count them.
+pub fn recursion_misses(prog: &impl std::os::fd::AsFd) -> u64 {
+    prog_info(prog).map(|i| i.recursion_misses).unwrap_or(0)
+}
+
+/// (run_time_ns, run_cnt) of `prog` while kernel.bpf_stats_enabled was 1.
+pub fn run_stats(prog: &impl std::os::fd::AsFd) -> (u64, u64) {
+    prog_info(prog).map(|i| (i.run_time_ns, i.run_cnt)).unwrap_or((0, 0))
 }

@@ -231,9 +231,7 @@ struct Server {
 
 impl Server {
     fn start(ns: &Netns, dir: &Path, workers: u32) -> anyhow::Result<Self> {
-        let bin = dir.join("dnsweb");
-        std::fs::write(&bin, DNSWEB)?;
-        std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let bin = super::install(dir, "dnsweb", DNSWEB)?;
         let etc = dir.join("etc");
         std::fs::create_dir_all(&etc)?;
         std::fs::write(etc.join("resolv.conf"), "nameserver 127.0.0.1\noptions timeout:2 attempts:1\n")?;

@@ -3,6 +3,7 @@
 pub mod delay;
 pub mod dns;
 pub mod idle;
+pub mod msglat;
 pub mod profile;
 pub mod retrans;
 pub mod slow;
@@ -38,6 +39,10 @@ pub enum Lab {
     /// not; `sonde cwnd` shows each, `ss -ti` checks it, and the round trips
     /// each restart costs are measured.
     IdleRestart(idle::IdleLabArgs),
+    /// Seed 004: sender -> broker -> receiver; end-to-end time with the
+    /// broker untraced, logging to memory, logging to a file, and traced by
+    /// `sonde msglat`, side by side, with the T2 distribution sonde saw.
+    Msglat(msglat::MsglatLabArgs),
 }
 
 /// Runs the chosen lab; returns the exit status.
@@ -48,5 +53,23 @@ pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
         Lab::Dns(d) => dns::run(d),
         Lab::Slow(s) => slow::run(s),
         Lab::IdleRestart(i) => idle::run(i),
+        Lab::Msglat(m) => msglat::run(m),
+    }
+}
+
+/// Writes an embedded workload binary to `dir/name`, executable.
+pub fn install(dir: &std::path::Path, name: &str, bytes: &[u8]) -> anyhow::Result<std::path::PathBuf> {
+    let bin = dir.join(name);
+    std::fs::write(&bin, bytes)?;
+    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(bin)
+}
+
+/// Removes a directory when dropped.
+pub struct RemoveDir(pub std::path::PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

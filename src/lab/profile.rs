@@ -55,9 +55,7 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     features::require_tracing_privileges()?;
     let dir = std::env::temp_dir().join(format!("sonde-lab-profile-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let bin = dir.join("burn");
-    std::fs::write(&bin, BURN)?;
-    std::fs::set_permissions(&bin, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let bin = super::install(&dir, "burn", BURN)?;
     let child = Command::new(&bin).arg((a.seconds + 5).to_string()).spawn()?;
     let w = Workload { child, dir };
     std::thread::sleep(Duration::from_millis(100));

@@ -2,6 +2,7 @@
 pub mod cwnd;
 pub mod doctor;
 pub mod funclatency;
+pub mod msglat;
 pub mod offcpu;
 pub mod profile;
 pub mod retrans;

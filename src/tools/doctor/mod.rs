@@ -216,6 +216,14 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     };
     tools.push(("cwnd".into(), cwnd));
 
+    // msglat: raw_syscalls sys_enter/sys_exit as BTF tracepoints.
+    let msglat = match (privileged, ok("tp_btf"), features::btf_has_type("btf_trace_sys_enter")) {
+        (false, _, _) => json!({"usable": false, "why": "not privileged"}),
+        (_, false, _) | (_, _, false) => json!({"usable": false, "why": "tp_btf raw_syscalls:sys_enter/sys_exit do not load here"}),
+        _ => json!({"usable": true, "mechanism": "tp_btf", "detail": "raw_syscalls:sys_enter + sys_exit; x86_64 syscall numbers"}),
+    };
+    tools.push(("msglat".into(), msglat));
+
     // profile: a BPF program on a sampling perf event per CPU.
     let cycles = crate::engine::perf::has_cycles();
     let profile = match (privileged, ok("perf_event")) {

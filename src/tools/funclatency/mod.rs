@@ -470,20 +470,6 @@ fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], scope: &S
 }
 
 /// Every target's histogram, summed over CPUs.
-fn read_hists(map: &dyn MapCore, n: usize) -> anyhow::Result<Vec<Hist>> {
-    (0..n)
-        .map(|i| {
-            let mut h = Hist::default();
-            if let Some(per_cpu) = map.lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)? {
-                for raw in per_cpu {
-                    h.add_raw(&raw);
-                }
-            }
-            Ok(h)
-        })
-        .collect()
-}
-
 /// Calls in flight per target and the oldest start, from the per-thread
 /// stacks (struct fl_stack) and the per-CPU softirq starts.
 fn in_flight(skel: &FunclatencySkel<'_>, probes: &[Probe]) -> anyhow::Result<Vec<(u64, u64)>> {
@@ -604,7 +590,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
         }
         let Some(iv) = a.interval.filter(|_| due) else { return Ok(()) };
         interval_no += 1;
-        let now = read_hists(&skel.maps.hists, n)?;
+        let now = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
         for (i, p) in probes.iter().enumerate() {
             let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
             if a.json {
@@ -621,7 +607,7 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     })?;
     // Calls in flight now, before anything is detached.
     let flight = in_flight(skel, &probes)?;
-    let hists = read_hists(&skel.maps.hists, n)?;
+    let hists = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
     let elapsed = attached.elapsed();
     // Counted at the stop, like the histograms: detaching makes returns
     // without entries of its own.

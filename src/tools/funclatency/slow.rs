@@ -8,7 +8,7 @@ use clap::Args;
 use libbpf_rs::RingBufferBuilder;
 
 use crate::engine::hist::human;
-use super::{in_flight, load_with_fallback, read_hists, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
+use super::{in_flight, load_with_fallback, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
 use crate::engine::{
     error::usage,
     features,
@@ -171,7 +171,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     )?;
     let n = probes.len();
     let flight = in_flight(skel, &probes)?;
-    let hists = read_hists(&skel.maps.hists, n)?;
+    let hists = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
     let elapsed = attached.elapsed();
     // Counted at the stop: detaching makes returns without entries.
     let st = |slot| percpu_sum(&skel.maps.stats, slot);

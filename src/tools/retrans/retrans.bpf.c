@@ -30,6 +30,7 @@
 #include <bpf/bpf_endian.h>
 #include "sonde.h"
 #include "flow.h"
+#include "sockfd.h"
 #include "retrans.h"
 #define SONDE_STATS_MAX STAT_MAX
 #include "stats.h"
@@ -161,21 +162,7 @@ int BPF_PROG(btf_set_state, const struct sock *sk, const int oldstate, const int
 /* accept() returns a socket created in softirq: resolve the fd to its sock. */
 static __always_inline void owner_from_fd(long fd)
 {
-	if (fd < 0)
-		return;
-	struct task_struct *task = (void *)bpf_get_current_task();
-	struct file **fdarr = BPF_CORE_READ(task, files, fdt, fd);
-	unsigned int max = BPF_CORE_READ(task, files, fdt, max_fds);
-	if (!fdarr || fd >= max)
-		return;
-	struct file *f = NULL;
-	bpf_core_read(&f, sizeof(f), &fdarr[fd]);
-	if (!f)
-		return;
-	struct socket *sock = BPF_CORE_READ(f, private_data);
-	if (!sock)
-		return;
-	struct sock *sk = BPF_CORE_READ(sock, sk);
+	struct sock *sk = sock_of_fd(fd);
 	if (sk)
 		record_owner(sk, false);
 }

@@ -1,0 +1,297 @@
+//! `sonde lab msglat`: seed 004's harness. A sender, a message broker that
+//! relays each message and a receiver, on loopback in a namespace; the
+//! end-to-end time T of each message from the sender's and receiver's
+//! clocks. Four broker configurations, interleaved over rounds: no logging,
+//! logging receive and send times into an in-process array, logging them to
+//! a file, and no logging but traced by `sonde msglat`. The table gives T
+//! and the overhead per message over the baseline, with the ratio to the
+//! memory-log overhead, and the T2 distribution sonde measured.
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use clap::Args;
+use serde::Serialize;
+
+use super::install;
+use crate::{
+    engine::{
+        error::usage,
+        features,
+        hist::human,
+        netns::{remove_stale, Netns, PREFIX},
+        output::table,
+        run::{duration_arg, RunControl},
+    },
+    tools::msglat::{run_with, MsglatArgs},
+};
+
+/// The harness, built static by build.rs.
+const MSGBENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/msgbench"));
+const IN_PORT: u16 = 7400;
+const OUT_PORT: u16 = 7401;
+
+/// Options of `sonde lab msglat`.
+#[derive(Debug, Args, Clone)]
+pub struct MsglatLabArgs {
+    /// Messages per run.
+    #[arg(long, default_value_t = 100_000)]
+    pub messages: u64,
+    /// Time between two messages from the sender.
+    #[arg(long, value_parser = duration_arg, default_value = "60us")]
+    pub spacing: Duration,
+    /// Message size in bytes (at least 16: the id and the send time).
+    #[arg(long, default_value_t = 64)]
+    pub size: usize,
+    /// Rounds of the four configurations, interleaved.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: u32,
+    /// Hold every Nth message DELAY in the broker (0: none; for tests).
+    #[arg(long, default_value_t = 0)]
+    pub delay_every: u64,
+    /// How long to hold those messages.
+    #[arg(long, value_parser = duration_arg, default_value = "200us")]
+    pub delay: Duration,
+    /// The broker drops this message (its index; for tests).
+    #[arg(long)]
+    pub drop_at: Option<u64>,
+    /// Pair in FIFO order instead of by id.
+    #[arg(long)]
+    pub fifo: bool,
+    /// Only the sonde configuration (no baseline rows).
+    #[arg(long)]
+    pub sonde_only: bool,
+    /// Print the findings as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One run's end-to-end times, from the harness.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RunT {
+    /// Configuration.
+    pub config: String,
+    /// Messages sent.
+    pub sent: u64,
+    /// Messages back at the receiver.
+    pub received: u64,
+    /// Mean T, ns.
+    pub mean_ns: f64,
+    /// Median T, ns.
+    pub p50_ns: f64,
+    /// 99th percentile, ns.
+    pub p99_ns: f64,
+}
+
+fn parse_pair(config: &str, out: &str) -> anyhow::Result<RunT> {
+    let f: Vec<&str> = out.split_whitespace().collect();
+    let num = |k: &str| -> anyhow::Result<f64> {
+        let i = f.iter().position(|w| *w == k).ok_or_else(|| anyhow::anyhow!("harness output lacks {k}: {out}"))?;
+        Ok(f.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(0.0))
+    };
+    Ok(RunT {
+        config: config.to_string(),
+        sent: num("sent")? as u64,
+        received: num("received")? as u64,
+        mean_ns: num("mean_ns")?,
+        p50_ns: num("p50_ns")?,
+        p99_ns: num("p99_ns")?,
+    })
+}
+
+/// Kills the broker however the run ends.
+struct Broker(Child);
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, log: &str, logfile: &Path) -> anyhow::Result<Broker> {
+    let mut c = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(bin)
+        .args(["broker", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.size.to_string(), log])
+        .args([a.delay_every.to_string(), a.delay.as_micros().to_string(), a.drop_at.map(|d| d as i64).unwrap_or(-1).to_string()])
+        .arg(logfile)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line)?;
+    anyhow::ensure!(line.starts_with("listening"), "the broker did not start: {line}");
+    Ok(Broker(c))
+}
+
+fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, config: &str) -> anyhow::Result<RunT> {
+    let out = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(bin)
+        .args(["pair", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.messages.to_string(), &a.spacing.as_micros().to_string(), &a.size.to_string()])
+        .output()?;
+    anyhow::ensure!(out.status.success(), "the harness failed: {}", String::from_utf8_lossy(&out.stderr));
+    parse_pair(config, &String::from_utf8_lossy(&out.stdout))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+/// Runs the lab; returns the exit status.
+pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
+    if a.messages == 0 || a.rounds == 0 {
+        return Err(usage("--messages and --rounds must be at least 1"));
+    }
+    if a.size < 16 {
+        return Err(usage(format!("--size {}: a message holds its id and send time, 16 bytes; give 16 or more", a.size)));
+    }
+    if a.spacing < Duration::from_micros(1) {
+        return Err(usage("--spacing must be at least 1us"));
+    }
+    features::require_tracing_privileges()?;
+    remove_stale();
+    let ns = Netns::create(&format!("{PREFIX}{}-msglat", std::process::id()))?;
+    let dir = std::env::temp_dir().join(format!("sonde-lab-msglat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _cleanup = super::RemoveDir(dir.clone());
+    let bin = install(&dir, "msgbench", MSGBENCH)?;
+    let logfile = dir.join("broker.log");
+    eprintln!(
+        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s)",
+        ns.name, a.messages, a.size, a.spacing, a.rounds
+    );
+    let configs: &[&str] = if a.sonde_only { &["sonde"] } else { &["none", "mem", "file", "sonde"] };
+    let mut runs: Vec<RunT> = Vec::new();
+    let mut last_sonde = None;
+    let stats_was = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
+    let (mut bpf_ns, mut bpf_runs, mut matched) = (0u64, 0u64, 0u64);
+    // The rounds, then one more sonde run with kernel.bpf_stats_enabled=1
+    // for the in-kernel cost (the statistics' own clock reads would inflate
+    // T, so the table's sonde rows run without them).
+    let plan: Vec<(u32, &str)> = (0..a.rounds).flat_map(|r| configs.iter().map(move |&c| (r, c))).chain([(a.rounds, "sonde-stats")]).collect();
+    for &(round, c) in &plan {
+        {
+            eprintln!("lab: round {} of {}: {c}", (round + 1).min(a.rounds), a.rounds);
+            let stats = c == "sonde-stats";
+            let log = if c.starts_with("sonde") { "none" } else { c };
+            let b = broker(&ns, &bin, a, log, &logfile)?;
+            if !c.starts_with("sonde") {
+                runs.push(pair(&ns, &bin, a, c)?);
+                drop(b);
+                continue;
+            }
+            if stats {
+                let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+            }
+            let ctl = RunControl::new(None)?;
+            let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, output: Some(dir.join(format!("msglat-{round}.json"))), ..Default::default() };
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let r = std::thread::scope(|s| {
+                let (ns, bin, ctl) = (&ns, &bin, &ctl);
+                let work = s.spawn(move || -> anyhow::Result<RunT> {
+                    rx.recv().map_err(|_| anyhow::anyhow!("tracing did not start"))?;
+                    let t = pair(ns, bin, a, c);
+                    ctl.request_stop();
+                    t
+                });
+                let out = run_with(&margs, ctl, || {
+                    let _ = tx.send(());
+                });
+                ctl.request_stop();
+                let w = work.join().map_err(|_| anyhow::anyhow!("harness panicked"))?;
+                Ok::<_, anyhow::Error>((out?, w?))
+            });
+            if stats {
+                let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_was.trim());
+            }
+            let (out, t) = r?;
+            if stats {
+                bpf_ns = out.bpf_ns;
+                bpf_runs = out.bpf_runs;
+                matched = out.hist.count;
+            } else {
+                runs.push(t);
+                last_sonde = Some(out);
+            }
+            drop(b);
+        }
+    }
+    let sonde = last_sonde.expect("the sonde configuration ran");
+    let med = |c: &str, f: fn(&RunT) -> f64| median(&mut runs.iter().filter(|r| r.config == c).map(f).collect::<Vec<_>>());
+    // Overhead: per round, a configuration's median T minus the baseline's
+    // in the same round (they ran back to back), then the median over rounds.
+    let over = |c: &str| -> f64 {
+        let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(|r| r.p50_ns).collect::<Vec<_>>();
+        let (x, b) = (of(c), of("none"));
+        median(&mut x.iter().zip(&b).map(|(x, b)| x - b).collect::<Vec<_>>())
+    };
+    let spread = |c: &str| -> (f64, f64) {
+        let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(|r| r.p50_ns).collect::<Vec<_>>();
+        let d: Vec<f64> = of(c).iter().zip(&of("none")).map(|(x, b)| x - b).collect();
+        (d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+    };
+    let mem_over = over("mem");
+    let per_msg_bpf = if matched > 0 { bpf_ns as f64 / matched as f64 } else { 0.0 };
+    let rows: Vec<Vec<String>> = configs
+        .iter()
+        .map(|&c| {
+            let (p50, mean, p99) = (med(c, |r| r.p50_ns), med(c, |r| r.mean_ns), med(c, |r| r.p99_ns));
+            let (o, (lo, hi)) = (over(c), spread(c));
+            vec![
+                match c {
+                    "none" => "broker, no logging".into(),
+                    "mem" => "broker logs times into memory".into(),
+                    "file" => "broker logs times to a file".into(),
+                    _ => "broker traced by sonde msglat".into(),
+                },
+                format!("{p50:.0}"),
+                format!("{mean:.0}"),
+                format!("{p99:.0}"),
+                if a.sonde_only { "-".into() } else { format!("{o:+.0} ({lo:+.0} .. {hi:+.0})") },
+                if a.sonde_only || c == "none" || mem_over.abs() < 1.0 { "-".into() } else { format!("{:.2}x", o / mem_over) },
+            ]
+        })
+        .collect();
+    let h = &sonde.hist;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "type": "lab", "lab": "msglat", "runs": runs,
+                "baseline_p50_ns": med("none", |r| r.p50_ns),
+                "overhead_p50_ns": configs.iter().map(|&c| (c, over(c))).collect::<std::collections::BTreeMap<_, _>>(),
+                "sonde_bpf_ns_per_message": per_msg_bpf.round(),
+                "sonde_bpf_runs_per_message": if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 },
+                "sonde": sonde.summary,
+            })
+        );
+    } else {
+        println!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds);
+        println!("{}", table(&["CONFIGURATION", "T p50 ns", "T mean ns", "T p99 ns", "OVERHEAD ns (p50; range over rounds)", "VS MEMORY LOG"], &rows));
+        println!(
+            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {:.1} program runs per message (every syscall on the host runs one; the broker's own read and write four)",
+            if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 }
+        );
+        println!(
+            "T2 (broker receive -> send) as sonde measured it, last run: {} messages, p50 {} p90 {} p99 {} max {}; unmatched: {} receives, {} sends",
+            h.count,
+            human(h.quantile_ns(0.5)),
+            human(h.quantile_ns(0.9)),
+            human(h.quantile_ns(0.99)),
+            human(h.max_ns),
+            sonde.unmatched_recv,
+            sonde.unmatched_send
+        );
+        print!("{}", h.render());
+    }
+    Ok(0)
+}

@@ -1,0 +1,371 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * sonde msglat: per-message latency through an unmodified process (seed
+ * 004's T2): the time from a message's receive (its syscall's return) to its
+ * send (the sending syscall's entry), paired in the kernel and counted into a
+ * histogram there; per-message records only with --per-message.
+ *
+ * Hooks: tp_btf raw_syscalls sys_enter/sys_exit, returning at once for every
+ * process but the traced ones (one compare). Receives: read, readv,
+ * recvfrom, recvmsg (the id read at exit, from the buffer the saved user
+ * registers still name). Sends: write, writev, sendto, sendmsg (the id read
+ * at entry). Only sockets
+ * in the socket table count: user space fills it with the process's sockets
+ * at start; accept/accept4/connect add new ones (ports checked here),
+ * close removes them.
+ *
+ * Pairing: by a message id at a byte offset in the payload (default), or
+ * FIFO per process (each send takes the oldest waiting receive).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
+#include "sonde.h"
+#include "inlist.h"
+#include "hist.h"
+#include "sockfd.h"
+#include "msglat.h"
+#define SONDE_STATS_MAX ML_STAT_MAX
+#include "stats.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define EINPROGRESS 115
+
+const volatile __u32 n_pids = 0;
+const volatile __u32 pids[ML_MAX_PIDS] = {};
+const volatile __u32 n_ports = 0;
+const volatile __u16 ports[ML_MAX_PORTS] = {};
+const volatile __u32 id_off = 0;
+const volatile __u32 id_len = 8;
+const volatile bool fifo = false;
+const volatile bool per_message = false;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* tgid << 32 | fd */
+	__type(value, struct ml_fd);
+} fds SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct ml_pending_key);
+	__type(value, struct ml_pending);
+} pending SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ML_MAX_PIDS * ML_RING);
+	__type(key, __u32);
+	__type(value, struct ml_pending);
+} fifo_ring SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ML_MAX_PIDS);
+	__type(key, __u32);
+	__type(value, struct ml_fifo_pos);
+} fifo_pos SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sonde_hist);
+} hist SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct ml_flow_key);
+	__type(value, struct ml_flow);
+} flows SEC(".maps");
+
+/* Longest receive seen on a traced socket (for the error when the id lies
+ * beyond every message). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} max_recv SEC(".maps");
+
+/* Referenced so that the skeleton generates Rust mirrors of these layouts. */
+struct ml_event _ml_event = {};
+struct ml_flow_key _ml_flow_key = {};
+struct ml_flow _ml_flow = {};
+struct ml_fd _ml_fd = {};
+
+/* Index of a traced process in pids[], or -1. */
+static __always_inline int pid_slot(__u32 tgid)
+{
+	int slot = -1;
+	for (__u32 i = 0; i < ML_MAX_PIDS && i < n_pids; i++)
+		if (pids[i] == tgid)
+			slot = i;
+	return slot;
+}
+
+static __always_inline __u64 fd_key(__u32 tgid, __u32 fd)
+{
+	return ((__u64)tgid << 32) | fd;
+}
+
+/* A new socket of a traced process (accept/connect): its ports from the
+ * file table, once per connection. */
+static __always_inline void add_fd(__u32 tgid, long fd)
+{
+	if (fd < 0)
+		return;
+	struct sock *sk = sock_of_fd(fd);
+	struct ml_fd v = {};
+	if (sk) {
+		v.lport = BPF_CORE_READ(sk, __sk_common.skc_num);
+		v.rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	}
+	if (n_ports && !IN_LIST(ports, n_ports, ML_MAX_PORTS, v.lport) && !IN_LIST(ports, n_ports, ML_MAX_PORTS, v.rport))
+		return;
+	__u64 k = fd_key(tgid, fd);
+	if (bpf_map_update_elem(&fds, &k, &v, BPF_ANY))
+		stat_add(ML_FDS_FULL);
+	else
+		stat_add(ML_NEW_FDS);
+}
+
+static __always_inline bool traced_fd(__u32 tgid, __u32 fd)
+{
+	__u64 k = fd_key(tgid, fd);
+	return bpf_map_lookup_elem(&fds, &k) != NULL;
+}
+
+/* The message id at id_off in a buffer of `len` bytes (false: none). */
+static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short_stat)
+{
+	if (len < (__u64)id_off + id_len) {
+		stat_add(short_stat);
+		return false;
+	}
+	__u64 v = 0;
+	__u32 n = id_len;
+	if (n == 0 || n > 8)
+		return false;
+	if (bpf_probe_read_user(&v, n, (void *)(buf + id_off))) {
+		stat_add(ML_ID_FAULT);
+		return false;
+	}
+	*id = v;
+	return true;
+}
+
+/* The first buffer of an iovec array (readv/writev, msghdr). */
+static __always_inline bool first_iov(__u64 iov_ptr, __u64 *base, __u64 *len)
+{
+	struct iovec iov;
+	if (bpf_probe_read_user(&iov, sizeof(iov), (void *)iov_ptr))
+		return false;
+	*base = (__u64)iov.iov_base;
+	*len = iov.iov_len;
+	return true;
+}
+
+static __always_inline bool msg_iov(__u64 msg_ptr, __u64 *base, __u64 *len)
+{
+	struct user_msghdr m;
+	if (bpf_probe_read_user(&m, sizeof(m), (void *)msg_ptr) || !m.msg_iovlen)
+		return false;
+	return first_iov((__u64)m.msg_iov, base, len);
+}
+
+static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, long ret)
+{
+	__u64 *mx = bpf_map_lookup_elem(&max_recv, &(__u32){0});
+	if (mx && ret > *mx)
+		*mx = ret;
+	struct ml_pending p = {.ts = bpf_ktime_get_ns(), .fd = fd};
+	if (fifo) {
+		__u32 s = slot;
+		struct ml_fifo_pos *pos = bpf_map_lookup_elem(&fifo_pos, &s);
+		if (!pos)
+			return;
+		__u64 t = __sync_fetch_and_add(&pos->tail, 1);
+		if (t - pos->head >= ML_RING) {
+			__sync_fetch_and_add(&pos->head, 1);
+			stat_add(ML_FIFO_OVERFLOW);
+		}
+		__u32 idx = s * ML_RING + (t & (ML_RING - 1));
+		bpf_map_update_elem(&fifo_ring, &idx, &p, BPF_ANY);
+		stat_add(ML_RECVS);
+		return;
+	}
+	struct ml_pending_key k = {.tgid = tgid};
+	if (!read_id(buf, ret, &k.id, ML_SHORT_RECV))
+		return;
+	if (!bpf_map_update_elem(&pending, &k, &p, BPF_NOEXIST)) {
+		stat_add(ML_RECVS);
+		return;
+	}
+	/* The id is already waiting: the older receive was never sent. */
+	if (bpf_map_update_elem(&pending, &k, &p, BPF_ANY)) {
+		stat_add(ML_PENDING_FULL);
+		return;
+	}
+	stat_add(ML_REPLACED);
+	stat_add(ML_RECVS);
+}
+
+/* A send on a traced socket (the caller checked). */
+static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, __u64 len)
+{
+	stat_add(ML_SENDS);
+	__u64 now = bpf_ktime_get_ns();
+	struct ml_pending p;
+	__u64 id = 0;
+	if (fifo) {
+		__u32 s = slot;
+		struct ml_fifo_pos *pos = bpf_map_lookup_elem(&fifo_pos, &s);
+		if (!pos)
+			return;
+		if (pos->head >= pos->tail) {
+			stat_add(ML_UNMATCHED_SEND);
+			return;
+		}
+		__u64 h = __sync_fetch_and_add(&pos->head, 1);
+		__u32 idx = s * ML_RING + (h & (ML_RING - 1));
+		struct ml_pending *q = bpf_map_lookup_elem(&fifo_ring, &idx);
+		if (!q)
+			return;
+		p = *q;
+		id = h;
+	} else {
+		struct ml_pending_key k = {.tgid = tgid};
+		if (!read_id(buf, len, &k.id, ML_SHORT_SEND))
+			return;
+		struct ml_pending *q = bpf_map_lookup_elem(&pending, &k);
+		if (!q) {
+			stat_add(ML_UNMATCHED_SEND);
+			return;
+		}
+		p = *q;
+		bpf_map_delete_elem(&pending, &k);
+		id = k.id;
+	}
+	stat_add(ML_MATCHED);
+	__u64 t2 = now - p.ts;
+	struct sonde_hist *h = bpf_map_lookup_elem(&hist, &(__u32){0});
+	if (h)
+		hist_add(h, t2);
+	struct ml_flow_key fk = {.tgid = tgid, .in_fd = p.fd, .out_fd = fd};
+	struct ml_flow *fl = bpf_map_lookup_elem(&flows, &fk);
+	if (!fl) {
+		struct ml_flow zero = {};
+		if (bpf_map_update_elem(&flows, &fk, &zero, BPF_NOEXIST) && !bpf_map_lookup_elem(&flows, &fk))
+			stat_add(ML_FLOW_FULL);
+		fl = bpf_map_lookup_elem(&flows, &fk);
+	}
+	if (fl) {
+		fl->count += 1;
+		fl->sum_ns += t2;
+		if (t2 > fl->max_ns)
+			fl->max_ns = t2;
+	}
+	if (!per_message)
+		return;
+	void *rb = rb_this_cpu();
+	struct ml_event *e = rb ? bpf_ringbuf_reserve(rb, sizeof(*e), 0) : NULL;
+	if (!e) {
+		stat_add(ML_LOST);
+		return;
+	}
+	e->recv_ns = p.ts;
+	e->send_ns = now;
+	e->id = id;
+	e->tgid = tgid;
+	e->tid = (__u32)bpf_get_current_pid_tgid();
+	e->in_fd = p.fd;
+	e->out_fd = fd;
+	bpf_ringbuf_submit(e, rb_submit_flags(rb));
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(ml_enter, struct pt_regs *regs, long nr)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	int slot = pid_slot(tgid);
+	if (slot < 0)
+		return 0;
+	__u32 fd = regs->di;
+	__u64 a1 = regs->si, a2 = regs->dx;
+	__u64 base = 0, len = 0;
+	switch (nr) {
+	case NR_write:
+	case NR_sendto:
+		if (traced_fd(tgid, fd))
+			on_send(tgid, slot, fd, a1, a2);
+		return 0;
+	case NR_writev:
+		if (traced_fd(tgid, fd) && first_iov(a1, &base, &len))
+			on_send(tgid, slot, fd, base, len);
+		return 0;
+	case NR_sendmsg:
+		if (traced_fd(tgid, fd) && msg_iov(a1, &base, &len))
+			on_send(tgid, slot, fd, base, len);
+		return 0;
+	case NR_close: {
+		__u64 k = fd_key(tgid, fd);
+		bpf_map_delete_elem(&fds, &k);
+		return 0;
+	}
+	default:
+		return 0;
+	}
+}
+
+/* Receives, accepts and connects, at their return. The user registers
+ * saved at entry still hold the arguments (nothing changes them before the
+ * return to user space), so no state is kept from the entry, and a call
+ * already blocked when sonde attached counts too. */
+SEC("tp_btf/sys_exit")
+int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	int slot = pid_slot(tgid);
+	if (slot < 0)
+		return 0;
+	long nr = regs->orig_ax;
+	__u32 fd = regs->di;
+	__u64 a1 = regs->si;
+	switch (nr) {
+	case NR_accept:
+	case NR_accept4:
+		add_fd(tgid, ret);
+		return 0;
+	case NR_connect:
+		if (ret == 0 || ret == -EINPROGRESS)
+			add_fd(tgid, fd);
+		return 0;
+	case NR_read:
+	case NR_recvfrom:
+	case NR_readv:
+	case NR_recvmsg:
+		break;
+	default:
+		return 0;
+	}
+	if (ret <= 0 || !traced_fd(tgid, fd))
+		return 0;
+	__u64 base = a1, len = 0;
+	if (nr == NR_readv && !first_iov(a1, &base, &len))
+		return 0;
+	if (nr == NR_recvmsg && !msg_iov(a1, &base, &len))
+		return 0;
+	/* A vectored receive's id is in its first buffer, if that holds it. */
+	__u64 got = ret;
+	if ((nr == NR_readv || nr == NR_recvmsg) && len < got)
+		got = len;
+	on_recv(tgid, slot, fd, base, got);
+	return 0;
+}

@@ -1,0 +1,90 @@
+/* Shared between msglat.bpf.c and src/tools/msglat/mod.rs (which mirrors these layouts). */
+#ifndef SONDE_MSGLAT_H
+#define SONDE_MSGLAT_H
+
+#define ML_MAX_PIDS 8
+#define ML_MAX_PORTS 8
+#define ML_RING 16384 /* FIFO mode: receives waiting for their send, per process (a power of two) */
+
+/* x86_64 syscall numbers. */
+#define NR_read 0
+#define NR_write 1
+#define NR_close 3
+#define NR_readv 19
+#define NR_writev 20
+#define NR_connect 42
+#define NR_accept 43
+#define NR_sendto 44
+#define NR_recvfrom 45
+#define NR_sendmsg 46
+#define NR_recvmsg 47
+#define NR_accept4 288
+
+/* A traced socket of a traced process. */
+struct ml_fd {
+	__u16 lport;
+	__u16 rport;
+	__u32 pad;
+};
+
+struct ml_pending_key {
+	__u32 tgid;
+	__u32 pad;
+	__u64 id;
+};
+
+struct ml_pending {
+	__u64 ts;
+	__u32 fd;
+	__u32 pad;
+};
+
+struct ml_fifo_pos {
+	__u64 head;
+	__u64 tail;
+};
+
+/* Messages from one receiving socket to one sending socket. */
+struct ml_flow_key {
+	__u32 tgid;
+	__u32 in_fd;
+	__u32 out_fd;
+	__u32 pad;
+};
+
+struct ml_flow {
+	__u64 count;
+	__u64 sum_ns;
+	__u64 max_ns;
+};
+
+/* --per-message records. */
+struct ml_event {
+	__u64 recv_ns;
+	__u64 send_ns;
+	__u64 id;
+	__u32 tgid;
+	__u32 tid;
+	__u32 in_fd;
+	__u32 out_fd;
+};
+
+enum ml_stat {
+	ML_RECVS = 0,        /* messages received on traced sockets and recorded */
+	ML_SENDS,            /* sends on traced sockets */
+	ML_MATCHED,          /* sends paired with a receive */
+	ML_UNMATCHED_SEND,   /* sends with no receive waiting */
+	ML_SHORT_RECV,       /* receives shorter than the id's end */
+	ML_SHORT_SEND,       /* sends shorter than the id's end */
+	ML_ID_FAULT,         /* the id could not be read from the buffer */
+	ML_PENDING_FULL,     /* no room for a waiting receive */
+	ML_REPLACED,         /* a waiting receive replaced by one with its id */
+	ML_FIFO_OVERFLOW,    /* FIFO: oldest waiting receive dropped */
+	ML_LOST,             /* --per-message records lost (ring full) */
+	ML_FLOW_FULL,        /* per-flow table full */
+	ML_FDS_FULL,         /* socket table full */
+	ML_NEW_FDS,          /* sockets added at accept/connect */
+	ML_STAT_MAX,
+};
+
+#endif
