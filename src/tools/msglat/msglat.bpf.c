@@ -43,19 +43,21 @@ const volatile __u32 id_len = 8;
 const volatile bool fifo = false;
 const volatile bool per_message = false;
 
+/* The socket table: one flag per (process slot, descriptor), an array so
+ * that the check on every read and write is a bounds check and a load. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u64); /* tgid << 32 | fd */
-	__type(value, struct ml_fd);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ML_MAX_PIDS * ML_MAX_FD);
+	__type(key, __u32);
+	__type(value, __u8);
 } fds SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
-	__type(key, struct ml_pending_key);
-	__type(value, struct ml_pending);
-} pending SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ML_WAITING);
+	__type(key, __u32);
+	__type(value, struct ml_waiting);
+} waiting SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -85,7 +87,7 @@ struct {
 	__type(value, struct ml_flow);
 } flows SEC(".maps");
 
-/* Longest receive seen on a traced socket (for the error when the id lies
+/* Longest message too short for the id (for the error when the id lies
  * beyond every message). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -98,7 +100,6 @@ struct {
 struct ml_event _ml_event = {};
 struct ml_flow_key _ml_flow_key = {};
 struct ml_flow _ml_flow = {};
-struct ml_fd _ml_fd = {};
 
 /* Index of a traced process in pids[], or -1. */
 static __always_inline int pid_slot(__u32 tgid)
@@ -110,36 +111,62 @@ static __always_inline int pid_slot(__u32 tgid)
 	return slot;
 }
 
-static __always_inline __u64 fd_key(__u32 tgid, __u32 fd)
+/* The socket table's slot of (process slot, fd), or -1 past ML_MAX_FD. */
+static __always_inline int fd_key(int slot, __u32 fd)
 {
-	return ((__u64)tgid << 32) | fd;
+	if (fd >= ML_MAX_FD)
+		return -1;
+	return slot * ML_MAX_FD + fd;
+}
+
+static __always_inline void set_fd(int slot, __u32 fd, __u8 on)
+{
+	int k = fd_key(slot, fd);
+	if (k < 0) {
+		if (on)
+			stat_add(ML_FDS_FULL);
+		return;
+	}
+	__u32 key = k;
+	bpf_map_update_elem(&fds, &key, &on, BPF_ANY);
+	if (on)
+		stat_add(ML_NEW_FDS);
 }
 
 /* A new socket of a traced process (accept/connect): its ports from the
  * file table, once per connection. */
-static __always_inline void add_fd(__u32 tgid, long fd)
+static __always_inline void add_fd(int slot, long fd)
 {
 	if (fd < 0)
 		return;
-	struct sock *sk = sock_of_fd(fd);
-	struct ml_fd v = {};
-	if (sk) {
-		v.lport = BPF_CORE_READ(sk, __sk_common.skc_num);
-		v.rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (n_ports) {
+		struct sock *sk = sock_of_fd(fd);
+		__u16 lport = 0, rport = 0;
+		if (sk) {
+			lport = BPF_CORE_READ(sk, __sk_common.skc_num);
+			rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+		}
+		if (!IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) && !IN_LIST(ports, n_ports, ML_MAX_PORTS, rport))
+			return;
 	}
-	if (n_ports && !IN_LIST(ports, n_ports, ML_MAX_PORTS, v.lport) && !IN_LIST(ports, n_ports, ML_MAX_PORTS, v.rport))
-		return;
-	__u64 k = fd_key(tgid, fd);
-	if (bpf_map_update_elem(&fds, &k, &v, BPF_ANY))
-		stat_add(ML_FDS_FULL);
-	else
-		stat_add(ML_NEW_FDS);
+	set_fd(slot, fd, 1);
 }
 
-static __always_inline bool traced_fd(__u32 tgid, __u32 fd)
+static __always_inline bool traced_fd(int slot, __u32 fd)
 {
-	__u64 k = fd_key(tgid, fd);
-	return bpf_map_lookup_elem(&fds, &k) != NULL;
+	int k = fd_key(slot, fd);
+	if (k < 0)
+		return false;
+	__u32 key = k;
+	__u8 *on = bpf_map_lookup_elem(&fds, &key);
+	return on && *on;
+}
+
+/* The id table's slot for an id (Fibonacci hashing: structured ids, such
+ * as multiples of a power of two, spread over the table). */
+static __always_inline __u32 waiting_slot(__u64 id)
+{
+	return (id * 0x9E3779B97F4A7C15ull) >> (64 - 17);
 }
 
 /* The message id at id_off in a buffer of `len` bytes (false: none). */
@@ -147,6 +174,9 @@ static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short
 {
 	if (len < (__u64)id_off + id_len) {
 		stat_add(short_stat);
+		__u64 *mx = bpf_map_lookup_elem(&max_recv, &(__u32){0});
+		if (mx && len > *mx)
+			*mx = len;
 		return false;
 	}
 	__u64 v = 0;
@@ -182,9 +212,6 @@ static __always_inline bool msg_iov(__u64 msg_ptr, __u64 *base, __u64 *len)
 
 static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, long ret)
 {
-	__u64 *mx = bpf_map_lookup_elem(&max_recv, &(__u32){0});
-	if (mx && ret > *mx)
-		*mx = ret;
 	struct ml_pending p = {.ts = bpf_ktime_get_ns(), .fd = fd};
 	if (fifo) {
 		__u32 s = slot;
@@ -201,19 +228,19 @@ static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, l
 		stat_add(ML_RECVS);
 		return;
 	}
-	struct ml_pending_key k = {.tgid = tgid};
-	if (!read_id(buf, ret, &k.id, ML_SHORT_RECV))
+	__u64 id;
+	if (!read_id(buf, ret, &id, ML_SHORT_RECV))
 		return;
-	if (!bpf_map_update_elem(&pending, &k, &p, BPF_NOEXIST)) {
-		stat_add(ML_RECVS);
+	__u32 idx = waiting_slot(id);
+	struct ml_waiting *w = bpf_map_lookup_elem(&waiting, &idx);
+	if (!w)
 		return;
-	}
-	/* The id is already waiting: the older receive was never sent. */
-	if (bpf_map_update_elem(&pending, &k, &p, BPF_ANY)) {
-		stat_add(ML_PENDING_FULL);
-		return;
-	}
-	stat_add(ML_REPLACED);
+	if (w->tgid1)
+		stat_add(ML_REPLACED); /* never sent, or its slot is needed */
+	w->id = id;
+	w->ts = p.ts;
+	w->fd = fd;
+	w->tgid1 = tgid + 1;
 	stat_add(ML_RECVS);
 }
 
@@ -241,17 +268,17 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, _
 		p = *q;
 		id = h;
 	} else {
-		struct ml_pending_key k = {.tgid = tgid};
-		if (!read_id(buf, len, &k.id, ML_SHORT_SEND))
+		if (!read_id(buf, len, &id, ML_SHORT_SEND))
 			return;
-		struct ml_pending *q = bpf_map_lookup_elem(&pending, &k);
-		if (!q) {
+		__u32 idx = waiting_slot(id);
+		struct ml_waiting *w = bpf_map_lookup_elem(&waiting, &idx);
+		if (!w || w->tgid1 != tgid + 1 || w->id != id) {
 			stat_add(ML_UNMATCHED_SEND);
 			return;
 		}
-		p = *q;
-		bpf_map_delete_elem(&pending, &k);
-		id = k.id;
+		p.ts = w->ts;
+		p.fd = w->fd;
+		w->tgid1 = 0;
 	}
 	stat_add(ML_MATCHED);
 	__u64 t2 = now - p.ts;
@@ -303,22 +330,21 @@ int BPF_PROG(ml_enter, struct pt_regs *regs, long nr)
 	switch (nr) {
 	case NR_write:
 	case NR_sendto:
-		if (traced_fd(tgid, fd))
+		if (traced_fd(slot, fd))
 			on_send(tgid, slot, fd, a1, a2);
 		return 0;
 	case NR_writev:
-		if (traced_fd(tgid, fd) && first_iov(a1, &base, &len))
+		if (traced_fd(slot, fd) && first_iov(a1, &base, &len))
 			on_send(tgid, slot, fd, base, len);
 		return 0;
 	case NR_sendmsg:
-		if (traced_fd(tgid, fd) && msg_iov(a1, &base, &len))
+		if (traced_fd(slot, fd) && msg_iov(a1, &base, &len))
 			on_send(tgid, slot, fd, base, len);
 		return 0;
-	case NR_close: {
-		__u64 k = fd_key(tgid, fd);
-		bpf_map_delete_elem(&fds, &k);
+	case NR_close:
+		if (traced_fd(slot, fd))
+			set_fd(slot, fd, 0);
 		return 0;
-	}
 	default:
 		return 0;
 	}
@@ -341,11 +367,11 @@ int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 	switch (nr) {
 	case NR_accept:
 	case NR_accept4:
-		add_fd(tgid, ret);
+		add_fd(slot, ret);
 		return 0;
 	case NR_connect:
 		if (ret == 0 || ret == -EINPROGRESS)
-			add_fd(tgid, fd);
+			add_fd(slot, fd);
 		return 0;
 	case NR_read:
 	case NR_recvfrom:
@@ -355,7 +381,7 @@ int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 	default:
 		return 0;
 	}
-	if (ret <= 0 || !traced_fd(tgid, fd))
+	if (ret <= 0 || !traced_fd(slot, fd))
 		return 0;
 	__u64 base = a1, len = 0;
 	if (nr == NR_readv && !first_iov(a1, &base, &len))

@@ -4,6 +4,7 @@
 
 #define ML_MAX_PIDS 8
 #define ML_MAX_PORTS 8
+#define ML_MAX_FD 65536 /* descriptors traced per process: 0 .. ML_MAX_FD-1 */
 #define ML_RING 16384 /* FIFO mode: receives waiting for their send, per process (a power of two) */
 
 /* x86_64 syscall numbers. */
@@ -20,17 +21,15 @@
 #define NR_recvmsg 47
 #define NR_accept4 288
 
-/* A traced socket of a traced process. */
-struct ml_fd {
-	__u16 lport;
-	__u16 rport;
-	__u32 pad;
-};
+/* --id: receives waiting for their send, in a table indexed by a hash of
+ * the id (a power of two); a slot taken by another waiting id is replaced. */
+#define ML_WAITING (1 << 17)
 
-struct ml_pending_key {
-	__u32 tgid;
-	__u32 pad;
+struct ml_waiting {
 	__u64 id;
+	__u64 ts;
+	__u32 fd;
+	__u32 tgid1; /* tgid + 1; 0: empty */
 };
 
 struct ml_pending {
@@ -77,12 +76,12 @@ enum ml_stat {
 	ML_SHORT_RECV,       /* receives shorter than the id's end */
 	ML_SHORT_SEND,       /* sends shorter than the id's end */
 	ML_ID_FAULT,         /* the id could not be read from the buffer */
-	ML_PENDING_FULL,     /* no room for a waiting receive */
-	ML_REPLACED,         /* a waiting receive replaced by one with its id */
+	ML_PENDING_FULL,     /* unused (the id table is an array) */
+	ML_REPLACED,         /* a waiting receive replaced by one with its id or its table slot */
 	ML_FIFO_OVERFLOW,    /* FIFO: oldest waiting receive dropped */
 	ML_LOST,             /* --per-message records lost (ring full) */
 	ML_FLOW_FULL,        /* per-flow table full */
-	ML_FDS_FULL,         /* socket table full */
+	ML_FDS_FULL,         /* sockets past ML_MAX_FD, not traced */
 	ML_NEW_FDS,          /* sockets added at accept/connect */
 	ML_STAT_MAX,
 };
