@@ -26,7 +26,7 @@ use crate::{
         output::table,
         run::{duration_arg, RunControl},
     },
-    tools::msglat::{run_with, MsglatArgs},
+    tools::msglat::{run_with, Hooks, MsglatArgs},
 };
 
 /// The harness, built static by build.rs.
@@ -61,6 +61,9 @@ pub struct MsglatLabArgs {
     /// Pair in FIFO order instead of by id.
     #[arg(long)]
     pub fifo: bool,
+    /// Where msglat hooks (see `sonde msglat --help`).
+    #[arg(long, value_enum, default_value_t = Hooks::Syscalls)]
+    pub hooks: Hooks,
     /// Only the sonde configuration (no baseline rows).
     #[arg(long)]
     pub sonde_only: bool,
@@ -193,7 +196,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
                 let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
             }
             let ctl = RunControl::new(None)?;
-            let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, output: Some(dir.join(format!("msglat-{round}.json"))), ..Default::default() };
+            let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, hooks: a.hooks, output: Some(dir.join(format!("msglat-{round}.json"))), ..Default::default() };
             let (tx, rx) = std::sync::mpsc::channel::<()>();
             let r = std::thread::scope(|s| {
                 let (ns, bin, ctl) = (&ns, &bin, &ctl);
@@ -278,8 +281,13 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         println!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds);
         println!("{}", table(&["CONFIGURATION", "T p50 ns", "T mean ns", "T p99 ns", "OVERHEAD ns (p50; range over rounds)", "VS MEMORY LOG"], &rows));
         println!(
-            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {:.1} program runs per message (every syscall on the host runs one; the broker's own read and write four)",
-            if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 }
+            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {:.1} program runs per message ({})",
+            if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 },
+            if a.hooks == Hooks::Raw {
+                "--hooks raw: every syscall on the host runs two; the broker's read and write do the work"
+            } else {
+                "--hooks syscalls: the sender's write, the broker's read and write, the receiver's read"
+            }
         );
         println!(
             "T2 (broker receive -> send) as sonde measured it, last run: {} messages, p50 {} p90 {} p99 {} max {}; unmatched: {} receives, {} sends",

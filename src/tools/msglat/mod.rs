@@ -49,18 +49,19 @@ const STAT_MAX: usize = 14;
 /// payload (--id OFFSET:LEN, default 0:8) or in FIFO order (--fifo), as a
 /// histogram with p50/p90/p99/max and a per-flow breakdown.
 ///
-/// Hooks: raw_syscalls sys_enter/sys_exit (tp_btf) for read, readv,
-/// recvfrom, recvmsg, write, writev, sendto, sendmsg on the process's
-/// sockets (those it has at start, and those accept/connect add); every
-/// other process returns after one compare. x86_64 syscall numbers.
+/// Hooks (--hooks): the tracepoints of the message syscalls (default: sends
+/// at entry of write, writev, sendto, sendmsg; receives at exit of read,
+/// readv, recvfrom, recvmsg), or raw_syscalls sys_enter/sys_exit. Only the
+/// process's sockets count (those it has at start, and those accept/connect
+/// add). x86_64 syscall numbers.
 ///
 /// OVERHEAD (bench/broker/run, seed 004's harness: sender -> broker ->
 /// receiver on loopback, 100k messages 60 us apart, 2-core VM): in the
-/// kernel 858 ns per message over the 10 syscalls the harness makes per
-/// message (the broker's read and write, and six that return after one
-/// compare); end to end within this VM's 1-2 us run-to-run noise (+674 ns
-/// median in one 5-round run). Every other process's syscalls pay ~29 ns
-/// each (getppid 109 -> 138 ns) while msglat runs.
+/// kernel 587-652 ns per message with the default hooks (4 program runs:
+/// the sender's write, the broker's read and write, the receiver's read),
+/// 846-858 ns with --hooks raw (10 runs); end to end +674 to +931 ns in
+/// 5-round runs, within this VM's 1-2 us run-to-run noise. Other processes:
+/// getppid +6..16 ns (raw: +21..28), write to /dev/null +40 ns.
 #[derive(Debug, Args, Clone, Default)]
 pub struct MsglatArgs {
     /// The process to trace (repeatable, up to 8).
@@ -77,6 +78,13 @@ pub struct MsglatArgs {
     /// Only sockets with this local or remote port (repeatable, up to 8).
     #[arg(long)]
     pub port: Vec<u16>,
+    /// Where to hook: `syscalls` (the message syscalls' own tracepoints,
+    /// each message syscall runs one program) or `raw` (raw_syscalls
+    /// sys_enter/sys_exit as BTF tracepoints: every syscall on the host runs
+    /// two, each returning after one compare unless it is the traced
+    /// process's).
+    #[arg(long, value_enum, default_value_t = Hooks::Syscalls)]
+    pub hooks: Hooks,
     /// Also one JSON record (or line) per message.
     #[arg(long)]
     pub per_message: bool,
@@ -89,6 +97,17 @@ pub struct MsglatArgs {
     /// Write to this file (.json implies --json; or .txt).
     #[arg(short = 'o', long)]
     pub output: Option<PathBuf>,
+}
+
+/// Which tracepoints msglat attaches to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hooks {
+    /// syscalls:sys_enter_write, ..., syscalls:sys_exit_read, ...
+    #[default]
+    Syscalls,
+    /// raw_syscalls:sys_enter and sys_exit (tp_btf).
+    Raw,
 }
 
 fn id_arg(s: &str) -> Result<(u32, u32), String> {
@@ -215,7 +234,18 @@ fn load(a: &MsglatArgs, socks: &[SockFd]) -> anyhow::Result<Loaded> {
     ro.fifo = a.fifo;
     ro.per_message = a.per_message;
     ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
-    let skel = open.load().context("loading the msglat programs (tp_btf raw_syscalls)")?;
+    let raw = a.hooks == Hooks::Raw;
+    for mut prog in open.open_object_mut().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        let is_raw = name == "ml_enter" || name == "ml_exit";
+        // Kernels without a syscall's tracepoint (no accept4 on some arches) skip it.
+        let exists = is_raw || name.split_once('_').map(|(_, r)| r).and_then(|r| r.split_once('_')).is_some_and(|(dir, sc)| {
+            features::tracepoint_exists("syscalls", &format!("sys_{}_{sc}", if dir == "in" { "enter" } else { "exit" }))
+        });
+        prog.set_autoload(is_raw == raw && exists);
+    }
+    let what = if raw { "tp_btf raw_syscalls:sys_enter/sys_exit" } else { "syscalls:sys_enter_*/sys_exit_* tracepoints" };
+    let skel = open.load().with_context(|| format!("loading the msglat programs ({what})"))?;
     for s in socks {
         let slot = a.pid.iter().position(|p| *p == s.pid).unwrap_or(0) as u32;
         if s.fd >= MAX_FD {
@@ -226,7 +256,9 @@ fn load(a: &MsglatArgs, socks: &[SockFd]) -> anyhow::Result<Loaded> {
     let rings = if a.per_message { Some(PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?) } else { None };
     let mut links = Vec::new();
     for prog in skel.object().progs_mut() {
-        links.push(prog.attach().with_context(|| format!("attaching {}", prog.name().to_string_lossy()))?);
+        if prog.autoload() {
+            links.push(prog.attach().with_context(|| format!("attaching {}", prog.name().to_string_lossy()))?);
+        }
     }
     Ok(Loaded { skel, _links: links, rings })
 }
@@ -405,6 +437,7 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         "buckets": hist.json_buckets(),
         "lost": st[10],
         "pairing": if a.fifo { "fifo".to_string() } else { format!("id {off}:{len}") },
+        "hooks": a.hooks,
         "received": st[0],
         "sends": st[1],
         "waiting_at_end": waiting,

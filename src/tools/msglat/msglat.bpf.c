@@ -317,15 +317,10 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, _
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 }
 
-SEC("tp_btf/sys_enter")
-int BPF_PROG(ml_enter, struct pt_regs *regs, long nr)
+/* A syscall entry of a traced process: sends (the payload is there now)
+ * and close. */
+static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, __u64 a1, __u64 a2)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	int slot = pid_slot(tgid);
-	if (slot < 0)
-		return 0;
-	__u32 fd = regs->di;
-	__u64 a1 = regs->si, a2 = regs->dx;
 	__u64 base = 0, len = 0;
 	switch (nr) {
 	case NR_write:
@@ -350,20 +345,12 @@ int BPF_PROG(ml_enter, struct pt_regs *regs, long nr)
 	}
 }
 
-/* Receives, accepts and connects, at their return. The user registers
- * saved at entry still hold the arguments (nothing changes them before the
- * return to user space), so no state is kept from the entry, and a call
- * already blocked when sonde attached counts too. */
-SEC("tp_btf/sys_exit")
-int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
+/* A syscall return of a traced process: receives, accepts and connects. The
+ * user registers saved at entry still hold the arguments (nothing changes
+ * them before the return to user space), so no state is kept from the
+ * entry, and a call already blocked when sonde attached counts too. */
+static __always_inline int exit_call(__u32 tgid, int slot, long nr, __u32 fd, __u64 a1, long ret)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	int slot = pid_slot(tgid);
-	if (slot < 0)
-		return 0;
-	long nr = regs->orig_ax;
-	__u32 fd = regs->di;
-	__u64 a1 = regs->si;
 	switch (nr) {
 	case NR_accept:
 	case NR_accept4:
@@ -395,3 +382,58 @@ int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 	on_recv(tgid, slot, fd, base, got);
 	return 0;
 }
+
+/* The traced process's slot in pids[] (else -1), and its tgid. */
+#define TRACED(tgid, slot)                                      \
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;          \
+	int slot = pid_slot(tgid);                              \
+	if (slot < 0)                                           \
+		return 0
+
+/* --hooks raw: every syscall of the host runs these two. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(ml_enter, struct pt_regs *regs, long nr)
+{
+	TRACED(tgid, slot);
+	return enter_call(tgid, slot, nr, regs->di, regs->si, regs->dx);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
+{
+	TRACED(tgid, slot);
+	return exit_call(tgid, slot, regs->orig_ax, regs->di, regs->si, ret);
+}
+
+/* --hooks syscalls (default): only the message syscalls run a program, and
+ * each once: sends at entry, receives at exit (arguments from the task's
+ * saved user registers). */
+#define ML_ENTER(name)                                                                      \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                                         \
+	int ml_in_##name(struct trace_event_raw_sys_enter *ctx)                             \
+	{                                                                                   \
+		TRACED(tgid, slot);                                                         \
+		return enter_call(tgid, slot, NR_##name, ctx->args[0], ctx->args[1], ctx->args[2]); \
+	}
+
+#define ML_EXIT(name)                                                                       \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                                          \
+	int ml_out_##name(struct trace_event_raw_sys_exit *ctx)                             \
+	{                                                                                   \
+		TRACED(tgid, slot);                                                         \
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()); \
+		return exit_call(tgid, slot, NR_##name, regs->di, regs->si, ctx->ret);      \
+	}
+
+ML_ENTER(write)
+ML_ENTER(writev)
+ML_ENTER(sendto)
+ML_ENTER(sendmsg)
+ML_ENTER(close)
+ML_EXIT(read)
+ML_EXIT(readv)
+ML_EXIT(recvfrom)
+ML_EXIT(recvmsg)
+ML_EXIT(accept)
+ML_EXIT(accept4)
+ML_EXIT(connect)
