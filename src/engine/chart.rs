@@ -5,6 +5,8 @@
 //! every extreme however many samples there were.
 use std::fmt::Write;
 
+use super::render::html_escape;
+
 /// A point event on a series: drawn at `x` from `y_from` to `y_to`.
 #[derive(Debug, Clone, Default)]
 pub struct Marker {
@@ -53,10 +55,6 @@ const BOTTOM: f64 = 50.0;
 const LEGEND_ROW: f64 = 18.0;
 const COLORS: [&str; 10] =
     ["#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f", "#ff7f0e", "#393b79"];
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
 
 /// A step of 1, 2 or 5 times a power of ten giving about `n` ticks over `span`.
 fn tick_step(span: f64, n: f64) -> f64 {
@@ -140,7 +138,7 @@ impl Chart {
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{total_h}" viewBox="0 0 {W} {total_h}" font-family="sans-serif" font-size="12">"#
         );
         let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, W / 2.0, esc(&self.title));
+        let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, W / 2.0, html_escape(&self.title));
         // Axes, grid and ticks.
         let _ = writeln!(s, r##"<g stroke="#ccc" stroke-width="1">"##);
         let ys = tick_step(ymax, 6.0);
@@ -167,12 +165,12 @@ impl Chart {
             TOP + ph,
             W - RIGHT
         );
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, LEFT + pw / 2.0, TOP + ph + 36.0, esc(&self.x_label));
+        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, LEFT + pw / 2.0, TOP + ph + 36.0, html_escape(&self.x_label));
         let _ = writeln!(
             s,
             r#"<text transform="translate(16,{}) rotate(-90)" text-anchor="middle">{}</text>"#,
             TOP + ph / 2.0,
-            esc(&self.y_label)
+            html_escape(&self.y_label)
         );
         // Series.
         for (i, ser) in self.series.iter().enumerate() {
@@ -190,7 +188,7 @@ impl Chart {
                 for w in pts.windows(2) {
                     let _ = write!(d, " H{:.1} V{:.1}", sx(w[1].0), sy(w[1].1));
                 }
-                let _ = writeln!(s, r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"><title>{}</title></path>"#, esc(&ser.name));
+                let _ = writeln!(s, r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"><title>{}</title></path>"#, html_escape(&ser.name));
             }
             for m in &ser.markers {
                 let (x, y0, y1) = (sx(m.x), sy(m.y_from), sy(m.y_to));
@@ -200,13 +198,13 @@ impl Chart {
                         r##"<g class="marker restart"><line x1="{x:.1}" x2="{x:.1}" y1="{y0:.1}" y2="{y1:.1}" stroke="#d62728" stroke-dasharray="4 2"/><path d="M{:.1},{:.1} h10 l-5,8 z" fill="#d62728"/><title>{}</title></g>"##,
                         x - 5.0,
                         y0 - 9.0,
-                        esc(&m.label)
+                        html_escape(&m.label)
                     );
                 } else {
                     let _ = writeln!(
                         s,
                         r##"<g class="marker"><circle cx="{x:.1}" cy="{y0:.1}" r="4" fill="none" stroke="#555"/><title>{}</title></g>"##,
-                        esc(&m.label)
+                        html_escape(&m.label)
                     );
                 }
             }
@@ -218,7 +216,7 @@ impl Chart {
                 ly - 4.0,
                 LEFT + 20.0,
                 ly,
-                esc(&ser.name)
+                html_escape(&ser.name)
             );
         }
         if self.series.is_empty() {
@@ -243,7 +241,7 @@ impl Chart {
                     i,
                     fmt_num(m.y_from),
                     fmt_num(m.y_to),
-                    esc(&m.label)
+                    html_escape(&m.label)
                 );
             }
         }
@@ -273,7 +271,7 @@ document.querySelectorAll('.legend').forEach(function (l) {{
 </script>
 </body></html>
 "#,
-            title = esc(&self.title),
+            title = html_escape(&self.title),
             svg = self.svg(),
             rows = rows
         )

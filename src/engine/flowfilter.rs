@@ -172,10 +172,48 @@ pub fn endpoint(family: u16, a: &[u8; 16], port: u16) -> String {
     }
 }
 
-/// A task's comm from its C array.
-pub fn comm(c: &[i8; 16]) -> String {
+/// A NUL-terminated C char array (a task's comm, a congestion control's
+/// name) as a string.
+pub fn cstr(c: &[i8]) -> String {
     let bytes: Vec<u8> = c.iter().take_while(|&&b| b != 0).map(|&b| b as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// TCP state names (include/net/tcp_states.h).
+pub fn tcp_state(s: u8) -> &'static str {
+    match s {
+        1 => "ESTABLISHED",
+        2 => "SYN_SENT",
+        3 => "SYN_RECV",
+        4 => "FIN_WAIT1",
+        5 => "FIN_WAIT2",
+        6 => "TIME_WAIT",
+        7 => "CLOSE",
+        8 => "CLOSE_WAIT",
+        9 => "LAST_ACK",
+        10 => "LISTEN",
+        11 => "CLOSING",
+        12 => "NEW_SYN_RECV",
+        _ => "UNKNOWN",
+    }
+}
+
+/// Congestion-control states (enum tcp_ca_state).
+pub fn ca_state(s: u8) -> &'static str {
+    match s {
+        0 => "open",
+        1 => "disorder",
+        2 => "cwr",
+        3 => "recovery",
+        4 => "loss",
+        _ => "unknown",
+    }
+}
+
+/// Wall-clock seconds, to the microsecond, of a bpf_ktime_get_ns()
+/// (CLOCK_MONOTONIC) time; `mono_to_epoch` from [`mono_to_epoch`].
+pub fn epoch_secs(mono_ns: u64, mono_to_epoch: i128) -> f64 {
+    ((mono_ns as i128 + mono_to_epoch) as f64 / 1e3).round() / 1e6
 }
 
 /// `HH:MM:SS.mmm` (UTC) of nanoseconds since the epoch.
@@ -235,7 +273,7 @@ impl FlowJson {
             dport,
             netns,
             pid: owner.map(|o| o.0),
-            comm: owner.map(|o| comm(o.1)),
+            comm: owner.map(|o| cstr(o.1)),
         }
     }
 }

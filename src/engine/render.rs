@@ -143,8 +143,9 @@ pub fn json_lines(out: &mut impl Write, stacks: &[Stack]) -> std::io::Result<()>
     Ok(())
 }
 
-fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+/// Text for HTML or SVG content and attribute values.
+pub fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
 }
 
 /// An inferno flame graph of folded `lines`.

@@ -23,7 +23,7 @@ use crate::engine::{
     chart::{Chart, Marker, Series},
     error::{env, usage},
     features,
-    flowfilter::{comm, endpoint, hms, mono_to_epoch, FlowArgs, FlowFilter, FlowJson},
+    flowfilter::{ca_state, cstr, endpoint, epoch_secs, hms, mono_to_epoch, FlowArgs, FlowFilter, FlowJson},
     output::{table, Sink},
     perf::percpu_sum,
     ringbuf::{self, poll_until_stop, PerCpuRings},
@@ -233,7 +233,6 @@ fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism) -> anyhow::Re
 /// Why an idle send did or did not restart slow start (cwnd.h's order).
 const REASONS: [&str; 5] = ["idle_over_rto", "sysctl_off", "data_in_flight", "cong_control", "idle_under_rto"];
 const CONFIRMED_BY: [&str; 3] = ["send", "ack", "close"];
-const CA_STATES: [&str; 5] = ["open", "disorder", "cwr", "recovery", "loss"];
 
 /// A send after idle, as reported.
 #[derive(Debug, Clone, Serialize)]
@@ -384,11 +383,6 @@ fn read_totals(l: &Loaded) -> anyhow::Result<Totals> {
     })
 }
 
-fn cstr(c: &[i8]) -> String {
-    let b: Vec<u8> = c.iter().take_while(|&&x| x != 0).map(|&x| x as u8).collect();
-    String::from_utf8_lossy(&b).into_owned()
-}
-
 fn flow_json(e: &types::cw_event) -> FlowJson {
     let f = &e.flow;
     FlowJson::new(e.cookie, f.family, &f.saddr, f.sport, &f.daddr, f.dport, f.netns, (e.has_owner != 0).then_some((e.owner.pid, &e.owner.comm)))
@@ -445,10 +439,6 @@ impl Printer {
         self.pending = evs;
     }
 
-    fn epoch(&self, mono_ns: u64) -> f64 {
-        ((mono_ns as i128 + self.mono_to_epoch) as f64 / 1e9 * 1e6).round() / 1e6
-    }
-
     fn since_start(&self, mono_ns: u64) -> f64 {
         mono_ns.saturating_sub(self.start_mono_ns) as f64 / 1e9
     }
@@ -465,7 +455,7 @@ impl Printer {
         });
         if owned {
             c.pid = Some(e.owner.pid);
-            c.comm = Some(comm(&e.owner.comm));
+            c.comm = Some(cstr(&e.owner.comm));
         }
         let cc = cstr(&e.cc);
         if !cc.is_empty() {
@@ -500,7 +490,7 @@ impl Printer {
         match self.format {
             Format::Json => self.sink.json(&SampleLine {
                 ty: "sample",
-                time: self.epoch(e.ts_ns),
+                time: epoch_secs(e.ts_ns, self.mono_to_epoch),
                 flow: flow_json(e),
                 cc,
                 cwnd: e.cwnd,
@@ -511,7 +501,7 @@ impl Printer {
                 packets_out: e.packets_out,
                 snd_wnd: e.snd_wnd,
                 mss: e.mss,
-                ca_state: CA_STATES.get(e.ca_state as usize).copied().unwrap_or("unknown"),
+                ca_state: ca_state(e.ca_state),
             }),
             Format::Text => {
                 self.header()?;
@@ -519,14 +509,14 @@ impl Printer {
                     "{:<12} {:>7} {:<12} {:<45} {:<9} cwnd {:>5}  ssthresh {:>5}  srtt {:>6} us  inflight {:>5}  {}",
                     hms((e.ts_ns as i128 + self.mono_to_epoch) as u64),
                     if owned { e.owner.pid.to_string() } else { "-".into() },
-                    if owned { comm(&e.owner.comm) } else { "-".into() },
+                    if owned { cstr(&e.owner.comm) } else { "-".into() },
                     format!("{} -> {}", endpoint(f.family, &f.saddr, f.sport), endpoint(f.family, &f.daddr, f.dport)),
                     "sample",
                     e.cwnd,
                     ssthresh(e.ssthresh).map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
                     e.srtt_us,
                     e.inflight,
-                    CA_STATES.get(e.ca_state as usize).copied().unwrap_or("unknown"),
+                    ca_state(e.ca_state),
                 );
                 self.sink.line(&line)
             }
@@ -557,7 +547,7 @@ impl Printer {
         };
         let s = IdleSend {
             ty: "idle_send",
-            time: self.epoch(i.ts_ns),
+            time: epoch_secs(i.ts_ns, self.mono_to_epoch),
             flow: flow_json(e),
             cc,
             cong_control: i.cong_control != 0,

@@ -21,7 +21,7 @@ use crate::engine::{
     attach::run_stats,
     error::usage,
     features,
-    flowfilter::mono_to_epoch,
+    flowfilter::{epoch_secs, mono_to_epoch},
     hist::{human, read_percpu, Hist},
     output::{table, Sink},
     perf::percpu_sum,
@@ -348,8 +348,8 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
                 if json_out {
                     sink.json(&json!({
                         "type": "message", "id": e.id, "t2_ns": t2,
-                        "recv_time": ((e.recv_ns as i128 + mono_epoch) as f64 / 1e3).round() / 1e6,
-                        "send_time": ((e.send_ns as i128 + mono_epoch) as f64 / 1e3).round() / 1e6,
+                        "recv_time": epoch_secs(e.recv_ns, mono_epoch),
+                        "send_time": epoch_secs(e.send_ns, mono_epoch),
                         "pid": e.tgid, "tid": e.tid, "in_fd": e.in_fd, "out_fd": e.out_fd,
                     }))?;
                 } else {

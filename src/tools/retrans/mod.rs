@@ -26,7 +26,7 @@ use crate::engine::{
     attach::{recursion_misses, with_fallbacks, Mechanism},
     error::usage,
     features,
-    flowfilter::{addr, clock_ns, comm, endpoint, hms, mono_to_epoch, FlowArgs, FlowFilter},
+    flowfilter::{addr, ca_state, clock_ns, cstr, endpoint, epoch_secs, hms, mono_to_epoch, tcp_state, FlowArgs, FlowFilter},
     perf::percpu_sum,
     output::{table, Sink},
     ringbuf::{self, poll_until_stop, PerCpuRings},
@@ -420,11 +420,10 @@ impl Printer {
 
     fn json_event(&mut self, e: &types::rt_event) -> std::io::Result<()> {
         let f = &e.flow;
-        let epoch = (e.ts_ns as i128 + self.mono_to_epoch) as f64 / 1e9;
         let owned = e.has_owner != 0;
         let line = EventLine {
             ty: "retrans",
-            time: (epoch * 1e6).round() / 1e6,
+            time: epoch_secs(e.ts_ns, self.mono_to_epoch),
             kind: KINDS.get(f.kind as usize).copied().unwrap_or("unknown"),
             err: e.err,
             segs: e.segs,
@@ -434,10 +433,10 @@ impl Printer {
             daddr: addr(f.family, &f.daddr),
             dport: f.dport,
             netns: f.netns,
-            state: names::tcp_state(e.state),
-            ca_state: names::ca_state(e.ca_state),
+            state: tcp_state(e.state),
+            ca_state: ca_state(e.ca_state),
             pid: owned.then_some(e.owner.pid),
-            comm: owned.then(|| comm(&e.owner.comm)),
+            comm: owned.then(|| cstr(&e.owner.comm)),
             cgroup: owned.then_some(e.owner.cgroup),
             stack: self.ksyms.is_some().then(|| self.stack(e)),
         };
@@ -453,7 +452,7 @@ impl Printer {
             ))?;
         }
         let f = &e.flow;
-        let (pid, c) = if e.has_owner != 0 { (e.owner.pid.to_string(), comm(&e.owner.comm)) } else { ("-".into(), "-".into()) };
+        let (pid, c) = if e.has_owner != 0 { (e.owner.pid.to_string(), cstr(&e.owner.comm)) } else { ("-".into(), "-".into()) };
         let kind = KINDS.get(f.kind as usize).copied().unwrap_or("unknown");
         let mut line = format!(
             "{:<12} {:>7} {:<15} {:<13} {:>4} {:<11} {:<8} {} -> {}",
@@ -462,8 +461,8 @@ impl Printer {
             c,
             kind,
             e.segs,
-            names::tcp_state(e.state),
-            names::ca_state(e.ca_state),
+            tcp_state(e.state),
+            ca_state(e.ca_state),
             endpoint(f.family, &f.saddr, f.sport),
             endpoint(f.family, &f.daddr, f.dport),
         );
@@ -518,9 +517,9 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow]) -> std::io::Re
                 "daddr": addr(f.family, &f.daddr).to_string(),
                 "dport": f.dport,
                 "netns": f.netns,
-                "state": names::tcp_state(r.stats.state),
+                "state": tcp_state(r.stats.state),
                 "pid": if o { json!(r.stats.owner.pid) } else { json!(null) },
-                "comm": if o { json!(comm(&r.stats.owner.comm)) } else { json!(null) },
+                "comm": if o { json!(cstr(&r.stats.owner.comm)) } else { json!(null) },
             }))?;
         }
         return Ok(());
@@ -536,9 +535,9 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow]) -> std::io::Re
                 KINDS.get(f.kind as usize).copied().unwrap_or("unknown").to_string(),
                 r.stats.count.to_string(),
                 r.stats.segs.to_string(),
-                names::tcp_state(r.stats.state).to_string(),
+                tcp_state(r.stats.state).to_string(),
                 if o { r.stats.owner.pid.to_string() } else { "-".into() },
-                if o { comm(&r.stats.owner.comm) } else { "-".into() },
+                if o { cstr(&r.stats.owner.comm) } else { "-".into() },
             ]
         })
         .collect();
