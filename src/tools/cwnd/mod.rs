@@ -388,6 +388,11 @@ fn flow_json(e: &types::cw_event) -> FlowJson {
     FlowJson::new(e.cookie, f.family, &f.saddr, f.sport, &f.daddr, f.dport, f.netns, (e.has_owner != 0).then_some((e.owner.pid, &e.owner.comm)))
 }
 
+/// A value, or "-" for none.
+fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
 fn ssthresh(v: u32) -> Option<u32> {
     (v < INFINITE_SSTHRESH).then_some(v)
 }
@@ -485,8 +490,6 @@ impl Printer {
         if self.idle_only {
             return Ok(());
         }
-        let f = &e.flow;
-        let owned = e.has_owner != 0;
         match self.format {
             Format::Json => self.sink.json(&SampleLine {
                 ty: "sample",
@@ -506,14 +509,10 @@ impl Printer {
             Format::Text => {
                 self.header()?;
                 let line = format!(
-                    "{:<12} {:>7} {:<12} {:<45} {:<9} cwnd {:>5}  ssthresh {:>5}  srtt {:>6} us  inflight {:>5}  {}",
-                    hms((e.ts_ns as i128 + self.mono_to_epoch) as u64),
-                    if owned { e.owner.pid.to_string() } else { "-".into() },
-                    if owned { cstr(&e.owner.comm) } else { "-".into() },
-                    format!("{} -> {}", endpoint(f.family, &f.saddr, f.sport), endpoint(f.family, &f.daddr, f.dport)),
-                    "sample",
+                    "{} cwnd {:>5}  ssthresh {:>5}  srtt {:>6} us  inflight {:>5}  {}",
+                    self.line_start(e.ts_ns, e, "sample"),
                     e.cwnd,
-                    ssthresh(e.ssthresh).map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                    or_dash(ssthresh(e.ssthresh)),
                     e.srtt_us,
                     e.inflight,
                     ca_state(e.ca_state),
@@ -522,6 +521,19 @@ impl Printer {
             }
             _ => Ok(()),
         }
+    }
+
+    /// The columns every text line starts with: time, owner, flow, event.
+    fn line_start(&self, ts_ns: u64, e: &types::cw_event, event: &str) -> String {
+        let f = &e.flow;
+        let owned = e.has_owner != 0;
+        format!(
+            "{:<12} {:>7} {:<12} {:<45} {event:<9}",
+            hms((ts_ns as i128 + self.mono_to_epoch) as u64),
+            or_dash(owned.then_some(e.owner.pid)),
+            or_dash(owned.then(|| cstr(&e.owner.comm))),
+            format!("{} -> {}", endpoint(f.family, &f.saddr, f.sport), endpoint(f.family, &f.daddr, f.dport)),
+        )
     }
 
     fn header(&mut self) -> std::io::Result<()> {
@@ -533,7 +545,6 @@ impl Printer {
     }
 
     fn idle(&mut self, e: &types::cw_event) -> std::io::Result<()> {
-        let f = &e.flow;
         let i = &e.idle;
         let cc = cstr(&e.cc);
         let reason = REASONS.get(i.reason as usize).copied().unwrap_or("unknown");
@@ -589,19 +600,15 @@ impl Printer {
                 self.header()?;
                 let what = if s.restart { "RESTART".to_string() } else { format!("no-restart: {}", s.reason) };
                 let line = format!(
-                    "{:<12} {:>7} {:<12} {:<45} {:<9} {what} [{}] idle {} ms, RTO {} ms, cwnd {} -> {}, ssthresh {} -> {}; {}",
-                    hms((i.ts_ns as i128 + self.mono_to_epoch) as u64),
-                    s.flow.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-                    s.flow.comm.clone().unwrap_or_else(|| "-".into()),
-                    format!("{} -> {}", endpoint(f.family, &f.saddr, f.sport), endpoint(f.family, &f.daddr, f.dport)),
-                    "idle_send",
+                    "{} {what} [{}] idle {} ms, RTO {} ms, cwnd {} -> {}, ssthresh {} -> {}; {}",
+                    self.line_start(i.ts_ns, e, "idle_send"),
                     s.cc,
                     s.idle_ms,
                     s.rto_ms,
                     s.cwnd_before,
                     s.cwnd_after,
-                    s.ssthresh_before.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
-                    s.ssthresh_after.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                    or_dash(s.ssthresh_before),
+                    or_dash(s.ssthresh_after),
                     s.why,
                 );
                 self.sink.line(&line)?;
@@ -635,8 +642,8 @@ fn summary_text(t: &Totals, conns: &[ConnSummary], mech: Mechanism, elapsed: Dur
                 format!("{:x}", c.cookie),
                 c.local.clone(),
                 c.remote.clone(),
-                c.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-                c.comm.clone().unwrap_or_else(|| "-".into()),
+                or_dash(c.pid),
+                or_dash(c.comm.as_deref()),
                 c.cc.clone(),
                 c.samples.to_string(),
                 c.idle_sends.to_string(),
@@ -658,14 +665,16 @@ fn summary_text(t: &Totals, conns: &[ConnSummary], mech: Mechanism, elapsed: Dur
     s
 }
 
-fn write_chart(path: &Path, format: Format, conns: &[ConnSummary], t: &Totals, elapsed: Duration) -> anyhow::Result<()> {
+/// Writes the chart; the connections' points and marks move into it (up to
+/// MAX_POINTS of them: not copied).
+fn write_chart(path: &Path, format: Format, conns: &mut [ConnSummary], t: &Totals, elapsed: Duration) -> anyhow::Result<()> {
     let series: Vec<Series> = conns
-        .iter()
+        .iter_mut()
         .filter(|c| !c.points.is_empty() || !c.marks.is_empty())
         .map(|c| Series {
             name: format!("{} -> {} {} {}", c.local, c.remote, c.cc, c.comm.clone().unwrap_or_default()),
-            points: c.points.clone(),
-            markers: c.marks.clone(),
+            points: std::mem::take(&mut c.points),
+            markers: std::mem::take(&mut c.marks),
         })
         .collect();
     let chart = Chart {
@@ -740,7 +749,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     if let Some(e) = p.error.take() {
         return Err(anyhow::Error::new(e).context("writing events"));
     }
-    let conns: Vec<ConnSummary> = p.conns.values().cloned().collect();
+    let mut conns: Vec<ConnSummary> = std::mem::take(&mut p.conns).into_values().collect();
     match format {
         Format::Json => {
             let dropped = p.points_dropped;
@@ -767,7 +776,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         }
         Format::Svg | Format::Html => {
             let path = a.output.as_deref().expect("chart formats come from -o");
-            write_chart(path, format, &conns, &totals, elapsed)?;
+            write_chart(path, format, &mut conns, &totals, elapsed)?;
             let s = summary_text(&totals, &conns, mech, elapsed, p.points_dropped);
             eprintln!("{s}\nsonde: wrote {}", path.display());
         }
