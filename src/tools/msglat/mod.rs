@@ -2,10 +2,12 @@
 //! 004's T2): from a message's receive to its send, paired and counted in
 //! the kernel.
 use std::{
+    cell::RefCell,
     collections::BTreeMap,
     mem::MaybeUninit,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::PathBuf,
+    rc::Rc,
     time::{Duration, Instant},
 };
 
@@ -37,10 +39,22 @@ use skel::{types, MsglatSkel, MsglatSkelBuilder};
 
 const MAX_PIDS: usize = 8;
 const MAX_PORTS: usize = 8;
-const RING: u64 = 16384;
 const MAX_FD: u32 = 65536;
-const WAITING: u32 = 1 << 17;
-const STAT_MAX: usize = 14;
+// Counters, in the order of enum ml_stat in msglat.h.
+const RECVS: usize = 0;
+const SENDS: usize = 1;
+const MATCHED: usize = 2;
+const UNMATCHED_SEND: usize = 3;
+const SHORT_RECV: usize = 4;
+const SHORT_SEND: usize = 5;
+const ID_FAULT: usize = 6;
+const REPLACED: usize = 7;
+const FIFO_OVERFLOW: usize = 8;
+const LOST: usize = 9;
+const FLOW_FULL: usize = 10;
+const FDS_FULL: usize = 11;
+const NEW_FDS: usize = 12;
+const STAT_MAX: usize = 13;
 
 /// Per-message latency through a process that receives messages on some
 /// sockets and sends them on others (a broker, a proxy, a relay): the time
@@ -138,23 +152,20 @@ pub struct SockFd {
 }
 
 fn sockaddr_str(ss: &libc::sockaddr_storage) -> Option<(String, u16)> {
-    match ss.ss_family as i32 {
+    let sa: std::net::SocketAddr = match ss.ss_family as i32 {
         libc::AF_INET => {
             // SAFETY: the family says it is a sockaddr_in.
             let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
-            let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            let p = u16::from_be(a.sin_port);
-            Some((format!("{ip}:{p}"), p))
+            (std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)), u16::from_be(a.sin_port)).into()
         }
         libc::AF_INET6 => {
             // SAFETY: the family says it is a sockaddr_in6.
             let a = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
-            let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
-            let p = u16::from_be(a.sin6_port);
-            Some((format!("[{ip}]:{p}"), p))
+            (std::net::Ipv6Addr::from(a.sin6_addr.s6_addr), u16::from_be(a.sin6_port)).into()
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    Some((sa.to_string(), sa.port()))
 }
 
 /// The ends of a process's socket `fd`, from a duplicate taken with
@@ -328,47 +339,50 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     let start = Instant::now();
     ready();
 
+    // --per-message records, written after every drain of the rings.
     let mono_epoch = mono_to_epoch();
-    let mut pending: Vec<types::ml_event> = Vec::new();
-    let rb = match &loaded.rings {
-        Some(r) => Some(r.reader(|d: &[u8]| {
-            if d.len() >= std::mem::size_of::<types::ml_event>() {
-                // SAFETY: ml_event is plain old data mirrored from msglat.h.
-                pending.push(unsafe { std::ptr::read_unaligned(d.as_ptr() as *const types::ml_event) });
+    let pending: Rc<RefCell<Vec<types::ml_event>>> = Rc::default();
+    let flush = |sink: &mut Sink| -> std::io::Result<()> {
+        let mut evs = pending.borrow_mut();
+        evs.sort_by_key(|e| e.send_ns);
+        for e in evs.drain(..) {
+            let t2 = e.send_ns.saturating_sub(e.recv_ns);
+            if json_out {
+                sink.json(&json!({
+                    "type": "message", "id": e.id, "t2_ns": t2,
+                    "recv_time": epoch_secs(e.recv_ns, mono_epoch),
+                    "send_time": epoch_secs(e.send_ns, mono_epoch),
+                    "pid": e.tgid, "tid": e.tid, "in_fd": e.in_fd, "out_fd": e.out_fd,
+                }))?;
+            } else {
+                sink.line(&format!("id {:<12} T2 {:>10}  pid {} fd {} -> fd {}", e.id, human(t2), e.tgid, e.in_fd, e.out_fd))?;
             }
-        })?),
+        }
+        sink.flush()
+    };
+    let rb = match &loaded.rings {
+        Some(r) => {
+            let p = pending.clone();
+            Some(r.reader(move |d: &[u8]| {
+                if d.len() >= std::mem::size_of::<types::ml_event>() {
+                    // SAFETY: ml_event is plain old data mirrored from msglat.h.
+                    p.borrow_mut().push(unsafe { std::ptr::read_unaligned(d.as_ptr() as *const types::ml_event) });
+                }
+            })?)
+        }
         None => None,
     };
     let mut gone = false;
-    let stop = {
-        let flush = |sink: &mut Sink, evs: &mut Vec<types::ml_event>| -> std::io::Result<()> {
-            evs.sort_by_key(|e| e.send_ns);
-            for e in evs.drain(..) {
-                let t2 = e.send_ns.saturating_sub(e.recv_ns);
-                if json_out {
-                    sink.json(&json!({
-                        "type": "message", "id": e.id, "t2_ns": t2,
-                        "recv_time": epoch_secs(e.recv_ns, mono_epoch),
-                        "send_time": epoch_secs(e.send_ns, mono_epoch),
-                        "pid": e.tgid, "tid": e.tid, "in_fd": e.in_fd, "out_fd": e.out_fd,
-                    }))?;
-                } else {
-                    sink.line(&format!("id {:<12} T2 {:>10}  pid {} fd {} -> fd {}", e.id, human(t2), e.tgid, e.in_fd, e.out_fd))?;
-                }
-            }
-            Ok(())
-        };
-        let r = poll_until_stop(rb.as_ref(), ctl, None, |_| {
-            if a.pid.iter().all(|p| !crate::engine::process_alive(*p)) {
-                gone = true;
-                ctl.request_stop();
-            }
-            Ok(())
-        });
-        drop(rb);
-        flush(&mut sink, &mut pending)?;
-        r?
-    };
+    let stop = poll_until_stop(rb.as_ref(), ctl, None, |_| {
+        if a.pid.iter().all(|p| !crate::engine::process_alive(*p)) {
+            gone = true;
+            ctl.request_stop();
+        }
+        flush(&mut sink)?;
+        Ok(())
+    })?;
+    drop(rb);
+    flush(&mut sink)?;
     let elapsed = start.elapsed();
 
     let skel = &loaded.skel;
@@ -384,28 +398,10 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     }
     let hist = read_percpu(&skel.maps.hist, 1)?.remove(0);
     let max_recv = skel.maps.max_recv.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default().iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).max().unwrap_or(0);
-    let waiting = if a.fifo {
-        let mut w = 0;
-        for i in 0..a.pid.len() as u32 {
-            if let Some(v) = skel.maps.fifo_pos.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
-                let (h, t) = (u64::from_ne_bytes(v[..8].try_into().unwrap()), u64::from_ne_bytes(v[8..16].try_into().unwrap()));
-                w += t.saturating_sub(h).min(RING);
-            }
-        }
-        w
-    } else {
-        let mut w = 0u64;
-        for i in 0..WAITING {
-            if let Some(v) = skel.maps.waiting.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
-                // struct ml_waiting: tgid1 at byte 20.
-                if u32::from_ne_bytes(v[20..24].try_into().unwrap()) != 0 {
-                    w += 1;
-                }
-            }
-        }
-        w
-    };
-    let unmatched_recv = waiting + st[8] + st[9];
+    // Every receive recorded was paired, replaced (its id or table slot
+    // taken by a later one), dropped from a full FIFO, or is still waiting.
+    let waiting = st[RECVS].saturating_sub(st[MATCHED] + st[REPLACED] + st[FIFO_OVERFLOW]);
+    let unmatched_recv = waiting + st[REPLACED] + st[FIFO_OVERFLOW];
     let mut flows: Vec<(types::ml_flow_key, u64, u64, u64)> = Vec::new();
     for k in skel.maps.flows.keys() {
         let Some(per_cpu) = skel.maps.flows.lookup_percpu(&k, MapFlags::ANY)? else { continue };
@@ -428,26 +424,26 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         "type": "summary",
         "count": hist.count,
         "unmatched_recv": unmatched_recv,
-        "unmatched_send": st[3],
+        "unmatched_send": st[UNMATCHED_SEND],
         "p50_ns": hist.quantile_ns(0.5),
         "p90_ns": hist.quantile_ns(0.9),
         "p99_ns": hist.quantile_ns(0.99),
         "max_ns": hist.max_ns,
         "avg_ns": hist.avg_ns(),
         "buckets": hist.json_buckets(),
-        "lost": st[10],
+        "lost": st[LOST],
         "pairing": if a.fifo { "fifo".to_string() } else { format!("id {off}:{len}") },
         "hooks": a.hooks,
-        "received": st[0],
-        "sends": st[1],
+        "received": st[RECVS],
+        "sends": st[SENDS],
         "waiting_at_end": waiting,
-        "replaced": st[8],
-        "fifo_overflow": st[9],
-        "short_recv": st[4],
-        "short_send": st[5],
-        "id_fault": st[6],
-        "map_full": {"flows": st[11], "sockets_past_fd_limit": st[12]},
-        "sockets": {"at_start": socks.len(), "added": st[13]},
+        "replaced": st[REPLACED],
+        "fifo_overflow": st[FIFO_OVERFLOW],
+        "short_recv": st[SHORT_RECV],
+        "short_send": st[SHORT_SEND],
+        "id_fault": st[ID_FAULT],
+        "map_full": {"flows": st[FLOW_FULL], "sockets_past_fd_limit": st[FDS_FULL]},
+        "sockets": {"at_start": socks.len(), "added": st[NEW_FDS]},
         "flows": flows.iter().map(|(k, c, s, m)| json!({
             "pid": k.tgid, "in_fd": k.in_fd, "out_fd": k.out_fd,
             "in": label(&labels, k.tgid, k.in_fd), "out": label(&labels, k.tgid, k.out_fd),
@@ -481,20 +477,20 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         s.push_str(&format!("\nper flow:\n{}\n", table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)));
         s.push_str(&format!(
             "unmatched: {unmatched_recv} receives never sent ({waiting} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}",
-            st[8], st[9], st[3], st[4], st[5], st[6], st[10], st[11], st[12],
+            st[REPLACED], st[FIFO_OVERFLOW], st[UNMATCHED_SEND], st[SHORT_RECV], st[SHORT_SEND], st[ID_FAULT], st[LOST], st[FLOW_FULL], st[FDS_FULL],
             if gone { "\nthe process exited" } else { "" }
         ));
         sink.line(&s)?;
     }
     sink.flush()?;
     // Every receive too short for the id: the offset is wrong for this protocol.
-    if !a.fifo && st[0] == 0 && st[4] > 0 {
+    if !a.fifo && st[RECVS] == 0 && st[SHORT_RECV] > 0 {
         return Err(usage(format!(
             "--id {off}:{len} lies beyond every message received ({} receives, the longest {max_recv} bytes); give an offset inside the message, or --fifo",
-            st[4]
+            st[SHORT_RECV]
         )));
     }
-    Ok(Outcome { hist, unmatched_recv, unmatched_send: st[3], summary, bpf_ns, bpf_runs, stop: if gone { Stop::Done } else { stop } })
+    Ok(Outcome { hist, unmatched_recv, unmatched_send: st[UNMATCHED_SEND], summary, bpf_ns, bpf_runs, stop: if gone { Stop::Done } else { stop } })
 }
 
 /// Entry point for the CLI; returns the exit status.

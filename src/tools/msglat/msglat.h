@@ -76,7 +76,6 @@ enum ml_stat {
 	ML_SHORT_RECV,       /* receives shorter than the id's end */
 	ML_SHORT_SEND,       /* sends shorter than the id's end */
 	ML_ID_FAULT,         /* the id could not be read from the buffer */
-	ML_PENDING_FULL,     /* unused (the id table is an array) */
 	ML_REPLACED,         /* a waiting receive replaced by one with its id or its table slot */
 	ML_FIFO_OVERFLOW,    /* FIFO: oldest waiting receive dropped */
 	ML_LOST,             /* --per-message records lost (ring full) */
