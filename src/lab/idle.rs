@@ -23,7 +23,7 @@ use std::{
 use clap::Args;
 use serde::Serialize;
 
-use super::delay::DelayLink;
+use super::{delay::DelayLink, median};
 use crate::{
     engine::{
         error::{env, usage},
@@ -140,15 +140,6 @@ fn ss_cwnd(ns: &Netns, port: u16) -> Option<u32> {
     out.split_whitespace().find_map(|w| w.strip_prefix("cwnd:").and_then(|v| v.parse().ok()))
 }
 
-fn median(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    s[s.len() / 2]
-}
-
 /// Runs one setting: returns (ss cwnd per gap, response times ms).
 fn run_setting(
     pair: &Pair,
@@ -263,12 +254,12 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
         let idle: Vec<IdleSend> = result.idle_sends.iter().filter(|i| i.flow.sport == st.port).cloned().collect();
         // Idle sends after a gap (the first response may count as one when
         // the handshake was longer ago than the RTO; it is not a gap).
-        let gaps: Vec<&IdleSend> = idle.iter().rev().take(ss.len()).collect::<Vec<_>>().into_iter().rev().collect();
+        let gaps = &idle[idle.len().saturating_sub(ss.len())..];
         let ss_matches = gaps.iter().zip(&ss).filter(|(i, c)| Some(i.cwnd_before) == **c).count();
-        let after_idle: Vec<f64> = times[1..].to_vec();
+        let after_idle = &times[1..];
         let srtt_ms = idle.iter().map(|i| i.srtt_us as f64 / 1000.0).fold(0.0, f64::max);
         let rtt_ms = if srtt_ms > 0.0 { srtt_ms } else { 2.0 * a.delay.as_secs_f64() * 1000.0 };
-        let med = median(&after_idle);
+        let med = median(after_idle);
         results.push(SettingResult {
             name: st.name.to_string(),
             cc: st.cc.to_string(),

@@ -73,3 +73,10 @@ impl Drop for RemoveDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The median of `v` (the upper one of an even count; 0 when empty).
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s.get(s.len() / 2).copied().unwrap_or(0.0)
+}

@@ -16,7 +16,7 @@ use std::{
 use clap::Args;
 use serde::Serialize;
 
-use super::install;
+use super::{install, median};
 use crate::{
     engine::{
         error::usage,
@@ -141,14 +141,6 @@ fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, config: &str) -> anyhow::Resu
     parse_pair(config, &String::from_utf8_lossy(&out.stdout))
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 /// Runs the lab; returns the exit status.
 pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     if a.messages == 0 || a.rounds == 0 {
@@ -182,73 +174,67 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     // T, so the table's sonde rows run without them).
     let plan: Vec<(u32, &str)> = (0..a.rounds).flat_map(|r| configs.iter().map(move |&c| (r, c))).chain([(a.rounds, "sonde-stats")]).collect();
     for &(round, c) in &plan {
-        {
-            eprintln!("lab: round {} of {}: {c}", (round + 1).min(a.rounds), a.rounds);
-            let stats = c == "sonde-stats";
-            let log = if c.starts_with("sonde") { "none" } else { c };
-            let b = broker(&ns, &bin, a, log, &logfile)?;
-            if !c.starts_with("sonde") {
-                runs.push(pair(&ns, &bin, a, c)?);
-                drop(b);
-                continue;
-            }
-            if stats {
-                let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
-            }
-            let ctl = RunControl::new(None)?;
-            let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, hooks: a.hooks, output: Some(dir.join(format!("msglat-{round}.json"))), ..Default::default() };
-            let (tx, rx) = std::sync::mpsc::channel::<()>();
-            let r = std::thread::scope(|s| {
-                let (ns, bin, ctl) = (&ns, &bin, &ctl);
-                let work = s.spawn(move || -> anyhow::Result<RunT> {
-                    rx.recv().map_err(|_| anyhow::anyhow!("tracing did not start"))?;
-                    let t = pair(ns, bin, a, c);
-                    ctl.request_stop();
-                    t
-                });
-                let out = run_with(&margs, ctl, || {
-                    let _ = tx.send(());
-                });
+        eprintln!("lab: round {} of {}: {c}", (round + 1).min(a.rounds), a.rounds);
+        let stats = c == "sonde-stats";
+        let log = if c.starts_with("sonde") { "none" } else { c };
+        let b = broker(&ns, &bin, a, log, &logfile)?;
+        if !c.starts_with("sonde") {
+            runs.push(pair(&ns, &bin, a, c)?);
+            continue;
+        }
+        if stats {
+            let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+        }
+        let ctl = RunControl::new(None)?;
+        let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, hooks: a.hooks, output: Some(dir.join(format!("msglat-{round}.json"))), ..Default::default() };
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let r = std::thread::scope(|s| {
+            let (ns, bin, ctl) = (&ns, &bin, &ctl);
+            let work = s.spawn(move || -> anyhow::Result<RunT> {
+                rx.recv().map_err(|_| anyhow::anyhow!("tracing did not start"))?;
+                let t = pair(ns, bin, a, c);
                 ctl.request_stop();
-                let w = work.join().map_err(|_| anyhow::anyhow!("harness panicked"))?;
-                Ok::<_, anyhow::Error>((out?, w?))
+                t
             });
-            if stats {
-                let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_was.trim());
-            }
-            let (out, t) = r?;
-            if stats {
-                bpf_ns = out.bpf_ns;
-                bpf_runs = out.bpf_runs;
-                matched = out.hist.count;
-            } else {
-                runs.push(t);
-                last_sonde = Some(out);
-            }
-            drop(b);
+            let out = run_with(&margs, ctl, || {
+                let _ = tx.send(());
+            });
+            ctl.request_stop();
+            let w = work.join().map_err(|_| anyhow::anyhow!("harness panicked"))?;
+            Ok::<_, anyhow::Error>((out?, w?))
+        });
+        if stats {
+            let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_was.trim());
+        }
+        let (out, t) = r?;
+        if stats {
+            bpf_ns = out.bpf_ns;
+            bpf_runs = out.bpf_runs;
+            matched = out.hist.count;
+        } else {
+            runs.push(t);
+            last_sonde = Some(out);
         }
     }
     let sonde = last_sonde.expect("the sonde configuration ran");
-    let med = |c: &str, f: fn(&RunT) -> f64| median(&mut runs.iter().filter(|r| r.config == c).map(f).collect::<Vec<_>>());
+    let med = |c: &str, f: fn(&RunT) -> f64| median(&runs.iter().filter(|r| r.config == c).map(f).collect::<Vec<_>>());
     // Overhead: per round, a configuration's median T minus the baseline's
-    // in the same round (they ran back to back), then the median over rounds.
-    let over = |c: &str| -> f64 {
+    // in the same round (they ran back to back); the median over rounds and
+    // the range.
+    let diffs = |c: &str| -> Vec<f64> {
         let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(|r| r.p50_ns).collect::<Vec<_>>();
-        let (x, b) = (of(c), of("none"));
-        median(&mut x.iter().zip(&b).map(|(x, b)| x - b).collect::<Vec<_>>())
+        of(c).iter().zip(&of("none")).map(|(x, b)| x - b).collect()
     };
-    let spread = |c: &str| -> (f64, f64) {
-        let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(|r| r.p50_ns).collect::<Vec<_>>();
-        let d: Vec<f64> = of(c).iter().zip(&of("none")).map(|(x, b)| x - b).collect();
-        (d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
-    };
+    let over = |c: &str| median(&diffs(c));
     let mem_over = over("mem");
     let per_msg_bpf = if matched > 0 { bpf_ns as f64 / matched as f64 } else { 0.0 };
+    let runs_per_msg = if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 };
     let rows: Vec<Vec<String>> = configs
         .iter()
         .map(|&c| {
             let (p50, mean, p99) = (med(c, |r| r.p50_ns), med(c, |r| r.mean_ns), med(c, |r| r.p99_ns));
-            let (o, (lo, hi)) = (over(c), spread(c));
+            let d = diffs(c);
+            let (o, lo, hi) = (median(&d), d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
             vec![
                 match c {
                     "none" => "broker, no logging".into(),
@@ -273,7 +259,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
                 "baseline_p50_ns": med("none", |r| r.p50_ns),
                 "overhead_p50_ns": configs.iter().map(|&c| (c, over(c))).collect::<std::collections::BTreeMap<_, _>>(),
                 "sonde_bpf_ns_per_message": per_msg_bpf.round(),
-                "sonde_bpf_runs_per_message": if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 },
+                "sonde_bpf_runs_per_message": runs_per_msg,
                 "sonde": sonde.summary,
             })
         );
@@ -281,8 +267,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         println!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds);
         println!("{}", table(&["CONFIGURATION", "T p50 ns", "T mean ns", "T p99 ns", "OVERHEAD ns (p50; range over rounds)", "VS MEMORY LOG"], &rows));
         println!(
-            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {:.1} program runs per message ({})",
-            if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 },
+            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message ({})",
             if a.hooks == Hooks::Raw {
                 "--hooks raw: every syscall on the host runs two; the broker's read and write do the work"
             } else {
