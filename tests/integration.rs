@@ -569,6 +569,7 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["msglat", "-p", "1", "--id", "0:8", "--fifo"],
         &["msglat", "-p", "1", "-o", "x.svg"],
         &["msglat", "-p", "1", "--hooks", "kprobe"],
+        &["msglat", "-p", "1", "--port", "0"],
         &["msglat"],
         &["lab", "msglat", "--size", "8"],
         &["lab", "msglat", "--messages", "0"],

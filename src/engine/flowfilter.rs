@@ -45,7 +45,8 @@ pub struct FlowArgs {
     pub netns: Vec<String>,
 }
 
-fn port_arg(s: &str) -> Result<u16, String> {
+/// Parses a `--port` value: 1 to 65535.
+pub fn port_arg(s: &str) -> Result<u16, String> {
     match s.parse::<u32>() {
         Ok(p) if (1..=65535).contains(&p) => Ok(p as u16),
         _ => Err(format!("'{s}' is not a TCP port; give a number from 1 to 65535")),

@@ -90,7 +90,7 @@ pub struct MsglatArgs {
     #[arg(long)]
     pub fifo: bool,
     /// Only sockets with this local or remote port (repeatable, up to 8).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::engine::flowfilter::port_arg)]
     pub port: Vec<u16>,
     /// Where to hook: `syscalls` (the message syscalls' own tracepoints,
     /// each message syscall runs one program) or `raw` (raw_syscalls
@@ -308,9 +308,6 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     }
     if a.port.len() > MAX_PORTS {
         return Err(usage(format!("at most {MAX_PORTS} --port filters")));
-    }
-    if a.port.contains(&0) {
-        return Err(usage("--port 0 is not a port; give 1 to 65535"));
     }
     for p in &a.pid {
         if !crate::engine::pid_exists(*p) {
