@@ -91,6 +91,12 @@ static __always_inline const struct tcp_sock *tcp_of(const struct sock *sk, bool
 	return (const void *)sk;
 }
 
+static __always_inline __u8 ca_state_of(const struct tcp_sock *tp, bool typed)
+{
+	const struct inet_connection_sock *icsk = &tp->inet_conn;
+	return typed ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state) : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+}
+
 static __always_inline void read_tcp(const struct tcp_sock *tp, bool typed, struct tcpvals *v)
 {
 	const struct inet_connection_sock *icsk = &tp->inet_conn;
@@ -107,8 +113,7 @@ static __always_inline void read_tcp(const struct tcp_sock *tp, bool typed, stru
 	v->lsndtime = KREAD(typed, tp, lsndtime);
 	v->snd_nxt = KREAD(typed, tp, snd_nxt);
 	v->rto = KREAD(typed, icsk, icsk_rto);
-	v->ca_state = typed ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
-			    : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+	v->ca_state = ca_state_of(tp, typed);
 }
 
 static __always_inline void set_wanted(struct cw_conn *c)
@@ -227,11 +232,16 @@ static __always_inline int on_probe(const struct sock *sk, bool typed)
 		return 0;
 	}
 	struct tcpvals v;
-	read_tcp(tp, typed, &v);
-	if (c->pending)
+	if (c->pending) {
+		read_tcp(tp, typed, &v);
 		emit_idle(c, &v, BY_ACK);
+	}
 	stat_add(STAT_PROBES);
-	if (c->emitted && v.cwnd == c->last_cwnd && v.ssthresh == c->last_ssthresh && v.ca_state == c->last_ca) {
+	/* Most segments change nothing: three fields decide, the rest are read
+	 * only for a sample (a probe read each without BTF). */
+	__u32 cwnd = KREAD(typed, tp, snd_cwnd), ssthresh = KREAD(typed, tp, snd_ssthresh);
+	__u8 ca = ca_state_of(tp, typed);
+	if (c->emitted && cwnd == c->last_cwnd && ssthresh == c->last_ssthresh && ca == c->last_ca) {
 		stat_add(STAT_UNCHANGED);
 		return 0;
 	}
@@ -240,6 +250,7 @@ static __always_inline int on_probe(const struct sock *sk, bool typed)
 		stat_add(STAT_RATE_LIMITED);
 		return 0;
 	}
+	read_tcp(tp, typed, &v);
 	c->emitted = 1;
 	c->last_emit_ns = now;
 	c->last_cwnd = v.cwnd;
