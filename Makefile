@@ -44,6 +44,7 @@ bench: build
 	$(SUDO) bench/funclatency/run
 	$(SUDO) bench/cwnd/run
 	$(SUDO) bench/broker/run
+	$(SUDO) bench/msglat/run
 
 # The static binary on Debian's 6.1 kernel under qemu (kprobes, fentry, no
 # sched_exit_tp, tcp_retransmit_skb without err).

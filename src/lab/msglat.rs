@@ -62,8 +62,8 @@ pub struct MsglatLabArgs {
     #[arg(long)]
     pub fifo: bool,
     /// Where msglat hooks (see `sonde msglat --help`).
-    #[arg(long, value_enum, default_value_t = Hooks::Syscalls)]
-    pub hooks: Hooks,
+    #[arg(long, value_enum)]
+    pub hooks: Option<Hooks>,
     /// Only the sonde configuration (no baseline rows).
     #[arg(long)]
     pub sonde_only: bool,
@@ -87,6 +87,11 @@ pub struct RunT {
     pub p50_ns: f64,
     /// 99th percentile, ns.
     pub p99_ns: f64,
+    /// The broker's CPU time per message relayed, ns (its own clock:
+    /// CLOCK_PROCESS_CPUTIME_ID, the scheduler's exact runtime).
+    pub broker_cpu_ns: f64,
+    /// The sender's and receiver's CPU time per message, ns.
+    pub pair_cpu_ns: f64,
 }
 
 fn parse_pair(config: &str, out: &str) -> anyhow::Result<RunT> {
@@ -102,11 +107,28 @@ fn parse_pair(config: &str, out: &str) -> anyhow::Result<RunT> {
         mean_ns: num("mean_ns")?,
         p50_ns: num("p50_ns")?,
         p99_ns: num("p99_ns")?,
+        broker_cpu_ns: 0.0,
+        pair_cpu_ns: num("cpu_ns")? / num("sent")?.max(1.0),
     })
 }
 
-/// Kills the broker however the run ends.
-struct Broker(Child);
+/// The broker, killed however the run ends, and its output.
+struct Broker(Child, BufReader<std::process::ChildStdout>);
+
+impl Broker {
+    /// Its CPU time per message, once it has relayed the last one and exited
+    /// (it ends when the sender shuts its connection).
+    fn cpu_per_message(&mut self) -> anyhow::Result<f64> {
+        let mut line = String::new();
+        self.1.read_line(&mut line)?;
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let num = |k: &str| f.iter().position(|w| *w == k).and_then(|i| f.get(i + 1)).and_then(|v| v.parse::<f64>().ok());
+        match (num("messages"), num("cpu_ns")) {
+            (Some(n), Some(c)) if n > 0.0 => Ok(c / n),
+            _ => anyhow::bail!("the broker did not report its CPU time: {line:?}"),
+        }
+    }
+}
 
 impl Drop for Broker {
     fn drop(&mut self) {
@@ -126,9 +148,10 @@ fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, log: &str, logfile: &Path) 
         .stderr(Stdio::null())
         .spawn()?;
     let mut line = String::new();
-    BufReader::new(c.stdout.take().unwrap()).read_line(&mut line)?;
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    out.read_line(&mut line)?;
     anyhow::ensure!(line.starts_with("listening"), "the broker did not start: {line}");
-    Ok(Broker(c))
+    Ok(Broker(c, out))
 }
 
 fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, config: &str) -> anyhow::Result<RunT> {
@@ -168,7 +191,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     let mut runs: Vec<RunT> = Vec::new();
     let mut last_sonde = None;
     let stats_was = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
-    let (mut bpf_ns, mut bpf_runs, mut matched) = (0u64, 0u64, 0u64);
+    let (mut bpf_ns, mut bpf_runs, mut matched, mut null_per_run) = (0u64, 0u64, 0u64, 0.0);
     // The rounds, then one more sonde run with kernel.bpf_stats_enabled=1
     // for the in-kernel cost (the statistics' own clock reads would inflate
     // T, so the table's sonde rows run without them).
@@ -177,16 +200,18 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         eprintln!("lab: round {} of {}: {c}", (round + 1).min(a.rounds), a.rounds);
         let stats = c == "sonde-stats";
         let log = if c.starts_with("sonde") { "none" } else { c };
-        let b = broker(&ns, &bin, a, log, &logfile)?;
+        let mut b = broker(&ns, &bin, a, log, &logfile)?;
         if !c.starts_with("sonde") {
-            runs.push(pair(&ns, &bin, a, c)?);
+            let mut t = pair(&ns, &bin, a, c)?;
+            t.broker_cpu_ns = b.cpu_per_message()?;
+            runs.push(t);
             continue;
         }
         if stats {
             let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
         }
         let ctl = RunControl::new(None)?;
-        let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, hooks: a.hooks, output: Some(dir.join(format!("msglat-{round}.json"))), ..Default::default() };
+        let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, hooks: a.hooks, output: Some(dir.join(format!("msglat-{round}.json"))), calibrate: stats, ..Default::default() };
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let r = std::thread::scope(|s| {
             let (ns, bin, ctl) = (&ns, &bin, &ctl);
@@ -206,11 +231,13 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         if stats {
             let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_was.trim());
         }
-        let (out, t) = r?;
+        let (out, mut t) = r?;
+        t.broker_cpu_ns = b.cpu_per_message()?;
         if stats {
             bpf_ns = out.bpf_ns;
             bpf_runs = out.bpf_runs;
             matched = out.hist.count;
+            null_per_run = if out.null_runs > 0 { out.null_ns as f64 / out.null_runs as f64 } else { 0.0 };
         } else {
             runs.push(t);
             last_sonde = Some(out);
@@ -218,38 +245,69 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     }
     let sonde = last_sonde.expect("the sonde configuration ran");
     let med = |c: &str, f: fn(&RunT) -> f64| median(&runs.iter().filter(|r| r.config == c).map(f).collect::<Vec<_>>());
-    // Overhead: per round, a configuration's median T minus the baseline's
-    // in the same round (they ran back to back); the median over rounds and
+    // Overhead: per round, a configuration's figure minus the baseline's in
+    // the same round (they ran back to back); the median over rounds and
     // the range.
-    let diffs = |c: &str| -> Vec<f64> {
-        let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(|r| r.p50_ns).collect::<Vec<_>>();
+    let diffs = |c: &str, f: fn(&RunT) -> f64| -> Vec<f64> {
+        let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(f).collect::<Vec<_>>();
         of(c).iter().zip(&of("none")).map(|(x, b)| x - b).collect()
     };
-    let over = |c: &str| median(&diffs(c));
-    let mem_over = over("mem");
+    let t_of: fn(&RunT) -> f64 = |r| r.p50_ns;
+    let cpu_of: fn(&RunT) -> f64 = |r| r.broker_cpu_ns + r.pair_cpu_ns;
+    let over = |c: &str, f: fn(&RunT) -> f64| median(&diffs(c, f));
+    let spread = |c: &str, f: fn(&RunT) -> f64| -> String {
+        if a.sonde_only {
+            return "-".into();
+        }
+        let d = diffs(c, f);
+        let (lo, hi) = (d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+        format!("{:+.0} ({lo:+.0} .. {hi:+.0})", median(&d))
+    };
+    let vs_mem = |c: &str, f: fn(&RunT) -> f64| -> String {
+        let m = over("mem", f);
+        if a.sonde_only || c == "none" || m.abs() < 1.0 { "-".into() } else { format!("{:.2}x", over(c, f) / m) }
+    };
     let per_msg_bpf = if matched > 0 { bpf_ns as f64 / matched as f64 } else { 0.0 };
     let runs_per_msg = if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 };
-    let rows: Vec<Vec<String>> = configs
+    // What the programs cost without the statistics' own clock reads.
+    let per_msg_net = (per_msg_bpf - runs_per_msg * null_per_run).max(0.0);
+    let name = |c: &str| -> String {
+        match c {
+            "none" => "broker, no logging",
+            "mem" => "broker logs times into memory",
+            "file" => "broker logs times to a file",
+            _ => "broker traced by sonde msglat",
+        }
+        .into()
+    };
+    let t_rows: Vec<Vec<String>> = configs
         .iter()
         .map(|&c| {
-            let (p50, mean, p99) = (med(c, |r| r.p50_ns), med(c, |r| r.mean_ns), med(c, |r| r.p99_ns));
-            let d = diffs(c);
-            let (o, lo, hi) = (median(&d), d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
             vec![
-                match c {
-                    "none" => "broker, no logging".into(),
-                    "mem" => "broker logs times into memory".into(),
-                    "file" => "broker logs times to a file".into(),
-                    _ => "broker traced by sonde msglat".into(),
-                },
-                format!("{p50:.0}"),
-                format!("{mean:.0}"),
-                format!("{p99:.0}"),
-                if a.sonde_only { "-".into() } else { format!("{o:+.0} ({lo:+.0} .. {hi:+.0})") },
-                if a.sonde_only || c == "none" || mem_over.abs() < 1.0 { "-".into() } else { format!("{:.2}x", o / mem_over) },
+                name(c),
+                format!("{:.0}", med(c, |r| r.p50_ns)),
+                format!("{:.0}", med(c, |r| r.mean_ns)),
+                format!("{:.0}", med(c, |r| r.p99_ns)),
+                spread(c, t_of),
+                vs_mem(c, t_of),
             ]
         })
         .collect();
+    let cpu_rows: Vec<Vec<String>> = configs
+        .iter()
+        .map(|&c| {
+            vec![
+                name(c),
+                format!("{:.0}", med(c, |r| r.broker_cpu_ns)),
+                spread(c, |r| r.broker_cpu_ns),
+                format!("{:.0}", med(c, |r| r.pair_cpu_ns)),
+                spread(c, |r| r.pair_cpu_ns),
+                spread(c, cpu_of),
+                vs_mem(c, cpu_of),
+            ]
+        })
+        .collect();
+    let hooks = sonde.summary["hooks"].as_str().unwrap_or("").to_string();
     let h = &sonde.hist;
     if a.json {
         println!(
@@ -257,21 +315,30 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             serde_json::json!({
                 "type": "lab", "lab": "msglat", "runs": runs,
                 "baseline_p50_ns": med("none", |r| r.p50_ns),
-                "overhead_p50_ns": configs.iter().map(|&c| (c, over(c))).collect::<std::collections::BTreeMap<_, _>>(),
+                "overhead_p50_ns": configs.iter().map(|&c| (c, over(c, t_of))).collect::<std::collections::BTreeMap<_, _>>(),
+                "overhead_cpu_ns": configs.iter().map(|&c| (c, over(c, cpu_of))).collect::<std::collections::BTreeMap<_, _>>(),
+                "overhead_broker_cpu_ns": configs.iter().map(|&c| (c, over(c, |r| r.broker_cpu_ns))).collect::<std::collections::BTreeMap<_, _>>(),
                 "sonde_bpf_ns_per_message": per_msg_bpf.round(),
                 "sonde_bpf_runs_per_message": runs_per_msg,
+                "bpf_stats_ns_per_run": null_per_run,
+                "sonde_bpf_net_ns_per_message": per_msg_net.round(),
                 "sonde": sonde.summary,
             })
         );
     } else {
         println!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds);
-        println!("{}", table(&["CONFIGURATION", "T p50 ns", "T mean ns", "T p99 ns", "OVERHEAD ns (p50; range over rounds)", "VS MEMORY LOG"], &rows));
+        println!("{}", table(&["CONFIGURATION", "T p50 ns", "T mean ns", "T p99 ns", "OVERHEAD ns (p50; range over rounds)", "VS MEMORY LOG"], &t_rows));
+        println!("\nCPU time per message (each process's own exact clock), medians over {} round(s):", a.rounds);
         println!(
-            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message ({})",
-            if a.hooks == Hooks::Raw {
-                "--hooks raw: every syscall on the host runs two; the broker's read and write do the work"
-            } else {
-                "--hooks syscalls: the sender's write, the broker's read and write, the receiver's read"
+            "{}",
+            table(&["CONFIGURATION", "BROKER ns", "OVERHEAD (range)", "SENDER+RECEIVER ns", "OVERHEAD (range)", "TOTAL OVERHEAD ns (range)", "VS MEMORY LOG"], &cpu_rows)
+        );
+        println!(
+            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks}: {})",
+            match hooks.as_str() {
+                "raw" => "every syscall on the host runs two; the broker's read and write do the work",
+                "sockets" => "socket calls only: the sender's send, the broker's receive and send, the receiver's receive",
+                _ => "the sender's write, the broker's read and write, the receiver's read",
             }
         );
         println!(

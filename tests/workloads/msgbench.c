@@ -41,6 +41,14 @@ static uint64_t now_ns(void)
 	return (uint64_t)t.tv_sec * 1000000000ull + t.tv_nsec;
 }
 
+/* This process's CPU time (all threads, exact: the scheduler's runtime). */
+static uint64_t cpu_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + t.tv_nsec;
+}
+
 static void die(const char *what)
 {
 	perror(what);
@@ -132,7 +140,9 @@ static int broker(int argc, char **argv)
 	int in = accept_one(l);
 	int out = connect_to(out_port);
 	char *buf = malloc(size);
-	for (long i = 0; read_msg(in, buf, size); i++) {
+	uint64_t cpu0 = cpu_ns();
+	long n = 0;
+	for (long i = 0; read_msg(in, buf, size); i++, n++) {
 		if (mem)
 			times[2 * (i % cap)] = now_ns();
 		else if (file)
@@ -158,7 +168,10 @@ static int broker(int argc, char **argv)
 	}
 	if (f)
 		fclose(f);
+	uint64_t cpu = cpu_ns() - cpu0;
 	close(out);
+	printf("messages %ld cpu_ns %llu\n", n, (unsigned long long)cpu);
+	fflush(stdout);
 	return 0;
 }
 
@@ -206,6 +219,7 @@ static int pair(char **argv)
 	pthread_create(&th, NULL, receiver, &r);
 	int s = connect_to(broker_port);
 	char *buf = calloc(1, size);
+	uint64_t cpu0 = cpu_ns();
 	uint64_t t0 = now_ns() + 1000000;
 	for (long i = 0; i < count; i++) {
 		uint64_t slot = t0 + (uint64_t)i * spacing_us * 1000;
@@ -219,13 +233,14 @@ static int pair(char **argv)
 	}
 	shutdown(s, SHUT_WR);
 	pthread_join(th, NULL);
+	uint64_t cpu = cpu_ns() - cpu0;
 	long n = r.got;
 	double sum = 0;
 	for (long i = 0; i < n; i++)
 		sum += r.t[i];
 	qsort(r.t, n, sizeof(uint64_t), cmp);
-	printf("sent %ld received %ld mean_ns %.0f p50_ns %llu p99_ns %llu\n", count, n, n ? sum / n : 0,
-	       n ? (unsigned long long)r.t[n / 2] : 0ull, n ? (unsigned long long)r.t[n * 99 / 100] : 0ull);
+	printf("sent %ld received %ld mean_ns %.0f p50_ns %llu p99_ns %llu cpu_ns %llu\n", count, n, n ? sum / n : 0,
+	       n ? (unsigned long long)r.t[n / 2] : 0ull, n ? (unsigned long long)r.t[n * 99 / 100] : 0ull, (unsigned long long)cpu);
 	return 0;
 }
 

@@ -216,11 +216,14 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     };
     tools.push(("cwnd".into(), cwnd));
 
-    // msglat: raw_syscalls sys_enter/sys_exit as BTF tracepoints.
-    let msglat = match (privileged, ok("tp_btf"), features::btf_has_type("btf_trace_sys_enter")) {
+    // msglat: the socket tracepoints as BTF tracepoints where the kernel
+    // has them (the default hooks), else the syscall tracepoints.
+    let socket_tps = features::tracepoint_exists("sock", "sock_recv_length") && features::tracepoint_exists("tcp", "tcp_sendmsg_locked");
+    let msglat = match (privileged, ok("tp_btf") && socket_tps, features::tracepoint_exists("syscalls", "sys_enter_write")) {
         (false, _, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, false, _) | (_, _, false) => json!({"usable": false, "why": "tp_btf raw_syscalls:sys_enter/sys_exit do not load here"}),
-        _ => json!({"usable": true, "mechanism": "tp_btf", "detail": "raw_syscalls:sys_enter + sys_exit; x86_64 syscall numbers"}),
+        (_, true, _) => json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"}),
+        (_, false, true) => json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"}),
+        _ => json!({"usable": false, "why": "neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available"}),
     };
     tools.push(("msglat".into(), msglat));
 

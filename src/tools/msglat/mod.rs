@@ -40,21 +40,24 @@ use skel::{types, MsglatSkel, MsglatSkelBuilder};
 const MAX_PIDS: usize = 8;
 const MAX_PORTS: usize = 8;
 const MAX_FD: u32 = 65536;
+const FLOW_WAYS: usize = 32;
 // Counters, in the order of enum ml_stat in msglat.h.
 const RECVS: usize = 0;
-const SENDS: usize = 1;
-const MATCHED: usize = 2;
-const UNMATCHED_SEND: usize = 3;
-const SHORT_RECV: usize = 4;
-const SHORT_SEND: usize = 5;
-const ID_FAULT: usize = 6;
-const REPLACED: usize = 7;
-const FIFO_OVERFLOW: usize = 8;
-const LOST: usize = 9;
-const FLOW_FULL: usize = 10;
-const FDS_FULL: usize = 11;
-const NEW_FDS: usize = 12;
+const UNMATCHED_SEND: usize = 1;
+const SHORT_RECV: usize = 2;
+const SHORT_SEND: usize = 3;
+const ID_FAULT: usize = 4;
+const SEND_ID_FAULT: usize = 5;
+const REPLACED: usize = 6;
+const FIFO_OVERFLOW: usize = 7;
+const LOST: usize = 8;
+const FLOW_FULL: usize = 9;
+const FDS_FULL: usize = 10;
+const NEW_FDS: usize = 11;
+const OTHER_CALL: usize = 12;
 const STAT_MAX: usize = 13;
+/// ml_event/ml_flow_key's descriptor for a send not made by a write or send call.
+const NO_FD: u32 = u32::MAX;
 
 /// Per-message latency through a process that receives messages on some
 /// sockets and sends them on others (a broker, a proxy, a relay): the time
@@ -63,19 +66,21 @@ const STAT_MAX: usize = 13;
 /// payload (--id OFFSET:LEN, default 0:8) or in FIFO order (--fifo), as a
 /// histogram with p50/p90/p99/max and a per-flow breakdown.
 ///
-/// Hooks (--hooks): the tracepoints of the message syscalls (default: sends
-/// at entry of write, writev, sendto, sendmsg; receives at exit of read,
-/// readv, recvfrom, recvmsg), or raw_syscalls sys_enter/sys_exit. Only the
-/// process's sockets count (those it has at start, and those accept/connect
-/// add). x86_64 syscall numbers.
+/// Hooks (--hooks): by default the socket tracepoints where the kernel has
+/// them (sock:sock_recv_length at the end of each receive,
+/// tcp:tcp_sendmsg_locked at the start of each TCP send; nothing else on the
+/// host runs a program), else the tracepoints of the message syscalls
+/// (sends at entry of write, writev, sendto, sendmsg; receives at exit of
+/// read, readv, recvfrom, recvmsg), or raw_syscalls sys_enter/sys_exit.
+/// Only the process's sockets count. x86_64 syscall numbers.
 ///
-/// OVERHEAD (bench/broker/run, seed 004's harness: sender -> broker ->
-/// receiver on loopback, 100k messages 60 us apart, 2-core VM): in the
-/// kernel 587-652 ns per message with the default hooks (4 program runs:
-/// the sender's write, the broker's read and write, the receiver's read),
-/// 846-858 ns with --hooks raw (10 runs); end to end +674 to +931 ns in
-/// 5-round runs, within this VM's 1-2 us run-to-run noise. Other processes:
-/// getppid +6..16 ns (raw: +21..28), write to /dev/null +40 ns.
+/// OVERHEAD (bench/msglat/run, warm tight loops, 2-core VM): per message
+/// through the traced process +222 ns with the default socket hooks (+418
+/// syscalls, +304 raw); other processes: getppid and write +0 (syscalls
+/// +17/+45), a loopback TCP write+read +64 ns (syscalls +348). Through
+/// seed 004's broker that is about 286 ns per message (syscalls 766).
+/// bench/broker/run (100k messages 60 us apart) agrees within this VM's
+/// 1-2 us run-to-run noise.
 #[derive(Debug, Args, Clone, Default)]
 pub struct MsglatArgs {
     /// The process to trace (repeatable, up to 8).
@@ -92,13 +97,15 @@ pub struct MsglatArgs {
     /// Only sockets with this local or remote port (repeatable, up to 8).
     #[arg(long, value_parser = crate::engine::flowfilter::port_arg)]
     pub port: Vec<u16>,
-    /// Where to hook: `syscalls` (the message syscalls' own tracepoints,
-    /// each message syscall runs one program) or `raw` (raw_syscalls
-    /// sys_enter/sys_exit as BTF tracepoints: every syscall on the host runs
-    /// two, each returning after one compare unless it is the traced
-    /// process's).
-    #[arg(long, value_enum, default_value_t = Hooks::Syscalls)]
-    pub hooks: Hooks,
+    /// Where to hook: `sockets` (the default where the kernel has the
+    /// tracepoints sock:sock_recv_length and tcp:tcp_sendmsg_locked: only
+    /// socket calls run a program; TCP sends), `syscalls` (the message
+    /// syscalls' own tracepoints, each message syscall runs one program) or
+    /// `raw` (raw_syscalls sys_enter/sys_exit as BTF tracepoints: every
+    /// syscall on the host runs two, each returning after one compare unless
+    /// it is the traced process's).
+    #[arg(long, value_enum)]
+    pub hooks: Option<Hooks>,
     /// Also one JSON record (or line) per message.
     #[arg(long)]
     pub per_message: bool,
@@ -111,17 +118,38 @@ pub struct MsglatArgs {
     /// Write to this file (.json implies --json; or .txt).
     #[arg(short = 'o', long)]
     pub output: Option<PathBuf>,
+    /// The lab's bpf_stats run: also an empty program on a message
+    /// tracepoint, to take the statistics' own cost out.
+    #[arg(skip)]
+    pub calibrate: bool,
 }
 
 /// Which tracepoints msglat attaches to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Hooks {
+    /// sock:sock_recv_length and tcp:tcp_sendmsg_locked (tp_btf).
+    Sockets,
     /// syscalls:sys_enter_write, ..., syscalls:sys_exit_read, ...
-    #[default]
     Syscalls,
     /// raw_syscalls:sys_enter and sys_exit (tp_btf).
     Raw,
+}
+
+impl Hooks {
+    /// The hooks to use: those asked for, else sockets where the kernel has
+    /// their tracepoints, else syscalls.
+    pub fn pick(asked: Option<Hooks>) -> anyhow::Result<Hooks> {
+        let socket_tps = features::tracepoint_exists("sock", "sock_recv_length") && features::tracepoint_exists("tcp", "tcp_sendmsg_locked");
+        match asked {
+            Some(Hooks::Sockets) if !socket_tps => Err(usage(
+                "--hooks sockets: this kernel lacks the tracepoint sock:sock_recv_length or tcp:tcp_sendmsg_locked (6.16 has both); use --hooks syscalls",
+            )),
+            Some(h) => Ok(h),
+            None if socket_tps => Ok(Hooks::Sockets),
+            None => Ok(Hooks::Syscalls),
+        }
+    }
 }
 
 fn id_arg(s: &str) -> Result<(u32, u32), String> {
@@ -225,7 +253,7 @@ struct Loaded {
     rings: Option<PerCpuRings>,
 }
 
-fn load(a: &MsglatArgs, socks: &[SockFd]) -> anyhow::Result<Loaded> {
+fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = MsglatSkelBuilder::default().open(storage).context("opening BPF object")?;
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
@@ -245,24 +273,39 @@ fn load(a: &MsglatArgs, socks: &[SockFd]) -> anyhow::Result<Loaded> {
     ro.fifo = a.fifo;
     ro.per_message = a.per_message;
     ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
-    let raw = a.hooks == Hooks::Raw;
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
-        let is_raw = name == "ml_enter" || name == "ml_exit";
-        // Kernels without a syscall's tracepoint (no accept4 on some arches) skip it.
-        let exists = is_raw || name.split_once('_').map(|(_, r)| r).and_then(|r| r.split_once('_')).is_some_and(|(dir, sc)| {
-            features::tracepoint_exists("syscalls", &format!("sys_{}_{sc}", if dir == "in" { "enter" } else { "exit" }))
-        });
-        prog.set_autoload(is_raw == raw && exists);
+        let on = match name.as_str() {
+            "ml_enter" | "ml_exit" => hooks == Hooks::Raw,
+            "ml_sock_recv" | "ml_tcp_send" => hooks == Hooks::Sockets,
+            "ml_null" => a.calibrate && features::tracepoint_exists("sock", "sock_recv_length"),
+            // ml_in_write, ml_out_read, ...: kernels without a syscall's
+            // tracepoint (no accept4 on some arches) skip it.
+            _ => {
+                hooks == Hooks::Syscalls
+                    && name.split_once('_').map(|(_, r)| r).and_then(|r| r.split_once('_')).is_some_and(|(dir, sc)| {
+                        features::tracepoint_exists("syscalls", &format!("sys_{}_{sc}", if dir == "in" { "enter" } else { "exit" }))
+                    })
+            }
+        };
+        prog.set_autoload(on);
     }
-    let what = if raw { "tp_btf raw_syscalls:sys_enter/sys_exit" } else { "syscalls:sys_enter_*/sys_exit_* tracepoints" };
+    let what = match hooks {
+        Hooks::Sockets => "tp_btf sock:sock_recv_length and tcp:tcp_sendmsg_locked",
+        Hooks::Syscalls => "syscalls:sys_enter_*/sys_exit_* tracepoints",
+        Hooks::Raw => "tp_btf raw_syscalls:sys_enter/sys_exit",
+    };
     let skel = open.load().with_context(|| format!("loading the msglat programs ({what})"))?;
-    for s in socks {
-        let slot = a.pid.iter().position(|p| *p == s.pid).unwrap_or(0) as u32;
-        if s.fd >= MAX_FD {
-            anyhow::bail!("pid {} fd {}: sockets past descriptor {MAX_FD} are not traced", s.pid, s.fd);
+    // The socket table serves the syscall hooks; the socket hooks decide
+    // per socket in the kernel.
+    if hooks != Hooks::Sockets {
+        for s in socks {
+            let slot = a.pid.iter().position(|p| *p == s.pid).unwrap_or(0) as u32;
+            if s.fd >= MAX_FD {
+                anyhow::bail!("pid {} fd {}: sockets past descriptor {MAX_FD} are not traced", s.pid, s.fd);
+            }
+            skel.maps.fds.update(&(slot * MAX_FD + s.fd).to_ne_bytes(), &[1u8], MapFlags::ANY).context("filling the socket table")?;
         }
-        skel.maps.fds.update(&(slot * MAX_FD + s.fd).to_ne_bytes(), &[1u8], MapFlags::ANY).context("filling the socket table")?;
     }
     let rings = if a.per_message { Some(PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?) } else { None };
     let mut links = Vec::new();
@@ -290,12 +333,17 @@ pub struct Outcome {
     pub bpf_ns: u64,
     /// See bpf_ns.
     pub bpf_runs: u64,
+    /// With `calibrate`: an empty program's time and runs.
+    pub null_ns: u64,
+    /// See null_ns.
+    pub null_runs: u64,
     /// Why it stopped.
     pub stop: Stop,
 }
 
 fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32) -> String {
     match socks.get(&(pid, fd)) {
+        _ if fd == NO_FD => "? (not a write or send call)".into(),
         Some(s) => format!("fd {fd} {} <- {}", s.local, s.remote),
         None => format!("fd {fd}"),
     }
@@ -329,9 +377,10 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         }
         socks.extend(mine.into_iter().filter(|s| a.port.is_empty() || a.port.contains(&s.lport) || a.port.contains(&s.rport)));
     }
+    let hooks = Hooks::pick(a.hooks)?;
     let mut sink = Sink::open(a.output.as_deref())?;
-    let loaded = load(a, &socks)?;
-    let labels: BTreeMap<(u32, u32), SockFd> = socks.iter().map(|s| ((s.pid, s.fd), s.clone())).collect();
+    let loaded = load(a, hooks, &socks)?;
+    let mut labels: BTreeMap<(u32, u32), SockFd> = socks.iter().map(|s| ((s.pid, s.fd), s.clone())).collect();
     ctl.start_clock();
     let start = Instant::now();
     ready();
@@ -383,11 +432,15 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     let elapsed = start.elapsed();
 
     let skel = &loaded.skel;
-    let (mut bpf_ns, mut bpf_runs) = (0, 0);
+    let (mut bpf_ns, mut bpf_runs, mut null_ns, mut null_runs) = (0, 0, 0, 0);
     for p in skel.object().progs() {
         let (ns, n) = run_stats(&p);
-        bpf_ns += ns;
-        bpf_runs += n;
+        if p.name() == "ml_null" {
+            (null_ns, null_runs) = (ns, n);
+        } else {
+            bpf_ns += ns;
+            bpf_runs += n;
+        }
     }
     let mut st = [0u64; STAT_MAX];
     for (i, v) in st.iter_mut().enumerate() {
@@ -396,8 +449,24 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     let hist = read_percpu(&skel.maps.hist, 1)?.remove(0);
     let max_recv = skel.maps.max_recv.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default().iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).max().unwrap_or(0);
     // Every receive recorded was paired, replaced (its id or table slot
-    // taken by a later one), dropped from a full FIFO, or is still waiting.
-    let waiting = st[RECVS].saturating_sub(st[MATCHED] + st[REPLACED] + st[FIFO_OVERFLOW]);
+    // taken by a later one), dropped from a full FIFO, or is still waiting:
+    // in the id table (counted here, so the receive path counts nothing),
+    // or in the FIFO (the receives it counted less the others).
+    let matched = hist.count;
+    let waiting = if a.fifo {
+        st[RECVS].saturating_sub(matched + st[FIFO_OVERFLOW])
+    } else {
+        let mut n = 0;
+        for i in 0..skel.maps.waiting.max_entries() {
+            if let Some(v) = skel.maps.waiting.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
+                // struct ml_waiting: id, ts, fd, tgid1.
+                n += (u32::from_ne_bytes(v[20..24].try_into().unwrap()) != 0) as u64;
+            }
+        }
+        n
+    };
+    let received = if a.fifo { st[RECVS] } else { matched + st[REPLACED] + waiting };
+    let sends = matched + st[UNMATCHED_SEND] + st[SHORT_SEND] + st[SEND_ID_FAULT];
     let unmatched_recv = waiting + st[REPLACED] + st[FIFO_OVERFLOW];
     let mut flows: Vec<(types::ml_flow_key, u64, u64, u64)> = Vec::new();
     for k in skel.maps.flows.keys() {
@@ -414,7 +483,36 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         }
         flows.push((key, c, s, m));
     }
+    for i in 0..skel.maps.flow_slots.max_entries() {
+        let Some(v) = skel.maps.flow_slots.lookup(&i.to_ne_bytes(), MapFlags::ANY)? else { continue };
+        let u = |j: usize| u64::from_ne_bytes(v[j * 8..j * 8 + 8].try_into().unwrap());
+        if u(0) == 0 || u(1) == 0 {
+            continue;
+        }
+        let pslot = i as usize / (FLOW_WAYS * FLOW_WAYS);
+        let (in_fd, out_fd) = (((u(0) - 1) >> 32) as u32, (u(0) - 1) as u32);
+        let key = types::ml_flow_key { tgid: a.pid.get(pslot).copied().unwrap_or(0), in_fd, out_fd, ..Default::default() };
+        // The same flow may also be in the hash (if it met its slot taken).
+        match flows.iter_mut().find(|f| (f.0.tgid, f.0.in_fd, f.0.out_fd) == (key.tgid, in_fd, out_fd)) {
+            Some(f) => {
+                f.1 += u(1);
+                f.2 += u(2);
+                f.3 = f.3.max(u(3));
+            }
+            None => flows.push((key, u(1), u(2), u(3))),
+        }
+    }
     flows.sort_by_key(|f| std::cmp::Reverse(f.1));
+    // Sockets opened after the start: their ends now, if still open.
+    for (k, ..) in &flows {
+        for fd in [k.in_fd, k.out_fd] {
+            if fd != NO_FD && !labels.contains_key(&(k.tgid, fd)) {
+                if let Some((local, lport, remote, rport)) = pidfd(k.tgid).and_then(|p| sock_ends(&p, fd)) {
+                    labels.insert((k.tgid, fd), SockFd { pid: k.tgid, fd, local, remote, lport, rport });
+                }
+            }
+        }
+    }
 
     let (off, len) = a.id.unwrap_or((0, 8));
     let summary = json!({
@@ -430,17 +528,18 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         "buckets": hist.json_buckets(),
         "lost": st[LOST],
         "pairing": if a.fifo { "fifo".to_string() } else { format!("id {off}:{len}") },
-        "hooks": a.hooks,
-        "received": st[RECVS],
-        "sends": st[SENDS],
+        "hooks": hooks,
+        "received": received,
+        "sends": sends,
         "waiting_at_end": waiting,
         "replaced": st[REPLACED],
         "fifo_overflow": st[FIFO_OVERFLOW],
         "short_recv": st[SHORT_RECV],
         "short_send": st[SHORT_SEND],
-        "id_fault": st[ID_FAULT],
+        "id_fault": st[ID_FAULT] + st[SEND_ID_FAULT],
         "map_full": {"flows": st[FLOW_FULL], "sockets_past_fd_limit": st[FDS_FULL]},
         "sockets": {"at_start": socks.len(), "added": st[NEW_FDS]},
+        "calls_without_buffer": st[OTHER_CALL],
         "flows": flows.iter().map(|(k, c, s, m)| json!({
             "pid": k.tgid, "in_fd": k.in_fd, "out_fd": k.out_fd,
             "in": label(&labels, k.tgid, k.in_fd), "out": label(&labels, k.tgid, k.out_fd),
@@ -474,20 +573,23 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         s.push_str(&format!("\nper flow:\n{}\n", table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)));
         s.push_str(&format!(
             "unmatched: {unmatched_recv} receives never sent ({waiting} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}",
-            st[REPLACED], st[FIFO_OVERFLOW], st[UNMATCHED_SEND], st[SHORT_RECV], st[SHORT_SEND], st[ID_FAULT], st[LOST], st[FLOW_FULL], st[FDS_FULL],
+            st[REPLACED], st[FIFO_OVERFLOW], st[UNMATCHED_SEND], st[SHORT_RECV], st[SHORT_SEND], st[ID_FAULT] + st[SEND_ID_FAULT], st[LOST], st[FLOW_FULL], st[FDS_FULL],
             if gone { "\nthe process exited" } else { "" }
         ));
+        if hooks == Hooks::Sockets && sends == 0 && received > 0 {
+            s.push_str("\nno TCP send seen: if the process sends over UDP or another protocol, use --hooks syscalls");
+        }
         sink.line(&s)?;
     }
     sink.flush()?;
     // Every receive too short for the id: the offset is wrong for this protocol.
-    if !a.fifo && st[RECVS] == 0 && st[SHORT_RECV] > 0 {
+    if !a.fifo && received == 0 && st[SHORT_RECV] > 0 {
         return Err(usage(format!(
             "--id {off}:{len} lies beyond every message received ({} receives, the longest {max_recv} bytes); give an offset inside the message, or --fifo",
             st[SHORT_RECV]
         )));
     }
-    Ok(Outcome { hist, unmatched_recv, unmatched_send: st[UNMATCHED_SEND], summary, bpf_ns, bpf_runs, stop: if gone { Stop::Done } else { stop } })
+    Ok(Outcome { hist, unmatched_recv, unmatched_send: st[UNMATCHED_SEND], summary, bpf_ns, bpf_runs, null_ns, null_runs, stop: if gone { Stop::Done } else { stop } })
 }
 
 /// Entry point for the CLI; returns the exit status.

@@ -5,14 +5,25 @@
  * send (the sending syscall's entry), paired in the kernel and counted into a
  * histogram there; per-message records only with --per-message.
  *
- * Hooks: tp_btf raw_syscalls sys_enter/sys_exit, returning at once for every
- * process but the traced ones (one compare). Receives: read, readv,
- * recvfrom, recvmsg (the id read at exit, from the buffer the saved user
- * registers still name). Sends: write, writev, sendto, sendmsg (the id read
- * at entry). Only sockets
- * in the socket table count: user space fills it with the process's sockets
- * at start; accept/accept4/connect add new ones (ports checked here),
- * close removes them.
+ * Hooks, three sets:
+ *  - sockets (the default where the kernel has both tracepoints): receives
+ *    at tp_btf sock:sock_recv_length (the end of sock_recvmsg, any socket
+ *    receive), sends at tp_btf tcp:tcp_sendmsg_locked (the start of a TCP
+ *    send, before anything is queued). No syscall tracepoint is enabled, so
+ *    the host's other syscalls pay nothing and only socket calls run a
+ *    program. Which sockets count is decided at a socket's first call and
+ *    kept in its socket storage (ports filter), so new connections need no
+ *    accept/connect/close hooks and a reused descriptor cannot mislead.
+ *  - syscalls: the message syscalls' own tracepoints (sends at entry of
+ *    write, writev, sendto, sendmsg; receives at exit of read, readv,
+ *    recvfrom, recvmsg).
+ *  - raw: tp_btf raw_syscalls sys_enter/sys_exit, returning at once for
+ *    every process but the traced ones (one compare).
+ * Receives read the id from the buffer the saved user registers of the
+ * syscall still name. With the syscall hooks only sockets in the socket
+ * table count: user space fills it with the process's sockets at start;
+ * accept/accept4/connect add new ones (ports checked here), close removes
+ * them.
  *
  * Pairing: by a message id at a byte offset in the payload (default), or
  * FIFO per process (each send takes the oldest waiting receive).
@@ -33,6 +44,8 @@
 char LICENSE[] SEC("license") = "GPL";
 
 #define EINPROGRESS 115
+#define MSG_PEEK 2
+#define IPPROTO_TCP 6
 
 const volatile __u32 n_pids = 0;
 const volatile __u32 pids[ML_MAX_PIDS] = {};
@@ -80,6 +93,16 @@ struct {
 	__type(value, struct sonde_hist);
 } hist SEC(".maps");
 
+/* Per-flow totals: a slot per (process, in fd, out fd) low bits, shared
+ * by the CPUs (atomic adds), one cache line touched per message; flows that
+ * find their slot taken go to the per-CPU hash below. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ML_MAX_PIDS * ML_FLOW_WAYS * ML_FLOW_WAYS);
+	__type(key, __u32);
+	__type(value, struct ml_flow_slot);
+} flow_slots SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 4096);
@@ -100,6 +123,7 @@ struct {
 struct ml_event _ml_event = {};
 struct ml_flow_key _ml_flow_key = {};
 struct ml_flow _ml_flow = {};
+struct ml_flow_slot _ml_flow_slot = {};
 
 /* Index of a traced process in pids[], or -1. */
 static __always_inline int pid_slot(__u32 tgid)
@@ -162,15 +186,20 @@ static __always_inline bool traced_fd(int slot, __u32 fd)
 	return on && *on;
 }
 
-/* The id table's slot for an id (Fibonacci hashing: structured ids, such
- * as multiples of a power of two, spread over the table). */
+/* The id table's slot for an id: its bits folded onto the table's index
+ * (ML_WAITING_BITS at a time). Consecutive ids take neighbouring slots, so
+ * the messages in flight share cache lines and pages; strided or prefixed
+ * ids still spread, as their varying bits reach the low ones. */
 static __always_inline __u32 waiting_slot(__u64 id)
 {
-	return (id * 0x9E3779B97F4A7C15ull) >> (64 - 17);
+	__u64 x = id;
+	for (int i = ML_WAITING_BITS; i < 64; i += ML_WAITING_BITS)
+		x ^= id >> i;
+	return x & (ML_WAITING - 1);
 }
 
 /* The message id at id_off in a buffer of `len` bytes (false: none). */
-static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short_stat)
+static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short_stat, __u32 fault_stat)
 {
 	if (len < (__u64)id_off + id_len) {
 		stat_add(short_stat);
@@ -184,7 +213,7 @@ static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short
 	if (n == 0 || n > 8)
 		return false;
 	if (bpf_probe_read_user(&v, n, (void *)(buf + id_off))) {
-		stat_add(ML_ID_FAULT);
+		stat_add(fault_stat);
 		return false;
 	}
 	*id = v;
@@ -224,12 +253,14 @@ static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, l
 			stat_add(ML_FIFO_OVERFLOW);
 		}
 		__u32 idx = s * ML_RING + (t & (ML_RING - 1));
-		bpf_map_update_elem(&fifo_ring, &idx, &p, BPF_ANY);
+		struct ml_pending *q = bpf_map_lookup_elem(&fifo_ring, &idx);
+		if (q)
+			*q = p;
 		stat_add(ML_RECVS);
 		return;
 	}
 	__u64 id;
-	if (!read_id(buf, ret, &id, ML_SHORT_RECV))
+	if (!read_id(buf, ret, &id, ML_SHORT_RECV, ML_ID_FAULT))
 		return;
 	__u32 idx = waiting_slot(id);
 	struct ml_waiting *w = bpf_map_lookup_elem(&waiting, &idx);
@@ -241,13 +272,55 @@ static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, l
 	w->ts = p.ts;
 	w->fd = fd;
 	w->tgid1 = tgid + 1;
-	stat_add(ML_RECVS);
+}
+
+/* A message from in_fd to out_fd: into its slot of the flow table (indexed
+ * by the descriptors' low bits, claimed by the first flow to come), or the
+ * per-CPU hash when another flow holds the slot. */
+static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 out_fd, __u64 t2)
+{
+	__u32 idx = (slot * ML_FLOW_WAYS + (in_fd & (ML_FLOW_WAYS - 1))) * ML_FLOW_WAYS + (out_fd & (ML_FLOW_WAYS - 1));
+	__u64 key1 = ((__u64)in_fd << 32 | out_fd) + 1;
+	struct ml_flow_slot *f = bpf_map_lookup_elem(&flow_slots, &idx);
+	if (f) {
+		__u64 k = f->key1;
+		if (!k) {
+			k = __sync_val_compare_and_swap(&f->key1, 0, key1);
+			if (!k)
+				k = key1;
+		}
+		if (k == key1) {
+			__sync_fetch_and_add(&f->count, 1);
+			__sync_fetch_and_add(&f->sum_ns, t2);
+			__u64 m = f->max_ns;
+			for (int i = 0; i < 4 && t2 > m; i++) {
+				__u64 was = __sync_val_compare_and_swap(&f->max_ns, m, t2);
+				if (was == m)
+					break;
+				m = was;
+			}
+			return;
+		}
+	}
+	struct ml_flow_key fk = {.tgid = tgid, .in_fd = in_fd, .out_fd = out_fd};
+	struct ml_flow *fl = bpf_map_lookup_elem(&flows, &fk);
+	if (!fl) {
+		struct ml_flow zero = {};
+		if (bpf_map_update_elem(&flows, &fk, &zero, BPF_NOEXIST) && !bpf_map_lookup_elem(&flows, &fk))
+			stat_add(ML_FLOW_FULL);
+		fl = bpf_map_lookup_elem(&flows, &fk);
+	}
+	if (fl) {
+		fl->count += 1;
+		fl->sum_ns += t2;
+		if (t2 > fl->max_ns)
+			fl->max_ns = t2;
+	}
 }
 
 /* A send on a traced socket (the caller checked). */
 static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, __u64 len)
 {
-	stat_add(ML_SENDS);
 	__u64 now = bpf_ktime_get_ns();
 	struct ml_pending p;
 	__u64 id = 0;
@@ -268,7 +341,7 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, _
 		p = *q;
 		id = h;
 	} else {
-		if (!read_id(buf, len, &id, ML_SHORT_SEND))
+		if (!read_id(buf, len, &id, ML_SHORT_SEND, ML_SEND_ID_FAULT))
 			return;
 		__u32 idx = waiting_slot(id);
 		struct ml_waiting *w = bpf_map_lookup_elem(&waiting, &idx);
@@ -280,25 +353,11 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, _
 		p.fd = w->fd;
 		w->tgid1 = 0;
 	}
-	stat_add(ML_MATCHED);
 	__u64 t2 = now - p.ts;
 	struct sonde_hist *h = bpf_map_lookup_elem(&hist, &(__u32){0});
 	if (h)
 		hist_add(h, t2);
-	struct ml_flow_key fk = {.tgid = tgid, .in_fd = p.fd, .out_fd = fd};
-	struct ml_flow *fl = bpf_map_lookup_elem(&flows, &fk);
-	if (!fl) {
-		struct ml_flow zero = {};
-		if (bpf_map_update_elem(&flows, &fk, &zero, BPF_NOEXIST) && !bpf_map_lookup_elem(&flows, &fk))
-			stat_add(ML_FLOW_FULL);
-		fl = bpf_map_lookup_elem(&flows, &fk);
-	}
-	if (fl) {
-		fl->count += 1;
-		fl->sum_ns += t2;
-		if (t2 > fl->max_ns)
-			fl->max_ns = t2;
-	}
+	count_flow(tgid, slot, p.fd, fd, t2);
 	if (!per_message)
 		return;
 	void *rb = rb_this_cpu();
@@ -437,3 +496,114 @@ ML_EXIT(recvmsg)
 ML_EXIT(accept)
 ML_EXIT(accept4)
 ML_EXIT(connect)
+
+/* --hooks sockets. Whether a traced process's socket counts: the ports
+ * filter, from the socket itself (its first cache line, which the call has
+ * just used). */
+static __always_inline bool traced_sock(const struct sock *sk)
+{
+	if (!n_ports)
+		return true;
+	__u16 lport = sk->__sk_common.skc_num;
+	__u16 rport = bpf_ntohs(sk->__sk_common.skc_dport);
+	return IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) || IN_LIST(ports, n_ports, ML_MAX_PORTS, rport);
+}
+
+/* The end of sock_recvmsg: ret bytes received into the buffer that the
+ * syscall's saved registers name. */
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(ml_sock_recv, struct sock *sk, int ret, int flags)
+{
+	TRACED(tgid, slot);
+	if (ret <= 0 || (flags & MSG_PEEK) || !traced_sock(sk))
+		return 0;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	long nr = regs->orig_ax;
+	__u64 base = regs->si, len = ret;
+	switch (nr) {
+	case NR_read:
+	case NR_recvfrom:
+		break;
+	case NR_readv:
+		if (!first_iov(regs->si, &base, &len))
+			return 0;
+		break;
+	case NR_recvmsg:
+		if (!msg_iov(regs->si, &base, &len))
+			return 0;
+		break;
+	default:
+		stat_add(ML_OTHER_CALL); /* recvmmsg, io_uring, splice: no buffer known */
+		return 0;
+	}
+	__u64 got = ret;
+	if (nr != NR_read && nr != NR_recvfrom && len < got)
+		got = len;
+	on_recv(tgid, slot, regs->di, base, got);
+	return 0;
+}
+
+/* This CPU's send call in progress (a call's turns run on one CPU unless it
+ * sleeps for memory). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ml_send_call);
+} send_call SEC(".maps");
+
+/* The start of a TCP send, at every turn of tcp_sendmsg_locked's copy loop.
+ * A call's first turn is told from its later ones (and from a turn again
+ * after waiting for memory) by the socket, the msghdr and the bytes it still
+ * holds: in one call, the bytes taken from the message equal the growth of
+ * write_seq. A new call differs (it holds bytes not yet counted), except one
+ * that sends exactly the rest of a short previous call: the same message,
+ * rightly not a new one. The payload is read where the iterator stands. */
+SEC("tp_btf/tcp_sendmsg_locked")
+int BPF_PROG(ml_tcp_send, struct sock *sk, struct msghdr *msg, struct sk_buff *skb, int size_goal)
+{
+	TRACED(tgid, slot);
+	if (!traced_sock(sk))
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	struct ml_send_call *c = bpf_map_lookup_elem(&send_call, &(__u32){0});
+	if (!tp || !c)
+		return 0;
+	__u64 left = msg->msg_iter.count;
+	__u32 seq = tp->write_seq;
+	if (c->sk == (__u64)sk && c->msg == (__u64)msg && seq - c->seq == c->left - left)
+		return 0;
+	c->sk = (__u64)sk;
+	c->msg = (__u64)msg;
+	c->left = left;
+	c->seq = seq;
+	__u64 base, len;
+	__u8 type = msg->msg_iter.iter_type;
+	__u64 off = msg->msg_iter.iov_offset;
+	if (type == ITER_UBUF) {
+		base = (__u64)msg->msg_iter.ubuf + off;
+		len = left;
+	} else if (type == ITER_IOVEC) {
+		struct iovec iov;
+		if (bpf_probe_read_kernel(&iov, sizeof(iov), msg->msg_iter.__iov))
+			return 0;
+		base = (__u64)iov.iov_base + off;
+		len = iov.iov_len - off;
+	} else {
+		stat_add(ML_OTHER_CALL); /* sendfile, splice: pages, no user buffer */
+		return 0;
+	}
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	long nr = regs->orig_ax;
+	__u32 fd = (nr == NR_write || nr == NR_writev || nr == NR_sendto || nr == NR_sendmsg) ? regs->di : ML_NO_FD;
+	on_send(tgid, slot, fd, base, len);
+	return 0;
+}
+
+/* The lab's calibration: an empty program on a message tracepoint, whose
+ * run time under kernel.bpf_stats_enabled is the statistics' own cost. */
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(ml_null)
+{
+	return 0;
+}

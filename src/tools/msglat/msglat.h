@@ -23,13 +23,25 @@
 
 /* --id: receives waiting for their send, in a table indexed by a hash of
  * the id (a power of two); a slot taken by another waiting id is replaced. */
-#define ML_WAITING (1 << 17)
+#define ML_WAITING_BITS 12
+#define ML_WAITING (1 << ML_WAITING_BITS)
 
 struct ml_waiting {
 	__u64 id;
 	__u64 ts;
 	__u32 fd;
 	__u32 tgid1; /* tgid + 1; 0: empty */
+};
+
+#define ML_NO_FD 0xffffffff /* a send not made by write/writev/sendto/sendmsg */
+
+/* --hooks sockets: the send call a CPU saw last. */
+struct ml_send_call {
+	__u64 sk;
+	__u64 msg;  /* its msghdr */
+	__u64 left; /* its bytes left then */
+	__u32 seq;  /* write_seq then */
+	__u32 pad;
 };
 
 struct ml_pending {
@@ -51,6 +63,15 @@ struct ml_flow_key {
 	__u32 pad;
 };
 
+#define ML_FLOW_WAYS 32 /* flow table: slots per process per descriptor end (a power of two) */
+
+struct ml_flow_slot {
+	__u64 key1; /* (in_fd << 32 | out_fd) + 1; 0: free */
+	__u64 count;
+	__u64 sum_ns;
+	__u64 max_ns;
+};
+
 struct ml_flow {
 	__u64 count;
 	__u64 sum_ns;
@@ -69,19 +90,19 @@ struct ml_event {
 };
 
 enum ml_stat {
-	ML_RECVS = 0,        /* messages received on traced sockets and recorded */
-	ML_SENDS,            /* sends on traced sockets */
-	ML_MATCHED,          /* sends paired with a receive */
+	ML_RECVS = 0,        /* FIFO: messages received on traced sockets and recorded (by id: the table says) */
 	ML_UNMATCHED_SEND,   /* sends with no receive waiting */
 	ML_SHORT_RECV,       /* receives shorter than the id's end */
 	ML_SHORT_SEND,       /* sends shorter than the id's end */
-	ML_ID_FAULT,         /* the id could not be read from the buffer */
+	ML_ID_FAULT,         /* the id could not be read from a receive's buffer */
+	ML_SEND_ID_FAULT,    /* ... from a send's */
 	ML_REPLACED,         /* a waiting receive replaced by one with its id or its table slot */
 	ML_FIFO_OVERFLOW,    /* FIFO: oldest waiting receive dropped */
 	ML_LOST,             /* --per-message records lost (ring full) */
 	ML_FLOW_FULL,        /* per-flow table full */
 	ML_FDS_FULL,         /* sockets past ML_MAX_FD, not traced */
-	ML_NEW_FDS,          /* sockets added at accept/connect */
+	ML_NEW_FDS,          /* sockets added at accept/connect (sockets hooks: traced sockets seen) */
+	ML_OTHER_CALL,       /* sockets hooks: receives or sends by calls with no user buffer (recvmmsg, io_uring, sendfile) */
 	ML_STAT_MAX,
 };
 
