@@ -218,8 +218,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
 
     // msglat: the socket tracepoints as BTF tracepoints where the kernel
     // has them (the default hooks), else the syscall tracepoints.
-    let socket_tps = features::tracepoint_exists("sock", "sock_recv_length") && features::tracepoint_exists("tcp", "tcp_sendmsg_locked");
-    let msglat = match (privileged, ok("tp_btf") && socket_tps, features::tracepoint_exists("syscalls", "sys_enter_write")) {
+    let msglat = match (privileged, ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist(), features::tracepoint_exists("syscalls", "sys_enter_write")) {
         (false, _, _) => json!({"usable": false, "why": "not privileged"}),
         (_, true, _) => json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"}),
         (_, false, true) => json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"}),

@@ -136,11 +136,16 @@ pub enum Hooks {
     Raw,
 }
 
+/// Whether the kernel has the tracepoints of `--hooks sockets`.
+pub fn socket_tracepoints_exist() -> bool {
+    features::tracepoint_exists("sock", "sock_recv_length") && features::tracepoint_exists("tcp", "tcp_sendmsg_locked")
+}
+
 impl Hooks {
     /// The hooks to use: those asked for, else sockets where the kernel has
     /// their tracepoints, else syscalls.
     pub fn pick(asked: Option<Hooks>) -> anyhow::Result<Hooks> {
-        let socket_tps = features::tracepoint_exists("sock", "sock_recv_length") && features::tracepoint_exists("tcp", "tcp_sendmsg_locked");
+        let socket_tps = socket_tracepoints_exist();
         match asked {
             Some(Hooks::Sockets) if !socket_tps => Err(usage(
                 "--hooks sockets: this kernel lacks the tracepoint sock:sock_recv_length or tcp:tcp_sendmsg_locked (6.16 has both); use --hooks syscalls",
@@ -349,6 +354,15 @@ fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32) -> String {
     }
 }
 
+/// A value of a layout mirrored from msglat.h out of a map value or ring
+/// record at least its size (the callers check or the map guarantees it).
+fn pod<T: Copy>(bytes: &[u8]) -> T {
+    assert!(bytes.len() >= std::mem::size_of::<T>(), "short record");
+    // SAFETY: T is plain old data generated from msglat.h (any bit pattern
+    // is valid), and the length was checked.
+    unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) }
+}
+
 /// Runs `sonde msglat`; `ready` is called once everything is attached.
 pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     if a.pid.len() > MAX_PIDS {
@@ -411,8 +425,7 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             let p = pending.clone();
             Some(r.reader(move |d: &[u8]| {
                 if d.len() >= std::mem::size_of::<types::ml_event>() {
-                    // SAFETY: ml_event is plain old data mirrored from msglat.h.
-                    p.borrow_mut().push(unsafe { std::ptr::read_unaligned(d.as_ptr() as *const types::ml_event) });
+                    p.borrow_mut().push(pod::<types::ml_event>(d));
                 }
             })?)
         }
@@ -459,8 +472,7 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         let mut n = 0;
         for i in 0..skel.maps.waiting.max_entries() {
             if let Some(v) = skel.maps.waiting.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
-                // struct ml_waiting: id, ts, fd, tgid1.
-                n += (u32::from_ne_bytes(v[20..24].try_into().unwrap()) != 0) as u64;
+                n += (pod::<types::ml_waiting>(&v).tgid1 != 0) as u64;
             }
         }
         n
@@ -471,43 +483,37 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     let mut flows: Vec<(types::ml_flow_key, u64, u64, u64)> = Vec::new();
     for k in skel.maps.flows.keys() {
         let Some(per_cpu) = skel.maps.flows.lookup_percpu(&k, MapFlags::ANY)? else { continue };
-        let mut key = types::ml_flow_key::default();
-        // SAFETY: plain old data of this size.
-        unsafe { std::ptr::copy_nonoverlapping(k.as_ptr(), &mut key as *mut _ as *mut u8, k.len().min(std::mem::size_of_val(&key))) };
         let (mut c, mut s, mut m) = (0, 0, 0);
         for v in per_cpu {
-            let u = |i: usize| u64::from_ne_bytes(v[i * 8..i * 8 + 8].try_into().unwrap());
-            c += u(0);
-            s += u(1);
-            m = m.max(u(2));
+            let f = pod::<types::ml_flow>(&v);
+            c += f.count;
+            s += f.sum_ns;
+            m = m.max(f.max_ns);
         }
-        flows.push((key, c, s, m));
+        flows.push((pod::<types::ml_flow_key>(&k), c, s, m));
     }
+    // The flow table's claimed slots (a flow holding a slot is never in the
+    // hash: only flows that find their slot taken go there).
     for i in 0..skel.maps.flow_slots.max_entries() {
         let Some(v) = skel.maps.flow_slots.lookup(&i.to_ne_bytes(), MapFlags::ANY)? else { continue };
-        let u = |j: usize| u64::from_ne_bytes(v[j * 8..j * 8 + 8].try_into().unwrap());
-        if u(0) == 0 || u(1) == 0 {
+        let f = pod::<types::ml_flow_slot>(&v);
+        if f.key1 == 0 || f.count == 0 {
             continue;
         }
         let pslot = i as usize / (FLOW_WAYS * FLOW_WAYS);
-        let (in_fd, out_fd) = (((u(0) - 1) >> 32) as u32, (u(0) - 1) as u32);
+        let (in_fd, out_fd) = (((f.key1 - 1) >> 32) as u32, (f.key1 - 1) as u32);
         let key = types::ml_flow_key { tgid: a.pid.get(pslot).copied().unwrap_or(0), in_fd, out_fd, ..Default::default() };
-        // The same flow may also be in the hash (if it met its slot taken).
-        match flows.iter_mut().find(|f| (f.0.tgid, f.0.in_fd, f.0.out_fd) == (key.tgid, in_fd, out_fd)) {
-            Some(f) => {
-                f.1 += u(1);
-                f.2 += u(2);
-                f.3 = f.3.max(u(3));
-            }
-            None => flows.push((key, u(1), u(2), u(3))),
-        }
+        flows.push((key, f.count, f.sum_ns, f.max_ns));
     }
     flows.sort_by_key(|f| std::cmp::Reverse(f.1));
-    // Sockets opened after the start: their ends now, if still open.
+    // Sockets opened after the start: their ends now, if still open (one
+    // pidfd per process).
+    let mut pidfds: BTreeMap<u32, Option<OwnedFd>> = BTreeMap::new();
     for (k, ..) in &flows {
         for fd in [k.in_fd, k.out_fd] {
             if fd != NO_FD && !labels.contains_key(&(k.tgid, fd)) {
-                if let Some((local, lport, remote, rport)) = pidfd(k.tgid).and_then(|p| sock_ends(&p, fd)) {
+                let pfd = pidfds.entry(k.tgid).or_insert_with(|| pidfd(k.tgid));
+                if let Some((local, lport, remote, rport)) = pfd.as_ref().and_then(|p| sock_ends(p, fd)) {
                     labels.insert((k.tgid, fd), SockFd { pid: k.tgid, fd, local, remote, lport, rport });
                 }
             }

@@ -11,9 +11,9 @@
  *    receive), sends at tp_btf tcp:tcp_sendmsg_locked (the start of a TCP
  *    send, before anything is queued). No syscall tracepoint is enabled, so
  *    the host's other syscalls pay nothing and only socket calls run a
- *    program. Which sockets count is decided at a socket's first call and
- *    kept in its socket storage (ports filter), so new connections need no
- *    accept/connect/close hooks and a reused descriptor cannot mislead.
+ *    program. Whether a socket counts is read from the socket itself at each
+ *    call (ports filter), so new connections need no accept/connect/close
+ *    hooks and a reused descriptor cannot mislead.
  *  - syscalls: the message syscalls' own tracepoints (sends at entry of
  *    write, writev, sendto, sendmsg; receives at exit of read, readv,
  *    recvfrom, recvmsg).
@@ -45,7 +45,6 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define EINPROGRESS 115
 #define MSG_PEEK 2
-#define IPPROTO_TCP 6
 
 const volatile __u32 n_pids = 0;
 const volatile __u32 pids[ML_MAX_PIDS] = {};
@@ -376,6 +375,33 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, _
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 }
 
+/* Where a receive of `ret` bytes by syscall nr (buffer argument a1) put
+ * its message: the buffer and the bytes in it. A vectored receive's id is
+ * in its first buffer, if that holds it. 1: found; 0: the vector could not
+ * be read; -1: nr is not a receive sonde knows the buffer of. */
+static __always_inline int recv_buf(long nr, __u64 a1, long ret, __u64 *base, __u64 *got)
+{
+	__u64 len = ret;
+	*base = a1;
+	switch (nr) {
+	case NR_read:
+	case NR_recvfrom:
+		break;
+	case NR_readv:
+		if (!first_iov(a1, base, &len))
+			return 0;
+		break;
+	case NR_recvmsg:
+		if (!msg_iov(a1, base, &len))
+			return 0;
+		break;
+	default:
+		return -1;
+	}
+	*got = len < (__u64)ret ? len : (__u64)ret;
+	return 1;
+}
+
 /* A syscall entry of a traced process: sends (the payload is there now)
  * and close. */
 static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, __u64 a1, __u64 a2)
@@ -429,16 +455,9 @@ static __always_inline int exit_call(__u32 tgid, int slot, long nr, __u32 fd, __
 	}
 	if (ret <= 0 || !traced_fd(slot, fd))
 		return 0;
-	__u64 base = a1, len = 0;
-	if (nr == NR_readv && !first_iov(a1, &base, &len))
-		return 0;
-	if (nr == NR_recvmsg && !msg_iov(a1, &base, &len))
-		return 0;
-	/* A vectored receive's id is in its first buffer, if that holds it. */
-	__u64 got = ret;
-	if ((nr == NR_readv || nr == NR_recvmsg) && len < got)
-		got = len;
-	on_recv(tgid, slot, fd, base, got);
+	__u64 base, got;
+	if (recv_buf(nr, a1, ret, &base, &got) > 0)
+		on_recv(tgid, slot, fd, base, got);
 	return 0;
 }
 
@@ -518,28 +537,12 @@ int BPF_PROG(ml_sock_recv, struct sock *sk, int ret, int flags)
 	if (ret <= 0 || (flags & MSG_PEEK) || !traced_sock(sk))
 		return 0;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	long nr = regs->orig_ax;
-	__u64 base = regs->si, len = ret;
-	switch (nr) {
-	case NR_read:
-	case NR_recvfrom:
-		break;
-	case NR_readv:
-		if (!first_iov(regs->si, &base, &len))
-			return 0;
-		break;
-	case NR_recvmsg:
-		if (!msg_iov(regs->si, &base, &len))
-			return 0;
-		break;
-	default:
+	__u64 base, got;
+	int found = recv_buf(regs->orig_ax, regs->si, ret, &base, &got);
+	if (found < 0)
 		stat_add(ML_OTHER_CALL); /* recvmmsg, io_uring, splice: no buffer known */
-		return 0;
-	}
-	__u64 got = ret;
-	if (nr != NR_read && nr != NR_recvfrom && len < got)
-		got = len;
-	on_recv(tgid, slot, regs->di, base, got);
+	if (found > 0)
+		on_recv(tgid, slot, regs->di, base, got);
 	return 0;
 }
 

@@ -101,7 +101,7 @@ enum ml_stat {
 	ML_LOST,             /* --per-message records lost (ring full) */
 	ML_FLOW_FULL,        /* per-flow table full */
 	ML_FDS_FULL,         /* sockets past ML_MAX_FD, not traced */
-	ML_NEW_FDS,          /* sockets added at accept/connect (sockets hooks: traced sockets seen) */
+	ML_NEW_FDS,          /* syscall hooks: sockets added at accept/connect */
 	ML_OTHER_CALL,       /* sockets hooks: receives or sends by calls with no user buffer (recvmmsg, io_uring, sendfile) */
 	ML_STAT_MAX,
 };
