@@ -28,6 +28,8 @@ use libbpf_rs::{MapCore, MapFlags};
 /// Deepest stack the kernel records (PERF_MAX_STACK_DEPTH).
 pub const MAX_DEPTH: usize = 127;
 const STK_NONE: i32 = -1;
+/// offcpu.h's OC_WAKER_NOT_WALKED: a waker whose stack was not walked.
+const WAKER_NOT_WALKED: i32 = -2;
 
 /// One row of the in-kernel count map with its stacks resolved to addresses.
 #[derive(Debug, Clone)]
@@ -58,12 +60,13 @@ pub fn read_samples(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Resul
 }
 
 /// For keys that carry a waker after the `stk_key` (offcpu's `oc_wake_key`:
-/// kernel stack, user stack, pid, comm at bytes 32..60): (blocked, waker)
-/// pairs; the waker's count is the blocked one's.
-pub fn read_wake_pairs(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, RawSample)>> {
+/// kernel stack, user stack, pid, comm at bytes 32..60): (blocked, waker,
+/// whether the waker's stack was walked) triples; the waker's count is the
+/// blocked one's.
+pub fn read_wake_pairs(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, RawSample, bool)>> {
     read_keyed(counts, traces)?
         .into_iter()
-        .map(|(b, w)| w.map(|w| (b, w)).ok_or_else(|| anyhow::anyhow!("count map key without a waker")))
+        .map(|(b, w)| w.map(|(w, walked)| (b, w, walked)).ok_or_else(|| anyhow::anyhow!("count map key without a waker")))
         .collect()
 }
 
@@ -77,7 +80,7 @@ pub fn read_stack(traces: &dyn MapCore, id: i32) -> anyhow::Result<Vec<u64>> {
     Ok(v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect())
 }
 
-fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, Option<RawSample>)>> {
+fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, Option<(RawSample, bool)>)>> {
     let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
     let mut stack = |id: i32| -> anyhow::Result<Vec<u64>> {
         if let Some(s) = stacks.get(&id) {
@@ -106,14 +109,14 @@ fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<
         };
         let waker = if key.len() >= 60 {
             let (wk, wu) = (u32_at(32) as i32, u32_at(36) as i32);
-            Some(RawSample {
+            Some((RawSample {
                 pid: u32_at(40),
                 tid: 0,
                 comm: comm_of(&key[44..60]),
                 kstack: if wk < 0 { Vec::new() } else { stack(wk)? },
                 ustack: if wu < 0 { Vec::new() } else { stack(wu)? },
                 count,
-            })
+            }, wk != WAKER_NOT_WALKED))
         } else {
             None
         };

@@ -175,17 +175,18 @@ pub fn finish(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Ou
 /// wakeup: blocked stacks joined to their wakers' like BCC's offwaketime:
 /// blocked stack root first, a `--` frame, then the waker's stack leaf first
 /// and the waker's comm on top. A blocked period nobody woke (preempted) gets
-/// `[no waker]`.
+/// `[no waker]`; one counted without its waker's stack, `[waker not walked]`.
 pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
     use super::stacks::{Frame, FrameKind};
     finish_with(images, o, |syms, images, sym| {
         let mut pairs = super::stacks::read_wake_pairs(counts, traces)?;
-        pairs.iter_mut().for_each(|(b, w)| {
+        pairs.iter_mut().for_each(|(b, w, _)| {
             b.count /= o.divisor.max(1);
             w.count = b.count;
         });
-        pairs.retain(|(b, _)| b.count > 0);
-        let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().unzip();
+        pairs.retain(|(b, _, _)| b.count > 0);
+        let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().map(|(b, w, walked)| (b, (w, walked))).unzip();
+        let (wakers, walked): (Vec<_>, Vec<_>) = wakers.into_iter().unzip();
         let b = syms.stacks(&blocked, images, sym);
         let mut wsym = SymStats::default();
         let w = syms.stacks(&wakers, images, &mut wsym);
@@ -193,10 +194,12 @@ pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images,
         let sep = |name: &str| Frame { name: name.into(), file: None, line: None, kind: FrameKind::Unknown, module: std::rc::Rc::from("[sonde]"), inlined: false };
         let stacks = b
             .into_iter()
-            .zip(w.into_iter().zip(wakers.iter()))
-            .map(|(mut s, (ws, wr))| {
+            .zip(w.into_iter().zip(wakers.iter().zip(walked)))
+            .map(|(mut s, (ws, (wr, walked)))| {
                 s.frames.push(sep("--"));
-                if wr.kstack.is_empty() && wr.ustack.is_empty() {
+                if !walked {
+                    s.frames.push(sep("[waker not walked]"));
+                } else if wr.kstack.is_empty() && wr.ustack.is_empty() {
                     s.frames.push(sep("[no waker]"));
                 } else if ws.frames.iter().any(|f| f.kind == FrameKind::Kernel && in_interrupt(&f.name)) {
                     // Woken from interrupt context: the task that was

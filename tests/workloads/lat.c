@@ -4,23 +4,29 @@
  * clock so each call lasts its time plus little; recurse(4) x10 (five nested
  * calls of ~1.2 ms each, the innermost spinning); then hang(0.2) and
  * hang(argv[2] seconds), and exit. Build with -fno-inline -fno-optimize-sibling-calls.
- * A call preempted at its end lasts longer: with argv[3], each one_ms() and
- * ten_ms() call's own measured duration goes there ("one_ms NS"), the test's
- * oracle for where each call must land.
+ * A call preempted at its start or end lasts longer: with argv[3], each
+ * one_ms() and ten_ms() call's duration goes there twice ("one_ms INNER
+ * OUTER"): measured inside the function, and around the call. A uprobe's
+ * window lies between the two, the test's oracle for where each call lands.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include "spin.h"
 
-__attribute__((noinline)) void one_ms(void)
+/* Each returns its own duration, measured inside it. */
+__attribute__((noinline)) double one_ms(void)
 {
+	double t0 = now();
 	spin(0.0012);
+	return now() - t0;
 }
 
-__attribute__((noinline)) void ten_ms(void)
+__attribute__((noinline)) double ten_ms(void)
 {
+	double t0 = now();
 	spin(0.012);
+	return now() - t0;
 }
 
 __attribute__((noinline)) int recurse(int depth)
@@ -46,12 +52,10 @@ int main(int argc, char **argv)
 	FILE *log = argc > 3 ? fopen(argv[3], "w") : NULL;
 	for (int i = 0; i < 110; i++) {
 		double t0 = now();
-		if (i < 100)
-			one_ms();
-		else
-			ten_ms();
+		double inner = i < 100 ? one_ms() : ten_ms();
+		double outer = now() - t0;
 		if (log)
-			fprintf(log, "%s %.0f\n", i < 100 ? "one_ms" : "ten_ms", (now() - t0) * 1e9);
+			fprintf(log, "%s %.0f %.0f\n", i < 100 ? "one_ms" : "ten_ms", inner * 1e9, outer * 1e9);
 	}
 	if (log)
 		fclose(log);

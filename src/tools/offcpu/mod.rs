@@ -36,7 +36,8 @@ const OS_LONG: u32 = 3;
 const OS_STARTS_FULL: u32 = 4;
 const OS_SAMPLED: u32 = 5;
 const OS_SAMPLED_OUT: u32 = 6;
-const OS_STACKS: u32 = 7;
+const OS_NOT_WALKED: u32 = 7;
+const OS_STACKS: u32 = 8;
 
 /// Which blocked states to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -254,7 +255,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let elapsed = attached.elapsed();
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let (switches, recorded, short, long, full) = (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
-    let (sampled, sampled_out) = (st(OS_SAMPLED)?, st(OS_SAMPLED_OUT)?);
+    let (sampled, sampled_out, not_walked) = (st(OS_SAMPLED)?, st(OS_SAMPLED_OUT)?, st(OS_NOT_WALKED)?);
     let hook = if at_exit { "sched_exit_tp" } else { "sched_switch" };
     let sample_below_us = if at_exit { a.sample_below.as_micros() as u64 } else { 0 };
     let loss = StackLoss::read(&skel.maps.stats, OS_STACKS)?;
@@ -278,7 +279,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();
     let mut lost = loss.json_fields();
     lost.insert("starts_full".into(), full.into());
-    let summary = serde_json::json!({
+    let mut summary = serde_json::json!({
         "type": "summary", "mechanism": mech.to_string(), "hook": hook, "duration_s": elapsed.as_secs_f64(),
         "switches": switches, "blocked_periods": recorded,
         "sample_below_us": sample_below_us, "sampled_periods": sampled, "sampled_out": sampled_out,
@@ -287,12 +288,23 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         "lost": lost,
         "truncated_stacks": f.sym.truncated_stacks, "unknown_frames": f.sym.unknown_frames,
     });
+    if wake {
+        summary["waker_not_walked"] = not_walked.into();
+    }
     let text = format!(
         "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}, {hook}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\n{}lost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
         us(total_us),
         f.unique,
         if sampled + sampled_out > 0 {
-            format!("sampled (blocks under {}): {sampled} kept and weighted up, {sampled_out} left out; totals are estimates\n", us(sample_below_us))
+            format!(
+                "sampled (blocks under {}): {sampled} kept and weighted up, {sampled_out} left out; totals are estimates\n{}",
+                us(sample_below_us),
+                if not_walked > 0 {
+                    format!("{not_walked} counted at their end without the waker's stack ([waker not walked]): short when woken, then long in the run queue\n")
+                } else {
+                    String::new()
+                }
+            )
         } else {
             String::new()
         },

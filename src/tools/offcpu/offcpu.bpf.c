@@ -304,12 +304,27 @@ static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
 		return 0;
 	__u64 weight = delta;
 	if (skip) {
-		stat_add(OS_SAMPLED_OUT);
-		return 0;
-	}
-	if (wdelta && wdelta < sample_ns) {
-		/* Kept at wake-up with probability wdelta/T. */
-		weight = delta / wdelta * sample_ns + (delta % wdelta) * sample_ns / wdelta;
+		/*
+		 * Left out at its wake-up (chance 1 - wdelta/T); it has since
+		 * waited delta - wdelta for a CPU. A second chance of
+		 * (min(delta, T) - wdelta) / (T - wdelta) makes its chance of
+		 * being counted min(delta, T) / T in all, as in offcpu, so every
+		 * counted period weighs max(delta, T): time in the run queue is
+		 * never multiplied up by T / wdelta (which made totals swing by
+		 * several percent on a busy host). Counted this way, its waker's
+		 * stack is unknown.
+		 */
+		__u64 top = delta < sample_ns ? delta : sample_ns;
+		if (top <= wdelta || (bpf_get_prandom_u32() % (__u32)(sample_ns - wdelta)) >= top - wdelta) {
+			stat_add(OS_SAMPLED_OUT);
+			return 0;
+		}
+		wk.waker.kstack = OC_WAKER_NOT_WALKED;
+		stat_add(OS_NOT_WALKED);
+		weight = delta < sample_ns ? sample_ns : delta;
+	} else if (wdelta && wdelta < sample_ns) {
+		/* Kept at its wake-up: counted whatever its length now. */
+		weight = delta < sample_ns ? sample_ns : delta;
 	} else if (!wdelta && !keep(delta, &weight)) {
 		stat_add(OS_SAMPLED_OUT);
 		return 0;
@@ -338,15 +353,17 @@ static __always_inline int on_waking(void *ctx, struct task_struct *p, bool dire
 	if (!s)
 		return 0;
 	if (at_exit && sample_ns) {
+		if (s->wdelta)
+			return 0; /* decided at its first wake-up */
 		__u64 so_far = bpf_ktime_get_ns() - s->ts;
 		__u64 w;
 		if (!so_far)
 			so_far = 1;
+		s->wdelta = so_far;
 		if (!keep(so_far, &w)) {
 			s->skip = 1;
 			return 0;
 		}
-		s->wdelta = so_far;
 	}
 	struct stk_key tmp = {};
 	__u64 id = bpf_get_current_pid_tgid();

@@ -11,8 +11,8 @@ struct oc_start {
 	__u64 end;    /* tp_btf with the exit hook: when it was switched back in */
 	__s32 kstack; /* taken at switch-out when there is no exit hook */
 	__s32 ustack;
-	__u64 wdelta; /* wakeup with sampling: period so far when woken and kept */
-	__u32 skip;   /* wakeup with sampling: not kept */
+	__u64 wdelta; /* wakeup with sampling: period so far when woken */
+	__u32 skip;   /* wakeup with sampling: left out at the wake-up */
 	__u32 pad;
 };
 
@@ -25,6 +25,10 @@ struct oc_waker {
 	char comm[STK_COMM_LEN];
 	__u32 pad;
 };
+
+/* oc_waker.kstack of a period counted at its end, after it was left out at
+ * its wake-up (see on_exit): its waker's stack was not walked. */
+#define OC_WAKER_NOT_WALKED (-2)
 
 /* wakeup mode: a blocked stack and its waker. */
 struct oc_wake_key {
@@ -40,8 +44,9 @@ enum oc_stat {
 	OS_STARTS_FULL,  /* the start map was full: period lost */
 	OS_SAMPLED,      /* kept by sampling, weighted up */
 	OS_SAMPLED_OUT,  /* left out by sampling */
-	OS_MAX = OS_SAMPLED_OUT + 1 + STK_STAT_MAX,
+	OS_NOT_WALKED,   /* wakeup: counted at the end without its waker's stack */
+	OS_MAX = OS_NOT_WALKED + 1 + STK_STAT_MAX,
 };
-#define OS_STACKS (OS_SAMPLED_OUT + 1) /* + enum stk_stat */
+#define OS_STACKS (OS_NOT_WALKED + 1) /* + enum stk_stat */
 
 #endif
