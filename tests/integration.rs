@@ -573,6 +573,7 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["msglat"],
         &["lab", "msglat", "--size", "8"],
         &["lab", "msglat", "--messages", "0"],
+        &["lab", "msglat", "--cpu", "4096"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -1516,6 +1517,34 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("--id 100:8") && err.contains("longest 64 bytes"), "{err}");
+}
+
+#[test]
+fn lab_msglat_runs_each_configuration_on_one_cpu_and_finds_the_held_messages() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    // The broker holds every 10th message 300 us, in every configuration.
+    let out = Command::new(SONDE)
+        .args(["lab", "msglat", "--rounds", "1", "--messages", "2000", "--spacing", "400us", "--delay-every", "10", "--delay", "300us", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    // This process's last allowed CPU, the lab's default.
+    let allowed = std::fs::read_to_string("/proc/self/status").unwrap();
+    let list = allowed.lines().find_map(|l| l.strip_prefix("Cpus_allowed_list:")).unwrap().trim().to_string();
+    let last: u64 = list.rsplit([',', '-']).next().unwrap().parse().unwrap();
+    assert_eq!(v["cpu"], last, "{v}");
+    let configs: Vec<&str> = v["runs"].as_array().unwrap().iter().map(|r| r["config"].as_str().unwrap()).collect();
+    assert_eq!(configs, ["none", "mem", "file", "floor", "sonde"], "{v}");
+    for r in v["runs"].as_array().unwrap() {
+        assert!(r["sent"] == 2000 && r["received"] == 2000, "{r}");
+        // Every 10th message spent 300 us in the broker: p99 above it, p50 far below.
+        assert!(r["p99_ns"].as_f64().unwrap() > 300_000.0 && r["p50_ns"].as_f64().unwrap() < 200_000.0, "{r}");
+    }
+    let s = &v["sonde"];
+    assert_eq!((s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64()), (Some(2000), Some(0), Some(0)), "{s}");
+    let held: u64 = s["buckets"].as_array().unwrap().iter().filter(|b| b["le_ns"].as_u64().unwrap() > 300_000).map(|b| b["count"].as_u64().unwrap()).sum();
+    assert!((200..=203).contains(&held), "{held} messages from 300 us up: {s}");
 }
 
 #[test]

@@ -3,11 +3,16 @@
 //! end-to-end time T of each message from the sender's and receiver's
 //! clocks. Four broker configurations, interleaved over rounds: no logging,
 //! logging receive and send times into an in-process array, logging them to
-//! a file, and no logging but traced by `sonde msglat`. The table gives T
-//! and the overhead per message over the baseline, with the ratio to the
-//! memory-log overhead, and the T2 distribution sonde measured.
+//! a file, and no logging but traced by `sonde msglat`; where the socket
+//! hooks run, also a floor row (empty programs on their two tracepoints).
+//! The table gives T and the overhead per message over the baseline, with
+//! the ratio to the memory-log overhead, and the T2 distribution sonde
+//! measured. The three processes share one CPU by default, so every hop is
+//! a local wake-up and T is the work on the path: on a VM, cross-CPU
+//! wake-ups make T swing by microseconds between rounds.
 use std::{
     io::{BufRead, BufReader},
+    os::unix::process::CommandExt,
     path::Path,
     process::{Child, Command, Stdio},
     time::Duration,
@@ -46,7 +51,7 @@ pub struct MsglatLabArgs {
     /// Message size in bytes (at least 16: the id and the send time).
     #[arg(long, default_value_t = 64)]
     pub size: usize,
-    /// Rounds of the four configurations, interleaved.
+    /// Rounds of the configurations, interleaved.
     #[arg(long, default_value_t = 3)]
     pub rounds: u32,
     /// Hold every Nth message DELAY in the broker (0: none; for tests).
@@ -67,6 +72,15 @@ pub struct MsglatLabArgs {
     /// Only the sonde configuration (no baseline rows).
     #[arg(long)]
     pub sonde_only: bool,
+    /// The CPU the sender, broker and receiver share (default: the last one
+    /// this process may use; sonde's own threads keep off it when there is
+    /// another).
+    #[arg(long, conflicts_with = "spread")]
+    pub cpu: Option<usize>,
+    /// Let the scheduler place the three processes, as the paper's harness
+    /// did (much noisier on a VM: each hop is then a cross-CPU wake-up).
+    #[arg(long)]
+    pub spread: bool,
     /// Print the findings as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -137,10 +151,41 @@ impl Drop for Broker {
     }
 }
 
-fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, log: &str, logfile: &Path) -> anyhow::Result<Broker> {
-    let mut c = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(bin)
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
+}
+
+fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
+    // SAFETY: as above; CPU_SET stays within the set for c < CPU_SETSIZE.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in cpus {
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `ip netns exec ...` of the harness, pinned to the harness CPU if any.
+fn harness(ns: &Netns, bin: &Path, cpu: Option<usize>) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &ns.name]).arg(bin);
+    if let Some(cpu) = cpu {
+        // SAFETY: only sched_setaffinity between fork and exec.
+        unsafe { c.pre_exec(move || set_affinity(&[cpu])) };
+    }
+    c
+}
+
+fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, log: &str, logfile: &Path) -> anyhow::Result<Broker> {
+    let mut c = harness(ns, bin, cpu)
         .args(["broker", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.size.to_string(), log])
         .args([a.delay_every.to_string(), a.delay.as_micros().to_string(), a.drop_at.map(|d| d as i64).unwrap_or(-1).to_string()])
         .arg(logfile)
@@ -154,10 +199,8 @@ fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, log: &str, logfile: &Path) 
     Ok(Broker(c, out))
 }
 
-fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, config: &str) -> anyhow::Result<RunT> {
-    let out = Command::new("ip")
-        .args(["netns", "exec", &ns.name])
-        .arg(bin)
+fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, config: &str) -> anyhow::Result<RunT> {
+    let out = harness(ns, bin, cpu)
         .args(["pair", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.messages.to_string(), &a.spacing.as_micros().to_string(), &a.size.to_string()])
         .output()?;
     anyhow::ensure!(out.status.success(), "the harness failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -175,7 +218,25 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     if a.spacing < Duration::from_micros(1) {
         return Err(usage("--spacing must be at least 1us"));
     }
+    let allowed = allowed_cpus()?;
+    let cpu = match (a.spread, a.cpu) {
+        (true, _) => None,
+        (false, Some(c)) if !allowed.contains(&c) => {
+            return Err(usage(format!("--cpu {c}: not a CPU this process may run on ({allowed:?}); pick one of those or use --spread")))
+        }
+        (false, Some(c)) => Some(c),
+        (false, None) => allowed.last().copied(),
+    };
+    let hooks = Hooks::pick(a.hooks)?;
     features::require_tracing_privileges()?;
+    // sonde's own threads (the tracer's user side, the lab) keep off the
+    // harness CPU; threads started from now on inherit this.
+    if let Some(c) = cpu {
+        let rest: Vec<usize> = allowed.iter().copied().filter(|&x| x != c).collect();
+        if !rest.is_empty() {
+            set_affinity(&rest)?;
+        }
+    }
     remove_stale();
     let ns = Netns::create(&format!("{PREFIX}{}-msglat", std::process::id()))?;
     let dir = std::env::temp_dir().join(format!("sonde-lab-msglat-{}", std::process::id()));
@@ -184,10 +245,22 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     let bin = install(&dir, "msgbench", MSGBENCH)?;
     let logfile = dir.join("broker.log");
     eprintln!(
-        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s)",
-        ns.name, a.messages, a.size, a.spacing, a.rounds
+        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s); {}",
+        ns.name,
+        a.messages,
+        a.size,
+        a.spacing,
+        a.rounds,
+        match cpu {
+            Some(c) => format!("all three on CPU {c}"),
+            None => "placed by the scheduler".into(),
+        }
     );
-    let configs: &[&str] = if a.sonde_only { &["sonde"] } else { &["none", "mem", "file", "sonde"] };
+    let configs: &[&str] = match (a.sonde_only, hooks) {
+        (true, _) => &["sonde"],
+        (false, Hooks::Sockets) => &["none", "mem", "file", "floor", "sonde"],
+        (false, _) => &["none", "mem", "file", "sonde"],
+    };
     let mut runs: Vec<RunT> = Vec::new();
     let mut last_sonde = None;
     let stats_was = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
@@ -199,10 +272,11 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     for &(round, c) in &plan {
         eprintln!("lab: round {} of {}: {c}", (round + 1).min(a.rounds), a.rounds);
         let stats = c == "sonde-stats";
-        let log = if c.starts_with("sonde") { "none" } else { c };
-        let mut b = broker(&ns, &bin, a, log, &logfile)?;
-        if !c.starts_with("sonde") {
-            let mut t = pair(&ns, &bin, a, c)?;
+        let traced = c.starts_with("sonde") || c == "floor";
+        let log = if traced { "none" } else { c };
+        let mut b = broker(&ns, &bin, a, cpu, log, &logfile)?;
+        if !traced {
+            let mut t = pair(&ns, &bin, a, cpu, c)?;
             t.broker_cpu_ns = b.cpu_per_message()?;
             runs.push(t);
             continue;
@@ -211,13 +285,21 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
         }
         let ctl = RunControl::new(None)?;
-        let margs = MsglatArgs { pid: vec![b.0.id()], fifo: a.fifo, hooks: a.hooks, output: Some(dir.join(format!("msglat-{round}.json"))), calibrate: stats, ..Default::default() };
+        let margs = MsglatArgs {
+            pid: vec![b.0.id()],
+            fifo: a.fifo,
+            hooks: Some(hooks),
+            output: Some(dir.join(format!("msglat-{round}.json"))),
+            calibrate: stats,
+            floor: c == "floor",
+            ..Default::default()
+        };
         let (tx, rx) = std::sync::mpsc::channel::<()>();
         let r = std::thread::scope(|s| {
             let (ns, bin, ctl) = (&ns, &bin, &ctl);
             let work = s.spawn(move || -> anyhow::Result<RunT> {
                 rx.recv().map_err(|_| anyhow::anyhow!("tracing did not start"))?;
-                let t = pair(ns, bin, a, c);
+                let t = pair(ns, bin, a, cpu, c);
                 ctl.request_stop();
                 t
             });
@@ -240,7 +322,9 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             null_per_run = if out.null_runs > 0 { out.null_ns as f64 / out.null_runs as f64 } else { 0.0 };
         } else {
             runs.push(t);
-            last_sonde = Some(out);
+            if c == "sonde" {
+                last_sonde = Some(out);
+            }
         }
     }
     let sonde = last_sonde.expect("the sonde configuration ran");
@@ -276,6 +360,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             "none" => "broker, no logging",
             "mem" => "broker logs times into memory",
             "file" => "broker logs times to a file",
+            "floor" => "sonde's tracepoints, empty programs",
             _ => "broker traced by sonde msglat",
         }
         .into()
@@ -313,7 +398,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         println!(
             "{}",
             serde_json::json!({
-                "type": "lab", "lab": "msglat", "runs": runs,
+                "type": "lab", "lab": "msglat", "runs": runs, "cpu": cpu,
                 "baseline_p50_ns": med("none", |r| r.p50_ns),
                 "overhead_p50_ns": configs.iter().map(|&c| (c, over(c, t_of))).collect::<std::collections::BTreeMap<_, _>>(),
                 "overhead_cpu_ns": configs.iter().map(|&c| (c, over(c, cpu_of))).collect::<std::collections::BTreeMap<_, _>>(),

@@ -79,8 +79,12 @@ const NO_FD: u32 = u32::MAX;
 /// syscalls, +304 raw); other processes: getppid and write +0 (syscalls
 /// +17/+45), a loopback TCP write+read +64 ns (syscalls +348). Through
 /// seed 004's broker that is about 286 ns per message (syscalls 766).
-/// bench/broker/run (100k messages 60 us apart) agrees within this VM's
-/// 1-2 us run-to-run noise.
+/// bench/broker/run (seed 004's harness, messages 60 us apart, so caches
+/// are cold; the three processes on one CPU): +471..+507 ns end to end
+/// (syscalls +686), of which +234..+263 is reaching four empty programs at
+/// the same tracepoints (the sender's send, the broker's receive and send,
+/// the receiver's receive); logging times into memory +60..+67, to a file
+/// +518..+564.
 #[derive(Debug, Args, Clone, Default)]
 pub struct MsglatArgs {
     /// The process to trace (repeatable, up to 8).
@@ -122,6 +126,10 @@ pub struct MsglatArgs {
     /// tracepoint, to take the statistics' own cost out.
     #[arg(skip)]
     pub calibrate: bool,
+    /// The lab's floor row: empty programs on the socket hooks'
+    /// tracepoints in place of msglat's (what reaching a program costs).
+    #[arg(skip)]
+    pub floor: bool,
 }
 
 /// Which tracepoints msglat attaches to.
@@ -282,8 +290,9 @@ fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded
         let name = prog.name().to_string_lossy().into_owned();
         let on = match name.as_str() {
             "ml_enter" | "ml_exit" => hooks == Hooks::Raw,
-            "ml_sock_recv" | "ml_tcp_send" => hooks == Hooks::Sockets,
-            "ml_null" => a.calibrate && features::tracepoint_exists("sock", "sock_recv_length"),
+            "ml_sock_recv" | "ml_tcp_send" => hooks == Hooks::Sockets && !a.floor,
+            "ml_null" => (a.calibrate || a.floor) && features::tracepoint_exists("sock", "sock_recv_length"),
+            "ml_null_send" => a.floor && features::tracepoint_exists("tcp", "tcp_sendmsg_locked"),
             // ml_in_write, ml_out_read, ...: kernels without a syscall's
             // tracepoint (no accept4 on some arches) skip it.
             _ => {

@@ -604,9 +604,17 @@ int BPF_PROG(ml_tcp_send, struct sock *sk, struct msghdr *msg, struct sk_buff *s
 }
 
 /* The lab's calibration: an empty program on a message tracepoint, whose
- * run time under kernel.bpf_stats_enabled is the statistics' own cost. */
+ * run time under kernel.bpf_stats_enabled is the statistics' own cost. With
+ * ml_null_send, also the lab's floor row: what reaching a program at the
+ * socket hooks costs before it does anything. */
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(ml_null)
+{
+	return 0;
+}
+
+SEC("tp_btf/tcp_sendmsg_locked")
+int BPF_PROG(ml_null_send)
 {
 	return 0;
 }
