@@ -80,7 +80,11 @@ pub fn read_stack(traces: &dyn MapCore, id: i32) -> anyhow::Result<Vec<u64>> {
     Ok(v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect())
 }
 
-fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, Option<(RawSample, bool)>)>> {
+/// A count-map row: the sample, and for wakeup keys the waker and whether
+/// its stack was walked.
+type Keyed = (RawSample, Option<(RawSample, bool)>);
+
+fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<Keyed>> {
     let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
     let mut stack = |id: i32| -> anyhow::Result<Vec<u64>> {
         if let Some(s) = stacks.get(&id) {
