@@ -185,8 +185,8 @@ pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images,
             w.count = b.count;
         });
         pairs.retain(|(b, _, _)| b.count > 0);
-        let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().map(|(b, w, walked)| (b, (w, walked))).unzip();
-        let (wakers, walked): (Vec<_>, Vec<_>) = wakers.into_iter().unzip();
+        let walked: Vec<bool> = pairs.iter().map(|p| p.2).collect();
+        let (blocked, wakers): (Vec<_>, Vec<_>) = pairs.into_iter().map(|(b, w, _)| (b, w)).unzip();
         let b = syms.stacks(&blocked, images, sym);
         let mut wsym = SymStats::default();
         let w = syms.stacks(&wakers, images, &mut wsym);

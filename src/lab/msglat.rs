@@ -289,7 +289,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             pid: vec![b.0.id()],
             fifo: a.fifo,
             hooks: Some(hooks),
-            output: Some(dir.join(format!("msglat-{round}.json"))),
+            output: Some(dir.join(format!("msglat-{c}-{round}.json"))),
             calibrate: stats,
             floor: c == "floor",
             ..Default::default()

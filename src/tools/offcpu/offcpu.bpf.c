@@ -321,9 +321,10 @@ static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
 		}
 		wk.waker.kstack = OC_WAKER_NOT_WALKED;
 		stat_add(OS_NOT_WALKED);
-		weight = delta < sample_ns ? sample_ns : delta;
-	} else if (wdelta && wdelta < sample_ns) {
-		/* Kept at its wake-up: counted whatever its length now. */
+	}
+	if (wdelta && wdelta < sample_ns) {
+		/* Kept at its wake-up, or at the second chance above: counted
+		 * whatever its length now. */
 		weight = delta < sample_ns ? sample_ns : delta;
 	} else if (!wdelta && !keep(delta, &weight)) {
 		stat_add(OS_SAMPLED_OUT);
