@@ -14,7 +14,7 @@ use serde_json::Value;
 use sonde::{
     engine::netns::{Mib, Pair},
     lab::{
-        retrans::{drop_all, settled_mib, undrop, workload, PORT_SYN},
+        retrans::{drop_all, hidden_synack_allowance, settled_mib, undrop, workload, PORT_SYN},
         traffic::{connect_attempt, Mode, Server},
     },
 };
@@ -137,20 +137,18 @@ fn exact_unless_missed(missed: i64, ours: i64, kernel: i64, what: &str) {
     }
 }
 
-/// Open discrepancy (issue 2): under CPU contention the kernel now and then
-/// counts a retransmit whose tracepoint never ran sonde's program, with
-/// nothing lost, missed or unreadable (the handlers counted every call they
-/// got). Until it is explained, one such event is allowed per relation:
-/// [`SLACK_EVENTS`] in event counts, [`SLACK_SEGS`] (one GSO skb) in
-/// segment sums; each time, a note is printed.
-const SLACK_EVENTS: i64 = 3;
-const SLACK_SEGS: i64 = 64;
-
-/// Like [`exact_unless_missed`], but allows `slack` short.
-fn nearly_exact(missed: i64, ours: i64, kernel: i64, slack: i64, what: &str) {
-    if missed == 0 && ours != kernel {
-        assert!(ours < kernel && kernel - ours <= slack, "{what}: {ours} vs {kernel} (at most {slack} short allowed)");
-        eprintln!("note: open discrepancy: {what}: {ours} vs {kernel}");
+/// `ours` may be short of `kernel` by at most `short_ok`: what sonde itself
+/// reports it could not attribute (see [`assert_relations`]). Exact when the
+/// kernel skipped none of our programs; with skips, only never over.
+fn within(missed: i64, ours: i64, kernel: i64, short_ok: i64, what: &str) {
+    if missed == 0 {
+        assert!(
+            ours <= kernel && kernel - ours <= short_ok,
+            "{what}: {ours} vs {kernel} (at most {short_ok} short allowed)"
+        );
+        if ours != kernel {
+            eprintln!("note: {what}: {ours} vs {kernel}, within the {short_ok} sonde reported unattributed");
+        }
         return;
     }
     exact_unless_missed(missed, ours, kernel, what);
@@ -166,21 +164,21 @@ fn assert_relations(out: &[Value], d: &Mib) {
     // The kernel adds to TcpRetransSegs before transmitting; a transmit that then
     // fails is also in TCPRetransFail. So successful segs == RetransSegs - RetransFail.
     let sent = d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail");
-    nearly_exact(missed, seg_sum(&ok), sent, SLACK_SEGS, &format!("segs vs TcpRetransSegs - TCPRetransFail; summary {s}; MIB delta {d:?}"));
+    // Retransmits no tracepoint program ran for (this kernel skips them while
+    // PID 1 is on the CPU) sonde finds later in the sockets' own counters:
+    // unseen_segs, of no known kind. With them the total is exact, but for
+    // SYN-ACKs of request sockets, which leave no counter to read later.
+    let unseen = s["unseen_segs"].as_i64().expect("summary has unseen_segs");
+    let synack = hidden_synack_allowance();
+    within(missed, seg_sum(&ok) + unseen, sent, synack, &format!("segs + unseen vs TcpRetransSegs - TCPRetransFail; summary {s}; MIB delta {d:?}"));
     assert_eq!(s["segs"].as_i64().unwrap(), seg_sum(&ok), "summary segs vs events");
     // Fast/RACK retransmits are counted by the kernel in segments.
-    nearly_exact(missed, seg_sum(&events(out, "fast")), d.get("TcpExtTCPFastRetrans"), SLACK_SEGS, "fast vs TCPFastRetrans");
+    within(missed, seg_sum(&events(out, "fast")), d.get("TcpExtTCPFastRetrans"), unseen, "fast vs TCPFastRetrans");
     // Retransmits in Loss state after an RTO: TCPSlowStartRetrans, in segments.
-    nearly_exact(
-        missed,
-        seg_sum(&events(out, "loss_recovery")),
-        d.get("TcpExtTCPSlowStartRetrans"),
-        SLACK_SEGS,
-        "loss_recovery vs TCPSlowStartRetrans",
-    );
+    within(missed, seg_sum(&events(out, "loss_recovery")), d.get("TcpExtTCPSlowStartRetrans"), unseen, "loss_recovery vs TCPSlowStartRetrans");
     // SYN and SYN-ACK retransmits: one TCPSynRetrans each.
     let syn = events(out, "syn").len() + events(out, "synack").len();
-    nearly_exact(missed, syn as i64, d.get("TcpExtTCPSynRetrans"), SLACK_EVENTS, "syn+synack vs TCPSynRetrans");
+    within(missed, syn as i64, d.get("TcpExtTCPSynRetrans"), unseen + synack, "syn+synack vs TCPSynRetrans");
     // TCPLossProbes also counts probes that sent new data: TLP retransmits <= it.
     let tlp = events(out, "tlp").len() as i64;
     assert!(tlp <= d.get("TcpExtTCPLossProbes"), "tlp {tlp} <= TCPLossProbes {}", d.get("TcpExtTCPLossProbes"));
@@ -254,9 +252,10 @@ fn count_mode_totals_match_the_mib_counters() {
     assert!(!flows.is_empty());
     let missed = summary(&out)["missed"].as_i64().unwrap();
     let segs: i64 = flows.iter().map(|f| f["segs"].as_i64().unwrap()).sum();
-    nearly_exact(missed, segs, d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"), SLACK_SEGS, "count-mode segs");
+    let unseen = summary(&out)["unseen_segs"].as_i64().unwrap();
+    within(missed, segs + unseen, d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"), hidden_synack_allowance(), "count-mode segs + unseen");
     let fast: i64 = flows.iter().filter(|f| f["kind"] == "fast").map(|f| f["segs"].as_i64().unwrap()).sum();
-    nearly_exact(missed, fast, d.get("TcpExtTCPFastRetrans"), SLACK_SEGS, "count-mode fast segs");
+    within(missed, fast, d.get("TcpExtTCPFastRetrans"), unseen, "count-mode fast segs");
     // Sorted by count, descending.
     let counts: Vec<u64> = flows.iter().map(|f| f["count"].as_u64().unwrap()).collect();
     assert!(counts.windows(2).all(|w| w[0] >= w[1]));

@@ -28,6 +28,25 @@ pub fn btf_has_type(name: &str) -> bool {
     with_btf(|b| b.type_by_name::<BtfType>(name).is_some()).unwrap_or(false)
 }
 
+/// True when vmlinux BTF has a struct `ty` with a direct member `member`.
+pub fn btf_struct_has_member(ty: &str, member: &str) -> bool {
+    with_btf(|b| {
+        b.type_by_name::<libbpf_rs::btf::types::Struct<'_>>(ty)
+            .is_some_and(|s| s.iter().any(|m| m.name.is_some_and(|n| n == member)))
+    })
+    .unwrap_or(false)
+}
+
+/// True when this kernel skips tracing programs while a thread of PID 1 is
+/// on the CPU (unless PID 1 loaded them): a sandbox patch that marks each
+/// program `bpf_prog_aux.init_owned`. Work in softirqs that interrupt PID 1
+/// (timers, packet receive) then reaches no tracer, silently; sonde counts
+/// what it can of it (retrans: `unseen_segs`). Found by reading the patched
+/// bpf_trace_run*() here: `if current->tgid == 1 && !aux->init_owned: skip`.
+pub fn init_hides_tracing() -> bool {
+    btf_struct_has_member("bpf_prog_aux", "init_owned")
+}
+
 /// Number of arguments of a tracepoint as tp_btf/raw_tp see them (without the
 /// leading context pointer), from the `btf_trace_<name>` typedef.
 pub fn tracepoint_btf_args(name: &str) -> Option<usize> {

@@ -145,6 +145,15 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             &format!("kernel.bpf_stats_enabled={}", features::sysctl("kernel/bpf_stats_enabled").unwrap_or_default()),
             "no kernel.bpf_stats_enabled sysctl",
         ),
+        // A failing check that does not stop anything: it says what every
+        // tracer on this kernel cannot see.
+        yesno(
+            "sees_pid1",
+            !features::init_hides_tracing(),
+            "tracing programs run whatever task is on the CPU",
+            "this kernel skips tracing programs while a thread of PID 1 is on the CPU (bpf_prog_aux.init_owned): \
+             softirq work that interrupts PID 1 reaches no tracer; retrans counts it afterwards as unseen_segs",
+        ),
     ];
     if privileged {
         checks.push(check("tp_btf", try_probe(Probe::TpBtf)));

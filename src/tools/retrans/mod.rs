@@ -48,7 +48,8 @@ const STAT_OWNER_FULL: usize = STAT_LOST + 2;
 const STAT_FILTERED: usize = STAT_LOST + 3;
 const STAT_UNREADABLE: usize = STAT_LOST + 4;
 const STAT_FILTERED_SEGS: usize = STAT_LOST + 5;
-const STAT_MAX: usize = STAT_LOST + 6;
+const STAT_UNSEEN_SEGS: usize = STAT_LOST + 6;
+const STAT_MAX: usize = STAT_LOST + 7;
 const MAX_ERRNO: u32 = 256;
 
 /// A retransmission cause, as `--kind` takes it.
@@ -88,6 +89,10 @@ pub enum RetransMechanism {
 ///
 /// Uses the tcp:tcp_retransmit_skb and tcp:tcp_retransmit_synack tracepoints
 /// (tp_btf, else raw_tp, else classic). Never reads /proc/net/tcp.
+///
+/// Retransmits the kernel made with no tracepoint run (some kernels skip
+/// tracers while PID 1 is on the CPU: see `sonde doctor`) are found later in
+/// the sockets' own counters and reported as unseen_segs, of no known kind.
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
 /// 2-core VM): streaming every event as JSON to a file 2.4-2.9% of one core, 0
@@ -260,6 +265,7 @@ pub struct Totals {
     /// Events --netns filtered out, by the namespace they were in.
     filtered_netns: BTreeMap<String, u64>,
     unreadable: u64,
+    unseen_segs: u64,
     failed: BTreeMap<String, u64>,
 }
 
@@ -282,6 +288,7 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
         }
     }
     t.unreadable = stat[STAT_UNREADABLE];
+    t.unseen_segs = stat[STAT_UNSEEN_SEGS];
     for e in 1..MAX_ERRNO {
         let n = percpu_sum(&skel.maps.errs, e)?;
         if n > 0 {
@@ -308,6 +315,7 @@ fn summary_json(t: &Totals, mech: Mechanism, elapsed: Duration) -> Value {
         "lost": t.lost,
         "missed": t.missed,
         "unreadable": t.unreadable,
+        "unseen_segs": t.unseen_segs,
         "filtered": t.filtered,
         "filtered_segs": t.filtered_segs,
         "filtered_netns": t.filtered_netns,
@@ -337,6 +345,18 @@ fn summary_text(t: &Totals, mech: Mechanism, elapsed: Duration) -> String {
         t.flow_full,
         t.owner_full
     ));
+    if t.filtered > 0 {
+        s.push_str(&format!("\nfiltered out: {} events ({} segments)", t.filtered, t.filtered_segs));
+    }
+    if t.unseen_segs > 0 {
+        s.push_str(&format!(
+            "\nunseen: {} segments the kernel retransmitted on traced sockets with no tracepoint run (found in the sockets' own counters)",
+            t.unseen_segs
+        ));
+        if features::init_hides_tracing() {
+            s.push_str("\nhint: this kernel skips tracing programs while PID 1 is on the CPU (see `sonde doctor`); retransmits in softirqs that interrupt it reach no tracer");
+        }
+    }
     if t.lost > 0 {
         s.push_str("\nhint: events were lost; use --count, filters, or a larger ring buffer");
     }
@@ -572,6 +592,11 @@ impl Totals {
     /// Events whose socket could not be read as a TCP socket (never counted).
     pub fn unreadable(&self) -> u64 {
         self.unreadable
+    }
+    /// Segments the kernel retransmitted on traced sockets with no
+    /// tracepoint run: found later in the sockets' own counters.
+    pub fn unseen_segs(&self) -> u64 {
+        self.unseen_segs
     }
     /// Retransmits sonde knows it did not count: with any, sonde can only be
     /// short of the kernel's counters.

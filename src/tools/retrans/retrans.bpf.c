@@ -83,52 +83,115 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 131072);
 	__type(key, __u64);
-	__type(value, struct sonde_owner);
+	__type(value, struct rt_sock);
 } owners SEC(".maps"); /* raw_tp and tracepoint; shrunk to 1 entry for tp_btf */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC | BPF_F_CLONE);
 	__type(key, int);
-	__type(value, struct sonde_owner);
+	__type(value, struct rt_sock);
 } owner_store SEC(".maps"); /* tp_btf */
 
 /* Referenced so that the skeleton generates Rust mirrors of these layouts. */
 struct rt_event _rt_event = {};
 struct rt_flow_stats _rt_flow_stats = {};
 
-/* ---- ownership, recorded in process context ---- */
+/* ---- per-socket records: owner and retransmit accounting ---- */
 
-/* The owner record of a socket, if any. `typed`: sk is a BTF pointer (tp_btf). */
-static __always_inline struct sonde_owner *owner_of(const struct sock *sk, bool typed)
+/* The record of a socket, made if `create` and there is none. `typed`: sk
+ * is a BTF pointer (tp_btf). */
+static __always_inline struct rt_sock *sock_rec(const struct sock *sk, bool typed, bool create)
 {
 	if (typed)
-		return bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0, 0);
+		return bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0,
+					  create ? BPF_SK_STORAGE_GET_F_CREATE : 0);
 	__u64 key = (__u64)sk;
+	struct rt_sock *r = bpf_map_lookup_elem(&owners, &key);
+	if (r || !create)
+		return r;
+	struct rt_sock zero = {};
+	bpf_map_update_elem(&owners, &key, &zero, BPF_NOEXIST);
 	return bpf_map_lookup_elem(&owners, &key);
 }
 
-static __always_inline void record_owner(const struct sock *sk, bool typed)
+static __always_inline struct rt_sock *sock_rec_made(const struct sock *sk, bool typed)
+{
+	struct rt_sock *r = sock_rec(sk, typed, true);
+	if (!r)
+		stat_add(STAT_OWNER_FULL);
+	return r;
+}
+
+static __always_inline const struct sonde_owner *owner_in(const struct rt_sock *r)
+{
+	return r && r->has_owner ? &r->owner : NULL;
+}
+
+/* tcp_sock.total_retrans: every segment __tcp_retransmit_skb handed to the
+ * device (or tried to, after its early checks), SYN-ACKs of fast open. */
+static __always_inline __u32 total_retrans_of(const struct sock *sk, bool typed)
+{
+	if (typed) {
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+		return tp ? tp->total_retrans : 0;
+	}
+	return BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
+}
+
+/* A hook saw the socket's counter at `total`; `here` of it is the hook's
+ * own retransmit. The rest since the last hook went out unseen. Only
+ * counted for flows the filters pass (`count`), the base moves either way. */
+static __always_inline void account(struct rt_sock *r, __u32 total, __u32 here, bool count)
+{
+	if (r->has_base && count) {
+		__u32 d = total - r->seen_retrans;
+		if (d > here)
+			stat_add_n(STAT_UNSEEN_SEGS, d - here);
+	}
+	r->seen_retrans = total;
+	r->has_base = 1;
+}
+
+static __always_inline struct rt_sock *record_owner(const struct sock *sk, bool typed)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	struct sonde_owner *cur = owner_of(sk, typed);
-	if (cur && cur->tid == (__u32)id)
-		return;
-	if (typed) {
-		if (!cur)
-			cur = bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-		if (!cur) {
-			stat_add(STAT_OWNER_FULL);
-			return;
-		}
-		owner_fill_current(cur, id);
-		return;
+	struct rt_sock *r = sock_rec_made(sk, typed);
+	if (r && !(r->has_owner && r->owner.tid == (__u32)id)) {
+		owner_fill_current(&r->owner, id);
+		r->has_owner = 1;
 	}
-	__u64 key = (__u64)sk;
-	struct sonde_owner o = {};
-	owner_fill_current(&o, id);
-	if (bpf_map_update_elem(&owners, &key, &o, BPF_ANY))
-		stat_add(STAT_OWNER_FULL);
+	return r;
+}
+
+/* Every TCP state change: the owner at connect() and listen() (process
+ * context), the accounting base of new sockets (a client's counter starts
+ * at 0; a child's at its SYN-ACK retransmits, which the SYN-ACK tracepoint
+ * saw, so it is taken when the handshake completes), and on any other
+ * change the unseen retransmits since the socket's last hook. */
+static __always_inline void on_set_state(const struct sock *sk, int oldstate, int newstate, bool typed)
+{
+	struct rt_sock *r = NULL;
+	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
+		r = record_owner(sk, typed);
+		if (r && newstate == TCP_SYN_SENT)
+			account(r, total_retrans_of(sk, typed), 0, false);
+	} else if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED) {
+		r = sock_rec_made(sk, typed);
+		if (r)
+			account(r, total_retrans_of(sk, typed), 0, false);
+	} else {
+		r = sock_rec(sk, typed, false);
+		if (r && r->has_base) {
+			struct rt_flow f = {};
+			FLOW_FILL(&f, &sk->__sk_common, KREAD(typed, sk, __sk_common.skc_family), typed);
+			account(r, total_retrans_of(sk, typed), 0, FLOW_PASS(&f) && owner_pass(owner_in(r)));
+		}
+	}
+	if (!typed && newstate == TCP_CLOSE) {
+		__u64 key = (__u64)sk;
+		bpf_map_delete_elem(&owners, &key);
+	}
 }
 
 SEC("tracepoint/sock/inet_sock_set_state")
@@ -136,15 +199,7 @@ int tp_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
 {
 	if (ctx->protocol != IPPROTO_TCP)
 		return 0;
-	const struct sock *sk = ctx->skaddr;
-	int ns = ctx->newstate;
-	if (ns == TCP_SYN_SENT || ns == TCP_LISTEN) {
-		/* connect() and listen() run in the owner's context. */
-		record_owner(sk, false);
-	} else if (ns == TCP_CLOSE) {
-		__u64 key = (__u64)sk;
-		bpf_map_delete_elem(&owners, &key);
-	}
+	on_set_state(ctx->skaddr, ctx->oldstate, ctx->newstate, false);
 	return 0;
 }
 
@@ -154,8 +209,7 @@ int BPF_PROG(btf_set_state, const struct sock *sk, const int oldstate, const int
 {
 	if (sk->sk_protocol != IPPROTO_TCP)
 		return 0;
-	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN)
-		record_owner(sk, true);
+	on_set_state(sk, oldstate, newstate, true);
 	return 0;
 }
 
@@ -216,31 +270,12 @@ static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pe
 	return KIND_FAST;
 }
 
-/* `sk` owns the flow (the listener for a SYN-ACK); `typed`: a BTF pointer.
- * The owner lookup is a cold cache miss or three on a busy host, so it is
- * done only when a filter, an event or a new --count flow needs it. */
+/* `o`: the flow's owner, if known. Counts the event, and sends it or adds
+ * it to its --count flow. */
 static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
-				 __u8 ca_state, __u8 pending, const struct sock *sk, bool typed)
+				 __u8 ca_state, __u8 pending, const struct sonde_owner *o)
 {
 	struct sonde_owner none = {};
-	struct sonde_owner *o = NULL;
-	bool looked = false;
-	if (owner_filtered()) {
-		o = owner_of(sk, typed);
-		looked = true;
-	}
-	if (!pass_filters(f, o)) {
-		stat_add(STAT_FILTERED);
-		stat_add_n(STAT_FILTERED_SEGS, segs);
-		if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, f->netns)) {
-			__u64 one = 1, *c = bpf_map_lookup_elem(&filtered_netns, &f->netns);
-			if (c)
-				__sync_fetch_and_add(c, 1);
-			else
-				bpf_map_update_elem(&filtered_netns, &f->netns, &one, BPF_NOEXIST);
-		}
-		return;
-	}
 
 	/* Totals always, so the summary is exact whatever the ring buffer lost. */
 	stat_add(STAT_COUNT + f->kind);
@@ -260,8 +295,6 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		struct rt_flow_stats *fs = bpf_map_lookup_elem(&flows, f);
 		if (!fs) {
 			struct rt_flow_stats init = {};
-			if (!looked)
-				o = owner_of(sk, typed);
 			if (o)
 				init.owner = *o;
 			init.has_owner = o != NULL;
@@ -280,8 +313,6 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		return;
 	}
 
-	if (!looked)
-		o = owner_of(sk, typed);
 	void *rb = rb_this_cpu();
 	if (!rb) {
 		stat_add(STAT_LOST);
@@ -316,6 +347,27 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 }
 
+/* Events dropped by the filters: counted, and per namespace for --netns. */
+static __always_inline void filtered(const struct rt_flow *f, __u32 segs)
+{
+	stat_add(STAT_FILTERED);
+	stat_add_n(STAT_FILTERED_SEGS, segs);
+	if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, f->netns)) {
+		__u64 one = 1, *c = bpf_map_lookup_elem(&filtered_netns, &f->netns);
+		if (c)
+			__sync_fetch_and_add(c, 1);
+		else
+			bpf_map_update_elem(&filtered_netns, &f->netns, &one, BPF_NOEXIST);
+	}
+}
+
+/* Errors __tcp_retransmit_skb returns before it adds to the counters: the
+ * original still in a host queue, data below snd_una, window closed. Other
+ * errors may come from the transmit itself, after the counters. */
+#define EBUSY 16
+#define EINVAL 22
+#define EAGAIN 11
+
 static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
 					 bool direct)
 {
@@ -325,6 +377,7 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 	/* A typed struct sock pointer may not be read past struct sock: the
 	 * verifier wants the tcp_sock it is, from bpf_skc_to_tcp_sock(). */
 	const struct inet_connection_sock *icsk = (const void *)sk;
+	__u32 total;
 	if (direct) {
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
 		if (!tp) {
@@ -332,6 +385,9 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 			return 0;
 		}
 		icsk = &tp->inet_conn;
+		total = tp->total_retrans;
+	} else {
+		total = BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
 	}
 	__u8 state = KREAD(direct, sk, __sk_common.skc_state);
 	__u8 ca_state = direct ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
@@ -345,7 +401,26 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 		segs = 1;
 
 	f.kind = classify(err, state, ca_state, pending);
-	emit(ctx, &f, segs, err, state, ca_state, pending, sk, direct);
+	/* The socket's record: owner and accounting base (made here for sockets
+	 * older than sonde, whose first event then sets the base). */
+	struct rt_sock *r = sock_rec_made(sk, direct);
+	const struct sonde_owner *o = owner_in(r);
+	bool flow_ok = FLOW_PASS(&f) && owner_pass(o);
+	bool pass = flow_ok && !(kind_mask && !(kind_mask & (1u << f.kind)));
+	if (r) {
+		__u32 here = segs;
+		if (err == -EBUSY || err == -EAGAIN || err == -EINVAL)
+			here = 0;
+		else if (err && r->has_base && total - r->seen_retrans < segs)
+			here = total - r->seen_retrans;
+		/* Unseen retransmits are of any kind: --kind does not hide them. */
+		account(r, total, here, flow_ok);
+	}
+	if (!pass) {
+		filtered(&f, segs);
+		return 0;
+	}
+	emit(ctx, &f, segs, err, state, ca_state, pending, o);
 	return 0;
 }
 
@@ -360,8 +435,13 @@ static __always_inline int on_synack(void *ctx, const struct sock *sk, const str
 	__u16 family = KREAD(direct, ops, family);
 	FLOW_FILL(&f, (const struct sock_common *)req, family, direct);
 	f.kind = KIND_SYNACK;
+	const struct sonde_owner *o = owner_in(sock_rec(sk, direct, false));
+	if (!pass_filters(&f, o)) {
+		filtered(&f, 1);
+		return 0;
+	}
 	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
-	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, sk, direct);
+	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, o);
 	return 0;
 }
 

@@ -44,6 +44,20 @@ struct rt_event {
 /* Size of an event without the stack, reserved when stacks are off. */
 #define EVENT_BASE_SIZE (sizeof(struct rt_event) - MAX_STACK * sizeof(__u64))
 
+/* What sonde keeps per socket: its owner (recorded in process context) and
+ * the socket's own retransmitted-segment counter (tcp_sock.total_retrans)
+ * as the last of sonde's hooks on it read it. The kernel adds to that
+ * counter in the same function that fires the tracepoint, so a later hook
+ * that finds more than the events in between accounted for has found
+ * retransmits no tracepoint program ran for (STAT_UNSEEN_SEGS). */
+struct rt_sock {
+	struct sonde_owner owner;
+	__u32 seen_retrans;
+	__u8 has_owner;
+	__u8 has_base; /* seen_retrans is valid */
+	__u8 pad[2];
+};
+
 struct rt_flow_stats {
 	__u64 count;
 	__u64 segs;
@@ -63,6 +77,7 @@ enum stat_slot {
 	STAT_FILTERED,            /* events dropped by filters */
 	STAT_UNREADABLE,          /* socket not readable as a tcp_sock (never seen) */
 	STAT_FILTERED_SEGS,       /* segments of the events dropped by filters */
+	STAT_UNSEEN_SEGS,         /* retransmitted segments no tracepoint run saw */
 	STAT_MAX,
 };
 
