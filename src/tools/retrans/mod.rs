@@ -91,8 +91,9 @@ pub enum RetransMechanism {
 /// (tp_btf, else raw_tp, else classic). Never reads /proc/net/tcp.
 ///
 /// Retransmits the kernel made with no tracepoint run (some kernels skip
-/// tracers while PID 1 is on the CPU: see `sonde doctor`) are found later in
-/// the sockets' own counters and reported as unseen_segs, of no known kind.
+/// tracers while PID 1 is on the CPU: see `sonde doctor`) are found in the
+/// sockets' own counters at their next state change (connect, close, ...)
+/// and reported as unseen_segs, of no known kind.
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
 /// 2-core VM): streaming every event as JSON to a file 2.4-2.9% of one core, 0

@@ -47,6 +47,16 @@ char LICENSE[] SEC("license") = "GPL";
 #define CA_CWR 2
 #define CA_LOSS 4
 
+/* Errors __tcp_retransmit_skb returns before it adds to the counters: the
+ * original still in a host queue, window closed, trimming or splitting out of
+ * memory, no route. The transmit after the counters fails otherwise (ENOBUFS,
+ * EPERM from a filter, NET_XMIT_DROP). */
+#define EBUSY 16
+#define EINVAL 22
+#define EAGAIN 11
+#define ENOMEM 12
+#define EHOSTUNREACH 113
+
 /* Filters and modes, set by user space before load. */
 const volatile bool want_stack = false;
 const volatile bool count_mode = false;
@@ -139,17 +149,18 @@ static __always_inline __u32 total_retrans_of(const struct sock *sk, bool typed)
 	return BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
 }
 
-/* A hook saw the socket's counter at `total`; `here` of it is the hook's
- * own retransmit. The rest since the last hook went out unseen. Only
+/* At a state change: the socket's counter is `total` now. What it gained
+ * since the last state change beyond what events saw went out unseen; only
  * counted for flows the filters pass (`count`), the base moves either way. */
-static __always_inline void account(struct rt_sock *r, __u32 total, __u32 here, bool count)
+static __always_inline void account(struct rt_sock *r, __u32 total, bool count)
 {
 	if (r->has_base && count) {
-		__u32 d = total - r->seen_retrans;
-		if (d > here)
-			stat_add_n(STAT_UNSEEN_SEGS, d - here);
+		__u32 d = total - r->base;
+		if (d > r->seen)
+			stat_add_n(STAT_UNSEEN_SEGS, d - r->seen);
 	}
-	r->seen_retrans = total;
+	r->base = total;
+	r->seen = 0;
 	r->has_base = 1;
 }
 
@@ -175,17 +186,23 @@ static __always_inline void on_set_state(const struct sock *sk, int oldstate, in
 	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
 		r = record_owner(sk, typed);
 		if (r && newstate == TCP_SYN_SENT)
-			account(r, total_retrans_of(sk, typed), 0, false);
+			account(r, total_retrans_of(sk, typed), false);
 	} else if (oldstate == TCP_SYN_RECV && newstate == TCP_ESTABLISHED) {
 		r = sock_rec_made(sk, typed);
 		if (r)
-			account(r, total_retrans_of(sk, typed), 0, false);
+			account(r, total_retrans_of(sk, typed), false);
 	} else {
 		r = sock_rec(sk, typed, false);
 		if (r && r->has_base) {
-			struct rt_flow f = {};
-			FLOW_FILL(&f, &sk->__sk_common, KREAD(typed, sk, __sk_common.skc_family), typed);
-			account(r, total_retrans_of(sk, typed), 0, FLOW_PASS(&f) && owner_pass(owner_in(r)));
+			__u32 total = total_retrans_of(sk, typed);
+			/* The filters only when there is something to count (rare). */
+			bool count = false;
+			if (total - r->base > r->seen) {
+				struct rt_flow f = {};
+				FLOW_FILL(&f, &sk->__sk_common, KREAD(typed, sk, __sk_common.skc_family), typed);
+				count = FLOW_PASS(&f) && owner_pass(owner_in(r));
+			}
+			account(r, total, count);
 		}
 	}
 	if (!typed && newstate == TCP_CLOSE) {
@@ -270,12 +287,50 @@ static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pe
 	return KIND_FAST;
 }
 
-/* `o`: the flow's owner, if known. Counts the event, and sends it or adds
- * it to its --count flow. */
+/* Adds an event's segments to its socket's account (see struct rt_sock).
+ * `here`: what the attempt added to the socket's counter. */
+static __always_inline void note_seen(struct rt_sock *r, const struct sock *sk, const struct tcp_sock *tp,
+				      bool typed, __u32 here)
+{
+	if (!r || !here)
+		return;
+	if (r->has_base) {
+		r->seen += here;
+		return;
+	}
+	/* A socket older than sonde: its account starts here. */
+	r->base = typed ? tp->total_retrans : BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
+	r->seen = here;
+	r->has_base = 1;
+}
+
+/* Did this attempt reach the counters? Errors from the checks before them:
+ * no; from the transmit after them: yes. */
+static __always_inline __u32 counted_segs(int err, __u32 segs)
+{
+	if (err == -EBUSY || err == -EAGAIN || err == -EINVAL || err == -ENOMEM || err == -EHOSTUNREACH)
+		return 0;
+	return segs;
+}
+
+/* Counts the event, and sends it or adds it to its --count flow. `r`: the
+ * socket's record if already looked up (`looked`: an owner filter needed it
+ * first). `acct`: the event is the socket's own retransmit (not a SYN-ACK
+ * of one of its requests), so its account takes it. */
 static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
-				 __u8 ca_state, __u8 pending, const struct sonde_owner *o)
+				 __u8 ca_state, __u8 pending, const struct sock *sk, const struct tcp_sock *tp,
+				 bool typed, struct rt_sock *r, bool looked, bool acct)
 {
 	struct sonde_owner none = {};
+	__u32 here = acct ? counted_segs(err, segs) : 0;
+	/* One lookup site: the program is run cold (a retransmit now and then
+	 * per socket), so its size costs too (four inlined copies of this lookup
+	 * made each event ~150 ns dearer). Not for early failures (`here` 0)
+	 * nobody prints. */
+	if (!looked && (here || !err || want_failed))
+		r = sock_rec_made(sk, typed);
+	note_seen(r, sk, tp, typed, here);
+	const struct sonde_owner *o = owner_in(r);
 
 	/* Totals always, so the summary is exact whatever the ring buffer lost. */
 	stat_add(STAT_COUNT + f->kind);
@@ -361,12 +416,6 @@ static __always_inline void filtered(const struct rt_flow *f, __u32 segs)
 	}
 }
 
-/* Errors __tcp_retransmit_skb returns before it adds to the counters: the
- * original still in a host queue, data below snd_una, window closed. Other
- * errors may come from the transmit itself, after the counters. */
-#define EBUSY 16
-#define EINVAL 22
-#define EAGAIN 11
 
 static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
 					 bool direct)
@@ -377,17 +426,14 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 	/* A typed struct sock pointer may not be read past struct sock: the
 	 * verifier wants the tcp_sock it is, from bpf_skc_to_tcp_sock(). */
 	const struct inet_connection_sock *icsk = (const void *)sk;
-	__u32 total;
+	struct tcp_sock *tp = NULL;
 	if (direct) {
-		struct tcp_sock *tp = bpf_skc_to_tcp_sock((void *)sk);
+		tp = bpf_skc_to_tcp_sock((void *)sk);
 		if (!tp) {
 			stat_add(STAT_UNREADABLE);
 			return 0;
 		}
 		icsk = &tp->inet_conn;
-		total = tp->total_retrans;
-	} else {
-		total = BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
 	}
 	__u8 state = KREAD(direct, sk, __sk_common.skc_state);
 	__u8 ca_state = direct ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
@@ -401,26 +447,18 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 		segs = 1;
 
 	f.kind = classify(err, state, ca_state, pending);
-	/* The socket's record: owner and accounting base (made here for sockets
-	 * older than sonde, whose first event then sets the base). */
-	struct rt_sock *r = sock_rec_made(sk, direct);
-	const struct sonde_owner *o = owner_in(r);
-	bool flow_ok = FLOW_PASS(&f) && owner_pass(o);
-	bool pass = flow_ok && !(kind_mask && !(kind_mask & (1u << f.kind)));
-	if (r) {
-		__u32 here = segs;
-		if (err == -EBUSY || err == -EAGAIN || err == -EINVAL)
-			here = 0;
-		else if (err && r->has_base && total - r->seen_retrans < segs)
-			here = total - r->seen_retrans;
-		/* Unseen retransmits are of any kind: --kind does not hide them. */
-		account(r, total, here, flow_ok);
-	}
-	if (!pass) {
+	/* The socket's record (owner, account) is looked up first only when an
+	 * owner filter needs it. Filtered flows keep no account (their unseen
+	 * segments are not counted either). */
+	struct rt_sock *r = NULL;
+	bool looked = owner_filtered();
+	if (looked)
+		r = sock_rec_made(sk, direct);
+	if (!pass_filters(&f, owner_in(r))) {
 		filtered(&f, segs);
 		return 0;
 	}
-	emit(ctx, &f, segs, err, state, ca_state, pending, o);
+	emit(ctx, &f, segs, err, state, ca_state, pending, sk, tp, direct, r, looked, true);
 	return 0;
 }
 
@@ -435,13 +473,15 @@ static __always_inline int on_synack(void *ctx, const struct sock *sk, const str
 	__u16 family = KREAD(direct, ops, family);
 	FLOW_FILL(&f, (const struct sock_common *)req, family, direct);
 	f.kind = KIND_SYNACK;
-	const struct sonde_owner *o = owner_in(sock_rec(sk, direct, false));
-	if (!pass_filters(&f, o)) {
+	/* The listener's record: its owner (its account stays untouched: the
+	 * SYN-ACK goes in the request's counter, not the listener's). */
+	struct rt_sock *r = sock_rec(sk, direct, false);
+	if (!pass_filters(&f, owner_in(r))) {
 		filtered(&f, 1);
 		return 0;
 	}
 	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
-	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, o);
+	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, sk, NULL, direct, r, true, false);
 	return 0;
 }
 

@@ -45,17 +45,19 @@ struct rt_event {
 #define EVENT_BASE_SIZE (sizeof(struct rt_event) - MAX_STACK * sizeof(__u64))
 
 /* What sonde keeps per socket: its owner (recorded in process context) and
- * the socket's own retransmitted-segment counter (tcp_sock.total_retrans)
- * as the last of sonde's hooks on it read it. The kernel adds to that
- * counter in the same function that fires the tracepoint, so a later hook
- * that finds more than the events in between accounted for has found
- * retransmits no tracepoint program ran for (STAT_UNSEEN_SEGS). */
+ * an account of its retransmitted segments. The kernel adds each one to
+ * tcp_sock.total_retrans in the function that fires the tracepoint, so at a
+ * state change (connect, close, ...) what the counter gained since the
+ * last one, less the segments events brought in between, went out with no
+ * tracepoint program run (STAT_UNSEEN_SEGS). Events only add to `seen`:
+ * reading the counter there would cost a cold tcp_sock cache line each. */
 struct rt_sock {
 	struct sonde_owner owner;
-	__u32 seen_retrans;
+	__u32 base; /* total_retrans at the last state change */
+	__u32 seen; /* segments events saw since then */
 	__u8 has_owner;
-	__u8 has_base; /* seen_retrans is valid */
-	__u8 pad[2];
+	__u8 has_base; /* base is valid */
+	__u8 pad[6];
 };
 
 struct rt_flow_stats {
