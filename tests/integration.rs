@@ -692,6 +692,34 @@ fn profile(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// `sonde profile ARGS` sampling for `secs` from its ready line, ended with
+/// SIGINT: the exit code, stderr, and the CPU seconds `pid` used in exactly
+/// that window (the kernel's own account, the oracle for sample counts; a
+/// `-d` run would also count the CPU the workload used while sonde loaded
+/// and wrote its files, which under load was 0.8 s of 4.8).
+fn profile_window(args: &[&str], pid: u32, secs: u64) -> (i32, String, f64) {
+    let mut child = Command::new(SONDE).arg("profile").args(args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut r = BufReader::new(child.stderr.take().unwrap());
+    let mut err = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "sonde profile exited before sampling: {err}");
+        err.push_str(&line);
+        if line.contains("sampling CPU stacks") {
+            break;
+        }
+    }
+    let cpu0 = cpu_ticks(pid);
+    thread::sleep(Duration::from_secs(secs));
+    let cpu1 = cpu_ticks(pid);
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let code = child.wait().unwrap().code().unwrap_or(-1);
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+    err.push_str(&rest);
+    (code, err, (cpu1 - cpu0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
 /// Folded lines as (frames, count).
 fn read_folded(p: &std::path::Path) -> Vec<(Vec<String>, u64)> {
     std::fs::read_to_string(p)
@@ -713,11 +741,10 @@ fn profile_shares_names_and_lines_match_the_workload() {
     let pid = w.0.id().to_string();
     let (folded, json, svg, pb, html) = (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"), dir.join("p.pb.gz"), dir.join("p.html"));
     let o = |p: &std::path::Path| p.to_str().unwrap().to_string();
-    let cpu0 = cpu_ticks(w.0.id());
-    let (code, err) = profile(&["-p", &pid, "-d", "4s", "-F", "199", "-o", &o(&folded), "-o", &o(&json), "-o", &o(&svg), "-o", &o(&pb), "-o", &o(&html)]);
-    let cpu = (cpu_ticks(w.0.id()) - cpu0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let (code, err, cpu) =
+        profile_window(&["-p", &pid, "-F", "199", "-o", &o(&folded), "-o", &o(&json), "-o", &o(&svg), "-o", &o(&pb), "-o", &o(&html)], w.0.id(), 4);
     let _ = w.0.kill();
-    assert_eq!(code, 0, "{err}");
+    assert_eq!(code, 130, "SIGINT ends the run with 130 and the files: {err}");
     let rows = read_folded(&folded);
     let total: u64 = rows.iter().map(|r| r.1).sum();
     // The kernel's own account of the workload's CPU time, at 199 Hz.
