@@ -175,6 +175,16 @@ static __always_inline struct rt_sock *record_owner(const struct sock *sk, bool 
 	return r;
 }
 
+/* A socket older than sonde, at its first send: its account starts. */
+SEC("tp_btf/tcp_sendmsg_locked")
+int BPF_PROG(btf_sendmsg, const struct sock *sk)
+{
+	struct rt_sock *r = record_owner(sk, true);
+	if (r && !r->has_base)
+		account(r, total_retrans_of(sk, true), false);
+	return 0;
+}
+
 /* Every TCP state change: the owner at connect() and listen() (process
  * context), the accounting base of new sockets (a client's counter starts
  * at 0; a child's at its SYN-ACK retransmits, which the SYN-ACK tracepoint
@@ -193,7 +203,9 @@ static __always_inline void on_set_state(const struct sock *sk, int oldstate, in
 			account(r, total_retrans_of(sk, typed), false);
 	} else {
 		r = sock_rec(sk, typed, false);
-		if (r && r->has_base) {
+		if (r && !r->has_base) {
+			account(r, total_retrans_of(sk, typed), false);
+		} else if (r) {
 			__u32 total = total_retrans_of(sk, typed);
 			/* The filters only when there is something to count (rare). */
 			bool count = false;
@@ -252,14 +264,9 @@ int tp_accept(struct trace_event_raw_sys_exit *ctx)
 	return 0;
 }
 
-/* Sends cover sockets created before sonde started, handed to another
- * process, or accepted (which start with their listener's owner). */
-SEC("tp_btf/tcp_sendmsg_locked")
-int BPF_PROG(btf_sendmsg, const struct sock *sk)
-{
-	record_owner(sk, true);
-	return 0;
-}
+/* Sends (tp_btf/tcp_sendmsg_locked, above) cover sockets created before
+ * sonde started, handed to another process, or accepted (which start with
+ * their listener's owner). */
 
 /* ---- filters ---- */
 
@@ -323,12 +330,12 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 {
 	struct sonde_owner none = {};
 	__u32 here = acct ? counted_segs(err, segs) : 0;
-	/* One lookup site: the program is run cold (a retransmit now and then
-	 * per socket), so its size costs too (four inlined copies of this lookup
-	 * made each event ~150 ns dearer). Not for early failures (`here` 0)
-	 * nobody prints. */
+	/* One lookup site, never making a record: making one in softirq (for a
+	 * socket older than sonde) costs an allocation, and with 80k such
+	 * sockets each event cost ~180 ns more. Those get theirs at their first
+	 * send. Not for early failures (`here` 0) nobody prints. */
 	if (!looked && (here || !err || want_failed))
-		r = sock_rec_made(sk, typed);
+		r = sock_rec(sk, typed, false);
 	note_seen(r, sk, tp, typed, here);
 	const struct sonde_owner *o = owner_in(r);
 
