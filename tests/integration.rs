@@ -51,20 +51,8 @@ impl Tracer {
                 l2.lock().unwrap().push(l);
             }
         });
-        // Wait for the readiness line on stderr.
-        let err = child.stderr.take().unwrap();
-        let mut r = BufReader::new(err);
-        let mut line = String::new();
-        let t0 = Instant::now();
-        loop {
-            line.clear();
-            let n = r.read_line(&mut line).unwrap();
-            assert!(n > 0, "sonde exited before tracing: {:?}", child.wait());
-            if line.contains(ready) {
-                break;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(30), "sonde did not start: {line}");
-        }
+        let mut r = BufReader::new(child.stderr.take().unwrap());
+        wait_for_stderr_line(&mut r, ready);
         thread::spawn(move || for _ in r.lines() {});
         Tracer { child, lines, reader: Some(reader) }
     }
@@ -82,6 +70,22 @@ impl Tracer {
         let lines = self.lines.lock().unwrap();
         let vals = lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}"))).collect();
         (status.code().unwrap_or(-1), vals)
+    }
+}
+
+/// Reads sonde's stderr up to the line containing `ready` (its readiness
+/// line: everything is attached); returns what it read.
+fn wait_for_stderr_line(r: &mut BufReader<std::process::ChildStderr>, ready: &str) -> String {
+    let mut text = String::new();
+    let t0 = Instant::now();
+    loop {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "sonde exited before it was ready: {text}");
+        text.push_str(&line);
+        if line.contains(ready) {
+            return text;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "sonde did not start: {text}");
     }
 }
 
@@ -700,15 +704,7 @@ fn profile(args: &[&str]) -> (i32, String) {
 fn profile_window(args: &[&str], pid: u32, secs: u64) -> (i32, String, f64) {
     let mut child = Command::new(SONDE).arg("profile").args(args).stderr(Stdio::piped()).spawn().unwrap();
     let mut r = BufReader::new(child.stderr.take().unwrap());
-    let mut err = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(r.read_line(&mut line).unwrap() > 0, "sonde profile exited before sampling: {err}");
-        err.push_str(&line);
-        if line.contains("sampling CPU stacks") {
-            break;
-        }
-    }
+    let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
     let cpu0 = cpu_ticks(pid);
     thread::sleep(Duration::from_secs(secs));
     let cpu1 = cpu_ticks(pid);

@@ -175,7 +175,9 @@ static __always_inline struct rt_sock *record_owner(const struct sock *sk, bool 
 	return r;
 }
 
-/* A socket older than sonde, at its first send: its account starts. */
+/* Sends cover sockets created before sonde started (whose account starts
+ * at their first send), handed to another process, or accepted (which start
+ * with their listener's owner). */
 SEC("tp_btf/tcp_sendmsg_locked")
 int BPF_PROG(btf_sendmsg, const struct sock *sk)
 {
@@ -203,13 +205,11 @@ static __always_inline void on_set_state(const struct sock *sk, int oldstate, in
 			account(r, total_retrans_of(sk, typed), false);
 	} else {
 		r = sock_rec(sk, typed, false);
-		if (r && !r->has_base) {
-			account(r, total_retrans_of(sk, typed), false);
-		} else if (r) {
+		if (r) {
 			__u32 total = total_retrans_of(sk, typed);
 			/* The filters only when there is something to count (rare). */
 			bool count = false;
-			if (total - r->base > r->seen) {
+			if (r->has_base && total - r->base > r->seen) {
 				struct rt_flow f = {};
 				FLOW_FILL(&f, &sk->__sk_common, KREAD(typed, sk, __sk_common.skc_family), typed);
 				count = FLOW_PASS(&f) && owner_pass(owner_in(r));
@@ -264,10 +264,6 @@ int tp_accept(struct trace_event_raw_sys_exit *ctx)
 	return 0;
 }
 
-/* Sends (tp_btf/tcp_sendmsg_locked, above) cover sockets created before
- * sonde started, handed to another process, or accepted (which start with
- * their listener's owner). */
-
 /* ---- filters ---- */
 
 static __always_inline bool pass_filters(const struct rt_flow *f, const struct sonde_owner *o)
@@ -320,20 +316,45 @@ static __always_inline __u32 counted_segs(int err, __u32 segs)
 	return segs;
 }
 
-/* Counts the event, and sends it or adds it to its --count flow. `r`: the
- * socket's record if already looked up (`looked`: an owner filter needed it
- * first). `acct`: the event is the socket's own retransmit (not a SYN-ACK
- * of one of its requests), so its account takes it. */
+/* Events dropped by the filters: counted, and per namespace for --netns. */
+static __always_inline void filtered(const struct rt_flow *f, __u32 segs)
+{
+	stat_add(STAT_FILTERED);
+	stat_add_n(STAT_FILTERED_SEGS, segs);
+	if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, f->netns)) {
+		__u64 one = 1, *c = bpf_map_lookup_elem(&filtered_netns, &f->netns);
+		if (c)
+			__sync_fetch_and_add(c, 1);
+		else
+			bpf_map_update_elem(&filtered_netns, &f->netns, &one, BPF_NOEXIST);
+	}
+}
+
+/* Filters the event, counts it, and sends it or adds it to its --count
+ * flow. `sk` owns the flow (the listener for a SYN-ACK); `acct`: the event
+ * is the socket's own retransmit (not a SYN-ACK of one of its requests), so
+ * its account takes it. */
 static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
 				 __u8 ca_state, __u8 pending, const struct sock *sk, const struct tcp_sock *tp,
-				 bool typed, struct rt_sock *r, bool looked, bool acct)
+				 bool typed, bool acct)
 {
 	struct sonde_owner none = {};
 	__u32 here = acct ? counted_segs(err, segs) : 0;
-	/* One lookup site, never making a record: making one in softirq (for a
-	 * socket older than sonde) costs an allocation, and with 80k such
-	 * sockets each event cost ~180 ns more. Those get theirs at their first
-	 * send. Not for early failures (`here` 0) nobody prints. */
+	/* The socket's record (owner, account): one lookup site, never making a
+	 * record (making one in softirq for a socket older than sonde is an
+	 * allocation: with 80k such sockets each event cost ~180 ns more; those
+	 * get theirs at their first send or state change). First only when an
+	 * owner filter needs it; after the filters, not for early failures
+	 * (`here` 0) nobody prints. Filtered flows keep no account (their
+	 * unseen segments are not counted either). */
+	struct rt_sock *r = NULL;
+	bool looked = owner_filtered();
+	if (looked)
+		r = sock_rec(sk, typed, false);
+	if (!pass_filters(f, owner_in(r))) {
+		filtered(f, segs);
+		return;
+	}
 	if (!looked && (here || !err || want_failed))
 		r = sock_rec(sk, typed, false);
 	note_seen(r, sk, tp, typed, here);
@@ -409,21 +430,6 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 }
 
-/* Events dropped by the filters: counted, and per namespace for --netns. */
-static __always_inline void filtered(const struct rt_flow *f, __u32 segs)
-{
-	stat_add(STAT_FILTERED);
-	stat_add_n(STAT_FILTERED_SEGS, segs);
-	if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, f->netns)) {
-		__u64 one = 1, *c = bpf_map_lookup_elem(&filtered_netns, &f->netns);
-		if (c)
-			__sync_fetch_and_add(c, 1);
-		else
-			bpf_map_update_elem(&filtered_netns, &f->netns, &one, BPF_NOEXIST);
-	}
-}
-
-
 static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
 					 bool direct)
 {
@@ -454,18 +460,7 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 		segs = 1;
 
 	f.kind = classify(err, state, ca_state, pending);
-	/* The socket's record (owner, account) is looked up first only when an
-	 * owner filter needs it. Filtered flows keep no account (their unseen
-	 * segments are not counted either). */
-	struct rt_sock *r = NULL;
-	bool looked = owner_filtered();
-	if (looked)
-		r = sock_rec_made(sk, direct);
-	if (!pass_filters(&f, owner_in(r))) {
-		filtered(&f, segs);
-		return 0;
-	}
-	emit(ctx, &f, segs, err, state, ca_state, pending, sk, tp, direct, r, looked, true);
+	emit(ctx, &f, segs, err, state, ca_state, pending, sk, tp, direct, true);
 	return 0;
 }
 
@@ -480,15 +475,10 @@ static __always_inline int on_synack(void *ctx, const struct sock *sk, const str
 	__u16 family = KREAD(direct, ops, family);
 	FLOW_FILL(&f, (const struct sock_common *)req, family, direct);
 	f.kind = KIND_SYNACK;
-	/* The listener's record: its owner (its account stays untouched: the
-	 * SYN-ACK goes in the request's counter, not the listener's). */
-	struct rt_sock *r = sock_rec(sk, direct, false);
-	if (!pass_filters(&f, owner_in(r))) {
-		filtered(&f, 1);
-		return 0;
-	}
-	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment each. */
-	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, sk, NULL, direct, r, true, false);
+	/* Only successful SYN-ACK retransmits reach this tracepoint; one segment
+	 * each. The listener's account stays untouched (`acct` false): the
+	 * SYN-ACK goes in the request's counter, not the listener's. */
+	emit(ctx, &f, 1, 0, TCP_SYN_RECV, 0, 0, sk, NULL, direct, false);
 	return 0;
 }
 
