@@ -197,6 +197,11 @@ fn assert_relations(out: &[Value], d: &Mib) {
     let spurious = d.get("TcpExtTCPSpuriousRtxHostQueues");
     assert!(busy <= spurious, "EBUSY {busy} <= TCPSpuriousRtxHostQueues {spurious}");
     assert_eq!(s["failed"]["EBUSY"].as_i64().unwrap_or(0), busy);
+    // The summary names every failed attempt, errnos and transmit verdicts
+    // (a positive err, NET_XMIT_DROP) alike.
+    let failed_events = out.iter().filter(|e| e["kind"] == "failed").count() as u64;
+    let named: u64 = s["failed"].as_object().unwrap().values().map(|v| v.as_u64().unwrap()).sum();
+    assert_eq!(named, failed_events, "failed attempts named in the summary: {}", s["failed"]);
     // Other failures: those after the transmit are TCPRetransFail (in segments);
     // early ones (zero window, no memory to split) are in no counter.
     let other: Vec<&Value> = out.iter().filter(|e| e["kind"] == "failed" && e["err"] != -16).collect();

@@ -298,6 +298,7 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
         failed: false,
         mechanism: None,
         ringbuf_kib: None,
+        bench_baseline: None,
     };
     let before = std::sync::Mutex::new(None);
     let result = thread::scope(|s| {

@@ -1,5 +1,6 @@
 //! `sonde retrans`: every TCP retransmission with its cause, flow, state and
 //! owning process; per event or counted in the kernel.
+mod baseline;
 mod names;
 
 use std::{
@@ -51,6 +52,8 @@ const STAT_FILTERED_SEGS: usize = STAT_LOST + 5;
 const STAT_UNSEEN_SEGS: usize = STAT_LOST + 6;
 const STAT_MAX: usize = STAT_LOST + 7;
 const MAX_ERRNO: u32 = 256;
+/// Slots of the failed-attempt map: errnos, then positive verdicts (retrans.h).
+const ERR_SLOTS: u32 = MAX_ERRNO + 8;
 
 /// A retransmission cause, as `--kind` takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -136,6 +139,9 @@ pub struct RetransArgs {
     /// out over the CPUs, 256 KiB to 2 MiB each).
     #[arg(long, hide = true)]
     pub ringbuf_kib: Option<u32>,
+    /// Bench only: run a baseline program instead (bench/retrans/run).
+    #[arg(long, hide = true, value_enum)]
+    pub bench_baseline: Option<baseline::Baseline>,
 }
 
 /// Everything the kernel half needs, validated before anything is loaded.
@@ -290,10 +296,11 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
     }
     t.unreadable = stat[STAT_UNREADABLE];
     t.unseen_segs = stat[STAT_UNSEEN_SEGS];
-    for e in 1..MAX_ERRNO {
+    for e in 1..ERR_SLOTS {
         let n = percpu_sum(&skel.maps.errs, e)?;
         if n > 0 {
-            t.failed.insert(names::errno_name(e), n);
+            let err = if e < MAX_ERRNO { -(e as i32) } else { (e - MAX_ERRNO) as i32 };
+            t.failed.insert(names::err_name(err), n);
         }
     }
     Ok(t)
@@ -488,7 +495,7 @@ impl Printer {
             endpoint(f.family, &f.daddr, f.dport),
         );
         if e.err != 0 {
-            line.push_str(&format!("  err={}", names::errno_name(e.err.unsigned_abs())));
+            line.push_str(&format!("  err={}", names::err_name(e.err)));
         }
         self.sink.line(&line)?;
         for s in self.stack(e) {
@@ -698,6 +705,9 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &RetransArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.duration)?;
+    if let Some(b) = a.bench_baseline {
+        return baseline::run(b, &ctl);
+    }
     let out = run_with(a, &ctl, || {
         eprintln!("sonde: tracing TCP retransmissions; Ctrl-C ends with a summary");
     })?;

@@ -15,6 +15,7 @@
  *   ca_state Loss, pending 0          -> rto (first retransmit from the timer)
  *   ca_state Loss, otherwise          -> loss_recovery
  *   anything else                     -> fast (fast retransmit / RACK)
+ * (read.h, shared with the bench baselines).
  *
  * Retransmits run in softirq/timer context, so the owner is recorded in
  * process context (connect, listen, sendmsg, accept) and looked up there.
@@ -32,20 +33,11 @@
 #include "flow.h"
 #include "sockfd.h"
 #include "retrans.h"
+#include "read.h"
 #define SONDE_STATS_MAX STAT_MAX
 #include "stats.h"
 
 char LICENSE[] SEC("license") = "GPL";
-
-#define TCP_ESTABLISHED 1
-#define TCP_SYN_SENT 2
-#define TCP_SYN_RECV 3
-#define TCP_CLOSE 7
-#define TCP_LISTEN 10
-#define ICSK_TIME_LOSS_PROBE 5
-#define CA_OPEN 0
-#define CA_CWR 2
-#define CA_LOSS 4
 
 /* Errors __tcp_retransmit_skb returns before it adds to the counters: the
  * original still in a host queue, window closed, trimming or splitting out of
@@ -63,10 +55,10 @@ const volatile bool count_mode = false;
 const volatile bool want_failed = false;
 const volatile __u32 kind_mask = 0;
 
-/* Failed attempts by -err, per CPU. */
+/* Failed attempts by -err (errnos), or MAX_ERRNO + err (transmit verdicts), per CPU. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MAX_ERRNO);
+	__uint(max_entries, ERR_SLOTS);
 	__type(key, __u32);
 	__type(value, __u64);
 } errs SEC(".maps");
@@ -275,21 +267,6 @@ static __always_inline bool pass_filters(const struct rt_flow *f, const struct s
 
 /* ---- the retransmit itself ---- */
 
-static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pending)
-{
-	if (err)
-		return KIND_FAILED;
-	if (state == TCP_SYN_SENT)
-		return KIND_SYN;
-	if (state == TCP_SYN_RECV)
-		return KIND_SYNACK;
-	if (pending == ICSK_TIME_LOSS_PROBE && (ca_state == CA_OPEN || ca_state == CA_CWR))
-		return KIND_TLP;
-	if (ca_state == CA_LOSS)
-		return pending == 0 ? KIND_RTO : KIND_LOSS_RECOVERY;
-	return KIND_FAST;
-}
-
 /* Adds an event's segments to its socket's account (see struct rt_sock).
  * `here`: what the attempt added to the socket's counter. */
 static __always_inline void note_seen(struct rt_sock *r, const struct sock *sk, const struct tcp_sock *tp,
@@ -364,8 +341,10 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	stat_add(STAT_COUNT + f->kind);
 	stat_add_n(STAT_SEGS + f->kind, segs);
 	if (err) {
-		__u32 e = (__u32)(-err);
-		if (e < MAX_ERRNO) {
+		/* Negative: an errno; positive: a qdisc or device verdict
+		 * (NET_XMIT_DROP), in the slots after the errnos. */
+		__u32 e = err < 0 ? (__u32)(-err) : MAX_ERRNO + (__u32)err;
+		if (e < ERR_SLOTS) {
 			__u64 *p = bpf_map_lookup_elem(&errs, &e);
 			if (p)
 				*p += 1;
@@ -433,34 +412,12 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
 					 bool direct)
 {
-	struct rt_flow f = {};
-	FLOW_FILL(&f, &sk->__sk_common, KREAD(direct, sk, __sk_common.skc_family), direct);
-
-	/* A typed struct sock pointer may not be read past struct sock: the
-	 * verifier wants the tcp_sock it is, from bpf_skc_to_tcp_sock(). */
-	const struct inet_connection_sock *icsk = (const void *)sk;
-	struct tcp_sock *tp = NULL;
-	if (direct) {
-		tp = bpf_skc_to_tcp_sock((void *)sk);
-		if (!tp) {
-			stat_add(STAT_UNREADABLE);
-			return 0;
-		}
-		icsk = &tp->inet_conn;
+	struct rt_read r = {};
+	if (!rt_read_event(sk, skb, err, direct, &r)) {
+		stat_add(STAT_UNREADABLE);
+		return 0;
 	}
-	__u8 state = KREAD(direct, sk, __sk_common.skc_state);
-	__u8 ca_state = direct ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
-			       : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
-	__u8 pending = KREAD(direct, icsk, icsk_pending);
-
-	/* Segments this skb carries: TCP_SKB_CB(skb)->tcp_gso_segs. */
-	const struct tcp_skb_cb *cb = (const void *)__builtin_preserve_access_index(&skb->cb);
-	__u16 segs = KREAD(direct, cb, tcp_gso_segs);
-	if (!segs)
-		segs = 1;
-
-	f.kind = classify(err, state, ca_state, pending);
-	emit(ctx, &f, segs, err, state, ca_state, pending, sk, tp, direct, true);
+	emit(ctx, &r.flow, r.segs, err, r.state, r.ca_state, r.pending, sk, r.tp, direct, true);
 	return 0;
 }
 

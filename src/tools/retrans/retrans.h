@@ -4,6 +4,8 @@
 
 #define MAX_STACK 32
 #define MAX_ERRNO 256
+/* Failed attempts' slots: errnos below MAX_ERRNO, then positive verdicts. */
+#define ERR_SLOTS (MAX_ERRNO + 8)
 
 enum retrans_kind {
 	KIND_RTO = 0,

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * Bench baselines for sonde retrans (bench/retrans/run, hidden flag
+ * `sonde retrans --bench-baseline NAME`): programs on the same tracepoint
+ * that do a known part of sonde's work, so the bench can say what on this
+ * host the rest of sonde's in-kernel cost is made of.
+ *
+ *   base_empty   returns at once: what bpf_stats measures for nothing
+ *   base_fields  reads the event as sonde does (read.h), stamps it with
+ *                bpf_ktime_get_ns() and stores it in this CPU's slots: the
+ *                least any program delivering these events does (no owner
+ *                record, no ring buffer, no totals)
+ *   base_ring    the same, sent through sonde's per-CPU ring buffers and
+ *                read by user space as sonde's are
+ *
+ * sonde's handler = base_ring + the socket's record (owner and account),
+ * per-kind totals and filters.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
+#include "sonde.h"
+#include "flow.h"
+#include "retrans.h"
+#include "read.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define SLOTS 64
+
+struct base_slots {
+	__u64 n;
+	struct rt_event ev[SLOTS]; /* only the part before kstack is written */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct base_slots);
+} base_store SEC(".maps");
+
+/* What every baseline that reads writes: the fields of sonde's event. */
+static __always_inline void fill(struct rt_event *e, const struct rt_read *r)
+{
+	e->ts_ns = bpf_ktime_get_ns();
+	e->flow = r->flow;
+	e->has_owner = 0;
+	e->err = 0;
+	e->segs = r->segs;
+	e->state = r->state;
+	e->ca_state = r->ca_state;
+	e->pending = r->pending;
+	e->nr_kstack = 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(base_empty)
+{
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(base_fields, const struct sock *sk, const struct sk_buff *skb)
+{
+	struct rt_read r = {};
+	if (!rt_read_event(sk, skb, 0, true, &r))
+		return 0;
+	__u32 zero = 0;
+	struct base_slots *s = bpf_map_lookup_elem(&base_store, &zero);
+	if (!s)
+		return 0;
+	__u32 i = s->n++ & (SLOTS - 1);
+	fill(&s->ev[i], &r);
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(base_ring, const struct sock *sk, const struct sk_buff *skb)
+{
+	struct rt_read r = {};
+	if (!rt_read_event(sk, skb, 0, true, &r))
+		return 0;
+	void *rb = rb_this_cpu();
+	if (!rb)
+		return 0;
+	struct rt_event *e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
+	if (!e)
+		return 0;
+	fill(e, &r);
+	__builtin_memset(&e->owner, 0, sizeof(e->owner));
+	bpf_ringbuf_submit(e, rb_submit_flags(rb));
+	return 0;
+}

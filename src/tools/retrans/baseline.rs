@@ -1,0 +1,78 @@
+//! Bench baselines (`sonde retrans --bench-baseline NAME`, hidden; used by
+//! `bench/retrans/run`): one program of `baseline.bpf.c` on the same
+//! tracepoint as sonde's handler, doing a known part of its work, so the
+//! bench can split sonde's in-kernel cost per event on the host it runs on.
+use std::{cell::Cell, mem::MaybeUninit};
+
+use anyhow::Context;
+use clap::ValueEnum;
+use libbpf_rs::{
+    skel::{OpenSkel, Skel, SkelBuilder},
+    OpenObject,
+};
+
+use crate::engine::{
+    features,
+    ringbuf::{self, poll_until_stop, PerCpuRings},
+    run::RunControl,
+};
+
+mod skel {
+    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
+    include!(concat!(env!("OUT_DIR"), "/baseline.skel.rs"));
+}
+use skel::BaselineSkelBuilder;
+
+/// Which baseline program runs (see baseline.bpf.c).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum Baseline {
+    /// Returns at once.
+    Empty,
+    /// Reads and stamps the event, stores it in per-CPU memory.
+    Fields,
+    /// The same through sonde's per-CPU ring buffers, read by user space.
+    Ring,
+}
+
+impl Baseline {
+    fn prog(self) -> &'static str {
+        match self {
+            Baseline::Empty => "base_empty",
+            Baseline::Fields => "base_fields",
+            Baseline::Ring => "base_ring",
+        }
+    }
+}
+
+/// Runs the baseline until `ctl` says stop; prints how many events user
+/// space read (ring only). Returns the exit status.
+pub fn run(b: Baseline, ctl: &RunControl) -> anyhow::Result<i32> {
+    features::require_tracing_privileges()?;
+    let mut storage = MaybeUninit::<OpenObject>::uninit();
+    let mut open = BaselineSkelBuilder::default().open(&mut storage).context("opening the baseline object")?;
+    let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
+    let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, None);
+    open.maps.rodata_data.as_deref_mut().expect("rodata present").rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
+    for mut p in open.open_object_mut().progs_mut() {
+        let on = p.name().to_string_lossy() == b.prog();
+        p.set_autoload(on);
+    }
+    let skel = open.load().with_context(|| format!("loading {}", b.prog()))?;
+    let rings = PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?;
+    let mut links = Vec::new();
+    for p in skel.object().progs_mut() {
+        if p.name().to_string_lossy() == b.prog() {
+            links.push(p.attach().with_context(|| format!("attaching {}", b.prog()))?);
+        }
+    }
+    eprintln!("sonde: baseline {} attached", b.prog());
+    let events = Cell::new(0u64);
+    let rb = rings.reader(|_| events.set(events.get() + 1))?;
+    let stop = poll_until_stop(Some(&rb), ctl, None, |_| Ok(()))?;
+    drop(rb);
+    if b == Baseline::Ring {
+        eprintln!("sonde: baseline {}: {} events read", b.prog(), events.get());
+    }
+    Ok(stop.exit_code())
+}
