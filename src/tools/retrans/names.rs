@@ -3,8 +3,8 @@
 /// Retransmission causes, in the order of `enum retrans_kind` in retrans.h.
 pub const KINDS: [&str; 7] = ["rto", "tlp", "fast", "loss_recovery", "syn", "synack", "failed"];
 
-/// Symbolic name of a positive errno.
-pub fn errno_name(e: u32) -> String {
+/// Symbolic name of a positive errno (callers name an `err` with [`err_name`]).
+fn errno_name(e: u32) -> String {
     let n = match e {
         1 => "EPERM",
         4 => "EINTR",
