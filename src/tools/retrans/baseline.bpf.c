@@ -12,8 +12,11 @@
  *                record, no ring buffer, no totals)
  *   base_ring    the same, sent through sonde's per-CPU ring buffers and
  *                read by user space as sonde's are
+ *   base_owner   the same with the owner of the socket, from a record in
+ *                socket storage made at connect (base_owner_made), as
+ *                sonde keeps it
  *
- * sonde's handler = base_ring + the socket's record (owner and account),
+ * sonde's handler = base_owner + the account of the socket's segments,
  * per-kind totals and filters.
  */
 #include "vmlinux.h"
@@ -91,6 +94,49 @@ int BPF_PROG(base_ring, const struct sock *sk, const struct sk_buff *skb)
 		return 0;
 	fill(e, &r);
 	__builtin_memset(&e->owner, 0, sizeof(e->owner));
+	bpf_ringbuf_submit(e, rb_submit_flags(rb));
+	return 0;
+}
+
+/* The owner, recorded in process context when the socket connects. */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sonde_owner);
+} base_owners SEC(".maps");
+
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(base_owner_made, const struct sock *sk, const int oldstate, const int newstate)
+{
+	if (newstate != TCP_SYN_SENT)
+		return 0;
+	struct sonde_owner *o = bpf_sk_storage_get(&base_owners, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (o)
+		owner_fill_current(o, bpf_get_current_pid_tgid());
+	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(base_owner, const struct sock *sk, const struct sk_buff *skb)
+{
+	struct rt_read r = {};
+	if (!rt_read_event(sk, skb, 0, true, &r))
+		return 0;
+	void *rb = rb_this_cpu();
+	if (!rb)
+		return 0;
+	struct rt_event *e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
+	if (!e)
+		return 0;
+	fill(e, &r);
+	const struct sonde_owner *o = bpf_sk_storage_get(&base_owners, (struct sock *)sk, 0, 0);
+	if (o) {
+		e->owner = *o;
+		e->has_owner = 1;
+	} else {
+		__builtin_memset(&e->owner, 0, sizeof(e->owner));
+	}
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 	return 0;
 }

@@ -33,14 +33,18 @@ pub enum Baseline {
     Fields,
     /// The same through sonde's per-CPU ring buffers, read by user space.
     Ring,
+    /// The same with the socket's owner from socket storage made at connect.
+    Owner,
 }
 
 impl Baseline {
-    fn prog(self) -> &'static str {
+    /// Its programs: the one on the tracepoint first.
+    fn progs(self) -> &'static [&'static str] {
         match self {
-            Baseline::Empty => "base_empty",
-            Baseline::Fields => "base_fields",
-            Baseline::Ring => "base_ring",
+            Baseline::Empty => &["base_empty"],
+            Baseline::Fields => &["base_fields"],
+            Baseline::Ring => &["base_ring"],
+            Baseline::Owner => &["base_owner", "base_owner_made"],
         }
     }
 }
@@ -54,25 +58,32 @@ pub fn run(b: Baseline, ctl: &RunControl) -> anyhow::Result<i32> {
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
     let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, None);
     open.maps.rodata_data.as_deref_mut().expect("rodata present").rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
+    let ours = |name: &std::ffi::OsStr| b.progs().iter().any(|p| name.to_string_lossy() == *p);
+    let name = b.progs()[0];
     for mut p in open.open_object_mut().progs_mut() {
-        let on = p.name().to_string_lossy() == b.prog();
+        let on = ours(p.name());
         p.set_autoload(on);
     }
-    let skel = open.load().with_context(|| format!("loading {}", b.prog()))?;
+    let skel = open.load().with_context(|| format!("loading {name}"))?;
     let rings = PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?;
     let mut links = Vec::new();
     for p in skel.object().progs_mut() {
-        if p.name().to_string_lossy() == b.prog() {
-            links.push(p.attach().with_context(|| format!("attaching {}", b.prog()))?);
+        if ours(p.name()) {
+            links.push(p.attach().with_context(|| format!("attaching {}", p.name().to_string_lossy()))?);
         }
     }
-    eprintln!("sonde: baseline {} attached", b.prog());
-    let events = Cell::new(0u64);
-    let rb = rings.reader(|_| events.set(events.get() + 1))?;
+    eprintln!("sonde: baseline {name} attached");
+    // Events read, and those that carried an owner (base_owner: its lookup found the record).
+    let (events, owned) = (Cell::new(0u64), Cell::new(0u64));
+    let at = std::mem::offset_of!(super::skel::types::rt_event, has_owner);
+    let rb = rings.reader(|data| {
+        events.set(events.get() + 1);
+        owned.set(owned.get() + u64::from(data.get(at).is_some_and(|&b| b != 0)));
+    })?;
     let stop = poll_until_stop(Some(&rb), ctl, None, |_| Ok(()))?;
     drop(rb);
-    if b == Baseline::Ring {
-        eprintln!("sonde: baseline {}: {} events read", b.prog(), events.get());
+    if matches!(b, Baseline::Ring | Baseline::Owner) {
+        eprintln!("sonde: baseline {name}: {} events read, {} with an owner", events.get(), owned.get());
     }
     Ok(stop.exit_code())
 }
