@@ -174,7 +174,8 @@ pub fn request_response(ns: &Netns, to: SocketAddr, count: usize, req: usize, re
 pub fn connect_attempt(ns: &Netns, to: SocketAddr, hold: Duration) -> anyhow::Result<bool> {
     ns.run(move || -> anyhow::Result<bool> {
         let domain = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-        let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_NONBLOCK, 0) };
+        // CLOEXEC: a process spawned meanwhile (a test's workload) must not hold it.
+        let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
         anyhow::ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
         let (sa, len) = sockaddr(&to);
         unsafe { libc::connect(fd, &sa as *const _ as *const libc::sockaddr, len) };
