@@ -85,6 +85,21 @@ impl PerCpuRings {
         }
         Ok(b.build()?)
     }
+
+    /// Returns once every program run that started before now has ended,
+    /// so that after detaching, one more drain reads every event they made.
+    /// Storing an inner map in an array of maps makes the kernel wait for
+    /// running programs (synchronize_rcu, which tracing programs' read-side
+    /// sections end); this stores CPU 0's ring again.
+    pub fn wait_for_programs(&self, outer: &dyn MapCore) -> anyhow::Result<()> {
+        if let Some(m) = self.rings.first() {
+            let fd = m.as_fd().as_raw_fd() as u32;
+            outer
+                .update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+                .context("waiting for running BPF programs")?;
+        }
+        Ok(())
+    }
 }
 
 /// Polls `rb` (if any) until `ctl` says stop. After every drain it calls

@@ -166,7 +166,7 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
 /// Loaded and attached BPF state; links detach when dropped (fd-based).
 struct Loaded {
     skel: RetransSkel<'static>,
-    _links: Vec<Link>,
+    links: Vec<Link>,
     /// Names of the attached retransmit/SYN-ACK handlers.
     handlers: Vec<String>,
     /// The per-CPU event rings (none in count mode).
@@ -256,7 +256,7 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
         }
     }
     let handlers = roles.into_iter().filter(|(_, r)| *r == Role::Handler).map(|(n, _)| n).collect();
-    Ok(Loaded { skel, _links: links, handlers, rings })
+    Ok(Loaded { skel, links, handlers, rings })
 }
 
 /// Per-kind and per-error totals, summed over CPUs.
@@ -410,6 +410,10 @@ struct Printer {
     /// Events of the current drain: the rings are per CPU, so they are put
     /// in time order before printing.
     pending: Vec<types::rt_event>,
+    /// Events read and their segments, per kind: the kernel's totals leave
+    /// out the events it hands to user space (see `emit` in retrans.bpf.c).
+    read_counts: [u64; KIND_MAX],
+    read_segs: [u64; KIND_MAX],
 }
 
 impl Printer {
@@ -422,6 +426,10 @@ impl Printer {
         let n = data.len().min(std::mem::size_of::<types::rt_event>());
         // SAFETY: rt_event is plain old data mirrored from retrans.h.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), &mut e as *mut _ as *mut u8, n) };
+        if let Some(k) = self.read_counts.get_mut(e.flow.kind as usize) {
+            *k += 1;
+            self.read_segs[e.flow.kind as usize] += u64::from(e.segs);
+        }
         self.pending.push(e);
     }
 
@@ -639,7 +647,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         Some(RetransMechanism::Tracepoint) => vec![Mechanism::Tracepoint],
         None => vec![Mechanism::TpBtf, Mechanism::RawTp, Mechanism::Tracepoint],
     };
-    let (loaded, mech, _fails) = with_fallbacks("tcp:tcp_retransmit_skb", &order, |m| load(a, &cfg, m))?;
+    let (mut loaded, mech, _fails) = with_fallbacks("tcp:tcp_retransmit_skb", &order, |m| load(a, &cfg, m))?;
     let start = Instant::now();
     ready();
 
@@ -651,6 +659,8 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         header_done: false,
         error: None,
         pending: Vec::new(),
+        read_counts: [0; KIND_MAX],
+        read_segs: [0; KIND_MAX],
     }));
 
     let rb = match &loaded.rings {
@@ -679,13 +689,26 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         p.sink.flush()?;
         Ok(())
     })?;
+    // The totals count events user space read: detach, let programs still
+    // running finish, and read what is left, so none comes after.
+    let missed = missed(&loaded);
+    drop(std::mem::take(&mut loaded.links));
+    if let (Some(rings), Some(rb)) = (&loaded.rings, &rb) {
+        rings.wait_for_programs(&loaded.skel.maps.sonde_rings)?;
+        rb.consume().context("reading the ring buffers")?;
+    }
     drop(rb);
-    printer.borrow_mut().print_pending();
+    let skel = &loaded.skel;
+    let mut p = printer.borrow_mut();
+    p.print_pending();
 
     let mut totals = read_totals(skel)?;
-    totals.missed = missed(&loaded);
+    for k in 0..KIND_MAX {
+        totals.counts[k] += p.read_counts[k];
+        totals.segs[k] += p.read_segs[k];
+    }
+    totals.missed = missed;
     let elapsed = start.elapsed();
-    let mut p = printer.borrow_mut();
     if let Some(e) = p.error.take() {
         return Err(anyhow::Error::new(e).context("writing events"));
     }

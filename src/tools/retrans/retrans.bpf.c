@@ -307,6 +307,13 @@ static __always_inline void filtered(const struct rt_flow *f, __u32 segs)
 	}
 }
 
+/* An event that does not reach user space: its kind's totals (see emit). */
+static __always_inline void unread_total(__u8 kind, __u32 segs)
+{
+	stat_add(STAT_COUNT + kind);
+	stat_add_n(STAT_SEGS + kind, segs);
+}
+
 /* Filters the event, counts it, and sends it or adds it to its --count
  * flow. `sk` owns the flow (the listener for a SYN-ACK); `acct`: the event
  * is the socket's own retransmit (not a SYN-ACK of one of its requests), so
@@ -337,9 +344,9 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	note_seen(r, sk, tp, typed, here);
 	const struct sonde_owner *o = owner_in(r);
 
-	/* Totals always, so the summary is exact whatever the ring buffer lost. */
-	stat_add(STAT_COUNT + f->kind);
-	stat_add_n(STAT_SEGS + f->kind, segs);
+	/* Per-kind totals: user space counts the events it reads from the
+	 * rings (after detaching, it drains them); every other path counts
+	 * here (unread_total), so the summary is exact whatever the rings lost. */
 	if (err) {
 		/* Negative: an errno; positive: a qdisc or device verdict
 		 * (NET_XMIT_DROP), in the slots after the errnos. */
@@ -349,11 +356,14 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 			if (p)
 				*p += 1;
 		}
-		if (!want_failed)
+		if (!want_failed) {
+			unread_total(f->kind, segs);
 			return;
+		}
 	}
 
 	if (count_mode) {
+		unread_total(f->kind, segs);
 		struct rt_flow_stats *fs = bpf_map_lookup_elem(&flows, f);
 		if (!fs) {
 			struct rt_flow_stats init = {};
@@ -377,6 +387,7 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 
 	void *rb = rb_this_cpu();
 	if (!rb) {
+		unread_total(f->kind, segs);
 		stat_add(STAT_LOST);
 		return;
 	}
@@ -386,6 +397,7 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	else
 		e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
 	if (!e) {
+		unread_total(f->kind, segs);
 		stat_add(STAT_LOST);
 		return;
 	}
