@@ -16,8 +16,8 @@
  *                socket storage made at connect (base_owner_made), as
  *                sonde keeps it
  *
- * sonde's handler = base_owner + the account of the socket's segments,
- * per-kind totals and filters.
+ * sonde's handler = base_owner + the account of the socket's segments and
+ * the filters (and totals, for events that do not reach user space).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>

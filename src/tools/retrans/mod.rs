@@ -99,12 +99,13 @@ pub enum RetransMechanism {
 /// and reported as unseen_segs, of no known kind.
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
-/// 2-core VM): streaming every event as JSON to a file 3.9-4.8% of one core,
-/// 0 lost (a bpftrace printf one-liner: 6.0-6.5%); --count 0.1%; in the
-/// kernel 500-560 ns per event streaming, 850-1,370 ns with --count
-/// (bpftrace's: 1,350-1,430 ns; an empty program: 44-50 ns). Most of it is
-/// the socket's record (owner), cold with 80k sockets. Events reach the output
-/// within 50 ms. At ordinary retransmit rates (< 1k/s) the cost is negligible.
+/// 2-core VM): streaming every event as JSON to a file 3.0-3.7% of one core,
+/// 0 lost (a bpftrace printf one-liner: 5.1-5.5%); --count 0.1%; in the
+/// kernel 390-440 ns per event streaming, 700-860 ns with --count
+/// (bpftrace's: 1,100-1,230 ns; an empty program: 36-46 ns). About half of it
+/// is the socket's owner record, cold with 80k sockets (160-200 ns). Events
+/// reach the output within 50 ms. At ordinary retransmit rates (< 1k/s) the
+/// cost is negligible.
 #[derive(Debug, Args)]
 pub struct RetransArgs {
     /// Count in the kernel per flow and kind; print a sorted table at the end.
