@@ -80,24 +80,6 @@ int BPF_PROG(base_fields, const struct sock *sk, const struct sk_buff *skb)
 	return 0;
 }
 
-SEC("tp_btf/tcp_retransmit_skb")
-int BPF_PROG(base_ring, const struct sock *sk, const struct sk_buff *skb)
-{
-	struct rt_read r = {};
-	if (!rt_read_event(sk, skb, 0, true, &r))
-		return 0;
-	void *rb = rb_this_cpu();
-	if (!rb)
-		return 0;
-	struct rt_event *e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
-	if (!e)
-		return 0;
-	fill(e, &r);
-	__builtin_memset(&e->owner, 0, sizeof(e->owner));
-	bpf_ringbuf_submit(e, rb_submit_flags(rb));
-	return 0;
-}
-
 /* The owner, recorded in process context when the socket connects. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
@@ -117,8 +99,9 @@ int BPF_PROG(base_owner_made, const struct sock *sk, const int oldstate, const i
 	return 0;
 }
 
-SEC("tp_btf/tcp_retransmit_skb")
-int BPF_PROG(base_owner, const struct sock *sk, const struct sk_buff *skb)
+/* base_ring and base_owner: the event through the ring buffers, with its
+ * socket's owner if `with_owner`. */
+static __always_inline int ring_event(const struct sock *sk, const struct sk_buff *skb, bool with_owner)
 {
 	struct rt_read r = {};
 	if (!rt_read_event(sk, skb, 0, true, &r))
@@ -130,7 +113,9 @@ int BPF_PROG(base_owner, const struct sock *sk, const struct sk_buff *skb)
 	if (!e)
 		return 0;
 	fill(e, &r);
-	const struct sonde_owner *o = bpf_sk_storage_get(&base_owners, (struct sock *)sk, 0, 0);
+	const struct sonde_owner *o = NULL;
+	if (with_owner)
+		o = bpf_sk_storage_get(&base_owners, (struct sock *)sk, 0, 0);
 	if (o) {
 		e->owner = *o;
 		e->has_owner = 1;
@@ -139,4 +124,16 @@ int BPF_PROG(base_owner, const struct sock *sk, const struct sk_buff *skb)
 	}
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 	return 0;
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(base_ring, const struct sock *sk, const struct sk_buff *skb)
+{
+	return ring_event(sk, skb, false);
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(base_owner, const struct sock *sk, const struct sk_buff *skb)
+{
+	return ring_event(sk, skb, true);
 }

@@ -385,17 +385,11 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		return;
 	}
 
+	/* No ring for this CPU or a full one: the event is lost. */
 	void *rb = rb_this_cpu();
-	if (!rb) {
-		unread_total(f->kind, segs);
-		stat_add(STAT_LOST);
-		return;
-	}
-	struct rt_event *e;
-	if (want_stack)
-		e = bpf_ringbuf_reserve(rb, sizeof(struct rt_event), 0);
-	else
-		e = bpf_ringbuf_reserve(rb, EVENT_BASE_SIZE, 0);
+	struct rt_event *e = NULL;
+	if (rb)
+		e = bpf_ringbuf_reserve(rb, want_stack ? sizeof(struct rt_event) : EVENT_BASE_SIZE, 0);
 	if (!e) {
 		unread_total(f->kind, segs);
 		stat_add(STAT_LOST);
