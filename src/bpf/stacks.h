@@ -3,7 +3,10 @@
  * stacks go to a stack-trace map (deduplicated by the kernel), samples are
  * counted in a hash keyed by (process, thread, comm, kernel stack, user
  * stack), so user space work grows with unique stacks, not samples.
- * Include after the libbpf headers; the user half is src/engine/stacks.
+ * User stacks are walked from unwind tables where user space loaded them
+ * (unwind.h: unw_mode 1) and taken by frame pointers elsewhere.
+ * Include after the libbpf headers (and bpf_core_read.h); the user half is
+ * src/engine/stacks.rs.
  */
 #ifndef SONDE_STACKS_H
 #define SONDE_STACKS_H
@@ -21,12 +24,15 @@
 #endif
 
 struct stk_key {
-	__u32 pid;  /* process (tgid) */
-	__u32 tid;  /* thread, or 0 when not split by thread */
-	__s32 kstack;
-	__s32 ustack;
+	__u32 pid;    /* process (tgid) */
+	__u32 tid;    /* thread, or 0 when not split by thread */
+	__s32 kstack; /* id in stk_traces, or STK_NONE */
+	__s32 ustack; /* id in stk_traces (frame pointers), or STK_NONE */
+	__u64 uhash;  /* a walked user stack's key in unw_walked, or 0 */
 	char comm[STK_COMM_LEN];
 };
+
+#include "unwind.h"
 
 /* Why a stack is missing, counted per sample (slots after the tool's own). */
 enum stk_stat {
@@ -37,7 +43,6 @@ enum stk_stat {
 	STK_STAT_MAX,
 };
 
-#ifndef STK_NO_MAPS
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384); /* resized by user space */
@@ -66,8 +71,11 @@ struct {
 			else if (_id != -EFAULT)                                             \
 				stat(STK_KERR); /* -EFAULT: sample in user mode */           \
 		}                                                                            \
-		if ((want_user) && (key)->pid) {                                             \
+		(key)->uhash = 0;                                                            \
+		if ((want_user) && (key)->pid &&                                             \
+		    !(unw_mode && unw_capture((key)->pid, &(key)->uhash))) {                 \
 			long _id = bpf_get_stackid(ctx, &stk_traces, BPF_F_USER_STACK);      \
+			unw_stat(UNW_S_HELPER);                                              \
 			if (_id >= 0)                                                        \
 				(key)->ustack = _id;                                         \
 			else if (_id == -EEXIST)                                             \
@@ -94,6 +102,5 @@ struct {
 			}                                                                     \
 		}                                                                             \
 	} while (0)
-#endif
 
 #endif

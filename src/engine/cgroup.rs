@@ -15,6 +15,12 @@ pub fn cgroup2_root() -> Option<String> {
 
 /// Accepts an absolute path under the cgroup2 mount or a path relative to it.
 pub fn cgroup_id(path: &str) -> anyhow::Result<u64> {
+    cgroup_dir(path).map(|(id, _)| id)
+}
+
+/// The cgroup v2 directory `path` names (as [`cgroup_id`] takes it): its id
+/// and full path.
+pub fn cgroup_dir(path: &str) -> anyhow::Result<(u64, std::path::PathBuf)> {
     let root = cgroup2_root()
         .ok_or_else(|| super::error::env("--cgroup needs cgroup v2, and no cgroup2 file system is mounted; mount one or drop --cgroup"))?;
     let p = Path::new(path);
@@ -31,5 +37,5 @@ pub fn cgroup_id(path: &str) -> anyhow::Result<u64> {
             full.display()
         )));
     }
-    Ok(md.ino())
+    Ok((md.ino(), full))
 }

@@ -18,6 +18,7 @@ pub mod stacks;
 pub mod stacktool;
 pub mod symbols;
 pub mod taskfilter;
+pub mod unwind;
 
 /// Routes libbpf's own messages to stderr only with SONDE_DEBUG set: sonde
 /// reports load failures itself, in one line.

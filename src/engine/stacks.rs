@@ -27,7 +27,6 @@ use libbpf_rs::{MapCore, MapFlags};
 
 /// Deepest stack the kernel records (PERF_MAX_STACK_DEPTH).
 pub const MAX_DEPTH: usize = 127;
-const STK_NONE: i32 = -1;
 /// offcpu.h's OC_WAKER_NOT_WALKED: a waker whose stack was not walked.
 const WAKER_NOT_WALKED: i32 = -2;
 
@@ -44,6 +43,9 @@ pub struct RawSample {
     pub kstack: Vec<u64>,
     /// User stack, leaf first (empty when not captured).
     pub ustack: Vec<u64>,
+    /// For a user stack walked from unwind tables: how the walk ended
+    /// (`enum unw_end`) and how it was made (`UNW_HOW_*` bits).
+    pub walk: Option<(u8, u8)>,
     /// Samples (or the tool's weight) with these stacks.
     pub count: u64,
 }
@@ -53,18 +55,27 @@ fn comm_of(b: &[u8]) -> String {
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
 
-/// Reads every `stk_key` -> count of `counts` and the stacks they name in
-/// `traces`. Stacks are read once per id.
-pub fn read_samples(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<RawSample>> {
-    Ok(read_keyed(counts, traces)?.into_iter().map(|(s, _)| s).collect())
+/// The maps stacks are read from: the stack-trace map of frame-pointer
+/// stacks and the kernel's, and the walked user stacks (`unw_walked`).
+#[derive(Clone, Copy)]
+pub struct StackMaps<'a> {
+    /// `stk_traces`.
+    pub traces: &'a dyn MapCore,
+    /// `unw_walked`.
+    pub walked: &'a dyn MapCore,
+}
+
+/// Reads every `stk_key` -> count of `counts` and the stacks they name.
+/// Stacks are read once per id.
+pub fn read_samples(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<RawSample>> {
+    Ok(read_keyed(counts, maps)?.into_iter().map(|(s, _)| s).collect())
 }
 
 /// For keys that carry a waker after the `stk_key` (offcpu's `oc_wake_key`:
-/// kernel stack, user stack, pid, comm at bytes 32..60): (blocked, waker,
-/// whether the waker's stack was walked) triples; the waker's count is the
-/// blocked one's.
-pub fn read_wake_pairs(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<(RawSample, RawSample, bool)>> {
-    read_keyed(counts, traces)?
+/// `struct oc_waker` at byte 40): (blocked, waker, whether the waker's stack
+/// was walked) triples; the waker's count is the blocked one's.
+pub fn read_wake_pairs(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<(RawSample, RawSample, bool)>> {
+    read_keyed(counts, maps)?
         .into_iter()
         .map(|(b, w)| w.map(|(w, walked)| (b, w, walked)).ok_or_else(|| anyhow::anyhow!("count map key without a waker")))
         .collect()
@@ -80,47 +91,94 @@ pub fn read_stack(traces: &dyn MapCore, id: i32) -> anyhow::Result<Vec<u64>> {
     Ok(v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect())
 }
 
+/// A walked user stack (`struct unw_stack`): pcs leaf first, how the walk
+/// ended and how it was made; None when `walked` does not hold `hash`.
+pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Vec<u64>, u8, u8)>> {
+    if hash == 0 {
+        return Ok(None);
+    }
+    let Some(v) = walked.lookup(&hash.to_ne_bytes(), MapFlags::ANY)? else { return Ok(None) };
+    if v.len() < 8 {
+        return Ok(None);
+    }
+    let len = (u32::from_ne_bytes(v[..4].try_into().unwrap()) as usize).min(MAX_DEPTH).min((v.len() - 8) / 8);
+    let pcs = v[8..8 + len * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+    Ok(Some((pcs, v[4], v[5])))
+}
+
 /// A count-map row: the sample, and for wakeup keys the waker and whether
 /// its stack was walked.
 type Keyed = (RawSample, Option<(RawSample, bool)>);
 
-fn read_keyed(counts: &dyn MapCore, traces: &dyn MapCore) -> anyhow::Result<Vec<Keyed>> {
-    let mut stacks: HashMap<i32, Vec<u64>> = HashMap::new();
-    let mut stack = |id: i32| -> anyhow::Result<Vec<u64>> {
-        if let Some(s) = stacks.get(&id) {
+/// Bytes of `struct stk_key`; `struct oc_waker` follows it in wakeup keys.
+const KEY_BYTES: usize = 40;
+
+/// Reads stacks once per id or hash.
+struct StackReader<'a> {
+    maps: StackMaps<'a>,
+    ids: HashMap<i32, Vec<u64>>,
+    walked: HashMap<u64, Option<(Vec<u64>, u8, u8)>>,
+}
+
+impl StackReader<'_> {
+    fn id(&mut self, id: i32) -> anyhow::Result<Vec<u64>> {
+        if id < 0 {
+            return Ok(Vec::new());
+        }
+        if let Some(s) = self.ids.get(&id) {
             return Ok(s.clone());
         }
-        let s = read_stack(traces, id)?;
-        stacks.insert(id, s.clone());
+        let s = read_stack(self.maps.traces, id)?;
+        self.ids.insert(id, s.clone());
         Ok(s)
-    };
+    }
+
+    /// The user stack of (frame-pointer id, walked hash).
+    fn user(&mut self, id: i32, hash: u64) -> anyhow::Result<(Vec<u64>, Option<(u8, u8)>)> {
+        if hash == 0 {
+            return Ok((self.id(id)?, None));
+        }
+        if !self.walked.contains_key(&hash) {
+            let w = read_walked(self.maps.walked, hash)?;
+            self.walked.insert(hash, w);
+        }
+        Ok(match &self.walked[&hash] {
+            Some((pcs, end, how)) => (pcs.clone(), Some((*end, *how))),
+            None => (Vec::new(), None),
+        })
+    }
+}
+
+fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<Keyed>> {
+    let mut rd = StackReader { maps, ids: HashMap::new(), walked: HashMap::new() };
     let mut out = Vec::new();
     for key in counts.keys() {
-        if key.len() < 32 {
+        if key.len() < KEY_BYTES {
             continue;
         }
         let Some(val) = counts.lookup(&key, MapFlags::ANY)? else { continue };
         let u32_at = |o: usize| u32::from_ne_bytes(key[o..o + 4].try_into().unwrap());
-        let (kid, uid) = (u32_at(8) as i32, u32_at(12) as i32);
+        let u64_at = |o: usize| u64::from_ne_bytes(key[o..o + 8].try_into().unwrap());
         let count = u64::from_ne_bytes(val[..8].try_into().unwrap());
+        let (ustack, walk) = rd.user(u32_at(12) as i32, u64_at(16))?;
         let blocked = RawSample {
             pid: u32_at(0),
             tid: u32_at(4),
-            comm: comm_of(&key[16..32]),
-            kstack: if kid == STK_NONE { Vec::new() } else { stack(kid)? },
-            ustack: if uid == STK_NONE { Vec::new() } else { stack(uid)? },
+            comm: comm_of(&key[24..40]),
+            kstack: rd.id(u32_at(8) as i32)?,
+            ustack,
+            walk,
             count,
         };
-        let waker = if key.len() >= 60 {
-            let (wk, wu) = (u32_at(32) as i32, u32_at(36) as i32);
-            Some((RawSample {
-                pid: u32_at(40),
-                tid: 0,
-                comm: comm_of(&key[44..60]),
-                kstack: if wk < 0 { Vec::new() } else { stack(wk)? },
-                ustack: if wu < 0 { Vec::new() } else { stack(wu)? },
-                count,
-            }, wk != WAKER_NOT_WALKED))
+        // struct oc_waker: kstack, ustack, uhash, pid, comm.
+        let w = KEY_BYTES;
+        let waker = if key.len() >= w + 36 {
+            let wk = u32_at(w) as i32;
+            let (ustack, walk) = rd.user(u32_at(w + 4) as i32, u64_at(w + 8))?;
+            Some((
+                RawSample { pid: u32_at(w + 16), tid: 0, comm: comm_of(&key[w + 20..w + 36]), kstack: rd.id(wk)?, ustack, walk, count },
+                wk != WAKER_NOT_WALKED,
+            ))
         } else {
             None
         };
@@ -404,10 +462,16 @@ pub fn weight_under(stacks: &[Stack], name: &str) -> u64 {
 }
 
 /// What symbolization found, for the summary.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct SymStats {
     /// Stacks (weighted by samples) whose user part was cut short.
     pub truncated_samples: u64,
+    /// The same by why: `frame_pointers` (the kernel's frame-pointer walk
+    /// found no program start), `fp_chain` (a table walk ended in a
+    /// frame-pointer chain short of the start), or a walk's cut reason
+    /// (`depth`, `bad_read`, `no_table`, `table_gap`, `unsupported`,
+    /// `no_progress`).
+    pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
     /// Unique stacks whose user part was cut short.
     pub truncated_stacks: u64,
     /// Frames no source could name.
@@ -573,18 +637,31 @@ impl Symbols {
                 }
             }
             if !user.is_empty() {
-                // Frames outside the outermost known root are leftovers of
-                // a frame-pointer walk past it; a stack with no root (or as
-                // deep as the kernel records) was cut short.
-                match user.iter().position(|f| is_stack_root(&f.name)) {
-                    Some(r) if s.ustack.len() < MAX_DEPTH => {
-                        user.drain(..r);
+                // A walk that reached a frame whose unwind row says it has
+                // no caller is complete. Otherwise: frames outside the
+                // outermost known root are leftovers of a frame-pointer walk
+                // past it; a stack with no root (or as deep as the kernel
+                // records) was cut short.
+                let cut = match s.walk {
+                    Some((crate::engine::unwind::END_ROOT, _)) => None,
+                    Some((end, _)) if end != crate::engine::unwind::END_FP_CHAIN => {
+                        Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk"))
                     }
-                    _ => {
-                        stats.truncated_samples += s.count;
-                        stats.truncated_stacks += 1;
-                        user.insert(0, Frame::simple("[truncated]", FrameKind::Truncated, self.unknown.clone()));
-                    }
+                    _ => match user.iter().position(|f| is_stack_root(&f.name)) {
+                        Some(r) if s.ustack.len() < MAX_DEPTH => {
+                            user.drain(..r);
+                            None
+                        }
+                        _ if s.ustack.len() >= MAX_DEPTH => Some("depth"),
+                        _ if s.walk.is_some() => Some("fp_chain"),
+                        _ => Some("frame_pointers"),
+                    },
+                };
+                if let Some(why) = cut {
+                    stats.truncated_samples += s.count;
+                    stats.truncated_stacks += 1;
+                    *stats.truncated_by.entry(why).or_default() += s.count;
+                    user.insert(0, Frame::simple("[truncated]", FrameKind::Truncated, self.unknown.clone()));
                 }
             }
             frames.extend(user);

@@ -16,7 +16,8 @@ use super::{
     render::{self, Format},
     ringbuf::poll_until_stop,
     run::{RunControl, Stop},
-    stacks::{read_samples, Images, Stack, SymStats, Symbols},
+    stacks::{read_samples, Images, Stack, StackMaps, SymStats, Symbols},
+    unwind,
 };
 
 /// What the kernel half (`src/bpf/stacks.h`) counts about stacks it could not
@@ -162,9 +163,9 @@ pub struct Outputs<'a> {
 }
 
 /// Reads the counts, symbolizes and writes every output.
-pub fn finish(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
+pub fn finish(counts: &dyn MapCore, maps: StackMaps<'_>, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
     finish_with(images, o, |syms, images, sym| {
-        let mut raw = read_samples(counts, traces)?;
+        let mut raw = read_samples(counts, maps)?;
         let unique = raw.len() as u64;
         raw.iter_mut().for_each(|s| s.count /= o.divisor.max(1));
         raw.retain(|s| s.count > 0);
@@ -176,10 +177,10 @@ pub fn finish(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Ou
 /// blocked stack root first, a `--` frame, then the waker's stack leaf first
 /// and the waker's comm on top. A blocked period nobody woke (preempted) gets
 /// `[no waker]`; one counted without its waker's stack, `[waker not walked]`.
-pub fn finish_wakeup(counts: &dyn MapCore, traces: &dyn MapCore, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
+pub fn finish_wakeup(counts: &dyn MapCore, maps: StackMaps<'_>, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
     use super::stacks::{Frame, FrameKind};
     finish_with(images, o, |syms, images, sym| {
-        let mut pairs = super::stacks::read_wake_pairs(counts, traces)?;
+        let mut pairs = super::stacks::read_wake_pairs(counts, maps)?;
         pairs.iter_mut().for_each(|(b, w, _)| {
             b.count /= o.divisor.max(1);
             w.count = b.count;
@@ -273,19 +274,39 @@ pub fn print_json(stacks: &[Stack], summary: &serde_json::Value) -> anyhow::Resu
     Ok(())
 }
 
-/// The summary lines every stack tool prints about symbolization.
-pub fn sym_summary(f: &Finished, unit: &str) -> String {
+/// The summary lines every stack tool prints about symbolization and, with
+/// `unw`, about how user stacks were walked.
+pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> String {
+    let by: Vec<String> = f.sym.truncated_by.iter().map(|(k, n)| format!("{n} {k}")).collect();
     let mut s = format!(
-        "truncated user stacks: {} ({} {unit}); unknown frames: {}; symbolized {} user and {} kernel addresses in {} ms",
+        "truncated user stacks: {} ({} {unit}{}); unknown frames: {}; symbolized {} user and {} kernel addresses in {} ms",
         f.sym.truncated_stacks,
         f.sym.truncated_samples,
+        if by.is_empty() { String::new() } else { format!(": {}", by.join(", ")) },
         f.sym.unknown_frames,
         f.sym.user_addrs,
         f.sym.kernel_addrs,
         f.render_time.as_millis()
     );
-    if f.sym.truncated_stacks > 0 {
-        s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; rebuild with -fno-omit-frame-pointer (C/C++) or -C force-frame-pointers=yes (Rust)");
+    if let Some(u) = unw {
+        s.push('\n');
+        s.push_str(&u.text());
+    }
+    if f.sym.truncated_by.contains_key("frame_pointers") {
+        match unw {
+            Some(u) if !u.tables && u.fallback.is_none() => {
+                s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; --unwind auto walks them from unwind tables")
+            }
+            _ => s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; rebuild with -fno-omit-frame-pointer (C/C++) or -C force-frame-pointers=yes (Rust)"),
+        }
     }
     s
+}
+
+/// The summary's JSON fields about truncation and unwinding.
+pub fn unwind_json(f: &Finished, unw: &unwind::Report) -> serde_json::Value {
+    serde_json::json!({
+        "truncated_by": f.sym.truncated_by,
+        "unwind": unw,
+    })
 }

@@ -2,7 +2,7 @@
 //! the kernel half is `src/bpf/taskfilter.h`.
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{cgroup::cgroup_id, error::usage};
+use super::{cgroup::cgroup_dir, error::usage};
 
 /// Most processes `-p` takes (TF_MAX_PIDS).
 pub const MAX_PIDS: usize = 64;
@@ -18,6 +18,8 @@ pub struct TaskFilter {
     pub tids: Vec<u32>,
     /// cgroup v2 id, 0 for any.
     pub cgroup: u64,
+    /// That cgroup's directory.
+    pub cgroup_path: Option<std::path::PathBuf>,
     /// Thread name, up to 15 bytes.
     pub comm: Option<String>,
 }
@@ -46,9 +48,57 @@ impl TaskFilter {
                 return Err(usage(format!("--comm {c:?}: a thread name is 1 to 15 bytes (as in /proc/PID/comm)")));
             }
         }
-        let cgroup = cgroup.map(cgroup_id).transpose()?.unwrap_or(0);
-        Ok(TaskFilter { pids: pids.to_vec(), tids: tids.to_vec(), cgroup, comm: comm.map(str::to_string) })
+        let (cgroup, cgroup_path) = match cgroup.map(cgroup_dir).transpose()? {
+            Some((id, p)) => (id, Some(p)),
+            None => (0, None),
+        };
+        Ok(TaskFilter { pids: pids.to_vec(), tids: tids.to_vec(), cgroup, cgroup_path, comm: comm.map(str::to_string) })
     }
+
+    /// The processes these filters select now, or None when they select
+    /// every process (no -p, --tid, --cgroup or --comm). A process matches
+    /// every filter given, as in the kernel half.
+    pub fn processes_now(&self) -> Option<Vec<u32>> {
+        if self.pids.is_empty() && self.tids.is_empty() && self.cgroup_path.is_none() && self.comm.is_none() {
+            return None;
+        }
+        let tgid_of = |tid: u32| -> Option<u32> {
+            let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+            s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
+        };
+        let mut v: Vec<u32> = if !self.pids.is_empty() {
+            self.pids.clone()
+        } else if !self.tids.is_empty() {
+            self.tids.iter().filter_map(|t| tgid_of(*t)).collect()
+        } else if let Some(cg) = &self.cgroup_path {
+            std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+        } else {
+            all_pids()
+        };
+        if let Some(cg) = &self.cgroup_path {
+            let procs: std::collections::HashSet<u32> =
+                std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+            v.retain(|p| procs.contains(p));
+        }
+        if let Some(c) = &self.comm {
+            v.retain(|p| {
+                std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("comm")).is_ok_and(|s| s.trim_end_matches('\n') == c)
+                })
+            });
+        }
+        v.sort_unstable();
+        v.dedup();
+        Some(v)
+    }
+}
+
+/// Every process now (the numeric entries of /proc).
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+}
+
+impl TaskFilter {
 
     /// Fills the `tf_pids` map of a loaded object.
     pub fn fill_pids(&self, map: &dyn MapCore) -> anyhow::Result<()> {

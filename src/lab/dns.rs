@@ -421,6 +421,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         output: out("profile"),
         top: 10,
         json: false,
+        unwind: Default::default(),
     };
     let p = profile::run_with(&pargs, &c, || {})?;
     let cpu_sampled = p.totals.samples as f64 / (a.frequency as f64 * a.duration.as_secs_f64());
@@ -447,6 +448,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         json: false,
         mechanism: None,
         switch_only: false,
+        unwind: Default::default(),
     };
     // offcpu, or with `wake` wakeup, and the responder's hold time over its window.
     let blocked_run = |wake: bool| -> anyhow::Result<(offcpu::Outcome, u64, RunControl)> {

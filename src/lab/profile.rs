@@ -80,6 +80,7 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
         output: a.output.iter().map(PathBuf::from).collect(),
         top: 10,
         json: false,
+        unwind: Default::default(),
     };
     let ctl = RunControl::new(pargs.duration)?;
     let out = profile::run_with(&pargs, &ctl, || {})?;

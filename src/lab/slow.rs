@@ -129,6 +129,7 @@ fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, St
         user_only: false,
         kernel_only: true,
         json: false,
+        unwind: Default::default(),
     };
     let ctl = RunControl::new(Some(a.duration))?;
     let (ok0, f0) = (churn.ok.load(Ordering::Relaxed), churn.failed.load(Ordering::Relaxed));

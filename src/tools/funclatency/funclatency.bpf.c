@@ -95,6 +95,7 @@ static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now,
 	e->tid = (__u32)id;
 	e->idx = idx;
 	e->ustack = k.ustack;
+	e->uhash = k.uhash;
 	e->kstack = k.kstack;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
 	bpf_ringbuf_submit(e, 0);

@@ -30,6 +30,7 @@ struct fl_slow_event {
 	__s32 kstack;     /* softirqs: kernel stack at its exit */
 	char comm[16];
 	__u32 pad;
+	__u64 uhash;      /* or: the walked user stack (unw_walked) */
 };
 
 enum fl_stat {

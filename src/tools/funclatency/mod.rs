@@ -175,6 +175,8 @@ struct Loaded {
     umulti: bool,
     /// Functions the kernel refused a uprobe on (ENOTSUPP), not traced.
     unprobeable: Vec<String>,
+    /// slow: the unwinder of its stacks.
+    session: crate::engine::unwind::Session,
 }
 
 /// `slow`'s additions to the kernel half.
@@ -183,6 +185,7 @@ struct SlowCfg {
     hz: u64,
     want_kernel: bool,
     want_user: bool,
+    unwind: crate::engine::unwind::Plan,
 }
 
 /// How to load: tp_btf softirqs (`typed`), the kernel-function mechanism,
@@ -198,6 +201,9 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     let Way { typed, kmech, umulti } = way;
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
+    let fp = crate::engine::unwind::Plan::fp();
+    let plan = slow.map(|c| &c.unwind).unwrap_or(&fp);
+    crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     crate::set_task_filter!(&mut *ro, tf);
     let mut softirq = false;
@@ -251,7 +257,11 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     }
     let skel = open.load().context("loading BPF programs")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
+    let session = crate::engine::unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
     let mut links = Vec::new();
+    if plan.tables {
+        links.push(Attachment::Lib(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?));
+    }
     let mut unprobeable: Vec<usize> = Vec::new();
     // Processes user-function probes are placed in (-1: every process).
     let upids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
@@ -323,7 +333,7 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
         anyhow::bail!("the kernel refuses every one of the {} kernel functions by this mechanism", kfuncs.len());
     }
     let unprobeable = unprobeable.into_iter().map(|i| probes[i].name.clone()).collect();
-    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti, unprobeable })
+    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti, unprobeable, session })
 }
 
 /// One uprobe.multi link per binary (and per -p process) for the entries or

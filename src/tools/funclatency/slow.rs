@@ -15,8 +15,9 @@ use crate::engine::{
     perf::percpu_sum,
     pprof::Weight,
     run::{duration_arg, RunControl, Stop},
-    stacks::{read_stack, RawSample, Stack, SymStats, Symbols},
+    stacks::{read_stack, read_walked, RawSample, Stack, StackMaps, SymStats, Symbols},
     stacktool::{self, StackLoss},
+    unwind::{self, UnwindArgs},
 };
 
 /// Most slow calls kept for the list (all are counted).
@@ -65,6 +66,9 @@ pub struct SlowArgs {
     /// JSON lines: each slow call, each flame-graph stack, then a summary.
     #[arg(long)]
     pub json: bool,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub unwind: UnwindArgs,
 }
 
 /// One call over the threshold.
@@ -102,11 +106,13 @@ struct Event {
     idx: u32,
     ustack: i32,
     kstack: i32,
+    uhash: u64,
     comm: String,
 }
 
 fn parse(d: &[u8]) -> Option<Event> {
-    if d.len() < 52 {
+    // struct fl_slow_event
+    if d.len() < 64 {
         return None;
     }
     let u32_at = |o: usize| u32::from_ne_bytes(d[o..o + 4].try_into().unwrap());
@@ -118,6 +124,7 @@ fn parse(d: &[u8]) -> Option<Event> {
         idx: u32_at(24),
         ustack: u32_at(28) as i32,
         kstack: u32_at(32) as i32,
+        uhash: u64::from_ne_bytes(d[56..64].try_into().unwrap()),
         comm: String::from_utf8_lossy(&d[36..36 + end]).into_owned(),
     })
 }
@@ -131,11 +138,13 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let (tf, probes) = a.scope.resolve()?;
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only };
+    let plan = unwind::Plan::new(&a.unwind)?;
+    let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only, unwind: plan };
     let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, Some(&cfg))?;
     ctl.start_clock();
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
+    let um = crate::unw_maps!(skel);
     let events: Rc<RefCell<(Vec<Event>, u64)>> = Rc::default();
     let sink = events.clone();
     let mut rb = RingBufferBuilder::new();
@@ -159,6 +168,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         a.scope.duration,
         Some(&rb),
         || {
+            loaded.session.tick(&um);
             // As in funclatency: a thread that exits inside a call would keep
             // it in flight, old enough to look slow to the sampler.
             super::prune_dead_threads(&skel.maps.stacks);
@@ -181,6 +191,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     super::detach(loaded.links);
     let _ = rb.consume();
     let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
+    let unwind = loaded.session.report(&um)?;
 
     // The slow calls, slowest first, with their callers' stacks.
     let (mut evs, slow_total) = std::mem::take(&mut *events.borrow_mut());
@@ -188,14 +199,11 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let raws: Vec<RawSample> = evs
         .iter()
         .map(|e| {
-            Ok(RawSample {
-                pid: e.pid,
-                tid: e.tid,
-                comm: e.comm.clone(),
-                kstack: read_stack(&skel.maps.stk_traces, e.kstack)?,
-                ustack: read_stack(&skel.maps.stk_traces, e.ustack)?,
-                count: 1,
-            })
+            let (ustack, walk) = match read_walked(&skel.maps.unw_walked, e.uhash)? {
+                Some((pcs, end, how)) => (pcs, Some((end, how))),
+                None => (read_stack(&skel.maps.stk_traces, e.ustack)?, None),
+            };
+            Ok(RawSample { pid: e.pid, tid: e.tid, comm: e.comm.clone(), kstack: read_stack(&skel.maps.stk_traces, e.kstack)?, ustack, walk, count: 1 })
         })
         .collect::<anyhow::Result<_>>()?;
     for e in &evs {
@@ -225,7 +233,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     };
     let f = stacktool::finish(
         &skel.maps.stk_counts,
-        &skel.maps.stk_traces,
+        StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
         images,
         &stacktool::Outputs {
             outs: &outs,
@@ -251,6 +259,10 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         "not_timed": not_timed,
         "truncated_stacks": f.sym.truncated_stacks + sym.truncated_stacks,
     });
+    let mut summary = summary;
+    if let (Some(o), serde_json::Value::Object(u)) = (summary.as_object_mut(), stacktool::unwind_json(&f, &unwind)) {
+        o.extend(u);
+    }
     Ok(Outcome { calls, stacks: f.stacks, summary, stop })
 }
 

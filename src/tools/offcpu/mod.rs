@@ -18,9 +18,10 @@ use crate::engine::{
     pprof::Weight,
     render::Format,
     run::{duration_arg, duration_or_zero_arg, RunControl, Stop},
-    stacks::Stack,
+    stacks::{Stack, StackMaps},
     stacktool::{self, StackLoss},
     taskfilter::TaskFilter,
+    unwind::{self, UnwindArgs},
 };
 
 mod skel {
@@ -126,6 +127,9 @@ pub struct OffcpuArgs {
     /// sched_exit_tp hook (every block's stacks, no sampling), to compare.
     #[arg(long)]
     pub switch_only: bool,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub unwind: UnwindArgs,
 }
 
 /// Attach mechanisms offcpu and wakeup can use.
@@ -153,12 +157,14 @@ pub struct Outcome {
 
 struct Loaded {
     skel: OffcpuSkel<'static>,
+    session: unwind::Session,
     _links: Vec<Link>,
 }
 
-fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism, wake: bool, at_exit: bool) -> anyhow::Result<Loaded> {
+fn load(a: &OffcpuArgs, tf: &TaskFilter, plan: &unwind::Plan, mech: Mechanism, wake: bool, at_exit: bool) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
+    crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     ro.want_kernel = !a.user_only;
     ro.want_user = !a.kernel_only;
@@ -187,14 +193,19 @@ fn load(a: &OffcpuArgs, tf: &TaskFilter, mech: Mechanism, wake: bool, at_exit: b
     open.progs.raw_waking.set_autoload(!typed && wake);
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
     tf.fill_pids(&skel.maps.tf_pids)?;
-    let mut links = vec![if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? }];
+    let session = unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
+    let mut links = Vec::new();
+    if plan.tables {
+        links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
+    }
+    links.push(if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? });
     if at_exit {
         links.push(if typed { skel.progs.btf_exit.attach()? } else { skel.progs.raw_exit.attach()? });
     }
     if wake {
         links.push(if typed { skel.progs.btf_waking.attach()? } else { skel.progs.raw_waking.attach()? });
     }
-    Ok(Loaded { skel, _links: links })
+    Ok(Loaded { skel, session, _links: links })
 }
 
 fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilter)> {
@@ -223,6 +234,7 @@ fn us(v: u64) -> String {
 pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
+    let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();
     let order: &[Mechanism] = match a.mechanism {
         None => &[Mechanism::TpBtf, Mechanism::RawTp],
@@ -234,23 +246,34 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let exit = if a.switch_only {
         Err(anyhow::anyhow!("--switch-only"))
     } else {
-        with_fallbacks("sched:sched_switch and sched_exit_tp", order, |m| load(a, &tf, m, wake, true))
+        with_fallbacks("sched:sched_switch and sched_exit_tp", order, |m| load(a, &tf, &plan, m, wake, true))
     };
     let (loaded, mech, at_exit) = match exit {
         Ok((l, m, _)) => (l, m, true),
         Err(_) => {
-            let (l, m, _) = with_fallbacks("sched:sched_switch", order, |m| load(a, &tf, m, wake, false))?;
+            let (l, m, _) = with_fallbacks("sched:sched_switch", order, |m| load(a, &tf, &plan, m, wake, false))?;
             (l, m, false)
         }
     };
     let attached = std::time::Instant::now();
-    let skel = &loaded.skel;
+    let Loaded { skel, mut session, _links } = loaded;
+    let skel = &skel;
+    let um = crate::unw_maps!(skel);
     ready();
     let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
-    let (stop, images) = stacktool::run_until_stop(counts, ctl, a.duration, None, Vec::new, || {
-        Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
-    })?;
-    drop(loaded._links);
+    let (stop, images) = stacktool::run_until_stop(
+        counts,
+        ctl,
+        a.duration,
+        None,
+        || {
+            session.tick(&um);
+            Vec::new()
+        },
+        || Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?)),
+    )?;
+    drop(_links);
+    let unwind = session.report(&um)?;
     // The window the programs were attached: what the counts cover.
     let elapsed = attached.elapsed();
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
@@ -263,7 +286,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let finish = if wake { stacktool::finish_wakeup } else { stacktool::finish };
     let f = finish(
         counts,
-        &skel.maps.stk_traces,
+        StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
         images,
         &stacktool::Outputs {
             outs: &outs,
@@ -288,6 +311,9 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         "lost": lost,
         "truncated_stacks": f.sym.truncated_stacks, "unknown_frames": f.sym.unknown_frames,
     });
+    if let (Some(o), serde_json::Value::Object(u)) = (summary.as_object_mut(), stacktool::unwind_json(&f, &unwind)) {
+        o.extend(u);
+    }
     if wake {
         summary["waker_not_walked"] = not_walked.into();
     }
@@ -312,7 +338,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         loss.kernel_errors,
         loss.user_errors,
         loss.counts_full,
-        stacktool::sym_summary(&f, "us")
+        stacktool::sym_summary(&f, "us", Some(&unwind))
     );
     Ok(Outcome { stacks: f.stacks, summary, text, stop })
 }

@@ -194,6 +194,7 @@ static __always_inline void take_waker(__u32 tid, struct oc_wake_key *wk)
 	} else {
 		wk->waker.kstack = STK_NONE; /* preempted: nobody woke it */
 		wk->waker.ustack = STK_NONE;
+		wk->waker.uhash = 0;
 	}
 }
 
@@ -241,6 +242,7 @@ static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct
 			STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
 			s.kstack = k.kstack;
 			s.ustack = k.ustack;
+			s.uhash = k.uhash;
 		}
 		__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
 		/* prev is current: the trusted pointer to it. */
@@ -255,7 +257,7 @@ static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct
 	if (!s)
 		return 0;
 	__u64 delta = bpf_ktime_get_ns() - s->ts;
-	struct stk_key k = {.kstack = s->kstack, .ustack = s->ustack};
+	struct stk_key k = {.kstack = s->kstack, .ustack = s->ustack, .uhash = s->uhash};
 	start_end(s, ntid, direct);
 	struct oc_wake_key wk = {};
 	take_waker(ntid, &wk);
@@ -370,7 +372,7 @@ static __always_inline int on_waking(void *ctx, struct task_struct *p, bool dire
 	__u64 id = bpf_get_current_pid_tgid();
 	tmp.pid = id >> 32;
 	STK_CAPTURE(ctx, &tmp, true, want_user, stk_stat);
-	struct oc_waker w = {.kstack = tmp.kstack, .ustack = tmp.ustack, .pid = tmp.pid};
+	struct oc_waker w = {.kstack = tmp.kstack, .ustack = tmp.ustack, .uhash = tmp.uhash, .pid = tmp.pid};
 	bpf_get_current_comm(w.comm, sizeof(w.comm));
 	bpf_map_update_elem(&wakers, &tid, &w, BPF_ANY);
 	return 0;

@@ -11,6 +11,7 @@ struct oc_start {
 	__u64 end;    /* tp_btf with the exit hook: when it was switched back in */
 	__s32 kstack; /* taken at switch-out when there is no exit hook */
 	__s32 ustack;
+	__u64 uhash;
 	__u64 wdelta; /* wakeup with sampling: period so far when woken */
 	__u32 skip;   /* wakeup with sampling: left out at the wake-up */
 	__u32 pad;
@@ -21,6 +22,7 @@ struct oc_start {
 struct oc_waker {
 	__s32 kstack;
 	__s32 ustack;
+	__u64 uhash;
 	__u32 pid;
 	char comm[STK_COMM_LEN];
 	__u32 pad;

@@ -18,8 +18,10 @@ use crate::engine::{
     render::Format,
     run::{duration_arg, RunControl, Stop},
     stacks::SymStats,
+    stacks::StackMaps,
     stacktool::{self, StackLoss},
     taskfilter::TaskFilter,
+    unwind::{self, UnwindArgs},
 };
 
 mod skel {
@@ -102,6 +104,9 @@ pub struct ProfileArgs {
     /// Print every stack as a JSON line on stdout, then a summary line.
     #[arg(long)]
     pub json: bool,
+    /// How user stacks are walked.
+    #[command(flatten)]
+    pub unwind: UnwindArgs,
 }
 
 /// What a finished profile saw (labs and tests use it).
@@ -114,6 +119,10 @@ pub struct Outcome {
     pub stop: Stop,
     /// The summary's symbolization lines.
     pub sym_line: String,
+    /// How user stacks were walked.
+    pub unwind: unwind::Report,
+    /// The summary's JSON fields about truncation and unwinding.
+    pub unwind_json: serde_json::Value,
 }
 
 /// Summary numbers of a run.
@@ -163,9 +172,10 @@ struct Loaded {
     _links: Vec<Link>,
 }
 
-fn load(a: &ProfileArgs, tf: &TaskFilter) -> anyhow::Result<Loaded> {
+fn load(a: &ProfileArgs, tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, unwind::Session)> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = ProfileSkelBuilder::default().open(storage).context("opening BPF object")?;
+    crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     ro.include_idle = a.include_idle;
     ro.want_kernel = !a.user_only;
@@ -174,32 +184,49 @@ fn load(a: &ProfileArgs, tf: &TaskFilter) -> anyhow::Result<Loaded> {
     crate::set_task_filter!(&mut *ro, tf);
     let skel = open.load().context("loading the profile program")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
+    // Tables of the targets before the first sample.
+    let session = unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
+    let mut links = Vec::new();
+    if plan.tables {
+        links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
+    }
     let counter = match a.event {
         Event::CpuClock => Counter::CpuClock,
         Event::Cycles => Counter::Cycles,
     };
-    let links = crate::engine::perf::attach_sampling(&skel.progs.on_sample, counter, a.frequency, |cpu, e| match (a.event, e.raw_os_error()) {
+    links.extend(crate::engine::perf::attach_sampling(&skel.progs.on_sample, counter, a.frequency, |cpu, e| match (a.event, e.raw_os_error()) {
         (Event::Cycles, Some(libc::ENOENT | libc::EOPNOTSUPP | libc::ENODEV)) => {
             env("--event cycles: this machine has no usable cycles counter (no PMU, e.g. in a VM); use the default cpu-clock")
         }
         _ => anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
-    })?;
-    Ok(Loaded { skel, _links: links })
+    })?);
+    Ok((Loaded { skel, _links: links }, session))
 }
 
 /// Runs a profile; `ready` is called once sampling runs.
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
+    let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();
-    let loaded = load(a, &tf)?;
+    let (loaded, mut session) = load(a, &tf, &plan)?;
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
+    let um = crate::unw_maps!(skel);
     ready();
-    let (stop, images) = stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, None, Vec::new, || {
-        Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?))
-    })?;
+    let (stop, images) = stacktool::run_until_stop(
+        &skel.maps.stk_counts,
+        ctl,
+        a.duration,
+        None,
+        || {
+            session.tick(&um);
+            Vec::new()
+        },
+        || Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?)),
+    )?;
     drop(loaded._links);
+    let unwind = session.report(&um)?;
     // The window the programs were attached: what the counts cover.
     let elapsed = attached.elapsed();
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
@@ -212,7 +239,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     };
     let f = stacktool::finish(
         &skel.maps.stk_counts,
-        &skel.maps.stk_traces,
+        StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
         images,
         &stacktool::Outputs {
             outs: &outs,
@@ -225,11 +252,12 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             relabel: None,
         },
     )?;
+    let sym_line = stacktool::sym_summary(&f, "samples", Some(&unwind));
+    let unwind_json = stacktool::unwind_json(&f, &unwind);
     totals.unique_stacks = f.unique;
     totals.sym = f.sym;
     totals.render_time = f.render_time;
-    let sym_line = stacktool::sym_summary(&f, "samples");
-    Ok(Outcome { stacks: f.stacks, totals, stop, sym_line })
+    Ok(Outcome { stacks: f.stacks, totals, stop, sym_line, unwind, unwind_json })
 }
 
 fn summary(t: &Totals, hz: u64, sym_line: &str) -> String {
@@ -267,6 +295,7 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
             "lost": t.loss.json_fields(),
             "truncated_stacks": t.sym.truncated_stacks, "truncated_samples": t.sym.truncated_samples,
             "unknown_frames": t.sym.unknown_frames,
+            "truncated_by": out.unwind_json["truncated_by"], "unwind": out.unwind_json["unwind"],
         });
         stacktool::print_json(&out.stacks, &v)?;
         return Ok(out.stop.exit_code());

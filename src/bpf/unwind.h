@@ -1,0 +1,530 @@
+/*
+ * User stacks walked in the kernel from unwind tables, for programs built
+ * without frame pointers. The tables are built in user space from each
+ * executable's .eh_frame / .debug_frame (src/engine/unwind/), one compact
+ * row per address range, and loaded into the maps below before the
+ * processes they serve are sampled.
+ *
+ * Per frame: find the mapping of the pc in the process's sorted mapping
+ * list (binary search), the 64 KiB page of its executable's table (an array
+ * index), the row within the page (binary search), then compute the CFA,
+ * read the return address at CFA-8 and the caller's rbp where the row says.
+ * Frames in code without a table (JIT, Go, hand-written assembly) take the
+ * frame pointer instead. One frame is one call of unw_step, a global BPF
+ * function (verified once, not per frame), from a bounded loop of up to
+ * STK_MAX_DEPTH iterations: no bpf_loop, no tail calls, so no per-hook
+ * program arrays and no tail-call depth limit. Each walked stack is hashed
+ * and stored once in unw_walked, so user space reads each unique stack
+ * once, as with bpf_get_stackid. Included by stacks.h.
+ */
+#ifndef SONDE_UNWIND_H
+#define SONDE_UNWIND_H
+
+#include <bpf/bpf_core_read.h>
+
+#define UNW_MAX_MAPS 256        /* executable mappings per process */
+#define UNW_CHUNK_SHIFT 17      /* rows per chunk: 128 Ki (1 MiB) */
+#define UNW_CHUNK_ROWS (1 << UNW_CHUNK_SHIFT)
+#define UNW_MAX_CHUNKS 512      /* at most 512 MiB of rows */
+#define UNW_PAGE_SHIFT 16       /* a table page covers 64 KiB of code */
+#define UNW_SEARCH_STEPS 17     /* log2(rows in a page) + 1 */
+#define UNW_MAP_STEPS 9         /* log2(UNW_MAX_MAPS) + 1 */
+
+/* Row fields (src/engine/unwind/table.rs, Rule::encode). */
+#define UNW_GAP 0
+#define UNW_RSP 1
+#define UNW_RBP 2
+#define UNW_PLT 3
+#define UNW_DEREF_RSP 4
+#define UNW_DEREF_RBP 5
+#define UNW_STOP 6
+#define UNW_SIGNAL 7
+#define UNW_UNSUPPORTED 8
+#define UNW_RBP_SAME 0
+#define UNW_RBP_AT_CFA 1
+#define UNW_RBP_AT_RBP 2
+#define UNW_RBP_UNKNOWN 3
+
+/* One executable mapping of a process. */
+struct unw_map {
+	__u64 start;
+	__u64 end;
+	__u64 bias;       /* the file's virtual address of pc is pc - bias */
+	__u64 lo_page;    /* vaddr >> UNW_PAGE_SHIFT of the table's first page */
+	__u32 first_page; /* its index in unw_pages */
+	__u32 n_pages;    /* 0: no table (frame pointers) */
+};
+
+/* A process's executable mappings, sorted by start. */
+struct unw_proc {
+	__u32 n;
+	__u32 pad;
+	struct unw_map maps[UNW_MAX_MAPS];
+};
+
+/* Why a walk ended (slots STK_U_END + this in the tool's stats). */
+enum unw_end {
+	UNW_END_ROOT = 0,     /* the outermost frame: its row says there is no caller */
+	UNW_END_FP_CHAIN,     /* a frame-pointer step found the chain's end (rbp or return address 0) */
+	UNW_END_DEPTH,        /* STK_MAX_DEPTH frames */
+	UNW_END_READ,         /* reading the stack failed (page not resident, bad address) */
+	UNW_END_NO_TABLE,     /* a frame without a table and without a usable frame pointer */
+	UNW_END_GAP,          /* a gap in a table (code without CFI) and no usable frame pointer */
+	UNW_END_UNSUPPORTED,  /* a rule the walk does not evaluate */
+	UNW_END_NO_PROGRESS,  /* the stack pointer did not move up: corrupt stack or table */
+	UNW_END_MAX,
+};
+
+/* How a walked stack was made (unw_stack.how bits). */
+#define UNW_HOW_TABLE 1 /* at least one frame from a table */
+#define UNW_HOW_FP 2    /* at least one frame from its frame pointer */
+
+/* A walked user stack: unw_walked's value. */
+struct unw_stack {
+	__u32 len;
+	__u8 end; /* enum unw_end */
+	__u8 how; /* UNW_HOW_* */
+	__u16 pad;
+	__u64 pcs[STK_MAX_DEPTH]; /* leaf first; a frame interrupted by a signal is stored as pc + 1 */
+};
+
+/* Walk state, per CPU (two slots: a sampler may interrupt a walk). */
+struct unw_state {
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u64 hash;
+	__u64 tramp; /* the uretprobe trampoline's address in this process */
+	__u64 ri;    /* the next pending uretprobe's return_instance (kernel pointer) */
+	__u32 pid;
+	__u32 busy;
+	__u8 bp_ok;  /* rbp still known */
+	__u8 exact;  /* look the next pc up as is (leaf, or interrupted by a signal) */
+	__u8 why_fp; /* the end to report if the current frame-pointer step fails */
+	__u8 pad[5];
+	struct unw_stack st;
+};
+
+/* The unwinder's counters (unw_stats, summed per CPU by user space). */
+enum unw_stat {
+	UNW_S_HELPER = 0, /* user stacks by bpf_get_stackid (frame pointers) */
+	UNW_S_PENDING,    /* ... because the process's tables were not loaded yet */
+	UNW_S_NESTED,     /* ... because a walk was running on this CPU */
+	UNW_S_TABLES,     /* walked: every frame from a table */
+	UNW_S_MIXED,      /* walked: tables and frame pointers */
+	UNW_S_FPWALK,     /* walked: frame pointers only (no frame had a table) */
+	UNW_S_STORE_FULL, /* walked, not stored: unw_walked was full */
+	UNW_S_END,        /* + enum unw_end: how walks ended */
+	UNW_S_MAX = UNW_S_END + UNW_END_MAX,
+};
+
+/* 0: frame pointers only (bpf_get_stackid); 1: tables where loaded. */
+const volatile __u32 unw_mode = 0;
+
+struct unw_chunk {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, UNW_CHUNK_ROWS);
+	__type(key, __u32);
+	__type(value, __u64);
+};
+
+/* Rows, in chunks made by user space as tables are loaded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, UNW_MAX_CHUNKS);
+	__type(key, __u32);
+	__array(values, struct unw_chunk);
+} unw_chunks SEC(".maps");
+
+/* Pages: first row (chunk << UNW_CHUNK_SHIFT | index) | rows << 32. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* sized by user space */
+	__type(key, __u32);
+	__type(value, __u64);
+} unw_pages SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, struct unw_proc);
+} unw_procs SEC(".maps");
+
+/* Processes whose tables user space should load (1) or refresh (2: a pc
+ * outside every known mapping, e.g. after dlopen). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} unw_need SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384); /* sized by user space */
+	__type(key, __u64);
+	__type(value, struct unw_stack);
+} unw_walked SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct unw_state);
+} unw_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, UNW_S_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} unw_stats SEC(".maps");
+
+static __always_inline void unw_stat(__u32 slot)
+{
+	__u64 *p = bpf_map_lookup_elem(&unw_stats, &slot);
+	if (p)
+		*p += 1;
+}
+
+/* The mapping holding `addr`, or NULL. */
+static __always_inline struct unw_map *unw_find_map(struct unw_proc *p, __u64 addr)
+{
+	__u32 n = p->n;
+	if (n == 0 || n > UNW_MAX_MAPS)
+		return NULL;
+	__u32 lo = 0, hi = n;
+	for (int k = 0; k < UNW_MAP_STEPS && hi - lo > 1; k++) {
+		__u32 mid = (lo + hi) / 2;
+		if (p->maps[mid & (UNW_MAX_MAPS - 1)].start <= addr)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	struct unw_map *m = &p->maps[lo & (UNW_MAX_MAPS - 1)];
+	if (addr < m->start || addr >= m->end)
+		return NULL;
+	return m;
+}
+
+/* The row for `addr` in mapping `m`; 0 (a gap) when its table has none. */
+static __always_inline __u64 unw_find_row(struct unw_map *m, __u64 addr, bool *in_table)
+{
+	*in_table = false;
+	if (!m->n_pages)
+		return 0;
+	__u64 vaddr = addr - m->bias;
+	__u64 page = (vaddr >> UNW_PAGE_SHIFT) - m->lo_page;
+	if (page >= m->n_pages)
+		return 0;
+	*in_table = true;
+	__u32 pi = m->first_page + (__u32)page;
+	__u64 *pg = bpf_map_lookup_elem(&unw_pages, &pi);
+	if (!pg)
+		return 0;
+	__u32 first = (__u32)*pg, n = *pg >> 32;
+	if (!n)
+		return 0;
+	__u32 chunk = first >> UNW_CHUNK_SHIFT, base = first & (UNW_CHUNK_ROWS - 1);
+	void *rows = bpf_map_lookup_elem(&unw_chunks, &chunk);
+	if (!rows)
+		return 0;
+	__u16 target = vaddr & ((1 << UNW_PAGE_SHIFT) - 1);
+	__u32 lo = 0, hi = n;
+	for (int k = 0; k < UNW_SEARCH_STEPS && hi - lo > 1; k++) {
+		__u32 mid = (lo + hi) / 2;
+		__u32 i = base + mid;
+		__u64 *r = bpf_map_lookup_elem(rows, &i);
+		if (!r)
+			return 0;
+		if ((__u16)*r <= target)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	__u32 i = base + lo;
+	__u64 *r = bpf_map_lookup_elem(rows, &i);
+	/* The table's first page may start after the page does. */
+	return r && (__u16)*r <= target ? *r : 0;
+}
+
+static __always_inline bool unw_read(__u64 *dst, __u64 addr)
+{
+	return bpf_probe_read_user(dst, sizeof(*dst), (void *)addr) == 0;
+}
+
+/* A uretprobe (sonde slow's own, or anyone's) replaces the return address
+ * of the probed function's frame with its trampoline; the real one is in
+ * the thread's pending return instances, innermost first (as the kernel's
+ * own fixup_uretprobe_trampoline_entries does for perf stacks). */
+static __always_inline __u64 unw_real_ra(struct unw_state *s, __u64 ra)
+{
+	if (ra != s->tramp || !s->ri)
+		return ra;
+	struct return_instance *ri = (struct return_instance *)s->ri;
+	__u64 real = BPF_CORE_READ(ri, orig_ret_vaddr);
+	s->ri = (__u64)BPF_CORE_READ(ri, next);
+	return real;
+}
+
+/*
+ * One frame of the walk in scratch slot `slot`: record the pc, then find
+ * the caller's pc, sp and bp. Returns nonzero when the walk ends (the
+ * reason is in st.end). Global, so the verifier checks it once.
+ */
+__noinline int unw_step(__u32 slot)
+{
+	struct unw_state *s = bpf_map_lookup_elem(&unw_scratch, &slot);
+	if (!s)
+		return 1;
+	__u32 pid = s->pid;
+	struct unw_proc *p = bpf_map_lookup_elem(&unw_procs, &pid);
+	if (!p) {
+		s->st.end = UNW_END_NO_TABLE; /* forgotten mid-walk (exec) */
+		return 1;
+	}
+	__u32 len = s->st.len;
+	if (len >= STK_MAX_DEPTH) {
+		s->st.end = UNW_END_DEPTH;
+		return 1;
+	}
+	__u64 pc = s->pc;
+	bool exact = s->exact;
+	__u64 stored = (exact && len) ? pc + 1 : pc;
+	s->st.pcs[len] = stored;
+	s->st.len = len + 1;
+	s->hash = (s->hash ^ stored) * 0x100000001b3ULL;
+	s->hash ^= s->hash >> 29;
+
+	__u64 at = exact ? pc : pc - 1;
+	struct unw_map *m = unw_find_map(p, at);
+	bool in_table = false;
+	__u64 row = 0;
+	if (m)
+		row = unw_find_row(m, at, &in_table);
+	__u32 kind = (row >> 16) & 0xf;
+	__u64 sp = s->sp, bp = s->bp, cfa = 0, ra = 0;
+	__s32 off = (__s32)(row >> 32);
+
+	if (kind == UNW_GAP) {
+		if (!m) {
+			/* Code outside every mapping we know: JIT, or mapped
+			 * after the tables were loaded (ask for a refresh). */
+			__u32 two = 2;
+			bpf_map_update_elem(&unw_need, &pid, &two, BPF_NOEXIST);
+			s->why_fp = UNW_END_NO_TABLE;
+		} else {
+			s->why_fp = in_table ? UNW_END_GAP : UNW_END_NO_TABLE;
+		}
+		if (len == 0 && in_table) {
+			/* The leaf in code of a tabled file without CFI
+			 * (a PLT stub, hand-written code): nothing pushed yet. */
+			cfa = sp + 8;
+			if (!unw_read(&ra, cfa - 8)) {
+				s->st.end = UNW_END_READ;
+				return 1;
+			}
+			s->st.how |= UNW_HOW_FP;
+			goto next;
+		}
+		/* Frame pointer: [rbp] is the caller's rbp, [rbp+8] the return address. */
+		if (!s->bp_ok || bp < sp || bp == 0) {
+			s->st.end = s->why_fp;
+			return 1;
+		}
+		__u64 nbp = 0;
+		if (!unw_read(&ra, bp + 8) || !unw_read(&nbp, bp)) {
+			s->st.end = s->why_fp;
+			return 1;
+		}
+		s->st.how |= UNW_HOW_FP;
+		ra = unw_real_ra(s, ra);
+		if (ra == 0) {
+			s->st.end = UNW_END_FP_CHAIN;
+			return 1;
+		}
+		s->pc = ra;
+		s->sp = bp + 16;
+		s->bp = nbp;
+		s->exact = 0;
+		return 0;
+	}
+	s->st.how |= UNW_HOW_TABLE;
+	switch (kind) {
+	case UNW_STOP:
+		s->st.end = UNW_END_ROOT;
+		return 1;
+	case UNW_SIGNAL: {
+		/* __restore_rt: sp is the ucontext; uc_mcontext at +40 holds
+		 * rbp (+80), rsp (+120) and rip (+128) of the interrupted code. */
+		__u64 nbp = 0, nsp = 0, nip = 0;
+		if (!unw_read(&nbp, sp + 40 + 80) || !unw_read(&nsp, sp + 40 + 120) || !unw_read(&nip, sp + 40 + 128)) {
+			s->st.end = UNW_END_READ;
+			return 1;
+		}
+		s->pc = nip;
+		s->sp = nsp;
+		s->bp = nbp;
+		s->bp_ok = 1;
+		s->exact = 1;
+		return nip ? 0 : 1;
+	}
+	case UNW_RSP:
+		cfa = sp + (__s64)off;
+		break;
+	case UNW_RBP:
+		if (!s->bp_ok) {
+			s->st.end = UNW_END_UNSUPPORTED;
+			return 1;
+		}
+		cfa = bp + (__s64)off;
+		break;
+	case UNW_PLT:
+		cfa = sp + 8 + (((pc & 15) >= (__u64)off) ? 8 : 0);
+		break;
+	case UNW_DEREF_RSP:
+	case UNW_DEREF_RBP:
+		if (kind == UNW_DEREF_RBP && !s->bp_ok) {
+			s->st.end = UNW_END_UNSUPPORTED;
+			return 1;
+		}
+		if (!unw_read(&cfa, (kind == UNW_DEREF_RSP ? sp : bp) + (__s64)off)) {
+			s->st.end = UNW_END_READ;
+			return 1;
+		}
+		break;
+	default:
+		s->st.end = UNW_END_UNSUPPORTED;
+		return 1;
+	}
+	if (!unw_read(&ra, cfa - 8)) {
+		s->st.end = UNW_END_READ;
+		return 1;
+	}
+	{
+		__u32 rk = (row >> 20) & 0x3;
+		__s64 roff = (__s64)(__s8)(row >> 24) * 8;
+		if (rk == UNW_RBP_AT_CFA || rk == UNW_RBP_AT_RBP) {
+			__u64 nbp = 0;
+			if (!unw_read(&nbp, (rk == UNW_RBP_AT_CFA ? cfa : bp) + roff)) {
+				s->st.end = UNW_END_READ;
+				return 1;
+			}
+			s->bp = nbp;
+			s->bp_ok = 1;
+		} else if (rk == UNW_RBP_UNKNOWN) {
+			s->bp_ok = 0;
+		}
+	}
+next:
+	ra = unw_real_ra(s, ra);
+	if (cfa <= sp) {
+		s->st.end = UNW_END_NO_PROGRESS;
+		return 1;
+	}
+	if (ra == 0) {
+		s->st.end = UNW_END_FP_CHAIN;
+		return 1;
+	}
+	s->pc = ra;
+	s->sp = cfa;
+	s->exact = 0;
+	return 0;
+}
+
+/*
+ * Walks the current task's user stack from the tables into unw_walked and
+ * sets *uhash to the stack's hash there (0: no user stack, a kernel thread,
+ * or unw_walked full). Returns false when the caller should take the
+ * frame-pointer stack instead: the process's tables are not loaded yet
+ * (user space is asked to load them), or a walk is already running on
+ * this CPU.
+ */
+static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
+{
+	*uhash = 0;
+	struct unw_proc *p = bpf_map_lookup_elem(&unw_procs, &pid);
+	if (!p) {
+		__u32 one = 1;
+		bpf_map_update_elem(&unw_need, &pid, &one, BPF_NOEXIST);
+		unw_stat(UNW_S_PENDING);
+		return false;
+	}
+	__u32 slot = 0;
+	struct unw_state *s = bpf_map_lookup_elem(&unw_scratch, &slot);
+	if (!s)
+		return false;
+	if (s->busy) {
+		slot = 1;
+		s = bpf_map_lookup_elem(&unw_scratch, &slot);
+		if (!s || s->busy) {
+			unw_stat(UNW_S_NESTED);
+			return false;
+		}
+	}
+	struct task_struct *task = bpf_get_current_task_btf();
+	if (!BPF_CORE_READ(task, mm))
+		return true; /* a kernel thread: no user stack */
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	if (!regs)
+		return true;
+	s->busy = 1;
+	s->ri = 0;
+	s->tramp = 0;
+	struct uprobe_task *ut = BPF_CORE_READ(task, utask);
+	if (ut) {
+		s->ri = (__u64)BPF_CORE_READ(ut, return_instances);
+		if (s->ri)
+			s->tramp = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
+	}
+	s->pc = BPF_CORE_READ(regs, ip);
+	s->sp = BPF_CORE_READ(regs, sp);
+	s->bp = BPF_CORE_READ(regs, bp);
+	s->pid = pid;
+	s->hash = 0xcbf29ce484222325ULL;
+	s->bp_ok = 1;
+	s->exact = 1;
+	s->why_fp = UNW_END_NO_TABLE;
+	s->st.len = 0;
+	s->st.end = UNW_END_DEPTH;
+	s->st.how = 0;
+	s->st.pad = 0;
+	for (int i = 0; i < STK_MAX_DEPTH + 1; i++)
+		if (unw_step(slot))
+			break;
+
+	__u8 how = s->st.how, end = s->st.end;
+	unw_stat(!(how & UNW_HOW_TABLE) ? UNW_S_FPWALK : (how & UNW_HOW_FP) ? UNW_S_MIXED : UNW_S_TABLES);
+	if (end < UNW_END_MAX)
+		unw_stat(UNW_S_END + end);
+	__u64 h = s->hash ^ ((__u64)end << 56) ^ ((__u64)how << 48) ^ s->st.len;
+	h *= 0x9e3779b97f4a7c15ULL;
+	h ^= h >> 31;
+	if (!h)
+		h = 1;
+	if (!bpf_map_lookup_elem(&unw_walked, &h) && bpf_map_update_elem(&unw_walked, &h, &s->st, BPF_NOEXIST) &&
+	    !bpf_map_lookup_elem(&unw_walked, &h)) {
+		unw_stat(UNW_S_STORE_FULL);
+		h = 0;
+	}
+	s->busy = 0;
+	*uhash = h;
+	return true;
+}
+
+/* An exec replaces the process's mappings: forget its tables, so its next
+ * sample asks for new ones. */
+SEC("raw_tp/sched_process_exec")
+int unw_exec(void *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (bpf_map_lookup_elem(&unw_procs, &pid))
+		bpf_map_delete_elem(&unw_procs, &pid);
+	return 0;
+}
+
+#endif

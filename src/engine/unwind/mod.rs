@@ -1,0 +1,416 @@
+//! User stacks without frame pointers: unwind tables built in user space
+//! from each executable's call-frame information, loaded into BPF maps, and
+//! walked in the kernel by `src/bpf/unwind.h` at every sample.
+//!
+//! - [`elf`] reads an executable's segments, build ID and unwind sections;
+//! - [`table`] reduces its CFI to compact rows;
+//! - [`cache`] keeps built tables on disk by build ID;
+//! - [`kernel`] lays tables out in the kernel's maps and tells the walk which
+//!   executable each process has mapped where.
+pub mod cache;
+pub mod elf;
+pub mod kernel;
+pub mod table;
+
+use thiserror::Error;
+
+/// Why an executable has no table.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum UnwindError {
+    /// Not an x86-64 ELF file.
+    #[error("not an x86-64 ELF file: {0}")]
+    NotElf(String),
+    /// No `.eh_frame` and no `.debug_frame`.
+    #[error("no .eh_frame or .debug_frame")]
+    NoUnwindInfo,
+    /// A header or section could not be parsed.
+    #[error("malformed: {0}")]
+    Malformed(String),
+    /// Over a size bound.
+    #[error("too big: {0}")]
+    TooBig(String),
+    /// Could not be read.
+    #[error("unreadable: {0}")]
+    Io(String),
+}
+
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use libbpf_rs::{MapCore, MapFlags};
+
+use super::{error::env, perf::percpu_sum, taskfilter::TaskFilter};
+
+/// How user stacks are walked (`--unwind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnwindMode {
+    /// Unwind tables where an executable has them, frame pointers elsewhere;
+    /// frame pointers only when this kernel cannot walk tables.
+    #[default]
+    Auto,
+    /// Frame pointers only (the kernel's own walk): cheapest; stacks through
+    /// code built without frame pointers are cut short.
+    Fp,
+    /// As auto, but refuse to run when this kernel cannot walk tables.
+    Dwarf,
+}
+
+/// `--unwind`, shared by the stack tools.
+#[derive(Debug, Clone, Args, Default)]
+pub struct UnwindArgs {
+    /// How to walk user stacks: auto (unwind tables from each executable's
+    /// .eh_frame where it has one, frame pointers elsewhere), fp (frame
+    /// pointers only), dwarf (as auto, but exit 2 when this kernel cannot).
+    #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
+    pub unwind: UnwindMode,
+}
+
+/// Whether this kernel can run the walk (`unwind.h`): the helpers it calls
+/// from sampling and tracing programs. `Err` names what is missing.
+pub fn kernel_can_walk() -> Result<(), String> {
+    let helper = |prog: libbpf_sys::bpf_prog_type, f: libbpf_sys::bpf_func_id| {
+        // SAFETY: a probe with no options; it loads and frees a tiny program.
+        unsafe { libbpf_sys::libbpf_probe_bpf_helper(prog, f, std::ptr::null()) == 1 }
+    };
+    for (f, name, since) in [
+        (libbpf_sys::BPF_FUNC_get_current_task_btf, "bpf_get_current_task_btf", "5.11"),
+        (libbpf_sys::BPF_FUNC_task_pt_regs, "bpf_task_pt_regs", "5.15"),
+    ] {
+        if !helper(libbpf_sys::BPF_PROG_TYPE_PERF_EVENT, f) {
+            return Err(format!("this kernel has no {name} helper (Linux {since}+)"));
+        }
+    }
+    Ok(())
+}
+
+/// What a run does about user stacks, decided before its programs load.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Whether tables are walked (unw_mode = 1).
+    pub tables: bool,
+    /// The mode asked for.
+    pub asked: UnwindMode,
+    /// Why tables are not walked in auto mode, if they are not.
+    pub fallback: Option<String>,
+}
+
+impl Plan {
+    /// Frame pointers only (for programs that take no user stacks).
+    pub fn fp() -> Plan {
+        Plan { tables: false, asked: UnwindMode::Fp, fallback: None }
+    }
+
+    /// Decides from `--unwind` and the kernel; `--unwind dwarf` on a kernel
+    /// that cannot walk tables is an environment error (exit 2).
+    pub fn new(a: &UnwindArgs) -> anyhow::Result<Plan> {
+        match a.unwind {
+            UnwindMode::Fp => Ok(Plan { tables: false, asked: a.unwind, fallback: None }),
+            m => match kernel_can_walk() {
+                Ok(()) => Ok(Plan { tables: true, asked: m, fallback: None }),
+                Err(why) if m == UnwindMode::Dwarf => {
+                    Err(env(format!("--unwind dwarf: {why}, so user stacks cannot be walked from unwind tables; use --unwind fp")))
+                }
+                Err(why) => Ok(Plan { tables: false, asked: m, fallback: Some(why) }),
+            },
+        }
+    }
+
+    /// Pages of code the page index holds: 4 GiB of text for runs with
+    /// targets, 16 GiB system-wide (8 bytes each).
+    pub fn pages(&self, targeted: bool) -> u32 {
+        match (self.tables, targeted) {
+            (false, _) => 1,
+            (true, true) => 1 << 16,
+            (true, false) => 1 << 18,
+        }
+    }
+}
+
+/// Sets the unwinder's read-only data and map sizes of an open skeleton:
+/// `$open` is the `Open*Skel`, `$plan` a [`Plan`], `$targeted` whether the
+/// run has task filters.
+#[macro_export]
+macro_rules! set_unwind {
+    ($open:expr, $plan:expr, $targeted:expr) => {{
+        let (open, plan) = ($open, $plan);
+        open.maps.rodata_data.as_deref_mut().expect("rodata present").unw_mode = plan.tables as u32;
+        open.maps.unw_pages.set_max_entries(plan.pages($targeted))?;
+        open.progs.unw_exec.set_autoload(plan.tables);
+    }};
+}
+
+/// The unwinder's maps in a loaded object.
+pub struct UnwMaps<'a> {
+    /// `unw_procs`.
+    pub procs: &'a dyn MapCore,
+    /// `unw_pages`.
+    pub pages: &'a dyn MapCore,
+    /// `unw_chunks`.
+    pub chunks: &'a dyn MapCore,
+    /// `unw_need`.
+    pub need: &'a dyn MapCore,
+    /// `unw_stats`.
+    pub stats: &'a dyn MapCore,
+    /// `unw_walked`.
+    pub walked: &'a dyn MapCore,
+}
+
+/// The [`UnwMaps`] of a loaded skeleton `$skel`.
+#[macro_export]
+macro_rules! unw_maps {
+    ($skel:expr) => {{
+        let m = &$skel.maps;
+        $crate::engine::unwind::UnwMaps {
+            procs: &m.unw_procs,
+            pages: &m.unw_pages,
+            chunks: &m.unw_chunks,
+            need: &m.unw_need,
+            stats: &m.unw_stats,
+            walked: &m.unw_walked,
+        }
+    }};
+}
+
+/// The walk's counters (`enum unw_stat`).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct WalkCounts {
+    /// User stacks taken by frame pointers (the kernel's walk).
+    pub frame_pointer_stacks: u64,
+    /// ... of which while the process's tables were loading.
+    pub while_loading: u64,
+    /// ... of which because a walk was running on the CPU.
+    pub nested: u64,
+    /// Walked with tables for every frame.
+    pub tables: u64,
+    /// Walked with tables and frame pointers.
+    pub mixed: u64,
+    /// Walked with frame pointers only (no frame had a table).
+    pub fp_walked: u64,
+    /// Walked but not stored (the walked-stack map was full).
+    pub store_full: u64,
+    /// Walks that reached the program's start (or a frame-pointer chain's end).
+    pub complete: u64,
+    /// Walks cut short, by reason.
+    pub cut: CutReasons,
+}
+
+/// Why walks were cut short (`enum unw_end` after the first two).
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct CutReasons {
+    /// STK_MAX_DEPTH frames.
+    pub depth: u64,
+    /// Reading the stack failed.
+    pub bad_read: u64,
+    /// A frame without a table and without a usable frame pointer.
+    pub no_table: u64,
+    /// A gap in a table (code without CFI) without a usable frame pointer.
+    pub table_gap: u64,
+    /// A rule the walk does not evaluate.
+    pub unsupported: u64,
+    /// The stack pointer did not move up.
+    pub no_progress: u64,
+}
+
+impl CutReasons {
+    /// The reason of `enum unw_end` value `end`, or None for a complete walk.
+    pub fn name(end: u8) -> Option<&'static str> {
+        Some(match end {
+            2 => "depth",
+            3 => "bad_read",
+            4 => "no_table",
+            5 => "table_gap",
+            6 => "unsupported",
+            7 => "no_progress",
+            _ => return None,
+        })
+    }
+}
+
+/// `enum unw_end`.
+pub const END_ROOT: u8 = 0;
+/// A frame-pointer step found the chain's end.
+pub const END_FP_CHAIN: u8 = 1;
+
+impl WalkCounts {
+    /// Reads `unw_stats`.
+    pub fn read(stats: &dyn MapCore) -> anyhow::Result<WalkCounts> {
+        let s = |i: u32| percpu_sum(stats, i);
+        const END: u32 = 7;
+        Ok(WalkCounts {
+            frame_pointer_stacks: s(0)?,
+            while_loading: s(1)?,
+            nested: s(2)?,
+            tables: s(3)?,
+            mixed: s(4)?,
+            fp_walked: s(5)?,
+            store_full: s(6)?,
+            complete: s(END)? + s(END + 1)?,
+            cut: CutReasons {
+                depth: s(END + 2)?,
+                bad_read: s(END + 3)?,
+                no_table: s(END + 4)?,
+                table_gap: s(END + 5)?,
+                unsupported: s(END + 6)?,
+                no_progress: s(END + 7)?,
+            },
+        })
+    }
+
+    /// Walks cut short.
+    pub fn cut_total(&self) -> u64 {
+        let c = &self.cut;
+        c.depth + c.bad_read + c.no_table + c.table_gap + c.unsupported + c.no_progress
+    }
+}
+
+/// What a run did about user stacks, for its summary.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// `--unwind` as asked.
+    pub mode: UnwindMode,
+    /// Whether tables were walked.
+    pub tables: bool,
+    /// Why not, in auto mode.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
+    /// The walk's counts.
+    pub walks: WalkCounts,
+    /// Table loading.
+    pub table_stats: kernel::TableStats,
+}
+
+impl Report {
+    /// The summary's text lines.
+    pub fn text(&self) -> String {
+        let w = &self.walks;
+        if !self.tables {
+            let why = match (&self.fallback, self.mode) {
+                (Some(f), _) => format!("frame pointers ({f})"),
+                _ => "frame pointers (--unwind fp)".to_string(),
+            };
+            return format!("user stacks: {why}: {} stacks", w.frame_pointer_stacks);
+        }
+        let t = &self.table_stats;
+        let cut: Vec<String> = [
+            ("depth", w.cut.depth),
+            ("bad read", w.cut.bad_read),
+            ("no table", w.cut.no_table),
+            ("table gap", w.cut.table_gap),
+            ("unsupported rule", w.cut.unsupported),
+            ("no progress", w.cut.no_progress),
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect();
+        let mut s = format!(
+            "user stacks walked: {} by tables, {} mixed, {} by frame pointers; {} complete, {} cut short{}; {} by the kernel's frame-pointer walk ({} while tables loaded, {} nested)",
+            w.tables,
+            w.mixed,
+            w.fp_walked,
+            w.complete,
+            w.cut_total(),
+            if cut.is_empty() { String::new() } else { format!(" ({})", cut.join(", ")) },
+            w.frame_pointer_stacks,
+            w.while_loading,
+            w.nested,
+        );
+        s.push_str(&format!(
+            "\nunwind tables: {} executables of {} processes, {} rows from {:.1} MB of CFI, {} built, {} from cache, {:.0} ms; kernel memory {:.1} MiB (charged to sonde's cgroup, not in its RSS)",
+            t.executables,
+            t.processes,
+            t.rows,
+            t.cfi_bytes as f64 / 1e6,
+            t.built,
+            t.cache_hits,
+            t.load_time.as_secs_f64() * 1e3,
+            t.kernel_bytes as f64 / (1 << 20) as f64,
+        ));
+        if !t.without_table.is_empty() {
+            let mut v: Vec<String> = t.without_table.iter().map(|(k, n)| format!("{n} {k}")).collect();
+            v.sort();
+            s.push_str(&format!("; without a table (frame pointers there): {}", v.join(", ")));
+        }
+        if let Some(d) = &t.cache_disabled {
+            s.push_str(&format!("; no disk cache: {d}"));
+        }
+        if w.store_full + t.procs_full + t.budget_full + t.maps_dropped > 0 {
+            s.push_str(&format!(
+                "\nunwind limits hit: {} stacks not stored, {} processes and {} tables not loaded, {} mappings left out",
+                w.store_full, t.procs_full, t.budget_full, t.maps_dropped
+            ));
+        }
+        s
+    }
+}
+
+/// The unwinder of a run: loads tables before sampling for targeted runs,
+/// and as processes show up for system-wide ones.
+pub struct Session {
+    plan: Plan,
+    tables: Option<kernel::Tables>,
+    last_sweep: Instant,
+}
+
+impl Session {
+    /// Starts the unwinder on a loaded object: with tables, loads those of
+    /// the processes `tf` selects now (before anything is attached, so their
+    /// first samples are walked).
+    pub fn start(plan: &Plan, m: &UnwMaps<'_>, tf: &TaskFilter) -> Session {
+        let mut s = Session { plan: plan.clone(), tables: None, last_sweep: Instant::now() };
+        if !plan.tables {
+            return s;
+        }
+        let mut t = kernel::Tables::new(m.pages.max_entries());
+        let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
+        for pid in tf.processes_now().unwrap_or_default() {
+            t.load_process(&km, pid, false);
+        }
+        s.tables = Some(t);
+        s
+    }
+
+    /// Loads what the walk asked for since the last call; forgets exited
+    /// processes every few seconds.
+    pub fn tick(&mut self, m: &UnwMaps<'_>) {
+        let Some(t) = &mut self.tables else { return };
+        let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
+        let asked: Vec<(u32, u32)> = m
+            .need
+            .keys()
+            .filter(|k| k.len() == 4)
+            .map(|k| {
+                let pid = u32::from_ne_bytes(k[..4].try_into().unwrap());
+                let v = m.need.lookup(&k, MapFlags::ANY).ok().flatten().map(|v| u32::from_ne_bytes(v[..4].try_into().unwrap())).unwrap_or(1);
+                (pid, v)
+            })
+            .collect();
+        for (pid, what) in asked {
+            let _ = m.need.delete(&pid.to_ne_bytes());
+            // 1: no entry (new, or deleted by an exec): load afresh.
+            if what == 1 {
+                t.forget(pid);
+            }
+            t.load_process(&km, pid, what == 2);
+        }
+        if self.last_sweep.elapsed() > Duration::from_secs(2) {
+            self.last_sweep = Instant::now();
+            t.forget_gone(&km);
+        }
+    }
+
+    /// Whether tables are walked.
+    pub fn tables(&self) -> bool {
+        self.plan.tables
+    }
+
+    /// The run's report (read after the programs are detached).
+    pub fn report(&self, m: &UnwMaps<'_>) -> anyhow::Result<Report> {
+        let mut table_stats = self.tables.as_ref().map(|t| t.stats.clone()).unwrap_or_default();
+        if let Some(t) = &self.tables {
+            table_stats.kernel_bytes = t.kernel_bytes();
+        }
+        Ok(Report { mode: self.plan.asked, tables: self.plan.tables, fallback: self.plan.fallback.clone(), walks: WalkCounts::read(m.stats)?, table_stats })
+    }
+}
