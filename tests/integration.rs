@@ -21,6 +21,9 @@ use sonde::{
 
 const SONDE: &str = env!("CARGO_BIN_EXE_sonde");
 
+#[path = "integration/unwind.rs"]
+mod unwind;
+
 /// A running `sonde retrans --json`, its stdout collected line by line.
 struct Tracer {
     child: Child,

@@ -83,8 +83,8 @@ enum unw_end {
 struct unw_stack {
 	__u32 len;
 	__u8 end; /* enum unw_end */
-	__u8 how; /* UNW_HOW_* */
-	__u16 pad;
+	__u8 how;      /* UNW_HOW_* */
+	__u16 sigframe; /* 1 + the index of the first signal trampoline frame, or 0 */
 	__u64 pcs[STK_MAX_DEPTH]; /* leaf first; a frame interrupted by a signal is stored as pc + 1 */
 };
 
@@ -145,10 +145,12 @@ struct {
 	__type(value, __u64);
 } unw_pages SEC(".maps");
 
+/* Sized by user space: with tables, 8192 entries allocated as used
+ * (BPF_F_NO_PREALLOC); without, one preallocated entry (kernels before 6.1
+ * refuse run-time allocated hashes in perf_event programs). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 8192);
+	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct unw_proc);
 } unw_procs SEC(".maps");
@@ -162,10 +164,10 @@ struct {
 	__type(value, __u32);
 } unw_need SEC(".maps");
 
+/* Sized by user space, as unw_procs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 16384); /* sized by user space */
+	__uint(max_entries, 1);
 	__type(key, __u64);
 	__type(value, struct unw_stack);
 } unw_walked SEC(".maps");
@@ -301,6 +303,14 @@ __noinline int unw_step(__u32 slot)
 	s->hash ^= s->hash >> 29;
 
 	__u64 at = exact ? pc : pc - 1;
+	if (len == 0) {
+		/* A task in a system call (off-CPU, or sampled in the kernel)
+		 * stands after its syscall instruction, which may end its
+		 * function's CFI (glibc's __restore_rt): look the syscall up. */
+		__u16 insn = 0;
+		if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(pc - 2)) == 0 && insn == 0x050f)
+			at = pc - 1;
+	}
 	struct unw_map *m = unw_find_map(p, at);
 	bool in_table = false;
 	__u64 row = 0;
@@ -359,6 +369,8 @@ __noinline int unw_step(__u32 slot)
 		s->st.end = UNW_END_ROOT;
 		return 1;
 	case UNW_SIGNAL: {
+		if (!s->st.sigframe)
+			s->st.sigframe = len + 1;
 		/* __restore_rt: sp is the ucontext; uc_mcontext at +40 holds
 		 * rbp (+80), rsp (+120) and rip (+128) of the interrupted code. */
 		__u64 nbp = 0, nsp = 0, nip = 0;
@@ -492,7 +504,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	s->st.len = 0;
 	s->st.end = UNW_END_DEPTH;
 	s->st.how = 0;
-	s->st.pad = 0;
+	s->st.sigframe = 0;
 	for (int i = 0; i < STK_MAX_DEPTH + 1; i++)
 		if (unw_step(slot))
 			break;

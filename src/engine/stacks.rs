@@ -30,6 +30,17 @@ pub const MAX_DEPTH: usize = 127;
 /// offcpu.h's OC_WAKER_NOT_WALKED: a waker whose stack was not walked.
 const WAKER_NOT_WALKED: i32 = -2;
 
+/// How a walked user stack was made (`struct unw_stack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walk {
+    /// How the walk ended (`enum unw_end`).
+    pub end: u8,
+    /// `UNW_HOW_*` bits: frames from tables, frames from frame pointers.
+    pub how: u8,
+    /// 1 + the index (leaf first) of the first signal trampoline frame, or 0.
+    pub sigframe: u16,
+}
+
 /// One row of the in-kernel count map with its stacks resolved to addresses.
 #[derive(Debug, Clone)]
 pub struct RawSample {
@@ -43,9 +54,8 @@ pub struct RawSample {
     pub kstack: Vec<u64>,
     /// User stack, leaf first (empty when not captured).
     pub ustack: Vec<u64>,
-    /// For a user stack walked from unwind tables: how the walk ended
-    /// (`enum unw_end`) and how it was made (`UNW_HOW_*` bits).
-    pub walk: Option<(u8, u8)>,
+    /// For a user stack walked from unwind tables: how the walk went.
+    pub walk: Option<Walk>,
     /// Samples (or the tool's weight) with these stacks.
     pub count: u64,
 }
@@ -91,9 +101,9 @@ pub fn read_stack(traces: &dyn MapCore, id: i32) -> anyhow::Result<Vec<u64>> {
     Ok(v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect())
 }
 
-/// A walked user stack (`struct unw_stack`): pcs leaf first, how the walk
-/// ended and how it was made; None when `walked` does not hold `hash`.
-pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Vec<u64>, u8, u8)>> {
+/// A walked user stack (`struct unw_stack`): pcs leaf first and how the
+/// walk went; None when `walked` does not hold `hash`.
+pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Vec<u64>, Walk)>> {
     if hash == 0 {
         return Ok(None);
     }
@@ -103,7 +113,7 @@ pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Ve
     }
     let len = (u32::from_ne_bytes(v[..4].try_into().unwrap()) as usize).min(MAX_DEPTH).min((v.len() - 8) / 8);
     let pcs = v[8..8 + len * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
-    Ok(Some((pcs, v[4], v[5])))
+    Ok(Some((pcs, Walk { end: v[4], how: v[5], sigframe: u16::from_ne_bytes([v[6], v[7]]) })))
 }
 
 /// A count-map row: the sample, and for wakeup keys the waker and whether
@@ -117,7 +127,7 @@ const KEY_BYTES: usize = 40;
 struct StackReader<'a> {
     maps: StackMaps<'a>,
     ids: HashMap<i32, Vec<u64>>,
-    walked: HashMap<u64, Option<(Vec<u64>, u8, u8)>>,
+    walked: HashMap<u64, Option<(Vec<u64>, Walk)>>,
 }
 
 impl StackReader<'_> {
@@ -134,7 +144,7 @@ impl StackReader<'_> {
     }
 
     /// The user stack of (frame-pointer id, walked hash).
-    fn user(&mut self, id: i32, hash: u64) -> anyhow::Result<(Vec<u64>, Option<(u8, u8)>)> {
+    fn user(&mut self, id: i32, hash: u64) -> anyhow::Result<(Vec<u64>, Option<Walk>)> {
         if hash == 0 {
             return Ok((self.id(id)?, None));
         }
@@ -143,7 +153,7 @@ impl StackReader<'_> {
             self.walked.insert(hash, w);
         }
         Ok(match &self.walked[&hash] {
-            Some((pcs, end, how)) => (pcs.clone(), Some((*end, *how))),
+            Some((pcs, w)) => (pcs.clone(), Some(*w)),
             None => (Vec::new(), None),
         })
     }
@@ -626,11 +636,19 @@ impl Symbols {
             let mut frames: Vec<Frame> = Vec::new();
             // User part, outermost first.
             let mut user: Vec<Frame> = Vec::new();
-            for place in places.iter().rev() {
+            let sigframe = s.walk.map_or(0, |w| w.sigframe as usize);
+            for (i, place) in places.iter().enumerate().rev() {
                 match place {
                     Place::Elf { file, offset } => {
                         let id = Rc::as_ptr(file) as usize;
-                        user.extend(self.user.get(&(id, *offset)).cloned().unwrap_or_default());
+                        let mut fr = self.user.get(&(id, *offset)).cloned().unwrap_or_default();
+                        // The trampoline a signal handler returns through
+                        // (glibc's __restore_rt has no exported symbol).
+                        if i + 1 == sigframe && fr.len() == 1 && fr[0].kind == FrameKind::Unknown {
+                            fr[0].name = "[signal trampoline]".into();
+                            fr[0].kind = FrameKind::User;
+                        }
+                        user.extend(fr);
                     }
                     Place::Jit(name) => user.push(Frame::simple(name, FrameKind::Jit, self.jitmod.clone())),
                     Place::Unknown => user.push(Frame::simple("[unknown]", FrameKind::Unknown, self.unknown.clone())),
@@ -642,11 +660,9 @@ impl Symbols {
                 // outermost known root are leftovers of a frame-pointer walk
                 // past it; a stack with no root (or as deep as the kernel
                 // records) was cut short.
-                let cut = match s.walk {
-                    Some((crate::engine::unwind::END_ROOT, _)) => None,
-                    Some((end, _)) if end != crate::engine::unwind::END_FP_CHAIN => {
-                        Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk"))
-                    }
+                let cut = match s.walk.map(|w| w.end) {
+                    Some(crate::engine::unwind::END_ROOT) => None,
+                    Some(end) if end != crate::engine::unwind::END_FP_CHAIN => Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk")),
                     _ => match user.iter().position(|f| is_stack_root(&f.name)) {
                         Some(r) if s.ustack.len() < MAX_DEPTH => {
                             user.drain(..r);

@@ -197,12 +197,13 @@ impl Tables {
 
     /// Loads the tables of `pid`'s executables and gives the walk its
     /// mappings. Returns false when the process is gone. With `refresh`,
-    /// only if its executable mappings changed since (dlopen) and at most
-    /// once a second.
+    /// only if its executable mappings changed since (dlopen); a process
+    /// whose code has no file (a JIT) asks again and again, so its maps are
+    /// read at most every 100 ms.
     pub fn load_process(&mut self, m: &Maps<'_>, pid: u32, refresh: bool) -> bool {
         if refresh {
             if let Some((_, at)) = self.procs.get(&pid) {
-                if at.elapsed() < Duration::from_secs(1) {
+                if at.elapsed() < Duration::from_millis(100) {
                     return true;
                 }
             }

@@ -127,9 +127,15 @@ impl Plan {
     }
 }
 
+/// Processes the walk can hold tables for at once (`unw_procs`).
+pub const MAX_PROCS: u32 = 8192;
+/// Distinct walked user stacks kept (`unw_walked`, 1 KiB each, allocated as
+/// used).
+pub const MAX_WALKED: u32 = 32768;
+
 /// Sets the unwinder's read-only data and map sizes of an open skeleton:
 /// `$open` is the `Open*Skel`, `$plan` a [`Plan`], `$targeted` whether the
-/// run has task filters.
+/// run has task filters. Without tables every unwinder map has one entry.
 #[macro_export]
 macro_rules! set_unwind {
     ($open:expr, $plan:expr, $targeted:expr) => {{
@@ -137,6 +143,16 @@ macro_rules! set_unwind {
         open.maps.rodata_data.as_deref_mut().expect("rodata present").unw_mode = plan.tables as u32;
         open.maps.unw_pages.set_max_entries(plan.pages($targeted))?;
         open.progs.unw_exec.set_autoload(plan.tables);
+        if plan.tables {
+            let np = libbpf_sys::BPF_F_NO_PREALLOC;
+            open.maps.unw_procs.set_max_entries($crate::engine::unwind::MAX_PROCS)?;
+            open.maps.unw_procs.set_map_flags(np)?;
+            open.maps.unw_walked.set_max_entries($crate::engine::unwind::MAX_WALKED)?;
+            open.maps.unw_walked.set_map_flags(np)?;
+        } else {
+            open.maps.unw_need.set_max_entries(1)?;
+            open.maps.unw_chunks.set_max_entries(1)?;
+        }
     }};
 }
 

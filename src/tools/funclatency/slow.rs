@@ -200,7 +200,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         .iter()
         .map(|e| {
             let (ustack, walk) = match read_walked(&skel.maps.unw_walked, e.uhash)? {
-                Some((pcs, end, how)) => (pcs, Some((end, how))),
+                Some((pcs, w)) => (pcs, Some(w)),
                 None => (read_stack(&skel.maps.stk_traces, e.ustack)?, None),
             };
             Ok(RawSample { pid: e.pid, tid: e.tid, comm: e.comm.clone(), kstack: read_stack(&skel.maps.stk_traces, e.kstack)?, ustack, walk, count: 1 })

@@ -1,0 +1,104 @@
+/*
+ * Edge cases for user stack walks, one per mode:
+ *   edges signal SECONDS   a SIGPROF handler (every 1 ms of CPU) spins in
+ *                          on_signal() while interrupting interrupted()
+ *   edges deep SECONDS N   recurse() N deep, then spins in bottom()
+ *   edges dlopen SECONDS LIB  after 0.3 s dlopen()s LIB and spins in its
+ *                          plugin_spin() called from call_plugin()
+ *   edges vdso SECONDS     vdso_loop() reads the clock through the vDSO
+ */
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+volatile unsigned long sink;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+__attribute__((noinline)) void spin_units(unsigned long n)
+{
+	for (unsigned long i = 0; i < n; i++)
+		sink = sink * 31 + i;
+}
+
+__attribute__((noinline)) void on_signal(int sig)
+{
+	spin_units(300000);
+	sink += sig;
+}
+
+__attribute__((noinline)) void interrupted(double end)
+{
+	while (now() < end)
+		spin_units(100000);
+	sink++;
+}
+
+__attribute__((noinline)) void bottom(double end)
+{
+	while (now() < end)
+		spin_units(100000);
+	sink++;
+}
+
+__attribute__((noinline)) int recurse(int n, double end)
+{
+	int r = n > 0 ? recurse(n - 1, end) : (bottom(end), 0);
+	sink += r;
+	return r + 1;
+}
+
+__attribute__((noinline)) void call_plugin(void (*f)(double), double end)
+{
+	f(end);
+	sink++;
+}
+
+__attribute__((noinline)) void vdso_loop(double end)
+{
+	struct timespec ts;
+	double t = 0;
+	while (t < end) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		t = ts.tv_sec + ts.tv_nsec / 1e9;
+	}
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3)
+		return 2;
+	double end = now() + atof(argv[2]);
+	if (!strcmp(argv[1], "signal")) {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = on_signal;
+		sigaction(SIGPROF, &sa, NULL);
+		struct itimerval it = {{0, 1000}, {0, 1000}};
+		setitimer(ITIMER_PROF, &it, NULL);
+		interrupted(end);
+	} else if (!strcmp(argv[1], "deep") && argc > 3) {
+		recurse(atoi(argv[3]), end);
+	} else if (!strcmp(argv[1], "dlopen") && argc > 3) {
+		usleep(300000);
+		void *h = dlopen(argv[3], RTLD_NOW);
+		void (*f)(double) = h ? (void (*)(double))dlsym(h, "plugin_spin") : NULL;
+		if (!f)
+			return 1;
+		call_plugin(f, end);
+	} else if (!strcmp(argv[1], "vdso")) {
+		vdso_loop(end);
+	} else {
+		return 2;
+	}
+	return 0;
+}

@@ -1,0 +1,121 @@
+/*
+ * Blocking through libc, each from its own named function, in a 2:4:6:8:10
+ * split of the main thread's blocked time per round (30 ms):
+ *   in_usleep: usleep(2 ms)
+ *   in_poll:   poll(NULL, 0, 4 ms)
+ *   in_read:   read() on a pipe a helper writes 6 ms after being asked
+ *   in_mutex:  pthread_mutex_lock() of a mutex the helper holds for 8 ms
+ *   in_cond:   pthread_cond_wait() that the helper signals after 10 ms
+ * The helper thread is asked through another pipe. Build without frame
+ * pointers: libc's functions have none either, and the callers of libc's
+ * blocking calls are what an off-CPU profile must show.
+ *   libcblock [SECONDS=10]
+ */
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+static int ask[2], answer[2];
+static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t cmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+static atomic_int holding, signalled;
+volatile unsigned long sink;
+
+static void ms_sleep(int ms)
+{
+	struct timespec ts = {0, ms * 1000000L};
+	nanosleep(&ts, NULL);
+}
+
+static void *helper(void *arg)
+{
+	char c;
+	(void)arg;
+	while (read(ask[0], &c, 1) == 1) {
+		if (c == 'r') {
+			ms_sleep(6);
+			if (write(answer[1], &c, 1) != 1)
+				break;
+		} else if (c == 'm') {
+			pthread_mutex_lock(&held);
+			atomic_store(&holding, 1);
+			ms_sleep(8);
+			atomic_store(&holding, 0);
+			pthread_mutex_unlock(&held);
+		} else if (c == 'c') {
+			ms_sleep(10);
+			pthread_mutex_lock(&cmu);
+			atomic_store(&signalled, 1);
+			pthread_cond_signal(&cv);
+			pthread_mutex_unlock(&cmu);
+		}
+	}
+	return NULL;
+}
+
+static void tell(char c)
+{
+	if (write(ask[1], &c, 1) != 1)
+		exit(1);
+}
+
+__attribute__((noinline)) void in_usleep(void) { usleep(2000); sink++; }
+__attribute__((noinline)) void in_poll(void) { poll(NULL, 0, 4); sink++; }
+
+__attribute__((noinline)) void in_read(void)
+{
+	char c;
+	tell('r');
+	if (read(answer[0], &c, 1) != 1)
+		exit(1);
+	sink++;
+}
+
+__attribute__((noinline)) void in_mutex(void)
+{
+	tell('m');
+	while (!atomic_load(&holding))
+		; /* the helper takes it within microseconds */
+	pthread_mutex_lock(&held);
+	pthread_mutex_unlock(&held);
+	sink++;
+}
+
+__attribute__((noinline)) void in_cond(void)
+{
+	pthread_mutex_lock(&cmu);
+	atomic_store(&signalled, 0);
+	tell('c');
+	while (!atomic_load(&signalled))
+		pthread_cond_wait(&cv, &cmu);
+	pthread_mutex_unlock(&cmu);
+	sink++;
+}
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv)
+{
+	double secs = argc > 1 ? atof(argv[1]) : 10;
+	pthread_t t;
+	if (pipe(ask) || pipe(answer) || pthread_create(&t, NULL, helper, NULL))
+		return 1;
+	double end = now() + secs;
+	while (now() < end) {
+		in_usleep();
+		in_poll();
+		in_read();
+		in_mutex();
+		in_cond();
+	}
+	return 0;
+}
