@@ -39,16 +39,20 @@ fn main() {
 }
 
 /// The lab workloads (tests/workloads/: burn.c for `lab profile`, dnsweb.c
-/// for `lab dns`), built static with frame pointers and line tables and
-/// embedded in the binary: the labs need no compiler on the host.
+/// for `lab dns`, msgbench.c for `lab msglat`), built static with frame
+/// pointers and line tables and embedded in the binary: the labs need no
+/// compiler on the host. `burn-nofp` is burn.c built as distributions build
+/// their packages, without frame pointers, for `lab profile`'s second run.
 fn build_lab_workload(out: &std::path::Path, manifest: &std::path::Path) {
-    for name in ["burn", "dnsweb", "msgbench"] {
-        let src = manifest.join(format!("tests/workloads/{name}.c"));
+    let fp: &[&str] = &["-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"];
+    let nofp: &[&str] = &["-fomit-frame-pointer"];
+    for (name, src, extra) in [("burn", "burn", fp), ("burn-nofp", "burn", nofp), ("dnsweb", "dnsweb", fp), ("msgbench", "msgbench", fp)] {
+        let src = manifest.join(format!("tests/workloads/{src}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let bin = out.join(name);
-        let flags = ["-O2", "-gline-tables-only", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"];
         let st = std::process::Command::new("clang")
-            .args(flags)
+            .args(["-O2", "-gline-tables-only", "-fno-inline", "-pthread"])
+            .args(extra)
             .arg("-static")
             .arg("-o")
             .arg(&bin)

@@ -908,7 +908,11 @@ fn lab_profile_measures_the_built_in_split() {
     assert!(text.contains("split matches the built-in 2:1"), "{text}");
     // The embedded static workload is symbolized from its own ELF, root to leaf.
     let rows = read_folded(&folded);
-    assert!(rows.iter().any(|(f, _)| f[0] == "burn" && f.join(";").contains(";__libc_start_call_main;main;heavy;spin")), "{rows:?}");
+    // Both builds, with frame pointers and without (walked by tables).
+    for root in ["burn", "burn-nofp"] {
+        assert!(rows.iter().any(|(f, _)| f[0] == root && f.join(";").contains(";__libc_start_call_main;main;heavy;spin")), "{root}: {rows:?}");
+    }
+    assert!(rows.iter().all(|(f, _)| !f.contains(&"[truncated]".to_string())), "{rows:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -936,6 +940,11 @@ fn lab_dns_finds_the_resolver_wait_and_its_waker() {
     assert!(rw >= 0.8 * held && rw <= 1.1 * held && rw >= 0.7 * blocked, "{v}");
     assert!(f("wakeup_udp_us") >= 0.9 * f("wakeup_resolver_us") && f("wakeup_resolver_us") >= 0.8 * f("wakeup_responder_delay_us"), "{v}");
     assert!(f("cpu_cores_proc") < 0.5, "{v}");
+    // Seed 001's missing piece: who called poll(), through glibc's resolver
+    // (no frame pointers), down from the worker's logging.
+    assert!(f("resolver_chain_us") >= 0.9 * rw, "{v}");
+    let chain = v["resolver_chain"].as_str().unwrap();
+    assert!(chain.starts_with("worker;serve_connection;log_request;getnameinfo;") && chain.contains("poll"), "{chain}");
     // The flame graphs: the wait in poll(), and its waker through UDP receive.
     let svg = |t: &str| std::fs::read_to_string(dir.join(format!("dns-{t}.svg"))).unwrap();
     assert!(svg("offcpu").contains("do_sys_poll"));

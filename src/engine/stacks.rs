@@ -348,7 +348,8 @@ impl Images {
             let file = if path == "[vdso]" {
                 self.vdso.get_or_insert_with(copy_own_vdso).clone()
             } else {
-                self.open_mapped(pid, range, &path)
+                // map_files names ranges without the zero padding maps shows.
+                self.open_mapped(pid, &format!("{start:x}-{end:x}"), &path)
             };
             let Some(file) = file else { continue };
             out.push(Mapping { start, end, offset, file });

@@ -361,11 +361,35 @@ fn brief<'a>(frames: impl Iterator<Item = &'a crate::engine::stacks::Frame>, hea
 }
 
 /// The resolver's wait as a blocked stack: blocked in poll(). The server
-/// calls poll() nowhere else, and glibc's resolver, which does, is built
-/// without frame pointers, so its callers show as [truncated] (as in seed 001:
-/// "78% in poll(), and no code that calls it").
+/// calls poll() nowhere else.
 fn resolver_wait(frames: &[crate::engine::stacks::Frame]) -> bool {
     frames.iter().any(|f| matches!(f.name.as_str(), "do_sys_poll" | "__x64_sys_poll" | "__x64_sys_ppoll"))
+}
+
+/// The functions the server's worker calls on the way to the resolver's
+/// poll(), in order. glibc's resolver is built without frame pointers, so a
+/// frame-pointer walk loses them (seed 001: "78% in poll(), and no code that
+/// calls it"); the unwind tables find them.
+const RESOLVER_CHAIN: [&str; 4] = ["worker", "serve_connection", "log_request", "getnameinfo"];
+
+/// Whether the stack passes through [`RESOLVER_CHAIN`] in order and then
+/// into a user-space poll.
+fn through_resolver_chain(frames: &[crate::engine::stacks::Frame]) -> bool {
+    let mut at = 0;
+    for name in RESOLVER_CHAIN {
+        match frames[at..].iter().position(|f| f.name == name) {
+            Some(i) => at += i + 1,
+            None => return false,
+        }
+    }
+    frames[at..].iter().any(|f| f.kind == crate::engine::stacks::FrameKind::User && f.name.contains("poll"))
+}
+
+/// The user frames of a stack from `worker` down, as one line.
+fn user_chain(frames: &[crate::engine::stacks::Frame]) -> String {
+    let user: Vec<&str> = frames.iter().filter(|f| f.kind == crate::engine::stacks::FrameKind::User).map(|f| f.name.as_str()).collect();
+    let from = user.iter().position(|n| *n == "worker").unwrap_or(0);
+    user[from..].join(";")
 }
 
 /// The UDP receive path in a waker stack.
@@ -483,6 +507,8 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
 
     let blocked = weight_where(&o.stacks, |_| true);
     let rw = weight_where(&o.stacks, |s| resolver_wait(&s.frames));
+    let chain = weight_where(&o.stacks, |s| resolver_wait(&s.frames) && through_resolver_chain(&s.frames));
+    let top_chain = o.stacks.iter().filter(|s| through_resolver_chain(&s.frames)).max_by_key(|s| s.count).map(|s| user_chain(&s.frames)).unwrap_or_default();
     let udp = weight_where(&w.stacks, |s| resolver_wait(blocked_part(s)) && udp_receive(waker_part(s)));
     let rw_w = weight_where(&w.stacks, |s| resolver_wait(blocked_part(s)));
     let pct = |x: u64, of: u64| 100.0 * x as f64 / of.max(1) as f64;
@@ -494,6 +520,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         ("profile: the server uses less than half a core", cpu_proc < 0.5 && cpu_sampled < 0.5),
         ("offcpu: most blocked time is the resolver's wait in poll()", pct(rw, blocked) >= 70.0),
         ("offcpu: the wait in poll() matches the responder's delays (-20%..+10%)", near(rw, o_held)),
+        ("offcpu: poll()'s callers are named, worker -> serve_connection -> log_request -> getnameinfo", pct(chain, rw) >= 90.0),
         ("wakeup: the resolver's wait is woken from the UDP receive path", near(rw_w, w_held) && pct(udp, rw_w) >= 90.0),
         ("without the delay the request rate rises at least 3x", speedup >= 3.0 && failed == 0),
     ];
@@ -505,6 +532,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
             "dns_answers": answered,
             "cpu_cores_proc": cpu_proc, "cpu_cores_sampled": cpu_sampled,
             "blocked_us": blocked, "resolver_wait_us": rw, "responder_delay_us": o_held,
+            "resolver_chain_us": chain, "resolver_chain": top_chain,
             "wakeup_resolver_us": rw_w, "wakeup_udp_us": udp, "wakeup_responder_delay_us": w_held,
             "checks": checks.iter().map(|(n, v)| serde_json::json!({"check": n, "ok": v})).collect::<Vec<_>>(),
             "ok": ok,
@@ -520,6 +548,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
             rw as f64 / 1e6,
             o_held as f64 / 1e6
         );
+        println!("  offcpu   {:.1}% of the wait in poll() is under its callers: {top_chain}", pct(chain, rw));
         println!(
             "  wakeup   {:.1}% of {:.2} s in poll() was woken from the UDP receive path (responder held {:.2} s); waker: {top_wake}",
             pct(udp, rw_w),

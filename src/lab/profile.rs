@@ -1,7 +1,8 @@
 //! `sonde lab profile`: a bundled workload with a built-in 2:1 CPU split
-//! (tests/workloads/burn.c: heavy() burns twice the CPU of light()),
-//! profiled by `sonde profile`; prints the measured split beside the built-in
-//! one and writes the flame graphs.
+//! (tests/workloads/burn.c: heavy() burns twice the CPU of light()), built
+//! twice, with frame pointers and without (as distributions build), both
+//! profiled at once by `sonde profile`; prints each measured split beside the
+//! built-in one and writes the flame graphs.
 use std::{path::PathBuf, process::Command, time::Duration};
 
 use clap::Args;
@@ -18,6 +19,8 @@ use crate::{
 
 /// The workload, built static with frame pointers by build.rs.
 const BURN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/burn"));
+/// The same without frame pointers: its stacks need the unwind tables.
+const BURN_NOFP: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/burn-nofp"));
 
 /// Options of `sonde lab profile`.
 #[derive(Debug, Args)]
@@ -33,16 +36,18 @@ pub struct ProfileLabArgs {
     pub output: Vec<String>,
 }
 
-/// Kills and removes the workload however the lab ends.
+/// Kills and removes the workloads however the lab ends.
 struct Workload {
-    child: std::process::Child,
+    children: Vec<std::process::Child>,
     dir: PathBuf,
 }
 
 impl Drop for Workload {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -55,19 +60,22 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     features::require_tracing_privileges()?;
     let dir = std::env::temp_dir().join(format!("sonde-lab-profile-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let bin = super::install(&dir, "burn", BURN)?;
-    let child = Command::new(&bin).arg((a.seconds + 5).to_string()).spawn()?;
-    let w = Workload { child, dir };
+    let mut w = Workload { children: Vec::new(), dir: dir.clone() };
+    for (name, bytes) in [("burn", BURN), ("burn-nofp", BURN_NOFP)] {
+        let bin = super::install(&dir, name, bytes)?;
+        w.children.push(Command::new(&bin).arg((a.seconds + 5).to_string()).spawn()?);
+    }
     std::thread::sleep(Duration::from_millis(100));
     eprintln!(
-        "lab: workload pid {} burns CPU in heavy() and light() at 2:1; profiling it for {} s at {} Hz",
-        w.child.id(),
+        "lab: workloads burn (frame pointers, pid {}) and burn-nofp (none, pid {}) burn CPU in heavy() and light() at 2:1; profiling them for {} s at {} Hz",
+        w.children[0].id(),
+        w.children[1].id(),
         a.seconds,
         a.frequency
     );
     let pargs = ProfileArgs {
         frequency: a.frequency,
-        pid: vec![w.child.id()],
+        pid: w.children.iter().map(|c| c.id()).collect(),
         tid: vec![],
         cgroup: None,
         comm: None,
@@ -85,13 +93,22 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(pargs.duration)?;
     let out = profile::run_with(&pargs, &ctl, || {})?;
     drop(w);
-    let (h, l) = (weight_under(&out.stacks, "heavy"), weight_under(&out.stacks, "light"));
-    let share = h as f64 / (h + l).max(1) as f64;
-    let cut: u64 = out.totals.sym.truncated_samples;
-    println!("samples: {} ({} truncated)", out.totals.samples, cut);
-    println!("heavy : light = {h} : {l} samples = {:.1}% : {:.1}% (built in: 66.7% : 33.3%)", 100.0 * share, 100.0 * (1.0 - share));
-    let ok = (share - 2.0 / 3.0).abs() < 0.05 && h + l > 0;
-    println!("{}", if ok { "split matches the built-in 2:1 (within 5 points)" } else { "MISMATCH: the split differs from the built-in 2:1" });
+    println!("samples: {} ({} truncated)", out.totals.samples, out.totals.sym.truncated_samples);
+    let mut ok = true;
+    for (name, how) in [("burn", "frame pointers"), ("burn-nofp", "no frame pointers, unwind tables")] {
+        let mine: Vec<_> = out.stacks.iter().filter(|s| s.process == name).cloned().collect();
+        let (h, l) = (weight_under(&mine, "heavy"), weight_under(&mine, "light"));
+        let share = h as f64 / (h + l).max(1) as f64;
+        let good = (share - 2.0 / 3.0).abs() < 0.05 && h + l > 0;
+        ok &= good;
+        println!(
+            "{name} ({how}): heavy : light = {h} : {l} samples = {:.1}% : {:.1}% (built in: 66.7% : 33.3%){}",
+            100.0 * share,
+            100.0 * (1.0 - share),
+            if good { "" } else { "  MISMATCH" }
+        );
+    }
+    println!("{}", if ok { "split matches the built-in 2:1 (within 5 points)" } else { "MISMATCH: a split differs from the built-in 2:1" });
     if !ok {
         return Ok(1);
     }

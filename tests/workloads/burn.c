@@ -2,8 +2,14 @@
  * A workload with a known CPU split for `sonde profile` tests and labs:
  * heavy() burns twice the CPU time of light() (through the inlined
  * light_inner()), both called from main's loop,
- * for the seconds given as argv[1] (default 10). Build with frame pointers:
+ * for the seconds given as argv[1] (default 10). Built with frame pointers
+ * for the frame-pointer tests and without for the unwind-table ones:
  *   cc -O2 -g -fno-omit-frame-pointer -fno-inline -o burn burn.c
+ * The hot loop is pure computation: the CPU clock is read once per 50,000
+ * additions (tens of microseconds), so a host where that system call is slow
+ * (half of the samples landed in it on one) does not change the profile.
+ * No call is in tail position, so the call tree is the same with or without
+ * sibling-call optimisation.
  */
 #include <stdlib.h>
 #include <time.h>
@@ -21,14 +27,16 @@ volatile unsigned long sink;
 __attribute__((noinline)) static void spin(double sec)
 {
 	double end = cpu_now() + sec;
-	while (cpu_now() < end)
-		for (int i = 0; i < 1000; i++) /* BURN_LOOP */
+	do {
+		for (int i = 0; i < 50000; i++) /* BURN_LOOP */
 			sink += i; /* BURN_LINE */
+	} while (cpu_now() < end);
 }
 
 __attribute__((noinline)) void heavy(void)
 {
 	spin(0.020);
+	sink++;
 }
 
 /* Inlined even with -fno-inline: symbolizers must show it as its own frame. */
@@ -40,6 +48,7 @@ static inline __attribute__((always_inline)) void light_inner(void)
 __attribute__((noinline)) void light(void)
 {
 	light_inner();
+	sink++;
 }
 
 int main(int argc, char **argv)

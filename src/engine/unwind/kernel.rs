@@ -166,7 +166,8 @@ fn exec_mappings(pid: u32) -> Option<(Vec<ExecMapping>, u64)> {
         for b in line.bytes() {
             h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
         }
-        out.push(ExecMapping { start, end, offset, range: range.to_string(), vdso: path == "[vdso]" });
+        // map_files names ranges without the zero padding maps shows.
+        out.push(ExecMapping { start, end, offset, range: format!("{start:x}-{end:x}"), vdso: path == "[vdso]" });
     }
     Some((out, h))
 }
@@ -270,8 +271,10 @@ impl Tables {
     fn file_table(&mut self, m: &Maps<'_>, pid: u32, range: &str) -> Option<FileTable> {
         // map_files opens the very inode mapped (also in other mount
         // namespaces, also when deleted) without resolving a path.
-        let f = File::open(format!("/proc/{pid}/map_files/{range}")).ok()?;
-        let md = f.metadata().ok()?;
+        let Some((f, md)) = File::open(format!("/proc/{pid}/map_files/{range}")).ok().and_then(|f| Some((f.metadata().ok()?, f))).map(|(m, f)| (f, m)) else {
+            *self.stats.without_table.entry("unreadable".into()).or_default() += 1;
+            return None;
+        };
         let id = (md.dev(), md.ino());
         if let Some(t) = self.by_file.get(&id) {
             return Some(t.clone());

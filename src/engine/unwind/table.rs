@@ -721,3 +721,15 @@ mod tests {
         assert_eq!(t.lookup(0x150), Rule::GAP);
     }
 }
+#[cfg(test)]
+mod debug_tests {
+    #[test]
+    #[ignore]
+    fn dump() {
+        let p = std::env::var("UNW_FILE").unwrap();
+        let info = super::super::elf::read(std::fs::File::open(&p).unwrap()).unwrap();
+        eprintln!("eh_frame {:?} hdr {:?} via_ph {}", info.eh_frame.as_ref().map(|s| (s.addr, s.data.len())), info.eh_frame_hdr.as_ref().map(|s| (s.addr, s.data.len())), info.via_program_headers);
+        let t = super::build(&info).unwrap();
+        eprintln!("{} rows {:?}", t.rows.len(), t.stats);
+    }
+}
