@@ -9,9 +9,12 @@
  * ms), so the split does not depend on how costly a syscall is on the host.
  * No call is in tail position (each result is used), so the tree is the
  * same with or without sibling-call optimisation.
- *   calltree [SECONDS=10] [DEPTH=0]
+ *   calltree [SECONDS=10] [DEPTH=0] [count]
+ * With `count`, prints the rounds done (bench/unwind: throughput).
  */
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define UNIT 200000UL
@@ -52,7 +55,12 @@ int main(int argc, char **argv)
 	double secs = argc > 1 ? atof(argv[1]) : 10;
 	int depth = argc > 2 ? atoi(argv[2]) : 0;
 	double end = now() + secs;
-	while (now() < end)
+	unsigned long rounds = 0;
+	while (now() < end) {
 		sink += descend(depth);
+		rounds++;
+	}
+	if (argc > 3 && !strcmp(argv[3], "count"))
+		printf("%lu\n", rounds);
 	return 0;
 }

@@ -75,12 +75,19 @@ fn hex(k: &Key) -> String {
 }
 
 impl Cache {
-    /// The cache at `$SONDE_CACHE_DIR` or `/var/cache/sonde/unwind`.
+    /// The cache at `$SONDE_CACHE_DIR` or `/var/cache/sonde/unwind`
+    /// (`SONDE_CACHE_DIR=off`: none).
     pub fn open() -> Cache {
         let dir = std::env::var_os("SONDE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/cache/sonde/unwind"));
         if dir.as_os_str() == "off" {
             return Cache { disabled: Some("SONDE_CACHE_DIR=off".into()), ..Default::default() };
         }
+        Self::open_at(&dir)
+    }
+
+    /// The cache in `dir` (made if missing).
+    pub fn open_at(dir: &std::path::Path) -> Cache {
+        let dir = dir.to_path_buf();
         match Self::prepare(&dir) {
             Ok(()) => Cache { dir: Some(dir), ..Default::default() },
             Err(why) => Cache { disabled: Some(format!("{}: {why}", dir.display())), ..Default::default() },

@@ -257,7 +257,11 @@ impl Builder {
                     return Ok(());
                 }
                 start = e;
-            } else if start > e {
+            } else if start > e && !(start - e < 16 && start % 16 == 0) {
+                // A gap, unless it is only the padding that aligns the next
+                // function (never executed, never a return address: those
+                // are looked up at pc - 1): the row before covers it, which
+                // saves a row per function (~10% of the table).
                 self.push_one(e, Rule::GAP.encode())?;
             }
         }
@@ -673,10 +677,10 @@ mod tests {
                 }
             }
         }
-        // Between FDEs: gaps.
+        // Between FDEs: gaps, but for the padding before an aligned function.
         covered.sort_unstable();
         for w in covered.windows(2) {
-            if w[1].0 > w[0].1 {
+            if w[1].0 > w[0].1 && !(w[1].0 - w[0].1 < 16 && w[1].0 % 16 == 0) {
                 assert_eq!(table.lookup(w[0].1).cfa, Cfa::Gap, "{path}: gap at {:#x}", w[0].1);
                 assert_eq!(table.lookup(w[1].0 - 1).cfa, Cfa::Gap);
             }
@@ -710,8 +714,20 @@ mod tests {
         b.add(0x110, 0x120, r(16)).unwrap(); // same rule: merged
         b.add(0x130, 0x140, r(8)).unwrap(); // gap before
         b.add(0x138, 0x150, r(24)).unwrap(); // overlaps: only 0x140.. kept
+        b.add(0x160, 0x168, r(8)).unwrap(); // after 16 bytes of gap: a gap
+        b.add(0x170, 0x180, r(16)).unwrap(); // after alignment padding: none
         let t = b.finish().unwrap();
-        let want = [(0x100, r(8)), (0x104, r(16)), (0x120, Rule::GAP), (0x130, r(8)), (0x140, r(24)), (0x150, Rule::GAP)];
+        let want = [
+            (0x100, r(8)),
+            (0x104, r(16)),
+            (0x120, Rule::GAP),
+            (0x130, r(8)),
+            (0x140, r(24)),
+            (0x150, Rule::GAP),
+            (0x160, r(8)),
+            (0x170, r(16)),
+            (0x180, Rule::GAP),
+        ];
         let got: Vec<(u64, Rule)> = t.rows.iter().map(|x| (x.addr, Rule::decode(x.rule))).collect();
         assert_eq!(got, want);
         assert_eq!(t.lookup(0xff), Rule::GAP);
@@ -719,17 +735,6 @@ mod tests {
         assert_eq!(t.lookup(0x12f), Rule::GAP);
         assert_eq!(t.lookup(0x14f), r(24));
         assert_eq!(t.lookup(0x150), Rule::GAP);
-    }
-}
-#[cfg(test)]
-mod debug_tests {
-    #[test]
-    #[ignore]
-    fn dump() {
-        let p = std::env::var("UNW_FILE").unwrap();
-        let info = super::super::elf::read(std::fs::File::open(&p).unwrap()).unwrap();
-        eprintln!("eh_frame {:?} hdr {:?} via_ph {}", info.eh_frame.as_ref().map(|s| (s.addr, s.data.len())), info.eh_frame_hdr.as_ref().map(|s| (s.addr, s.data.len())), info.via_program_headers);
-        let t = super::build(&info).unwrap();
-        eprintln!("{} rows {:?}", t.rows.len(), t.stats);
+        assert_eq!(t.lookup(0x16c), r(8), "padding belongs to the function before");
     }
 }

@@ -28,6 +28,12 @@ pub struct DoctorArgs {
     /// One JSON object instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Instead of the kernel checks: the unwind table of this executable or
+    /// library (repeatable): FDEs, rows, rules the walk cannot evaluate,
+    /// kernel memory, and how long building it takes, cold and from the
+    /// disk cache.
+    #[arg(long, value_name = "FILE")]
+    pub unwind: Vec<std::path::PathBuf>,
 }
 
 /// Result of one check.
@@ -126,6 +132,9 @@ fn yesno(name: &'static str, ok: bool, yes: &str, no: &str) -> Check {
 
 /// Runs every check; returns the exit status.
 pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
+    if !a.unwind.is_empty() {
+        return unwind_report(a);
+    }
     let privileged = features::can_trace();
     let mut checks = vec![
         yesno(
@@ -171,8 +180,27 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         checks.push(check("uprobe", try_probe(Probe::Uprobe)));
         checks.push(check("perf_event", try_probe(Probe::PerfEvent)));
         checks.push(check("ringbuf", ringbuf_ok()));
+        checks.push(check(
+            "unwind",
+            crate::tools::profile::table_walk_loads()
+                .map(|()| "user stacks walk .eh_frame tables in BPF (profile's program with the walk loads)".to_string())
+                .map_err(|e| format!("{e:#}; stack tools use frame pointers only (--unwind dwarf refused)")),
+        ));
     }
     let ok = |n: &str| checks.iter().any(|c| c.name == n && c.ok);
+    // How the stack tools walk user stacks here.
+    let unwind = if ok("unwind") {
+        json!({"mode": "tables", "detail": "unwind tables from each executable's .eh_frame/.debug_frame, frame pointers where a frame has none (--unwind auto)"})
+    } else {
+        json!({"mode": "frame_pointers", "detail": "frame pointers only: the table walk does not load here (see unwind above)"})
+    };
+    let with_unwind = |mut v: Value| {
+        if v["usable"] == json!(true) {
+            v["unwind"] = unwind["mode"].clone();
+            v["detail"] = json!(format!("{}; user stacks: {}", v["detail"].as_str().unwrap_or(""), unwind["detail"].as_str().unwrap_or("")));
+        }
+        v
+    };
 
     // Per tool: the mechanism it will use here.
     let mut tools: Vec<(String, Value)> = Vec::new();
@@ -247,7 +275,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             "cycles": cycles,
         }),
     };
-    tools.push(("profile".into(), profile));
+    tools.push(("profile".into(), with_unwind(profile)));
 
     // offcpu: sched_switch through tp_btf, else raw_tp; periods end at
     // sched_exit_tp where the kernel has it (found in BTF).
@@ -263,13 +291,13 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         (_, None) => json!({"usable": false, "why": "neither tp_btf nor raw_tp programs load"}),
         (_, Some((m, d))) => json!({"usable": true, "mechanism": m, "exit_hook": exit_hook, "detail": format!("{hook}; {d}")}),
     };
-    tools.push(("offcpu".into(), offcpu.clone()));
+    tools.push(("offcpu".into(), with_unwind(offcpu.clone())));
     // wakeup: the same, plus sched_waking.
     let mut wakeup = offcpu;
     if wakeup["usable"] == json!(true) {
         wakeup["detail"] = json!(format!("{hook} + sched:sched_waking"));
     }
-    tools.push(("wakeup".into(), wakeup));
+    tools.push(("wakeup".into(), with_unwind(wakeup)));
 
     // funclatency: uprobes for user functions, syscall tracepoints, softirq
     // tracepoints; kernel functions need fentry or kprobes.
@@ -307,7 +335,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         let sampler = if ok("perf_event") { "; sampler: perf_event cpu-clock" } else { "; no perf_event sampling: no flame graph of slow calls" };
         slow["detail"] = json!(format!("{}{sampler}", slow["detail"].as_str().unwrap_or("")));
     }
-    tools.push(("slow".into(), slow));
+    tools.push(("slow".into(), with_unwind(slow)));
 
     let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
     if a.json {
@@ -344,4 +372,82 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(if usable { 0 } else { 2 })
+}
+
+/// `doctor --unwind FILE...`: each file's unwind table.
+fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
+    use crate::engine::unwind::{cache, elf, kernel, table};
+    use std::time::Instant;
+    let mut out = Vec::new();
+    for path in &a.unwind {
+        let f = std::fs::File::open(path).map_err(|e| crate::engine::error::usage(format!("--unwind {}: {e}; give an ELF file", path.display())))?;
+        let t0 = Instant::now();
+        let info = match elf::read(f) {
+            Ok(i) => i,
+            Err(e) => {
+                out.push(json!({"file": path, "table": false, "why": e.to_string()}));
+                continue;
+            }
+        };
+        let built = table::build(&info);
+        let cold = t0.elapsed();
+        let t = match built {
+            Ok(t) => t,
+            Err(e) => {
+                out.push(json!({"file": path, "table": false, "why": e.to_string()}));
+                continue;
+            }
+        };
+        // From a fresh cache directory: read the file and its sections,
+        // hash them, read the stored table.
+        let dir = std::env::temp_dir().join(format!("sonde-doctor-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut c = cache::Cache::open_at(&dir);
+        let key = cache::key(&info);
+        c.put(&key, &t);
+        let t1 = Instant::now();
+        let again = elf::read(std::fs::File::open(path)?).ok().and_then(|i| c.get(&cache::key(&i)));
+        let warm = t1.elapsed();
+        let _ = std::fs::remove_dir_all(&dir);
+        let pages = kernel::layout(&t);
+        let page_rows: usize = pages.iter().map(|p| p.1.len()).sum();
+        let kbytes = (page_rows + pages.len()) * 8;
+        let cfi = info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
+        out.push(json!({
+            "file": path, "table": true,
+            "source": if info.eh_frame.is_some() { if info.via_program_headers { ".eh_frame (through PT_GNU_EH_FRAME: no section headers)" } else { ".eh_frame" } } else { ".debug_frame" },
+            "debug_frame": info.debug_frame.is_some(),
+            "build_id": info.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
+            "cfi_bytes": cfi, "fdes": t.stats.fdes, "cfi_rows": t.stats.cfi_rows, "rows": t.rows.len(),
+            "unsupported_rows": t.stats.unsupported_cfa, "unknown_rbp_rows": t.stats.unknown_rbp, "bad_fdes": t.stats.bad_fdes,
+            "pages": pages.len(), "kernel_bytes": kbytes,
+            "kernel_bytes_per_cfi_byte": kbytes as f64 / cfi.max(1) as f64,
+            "build_ms": cold.as_secs_f64() * 1e3, "cached_ms": warm.as_secs_f64() * 1e3, "cache_round_trip": again.as_ref() == Some(&t),
+        }));
+    }
+    if a.json {
+        println!("{}", json!({"type": "doctor_unwind", "files": out}));
+        return Ok(0);
+    }
+    for v in &out {
+        if v["table"] == json!(true) {
+            println!(
+                "{}: {} rows from {} FDEs in {:.1} KB of {}; {} rows the walk cannot evaluate; kernel {:.1} KB ({:.2} bytes per byte of CFI, {} pages of 64 KiB); built in {:.1} ms, {:.1} ms from the disk cache",
+                v["file"].as_str().unwrap_or("?"),
+                v["rows"],
+                v["fdes"],
+                v["cfi_bytes"].as_f64().unwrap_or(0.0) / 1e3,
+                v["source"].as_str().unwrap_or("?"),
+                v["unsupported_rows"],
+                v["kernel_bytes"].as_f64().unwrap_or(0.0) / 1e3,
+                v["kernel_bytes_per_cfi_byte"].as_f64().unwrap_or(0.0),
+                v["pages"],
+                v["build_ms"].as_f64().unwrap_or(0.0),
+                v["cached_ms"].as_f64().unwrap_or(0.0),
+            );
+        } else {
+            println!("{}: no table: {} (its frames are walked by frame pointers)", v["file"].as_str().unwrap_or("?"), v["why"].as_str().unwrap_or("?"));
+        }
+    }
+    Ok(0)
 }

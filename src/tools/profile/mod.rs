@@ -203,6 +203,18 @@ fn load(a: &ProfileArgs, tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result
     Ok((Loaded { skel, _links: links }, session))
 }
 
+/// Whether this kernel loads profile's program with the table walk (the
+/// walk every stack tool shares), for `sonde doctor`.
+pub fn table_walk_loads() -> anyhow::Result<()> {
+    unwind::kernel_can_walk().map_err(anyhow::Error::msg)?;
+    let plan = unwind::Plan { tables: true, asked: unwind::UnwindMode::Dwarf, fallback: None };
+    let mut storage = MaybeUninit::uninit();
+    let mut open = ProfileSkelBuilder::default().open(&mut storage).context("opening BPF object")?;
+    crate::set_unwind!(&mut open, &plan, true);
+    open.load().context("loading the profile program with the table walk")?;
+    Ok(())
+}
+
 /// Runs a profile; `ready` is called once sampling runs.
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, tf) = validate(a)?;
