@@ -436,7 +436,7 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["ml_", "btf_probe", "raw_probe", "btf_send", "raw_send", "btf_destroy", "raw_destroy", "btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit", "fl_"]
+            ["ml_", "unw_", "btf_probe", "raw_probe", "btf_send", "raw_send", "btf_destroy", "raw_destroy", "btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit", "fl_"]
                 .iter()
                 .any(|x| n.starts_with(x))
         })
@@ -454,9 +454,15 @@ fn sigkill_leaves_no_program_or_link_behind() {
     assert_ne!(code, 0);
     assert_gone(pid, &ours);
 
-    // profile (programs on perf events, one per CPU), offcpu and wakeup (tp_btf).
+    // profile (programs on perf events, one per CPU), offcpu and wakeup (tp_btf),
+    // with unwind tables loaded for a process (maps sonde made itself).
     // funclatency (uprobe.multi links, syscall tracepoints, softirq tp_btf).
+    let nofp = build_workload("calltree", &["-O2", "-g", "-fomit-frame-pointer"]);
+    let w = KillOnDrop(Command::new(&nofp).args(["60"]).spawn().unwrap());
+    let wp = w.0.id().to_string();
     for (tool, ready, targets) in [
+        ("profile", "sampling CPU stacks", &["-p", wp.as_str()][..]),
+        ("offcpu", "tracing off-CPU time", &["-p", wp.as_str()][..]),
         ("profile", "sampling CPU stacks", &[][..]),
         ("offcpu", "tracing off-CPU time", &[]),
         ("wakeup", "tracing off-CPU time and its wakers", &[]),
@@ -472,10 +478,44 @@ fn sigkill_leaves_no_program_or_link_behind() {
         let pid = p.id();
         let ours = programs_of(pid);
         assert!(!ours.is_empty(), "the {tool} program is visible");
+        let chunks = unwind_chunks_of(pid);
+        if targets.first() == Some(&"-p") {
+            assert!(!chunks.is_empty(), "{tool} -p loaded unwind tables");
+        }
         p.kill().unwrap();
         let _ = p.wait();
         assert_gone(pid, &ours);
+        // The table chunks sonde made (held only by its fds and by its
+        // programs' maps) go with it.
+        let t0 = Instant::now();
+        while maps_alive(&chunks) {
+            assert!(t0.elapsed() < Duration::from_secs(10), "unwind table maps {chunks:?} outlived a SIGKILLed {tool}");
+            thread::sleep(Duration::from_millis(100));
+        }
     }
+    drop(w);
+}
+
+/// Ids of the `unw_chunk` maps process `pid` holds an fd of.
+fn unwind_chunks_of(pid: u32) -> Vec<u64> {
+    let held: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+                .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("map_id:")?.trim().parse::<u64>().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let out = Command::new("bpftool").args(["map", "show", "-j"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    v.as_array().unwrap().iter().filter(|m| m["name"] == "unw_chunk").filter_map(|m| m["id"].as_u64()).filter(|id| held.contains(id)).collect()
+}
+
+/// Whether any of these map ids still exists.
+fn maps_alive(ids: &[u64]) -> bool {
+    let out = Command::new("bpftool").args(["map", "show", "-j"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    v.as_array().unwrap().iter().any(|m| ids.contains(&m["id"].as_u64().unwrap_or(0)))
 }
 
 /// Neither programs `ours` nor links held by `pid` (killed) remain.
@@ -543,6 +583,10 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["profile", "-o", "/nonexistent-dir/p.svg"],
         &["profile", "-o", "p.png"],
         &["profile", "--user-only", "--kernel-only"],
+        &["profile", "--unwind", "lbr"],
+        &["offcpu", "--unwind", "frame-pointers"],
+        &["slow", "syscall:read", "--over", "1ms", "--unwind", "orc"],
+        &["doctor", "--unwind", "/nonexistent-file"],
         &["offcpu", "-p", "999999999"],
         &["offcpu", "--min-block", "soon"],
         &["offcpu", "--min-block", "10ms", "--max-block", "1ms"],
