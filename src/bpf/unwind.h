@@ -101,7 +101,8 @@ struct unw_state {
 	__u8 bp_ok;  /* rbp still known */
 	__u8 exact;  /* look the next pc up as is (leaf, or interrupted by a signal) */
 	__u8 why_fp; /* the end to report if the current frame-pointer step fails */
-	__u8 pad[5];
+	__u8 in_syscall; /* the user registers were saved by a system call */
+	__u8 pad[4];
 	struct unw_stack st;
 };
 
@@ -303,7 +304,7 @@ __noinline int unw_step(__u32 slot)
 	s->hash ^= s->hash >> 29;
 
 	__u64 at = exact ? pc : pc - 1;
-	if (len == 0) {
+	if (len == 0 && s->in_syscall) {
 		/* A task in a system call (off-CPU, or sampled in the kernel)
 		 * stands after its syscall instruction, which may end its
 		 * function's CFI (glibc's __restore_rt): look the syscall up. */
@@ -420,7 +421,9 @@ __noinline int unw_step(__u32 slot)
 	{
 		__u32 rk = (row >> 20) & 0x3;
 		__s64 roff = (__s64)(__s8)(row >> 24) * 8;
-		if (rk == UNW_RBP_AT_CFA || rk == UNW_RBP_AT_RBP) {
+		if (rk == UNW_RBP_AT_RBP && !s->bp_ok) {
+			s->bp_ok = 0; /* saved through an rbp we do not know */
+		} else if (rk == UNW_RBP_AT_CFA || rk == UNW_RBP_AT_RBP) {
 			__u64 nbp = 0;
 			if (!unw_read(&nbp, (rk == UNW_RBP_AT_CFA ? cfa : bp) + roff)) {
 				s->st.end = UNW_END_READ;
@@ -484,6 +487,10 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
 		return true;
+	/* A 32-bit process (cs is not the 64-bit user segment): the kernel's
+	 * walk knows its frames; the tables here are for x86-64 code. */
+	if (BPF_CORE_READ(regs, cs) != 0x33)
+		return false;
 	s->busy = 1;
 	s->ri = 0;
 	s->tramp = 0;
@@ -493,6 +500,9 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 		if (s->ri)
 			s->tramp = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
 	}
+	/* orig_ax holds the syscall number in a system call, -1 for an
+	 * interrupt (a sample of user code). */
+	s->in_syscall = (long)BPF_CORE_READ(regs, orig_ax) >= 0;
 	s->pc = BPF_CORE_READ(regs, ip);
 	s->sp = BPF_CORE_READ(regs, sp);
 	s->bp = BPF_CORE_READ(regs, bp);

@@ -110,6 +110,18 @@ impl Cache {
         if md.uid() != me || md.permissions().mode() & 0o022 != 0 {
             return Err(format!("owned by uid {} with mode {:o}; want uid {me}, not writable by others", md.uid(), md.permissions().mode() & 0o777));
         }
+        // Every directory above it too: nobody else may swap a component
+        // (a sticky directory such as /tmp protects our own entries).
+        let mut up = dir.parent();
+        while let Some(a) = up.filter(|a| !a.as_os_str().is_empty()) {
+            let md = fs::symlink_metadata(a).map_err(|e| format!("{}: {e}", a.display()))?;
+            let mode = md.permissions().mode();
+            let others_write = mode & 0o022 != 0 && mode & 0o1000 == 0;
+            if !md.file_type().is_dir() || (md.uid() != me && md.uid() != 0) || others_write {
+                return Err(format!("{} is a symlink, or can be changed by another user", a.display()));
+            }
+            up = a.parent();
+        }
         Ok(())
     }
 
@@ -176,8 +188,13 @@ impl Cache {
             .filter_map(|e| {
                 let e = e.ok()?;
                 let md = e.metadata().ok()?;
-                let tbl = md.is_file() && e.path().extension().is_some_and(|x| x == "tbl");
-                tbl.then_some(())?;
+                let ext = e.path().extension()?.to_string_lossy().into_owned();
+                // Leftovers of a run killed while writing.
+                if md.is_file() && ext.starts_with("tmp") && md.modified().ok()?.elapsed().ok()? > std::time::Duration::from_secs(3600) {
+                    let _ = fs::remove_file(e.path());
+                    return None;
+                }
+                (md.is_file() && ext == "tbl").then_some(())?;
                 Some((md.modified().ok()?, md.len(), e.path()))
             })
             .collect();

@@ -7,21 +7,21 @@
 //! The file is read through `object`'s [`ReadCache`]: only the headers and
 //! the sections asked for are read, never the whole file, and every read is
 //! bounded (the file belongs to a traced process and may be crafted).
-use std::{borrow::Cow, fs::File};
+use std::fs::File;
 
 use object::{
     elf,
     read::{
-        elf::{ElfFile64, FileHeader, ProgramHeader},
+        elf::{FileHeader, ProgramHeader},
         ReadCache,
     },
-    Endianness, Object, ObjectSection,
+    Endianness,
 };
 
 use super::UnwindError;
 
 /// Largest unwind section read (bytes). libxul's `.eh_frame` is ~10 MB.
-pub const MAX_SECTION: u64 = 256 << 20;
+pub const MAX_SECTION: u64 = 64 << 20;
 /// Most program headers and section headers accepted.
 const MAX_HEADERS: usize = 1 << 16;
 
@@ -64,21 +64,45 @@ pub struct ElfUnwindInfo {
     pub via_program_headers: bool,
 }
 
-type Elf<'a> = ElfFile64<'a, Endianness, &'a ReadCache<File>>;
+/// Most bytes of the section-name string table and of a note segment.
+const MAX_SMALL: u64 = 1 << 20;
 
-fn section(elf: &Elf<'_>, name: &str) -> Result<Option<Section>, UnwindError> {
-    let Some(s) = elf.section_by_name(name) else { return Ok(None) };
-    if s.size() > MAX_SECTION {
-        return Err(UnwindError::TooBig(format!("{name} is {} bytes", s.size())));
-    }
-    let data: Cow<'_, [u8]> = s.uncompressed_data().map_err(|e| UnwindError::Malformed(format!("{name}: {e}")))?;
-    if data.len() as u64 > MAX_SECTION {
-        return Err(UnwindError::TooBig(format!("{name} decompresses to {} bytes", data.len())));
-    }
-    if data.is_empty() {
+type Hdr = elf::FileHeader64<Endianness>;
+type SectionHdr = elf::SectionHeader64<Endianness>;
+
+/// The bytes of one section, checked for size first; a compressed one
+/// (`SHF_COMPRESSED`, zlib) is inflated through a reader capped at its
+/// declared size, which must be within [`MAX_SECTION`] (a small file must
+/// not inflate to gigabytes).
+fn section_bytes(sh: &SectionHdr, endian: Endianness, cache: &ReadCache<File>, name: &str) -> Result<Option<Vec<u8>>, UnwindError> {
+    use object::{read::elf::SectionHeader, ReadRef};
+    if sh.sh_type(endian) == elf::SHT_NOBITS {
         return Ok(None);
     }
-    Ok(Some(Section { addr: if name == ".debug_frame" { 0 } else { s.address() }, data: data.into_owned() }))
+    let bad = |e: &dyn std::fmt::Display| UnwindError::Malformed(format!("{name}: {e}"));
+    let Some((off, size)) = sh.file_range(endian) else { return Ok(None) };
+    if size > MAX_SECTION {
+        return Err(UnwindError::TooBig(format!("{name} is {size} bytes")));
+    }
+    let Some((chdr, coff, csize)) = sh.compression(endian, cache).map_err(|e| bad(&e))? else {
+        let data = cache.read_bytes_at(off, size).map_err(|()| bad(&"beyond the end of the file"))?;
+        return Ok((!data.is_empty()).then(|| data.to_vec()));
+    };
+    use object::read::elf::CompressionHeader;
+    let (kind, want) = (chdr.ch_type(endian), chdr.ch_size(endian));
+    if kind != elf::ELFCOMPRESS_ZLIB {
+        return Err(UnwindError::Malformed(format!("{name}: compression type {kind} (only zlib is read)")));
+    }
+    if want > MAX_SECTION {
+        return Err(UnwindError::TooBig(format!("{name} inflates to {want} bytes")));
+    }
+    let packed = cache.read_bytes_at(coff, csize).map_err(|()| bad(&"beyond the end of the file"))?;
+    let mut out = Vec::with_capacity(want as usize);
+    std::io::Read::read_to_end(&mut std::io::Read::take(flate2::read::ZlibDecoder::new(packed), want + 1), &mut out).map_err(|e| bad(&e))?;
+    if out.len() as u64 != want {
+        return Err(bad(&format!("inflates to {} bytes, not the {want} its header says", out.len())));
+    }
+    Ok((!out.is_empty()).then_some(out))
 }
 
 /// Reads `len` bytes at virtual address `vaddr` from the file part of the
@@ -91,11 +115,13 @@ fn read_vaddr(cache: &ReadCache<File>, segments: &[Segment], vaddr: u64, len: u6
     cache.read_bytes_at(off, len).ok().map(<[u8]>::to_vec)
 }
 
-/// Reads what the unwinder needs from `file` (an open ELF file).
+/// Reads what the unwinder needs from `file` (an open ELF file): the
+/// headers, the notes for the build ID, and the three unwind sections,
+/// never the symbol tables or anything else.
 pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
+    use object::read::elf::SectionHeader;
     let cache = ReadCache::new(file);
-    // Header sanity before object allocates tables for them.
-    let hdr = elf::FileHeader64::<Endianness>::parse(&cache).map_err(|e| UnwindError::NotElf(e.to_string()))?;
+    let hdr = Hdr::parse(&cache).map_err(|e| UnwindError::NotElf(e.to_string()))?;
     let endian = hdr.endian().map_err(|e| UnwindError::NotElf(e.to_string()))?;
     if hdr.e_machine(endian) != elf::EM_X86_64 {
         return Err(UnwindError::NotElf(format!("machine {} is not x86-64", hdr.e_machine(endian))));
@@ -103,8 +129,8 @@ pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
     if hdr.e_phnum(endian) as usize > MAX_HEADERS || hdr.e_shnum(endian) as usize > MAX_HEADERS {
         return Err(UnwindError::Malformed("too many headers".into()));
     }
-    let elf: Elf<'_> = ElfFile64::parse(&cache).map_err(|e| UnwindError::Malformed(e.to_string()))?;
-    let phdrs = elf.elf_program_headers();
+    let malformed = |e: object::read::Error| UnwindError::Malformed(e.to_string());
+    let phdrs = hdr.program_headers(endian, &cache).map_err(malformed)?;
     let segments: Vec<Segment> = phdrs
         .iter()
         .filter(|p| p.p_type(endian) == elf::PT_LOAD)
@@ -115,10 +141,31 @@ pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
             exec: p.p_flags(endian) & elf::PF_X != 0,
         })
         .collect();
-    let build_id = elf.build_id().ok().flatten().map(<[u8]>::to_vec);
-    let mut eh_frame = section(&elf, ".eh_frame")?;
-    let mut eh_frame_hdr = section(&elf, ".eh_frame_hdr")?;
-    let debug_frame = section(&elf, ".debug_frame")?;
+    let mut build_id = None;
+    for p in phdrs.iter().filter(|p| p.p_type(endian) == elf::PT_NOTE && p.p_filesz(endian) <= MAX_SMALL) {
+        if let Ok(Some(mut notes)) = p.notes(endian, &cache) {
+            while let Ok(Some(n)) = notes.next() {
+                if n.name() == elf::ELF_NOTE_GNU && n.n_type(endian) == elf::NT_GNU_BUILD_ID {
+                    build_id = Some(n.desc().to_vec());
+                }
+            }
+        }
+    }
+    let sections = hdr.sections(endian, &cache).map_err(malformed)?;
+    // The section names live in one table; a crafted one could be huge.
+    if let Ok(names) = sections.section(object::SectionIndex(hdr.e_shstrndx(endian) as usize)) {
+        if names.sh_size(endian) > MAX_SMALL {
+            return Err(UnwindError::TooBig(format!("section names: {} bytes", names.sh_size(endian))));
+        }
+    }
+    let section = |name: &str| -> Result<Option<Section>, UnwindError> {
+        let Some((_, sh)) = sections.section_by_name(endian, name.as_bytes()) else { return Ok(None) };
+        let addr = if name == ".debug_frame" { 0 } else { sh.sh_addr(endian) };
+        Ok(section_bytes(sh, endian, &cache, name)?.map(|data| Section { addr, data }))
+    };
+    let mut eh_frame = section(".eh_frame")?;
+    let mut eh_frame_hdr = section(".eh_frame_hdr")?;
+    let debug_frame = section(".debug_frame")?;
     let mut via_program_headers = false;
     if eh_frame.is_none() {
         // Section headers stripped (or no .eh_frame section): the loader's
@@ -156,10 +203,8 @@ impl ElfUnwindInfo {
 /// holds `offset`; a byte at file offset x is mapped at start + (x - offset)
 /// and has virtual address p_vaddr + (x - p_offset).
 pub fn bias_of(segments: &[Segment], start: u64, offset: u64) -> Option<u64> {
-    let seg = segments
-        .iter()
-        .find(|s| s.exec && (s.offset & !0xfff) <= offset && offset < s.offset + s.filesz.max(1))
-        .or_else(|| segments.iter().find(|s| (s.offset & !0xfff) <= offset && offset < s.offset + s.filesz.max(1)))?;
+    let holds = |s: &&Segment| (s.offset & !0xfff) <= offset && offset < s.offset.saturating_add(s.filesz.max(1));
+    let seg = segments.iter().filter(|s| s.exec).find(holds).or_else(|| segments.iter().find(holds))?;
     Some(start.wrapping_sub(offset).wrapping_add(seg.offset).wrapping_sub(seg.vaddr))
 }
 

@@ -53,6 +53,16 @@ struct Placed {
     lo_page: u64,
 }
 
+/// A mapped file's identity: see [`Tables::file_table`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
 /// A mapped file, as opened once.
 #[derive(Debug, Clone)]
 struct FileTable {
@@ -127,7 +137,7 @@ pub struct Tables {
     pages_cap: u32,
     next_page: u32,
     by_key: HashMap<Key, Option<Placed>>,
-    by_file: HashMap<(u64, u64), FileTable>,
+    by_file: HashMap<FileId, FileTable>,
     /// Per process: the exec lines of its maps when loaded, and when.
     procs: HashMap<u32, (u64, Instant)>,
     /// The vDSO's table (the same image in every process).
@@ -218,9 +228,10 @@ impl Tables {
         let mut entries: Vec<[u64; 5]> = Vec::new();
         for mp in &mappings {
             let ft = if mp.vdso { self.vdso_table(m) } else { self.file_table(m, pid, &mp.range) };
-            let Some(ft) = ft else { continue };
-            let Some(bias) = elf::bias_of(&ft.segments, mp.start, mp.offset) else { continue };
-            let (first_page, n_pages, lo_page) = ft.placed.map(|p| (p.first_page, p.n_pages, p.lo_page)).unwrap_or((0, 0, 0));
+            // Known to the walk either way: a mapping without a table is
+            // walked by frame pointers and asks for no refresh.
+            let placed = ft.as_ref().and_then(|ft| Some((ft.placed?, elf::bias_of(&ft.segments, mp.start, mp.offset)?)));
+            let (first_page, n_pages, lo_page, bias) = placed.map(|(p, b)| (p.first_page, p.n_pages, p.lo_page, b)).unwrap_or((0, 0, 0, 0));
             entries.push([mp.start, mp.end, bias, lo_page, (first_page as u64) | ((n_pages as u64) << 32)]);
         }
         entries.sort_by_key(|e| e[0]);
@@ -275,17 +286,19 @@ impl Tables {
             *self.stats.without_table.entry("unreadable".into()).or_default() += 1;
             return None;
         };
-        let id = (md.dev(), md.ino());
+        // The inode alone is not the file: a deleted file's inode number is
+        // reused at once, and `cp` over a library keeps it. Size and the
+        // modification and change times make a new version a new key.
+        let id = FileId { dev: md.dev(), ino: md.ino(), size: md.size(), mtime: (md.mtime(), md.mtime_nsec()), ctime: (md.ctime(), md.ctime_nsec()) };
         if let Some(t) = self.by_file.get(&id) {
             return Some(t.clone());
         }
-        let t = match self.table_of(m, f) {
-            Ok(t) => t,
-            Err(e) => {
-                *self.stats.without_table.entry(reason(&e)).or_default() += 1;
-                return None;
-            }
-        };
+        // A file without a usable table is remembered too, so a process
+        // that maps it is not read again at every refresh.
+        let t = self.table_of(m, f).unwrap_or_else(|e| {
+            *self.stats.without_table.entry(reason(&e)).or_default() += 1;
+            FileTable { segments: Vec::new(), placed: None }
+        });
         self.by_file.insert(id, t.clone());
         Some(t)
     }
@@ -370,15 +383,16 @@ impl Tables {
 
     /// Lays `t` out in pages and rows; None when the budget ran out.
     fn place(&mut self, m: &Maps<'_>, t: &Table) -> Option<Placed> {
-        let pages = layout(t);
-        let Some((lo_page, _)) = pages.first().map(|p| (p.0, ())) else {
-            return None;
-        };
-        let n_pages = (pages.last().unwrap().0 - lo_page + 1) as u32;
-        if self.next_page as u64 + n_pages as u64 > self.pages_cap as u64 {
+        // The pages its span needs, before laying anything out: a crafted
+        // table spanning 2^62 bytes must not allocate a page list for it.
+        let n_pages = page_span(t)?;
+        if self.next_page as u64 + n_pages > self.pages_cap as u64 {
             self.stats.budget_full += 1;
             return None;
         }
+        let n_pages = n_pages as u32;
+        let pages = layout(t)?;
+        let lo_page = pages.first()?.0;
         let first_page = self.next_page;
         self.next_page += n_pages;
         for (page, rows) in pages {
@@ -415,23 +429,36 @@ impl Tables {
     }
 }
 
+/// Most 64 KiB pages one table may span (16 GiB of code).
+pub const MAX_SPAN_PAGES: u64 = 1 << 18;
+
+/// Pages from a table's first row to its last (None: empty, or wider than
+/// [`MAX_SPAN_PAGES`]).
+pub fn page_span(t: &Table) -> Option<u64> {
+    let (first, last) = (t.rows.first()?.addr, t.rows.last()?.addr);
+    // The last row is the gap that ends the covered range.
+    let n = ((last.checked_sub(1)? >> PAGE_SHIFT).checked_sub(first >> PAGE_SHIFT)?).checked_add(1)?;
+    (n <= MAX_SPAN_PAGES).then_some(n)
+}
+
 /// A table split into 64 KiB pages: (page number, its rows as the kernel
 /// reads them: page offset | rule), for every page from the first to the
-/// last row's; a page with no CFI gets no rows.
-pub fn layout(t: &Table) -> Vec<(u64, Vec<u64>)> {
+/// last row's; a page with no CFI gets no rows. None for a table
+/// [`page_span`] refuses.
+pub fn layout(t: &Table) -> Option<Vec<(u64, Vec<u64>)>> {
     let rows = &t.rows;
     if rows.len() < 2 {
-        return Vec::new();
+        return None;
     }
+    let n = page_span(t)?;
     let gap = table::Rule::GAP.encode();
     let lo = rows[0].addr >> PAGE_SHIFT;
-    // The last row is the gap that ends the covered range.
-    let hi = (rows[rows.len() - 1].addr - 1) >> PAGE_SHIFT;
-    let mut out = Vec::with_capacity((hi - lo + 1) as usize);
+    let hi = lo + n - 1;
+    let mut out = Vec::with_capacity(n as usize);
     let mut i = 0; // first row with addr >= page start
     for page in lo..=hi {
         let start = page << PAGE_SHIFT;
-        let end = start + (1 << PAGE_SHIFT);
+        let end = start.saturating_add(1 << PAGE_SHIFT);
         while i < rows.len() && rows[i].addr < start {
             i += 1;
         }
@@ -450,7 +477,7 @@ pub fn layout(t: &Table) -> Vec<(u64, Vec<u64>)> {
         }
         out.push((page, v));
     }
-    out
+    Some(out)
 }
 
 /// The model of `unwind.h`'s page lookup: the rule at `vaddr` from a
@@ -524,7 +551,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let pages = layout(&t);
+        let pages = layout(&t).unwrap();
         assert_eq!(pages.len(), 6);
         assert!(pages[4].1.is_empty(), "page 0x5 is all gap: {:?}", pages[4]);
         for a in (0x1_0000..0x7_0000).step_by(3).chain([0x1_fff0, 0x2_0000, 0x2_0004, 0x3_0000, 0x4_7fff, 0x4_8000, 0x6_01ff, 0x6_0200]) {
@@ -533,10 +560,24 @@ mod tests {
     }
 
     #[test]
+    fn a_table_spanning_the_address_space_is_refused_before_any_allocation() {
+        let r = Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }.encode();
+        let t = Table {
+            rows: vec![Row { addr: 0x1000, rule: r }, Row { addr: 0x4000_0000_0000_0000, rule: r }, Row { addr: 0x4000_0000_0000_0010, rule: Rule::GAP.encode() }],
+            ..Default::default()
+        };
+        assert_eq!(page_span(&t), None);
+        assert!(layout(&t).is_none());
+        let top = Table { rows: vec![Row { addr: u64::MAX - 0x100, rule: r }, Row { addr: u64::MAX, rule: Rule::GAP.encode() }], ..Default::default() };
+        assert_eq!(page_span(&top), Some(1));
+        assert_eq!(layout(&top).unwrap().len(), 1, "no overflow at the top page");
+    }
+
+    #[test]
     fn libc_pages_agree_with_the_table() {
         let info = elf::read(File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap();
         let t = table::build(&info).unwrap();
-        let pages = layout(&t);
+        let pages = layout(&t).unwrap();
         let (lo, hi) = (t.rows[0].addr, t.rows.last().unwrap().addr);
         for a in lo - 16..hi + 16 {
             assert_eq!(layout_lookup(&pages, a), t.lookup(a), "at {a:#x}");

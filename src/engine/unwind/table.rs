@@ -17,12 +17,19 @@
 //! Anything else (other registers, other expressions) becomes an
 //! "unsupported" row: the walk ends there and says why.
 //!
-//! FDEs are visited in address order through `.eh_frame_hdr`'s search table
-//! when there is one, so rows stream straight into the output; without it
-//! only the FDE offsets are collected and sorted. The output is the only
-//! memory that grows with the file (16 bytes per row).
+//! FDEs are visited in the order of their own start addresses (collected,
+//! 16 bytes each, and sorted), so rows stream straight into the output, which
+//! is the only memory that grows with the file (16 bytes per row).
+//! `.eh_frame_hdr`'s search table is not used for this: a copy of a library
+//! with an edited header but the same `.eh_frame` would otherwise build a
+//! different table under the same cache key.
+//!
+//! A crafted file can make CFI costly to evaluate (a CIE whose initial
+//! instructions are megabytes of no-ops, run again for every FDE): the bytes
+//! of instructions evaluated are budgeted ([`WORK_PER_BYTE`] times the
+//! section's size) and a build stops after [`MAX_BUILD`].
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EhFrameHdr, EndianSlice, LittleEndian, Operation, Register, RegisterRule,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation, Register, RegisterRule,
     UnwindContext, UnwindSection, X86_64,
 };
 
@@ -30,6 +37,11 @@ use super::{elf::ElfUnwindInfo, UnwindError};
 
 /// Most rows one table may have (16 bytes each here, 8 in the kernel).
 pub const MAX_ROWS: usize = 16 << 20;
+/// Bytes of call-frame instructions a build may evaluate per byte of the
+/// section (CIE initial instructions count once per FDE using them).
+pub const WORK_PER_BYTE: u64 = 8;
+/// Longest a build may take.
+pub const MAX_BUILD: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How to find the CFA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -364,11 +376,16 @@ fn rule_of<'a, S: UnwindSection<Slice<'a>>>(row: &gimli::UnwindTableRow<usize>, 
 }
 
 /// Rows of the FDEs at `offsets` (sorted by address) of one section.
-fn rows_of<'a, S>(section: &S, bases: &BaseAddresses, offsets: &[usize], b: &mut Builder, ctx: &mut UnwindContext<usize>) -> Result<(), UnwindError>
+fn rows_of<'a, S>(section: &S, bases: &BaseAddresses, offsets: &[usize], b: &mut Builder, ctx: &mut UnwindContext<usize>, section_len: usize) -> Result<(), UnwindError>
 where
     S: UnwindSection<Slice<'a>>,
 {
-    for &off in offsets {
+    let budget = (section_len as u64).saturating_mul(WORK_PER_BYTE).saturating_add(1 << 20);
+    let (mut work, t0) = (0u64, std::time::Instant::now());
+    for (i, &off) in offsets.iter().enumerate() {
+        if i % 256 == 255 && t0.elapsed() > MAX_BUILD {
+            return Err(UnwindError::TooBig(format!("building the table took over {} s", MAX_BUILD.as_secs())));
+        }
         let fde = match section.fde_from_offset(bases, S::Offset::from(off), S::cie_from_offset) {
             Ok(f) => f,
             Err(_) => {
@@ -377,6 +394,10 @@ where
             }
         };
         b.stats.fdes += 1;
+        work = work.saturating_add(fde.cie().entry_len() as u64).saturating_add(fde.entry_len() as u64);
+        if work > budget {
+            return Err(UnwindError::TooBig(format!("CFI instructions to evaluate exceed {WORK_PER_BYTE} times the section's {section_len} bytes")));
+        }
         let encoding = fde.cie().encoding();
         let signal = fde.is_signal_trampoline();
         let mut table = match fde.rows(section, bases, ctx) {
@@ -429,39 +450,6 @@ where
     v
 }
 
-/// The FDE offsets of `.eh_frame` in address order, from `.eh_frame_hdr`'s
-/// table when it has one that can be trusted, else by sorting.
-fn eh_frame_order(eh: &EhFrame<Slice<'_>>, bases: &BaseAddresses, hdr: Option<&super::elf::Section>) -> Vec<usize> {
-    if let Some(h) = hdr {
-        let data: &[u8] = &h.data;
-        let bases = bases.clone().set_eh_frame_hdr(h.addr);
-        if let Ok(parsed) = EhFrameHdr::new(data, LittleEndian).parse(&bases, 8) {
-            if let Some(table) = parsed.table() {
-                let mut out = Vec::new();
-                let mut it = table.iter(&bases);
-                let mut last = 0u64;
-                let mut sorted = true;
-                while let Ok(Some((loc, fde))) = it.next() {
-                    let (Ok(loc), Ok(off)) = (loc.direct(), table.pointer_to_offset(fde)) else {
-                        sorted = false;
-                        break;
-                    };
-                    if loc < last || out.len() > MAX_ROWS {
-                        sorted = false;
-                        break;
-                    }
-                    last = loc;
-                    out.push(off.0);
-                }
-                if sorted && !out.is_empty() {
-                    return out;
-                }
-            }
-        }
-    }
-    sorted_fdes(eh, bases).into_iter().map(|(_, o)| o).collect()
-}
-
 /// Builds the table of an ELF file from its unwind sections: `.eh_frame`
 /// first, then `.debug_frame` for the addresses `.eh_frame` leaves out.
 pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
@@ -475,8 +463,8 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
         let mut sec = EhFrame::new(&eh.data, LittleEndian);
         sec.set_address_size(8);
         let bases = BaseAddresses::default().set_eh_frame(eh.addr).set_text(text);
-        let order = eh_frame_order(&sec, &bases, info.eh_frame_hdr.as_ref());
-        rows_of(&sec, &bases, &order, &mut eh_rows, &mut ctx)?;
+        let order: Vec<usize> = sorted_fdes(&sec, &bases).into_iter().map(|(_, o)| o).collect();
+        rows_of(&sec, &bases, &order, &mut eh_rows, &mut ctx, eh.data.len())?;
     }
     let Some(df) = &info.debug_frame else { return eh_rows.finish() };
     let mut sec = DebugFrame::new(&df.data, LittleEndian);
@@ -484,7 +472,7 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     let bases = BaseAddresses::default();
     let order: Vec<usize> = sorted_fdes(&sec, &bases).into_iter().map(|(_, o)| o).collect();
     let mut dbg = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
-    rows_of(&sec, &bases, &order, &mut dbg, &mut ctx)?;
+    rows_of(&sec, &bases, &order, &mut dbg, &mut ctx, df.data.len())?;
     let eh = eh_rows.finish()?;
     let dbg = dbg.finish()?;
     Ok(merge(eh, dbg))
@@ -703,6 +691,79 @@ mod tests {
     fn libstdcxx_table_matches_gimli_at_every_address() {
         let (checked, other) = check_against_gimli("/lib/x86_64-linux-gnu/libstdc++.so.6");
         assert!(checked > 500_000 && other < checked / 1000, "{checked} / {other}");
+    }
+
+    /// An .eh_frame of one CIE whose initial instructions end in `pad`
+    /// no-ops, and `fdes` FDEs of 16 bytes of code each.
+    fn crafted_eh_frame(pad: usize, fdes: usize) -> Vec<u8> {
+        let mut v = Vec::new();
+        let mut cie = vec![0, 0, 0, 0, 1, b'z', b'R', 0, 1, 0x78, 16, 1, 0x1b, 0x0c, 7, 8, 0x90, 1];
+        cie.extend(std::iter::repeat_n(0u8, pad));
+        while (cie.len() + 4) % 4 != 0 {
+            cie.push(0);
+        }
+        v.extend((cie.len() as u32).to_le_bytes());
+        v.extend(&cie);
+        for i in 0..fdes {
+            let at = v.len();
+            let mut fde = Vec::new();
+            fde.extend(((at + 4) as u32).to_le_bytes()); // back to the CIE at 0
+            // pc_begin, pcrel sdata4: code at 0x10000 + 16 i (section at 0).
+            let field = at + 8;
+            fde.extend(((0x10000 + 16 * i as i64 - field as i64) as i32).to_le_bytes());
+            fde.extend(16i32.to_le_bytes());
+            fde.push(0); // augmentation data length
+            while (fde.len() + 4) % 4 != 0 {
+                fde.push(0);
+            }
+            v.extend((fde.len() as u32).to_le_bytes());
+            v.extend(&fde);
+        }
+        v.extend(0u32.to_le_bytes());
+        v
+    }
+
+    fn info_of(eh: Vec<u8>) -> super::super::elf::ElfUnwindInfo {
+        use super::super::elf::{ElfUnwindInfo, Section, Segment};
+        ElfUnwindInfo {
+            segments: vec![Segment { offset: 0, vaddr: 0, filesz: 1 << 30, exec: true }],
+            build_id: None,
+            eh_frame: Some(Section { addr: 0, data: eh }),
+            eh_frame_hdr: None,
+            debug_frame: None,
+            via_program_headers: false,
+        }
+    }
+
+    #[test]
+    fn crafted_cfi_is_read_like_real_cfi() {
+        let t = build(&info_of(crafted_eh_frame(0, 3))).unwrap();
+        assert_eq!(t.stats.fdes, 3);
+        assert_eq!(t.lookup(0x10000 + 20), Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same });
+        assert_eq!(t.lookup(0x10000 + 48), Rule::GAP);
+    }
+
+    #[test]
+    fn a_cie_made_costly_to_evaluate_is_refused_quickly() {
+        // A CIE with 2 MB of no-ops that 4,000 FDEs make gimli run again
+        // each time: 8 GB of instructions (hours) unless bounded.
+        let eh = crafted_eh_frame(2 << 20, 4000);
+        let t0 = std::time::Instant::now();
+        let r = build(&info_of(eh));
+        assert!(matches!(r, Err(UnwindError::TooBig(_))), "{:?}", r.map(|t| t.stats));
+        assert!(t0.elapsed() < std::time::Duration::from_secs(10), "took {:?}", t0.elapsed());
+    }
+
+    #[test]
+    fn the_search_header_does_not_change_the_table() {
+        // A copy of libc with an edited .eh_frame_hdr builds the same table
+        // (the cache key covers .eh_frame, not the header).
+        let mut info = super::super::elf::read(std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap();
+        let real = build(&info).unwrap();
+        if let Some(h) = info.eh_frame_hdr.as_mut() {
+            h.data[8..12].copy_from_slice(&10u32.to_le_bytes()); // fde_count
+        }
+        assert_eq!(build(&info).unwrap(), real);
     }
 
     #[test]
