@@ -40,6 +40,7 @@ static: setup
 bench: build
 	$(SUDO) bench/retrans/run
 	$(SUDO) bench/profile/run
+	$(SUDO) bench/unwind/run
 	$(SUDO) bench/offcpu/run
 	$(SUDO) bench/funclatency/run
 	$(SUDO) bench/cwnd/run

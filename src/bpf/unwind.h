@@ -29,6 +29,7 @@
 #define UNW_PAGE_SHIFT 16       /* a table page covers 64 KiB of code */
 #define UNW_SEARCH_STEPS 17     /* log2(rows in a page) + 1 */
 #define UNW_MAP_STEPS 9         /* log2(UNW_MAX_MAPS) + 1 */
+#define UNW_BUF 1024            /* bytes of stack read at a time (a power of two) */
 
 /* Row fields (src/engine/unwind/table.rs, Rule::encode). */
 #define UNW_GAP 0
@@ -103,7 +104,21 @@ struct unw_state {
 	__u8 why_fp; /* the end to report if the current frame-pointer step fails */
 	__u8 in_syscall; /* the user registers were saved by a system call */
 	__u8 pad[4];
+	/* The last row found, for frames that return into the same code
+	 * (recursion, loops of calls): its page, the range of page offsets it
+	 * covers, the row. */
+	__u32 last_page;
+	__u32 last_lo;
+	__u32 last_hi;
+	__u32 last_map; /* index of the last mapping found, + 1 */
+	__u64 last_row;
+	__u64 buf_at; /* user address of buf[0] */
+	__u32 buf_ok; /* buf holds UNW_BUF bytes from buf_at */
+	__u32 pad2;
+	__u8 buf[UNW_BUF];
 	struct unw_stack st;
+	/* The process's mappings, copied once per walk (no map lookup per frame). */
+	struct unw_proc proc;
 };
 
 /* The unwinder's counters (unw_stats, summed per CPU by user space). */
@@ -194,12 +209,18 @@ static __always_inline void unw_stat(__u32 slot)
 		*p += 1;
 }
 
-/* The mapping holding `addr`, or NULL. */
-static __always_inline struct unw_map *unw_find_map(struct unw_proc *p, __u64 addr)
+/* The mapping holding `addr` (the last one found first), or NULL. */
+static __always_inline struct unw_map *unw_find_map(struct unw_state *s, __u64 addr)
 {
+	struct unw_proc *p = &s->proc;
 	__u32 n = p->n;
 	if (n == 0 || n > UNW_MAX_MAPS)
 		return NULL;
+	if (s->last_map) {
+		struct unw_map *m = &p->maps[(s->last_map - 1) & (UNW_MAX_MAPS - 1)];
+		if (addr >= m->start && addr < m->end)
+			return m;
+	}
 	__u32 lo = 0, hi = n;
 	for (int k = 0; k < UNW_MAP_STEPS && hi - lo > 1; k++) {
 		__u32 mid = (lo + hi) / 2;
@@ -211,11 +232,12 @@ static __always_inline struct unw_map *unw_find_map(struct unw_proc *p, __u64 ad
 	struct unw_map *m = &p->maps[lo & (UNW_MAX_MAPS - 1)];
 	if (addr < m->start || addr >= m->end)
 		return NULL;
+	s->last_map = lo + 1;
 	return m;
 }
 
 /* The row for `addr` in mapping `m`; 0 (a gap) when its table has none. */
-static __always_inline __u64 unw_find_row(struct unw_map *m, __u64 addr, bool *in_table)
+static __always_inline __u64 unw_find_row(struct unw_state *s, struct unw_map *m, __u64 addr, bool *in_table)
 {
 	*in_table = false;
 	if (!m->n_pages)
@@ -226,6 +248,9 @@ static __always_inline __u64 unw_find_row(struct unw_map *m, __u64 addr, bool *i
 		return 0;
 	*in_table = true;
 	__u32 pi = m->first_page + (__u32)page;
+	__u32 target = vaddr & ((1 << UNW_PAGE_SHIFT) - 1);
+	if (s->last_hi && pi == s->last_page && target >= s->last_lo && target < s->last_hi)
+		return s->last_row;
 	__u64 *pg = bpf_map_lookup_elem(&unw_pages, &pi);
 	if (!pg)
 		return 0;
@@ -236,7 +261,6 @@ static __always_inline __u64 unw_find_row(struct unw_map *m, __u64 addr, bool *i
 	void *rows = bpf_map_lookup_elem(&unw_chunks, &chunk);
 	if (!rows)
 		return 0;
-	__u16 target = vaddr & ((1 << UNW_PAGE_SHIFT) - 1);
 	__u32 lo = 0, hi = n;
 	for (int k = 0; k < UNW_SEARCH_STEPS && hi - lo > 1; k++) {
 		__u32 mid = (lo + hi) / 2;
@@ -252,11 +276,43 @@ static __always_inline __u64 unw_find_row(struct unw_map *m, __u64 addr, bool *i
 	__u32 i = base + lo;
 	__u64 *r = bpf_map_lookup_elem(rows, &i);
 	/* The table's first page may start after the page does. */
-	return r && (__u16)*r <= target ? *r : 0;
+	if (!r || (__u16)*r > target)
+		return 0;
+	__u64 row = *r;
+	/* Remember it with the range it covers (to the next row's offset). */
+	__u32 end = 1 << UNW_PAGE_SHIFT;
+	if (lo + 1 < n) {
+		i = base + lo + 1;
+		__u64 *next = bpf_map_lookup_elem(rows, &i);
+		end = next ? (__u16)*next : 0;
+	}
+	s->last_page = pi;
+	s->last_lo = (__u16)row;
+	s->last_hi = end;
+	s->last_row = row;
+	return row;
 }
 
-static __always_inline bool unw_read(__u64 *dst, __u64 addr)
+/*
+ * Reads a word of the user stack. Each read from user memory costs more
+ * than the rest of a frame's work, so the stack is read UNW_BUF bytes at a
+ * time from the lowest address needed (frames go up the stack) and words
+ * are served from that copy; where a block cannot be read (the stack's top
+ * end), one word is.
+ */
+static __always_inline bool unw_read(struct unw_state *s, __u64 *dst, __u64 addr)
 {
+	__u64 off = addr - s->buf_at;
+	if (s->buf_ok && addr >= s->buf_at && off <= UNW_BUF - 8 && !(addr & 7)) {
+		*dst = *(__u64 *)&s->buf[off & (UNW_BUF - 8)];
+		return true;
+	}
+	if (!(addr & 7) && bpf_probe_read_user(s->buf, UNW_BUF, (void *)addr) == 0) {
+		s->buf_at = addr;
+		s->buf_ok = 1;
+		*dst = *(__u64 *)&s->buf[0];
+		return true;
+	}
 	return bpf_probe_read_user(dst, sizeof(*dst), (void *)addr) == 0;
 }
 
@@ -285,11 +341,6 @@ __noinline int unw_step(__u32 slot)
 	if (!s)
 		return 1;
 	__u32 pid = s->pid;
-	struct unw_proc *p = bpf_map_lookup_elem(&unw_procs, &pid);
-	if (!p) {
-		s->st.end = UNW_END_NO_TABLE; /* forgotten mid-walk (exec) */
-		return 1;
-	}
 	__u32 len = s->st.len;
 	if (len >= STK_MAX_DEPTH) {
 		s->st.end = UNW_END_DEPTH;
@@ -312,11 +363,11 @@ __noinline int unw_step(__u32 slot)
 		if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(pc - 2)) == 0 && insn == 0x050f)
 			at = pc - 1;
 	}
-	struct unw_map *m = unw_find_map(p, at);
+	struct unw_map *m = unw_find_map(s, at);
 	bool in_table = false;
 	__u64 row = 0;
 	if (m)
-		row = unw_find_row(m, at, &in_table);
+		row = unw_find_row(s, m, at, &in_table);
 	__u32 kind = (row >> 16) & 0xf;
 	__u64 sp = s->sp, bp = s->bp, cfa = 0, ra = 0;
 	__s32 off = (__s32)(row >> 32);
@@ -335,7 +386,7 @@ __noinline int unw_step(__u32 slot)
 			/* The leaf in code of a tabled file without CFI
 			 * (a PLT stub, hand-written code): nothing pushed yet. */
 			cfa = sp + 8;
-			if (!unw_read(&ra, cfa - 8)) {
+			if (!unw_read(s, &ra, cfa - 8)) {
 				s->st.end = UNW_END_READ;
 				return 1;
 			}
@@ -348,7 +399,7 @@ __noinline int unw_step(__u32 slot)
 			return 1;
 		}
 		__u64 nbp = 0;
-		if (!unw_read(&ra, bp + 8) || !unw_read(&nbp, bp)) {
+		if (!unw_read(s, &ra, bp + 8) || !unw_read(s, &nbp, bp)) {
 			s->st.end = s->why_fp;
 			return 1;
 		}
@@ -375,7 +426,7 @@ __noinline int unw_step(__u32 slot)
 		/* __restore_rt: sp is the ucontext; uc_mcontext at +40 holds
 		 * rbp (+80), rsp (+120) and rip (+128) of the interrupted code. */
 		__u64 nbp = 0, nsp = 0, nip = 0;
-		if (!unw_read(&nbp, sp + 40 + 80) || !unw_read(&nsp, sp + 40 + 120) || !unw_read(&nip, sp + 40 + 128)) {
+		if (!unw_read(s, &nbp, sp + 40 + 80) || !unw_read(s, &nsp, sp + 40 + 120) || !unw_read(s, &nip, sp + 40 + 128)) {
 			s->st.end = UNW_END_READ;
 			return 1;
 		}
@@ -405,7 +456,7 @@ __noinline int unw_step(__u32 slot)
 			s->st.end = UNW_END_UNSUPPORTED;
 			return 1;
 		}
-		if (!unw_read(&cfa, (kind == UNW_DEREF_RSP ? sp : bp) + (__s64)off)) {
+		if (!unw_read(s, &cfa, (kind == UNW_DEREF_RSP ? sp : bp) + (__s64)off)) {
 			s->st.end = UNW_END_READ;
 			return 1;
 		}
@@ -414,7 +465,7 @@ __noinline int unw_step(__u32 slot)
 		s->st.end = UNW_END_UNSUPPORTED;
 		return 1;
 	}
-	if (!unw_read(&ra, cfa - 8)) {
+	if (!unw_read(s, &ra, cfa - 8)) {
 		s->st.end = UNW_END_READ;
 		return 1;
 	}
@@ -425,7 +476,7 @@ __noinline int unw_step(__u32 slot)
 			s->bp_ok = 0; /* saved through an rbp we do not know */
 		} else if (rk == UNW_RBP_AT_CFA || rk == UNW_RBP_AT_RBP) {
 			__u64 nbp = 0;
-			if (!unw_read(&nbp, (rk == UNW_RBP_AT_CFA ? cfa : bp) + roff)) {
+			if (!unw_read(s, &nbp, (rk == UNW_RBP_AT_CFA ? cfa : bp) + roff)) {
 				s->st.end = UNW_END_READ;
 				return 1;
 			}
@@ -487,9 +538,13 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
 		return true;
+	/* One read of the registers, not one per field. */
+	struct pt_regs r;
+	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
+		return true;
 	/* A 32-bit process (cs is not the 64-bit user segment): the kernel's
 	 * walk knows its frames; the tables here are for x86-64 code. */
-	if (BPF_CORE_READ(regs, cs) != 0x33)
+	if (r.cs != 0x33)
 		return false;
 	s->busy = 1;
 	s->ri = 0;
@@ -502,10 +557,10 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	}
 	/* orig_ax holds the syscall number in a system call, -1 for an
 	 * interrupt (a sample of user code). */
-	s->in_syscall = (long)BPF_CORE_READ(regs, orig_ax) >= 0;
-	s->pc = BPF_CORE_READ(regs, ip);
-	s->sp = BPF_CORE_READ(regs, sp);
-	s->bp = BPF_CORE_READ(regs, bp);
+	s->in_syscall = (long)r.orig_ax >= 0;
+	s->pc = r.ip;
+	s->sp = r.sp;
+	s->bp = r.bp;
 	s->pid = pid;
 	s->hash = 0xcbf29ce484222325ULL;
 	s->bp_ok = 1;
@@ -515,6 +570,14 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	s->st.end = UNW_END_DEPTH;
 	s->st.how = 0;
 	s->st.sigframe = 0;
+	s->last_map = 0;
+	s->last_hi = 0;
+	s->buf_ok = 0;
+	__u32 n = p->n;
+	if (n > UNW_MAX_MAPS)
+		n = UNW_MAX_MAPS;
+	s->proc.n = n;
+	bpf_probe_read_kernel(&s->proc.maps, n * sizeof(struct unw_map), &p->maps);
 	for (int i = 0; i < STK_MAX_DEPTH + 1; i++)
 		if (unw_step(slot))
 			break;

@@ -10,7 +10,8 @@
  * No call is in tail position (each result is used), so the tree is the
  * same with or without sibling-call optimisation.
  *   calltree [SECONDS=10] [DEPTH=0] [count]
- * With `count`, prints the rounds done (bench/unwind: throughput).
+ * With `count`, prints "SECOND ROUNDS" once a second (rounds done so far),
+ * for bench/unwind's throughput in a steady-state window.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,13 +55,17 @@ int main(int argc, char **argv)
 {
 	double secs = argc > 1 ? atof(argv[1]) : 10;
 	int depth = argc > 2 ? atoi(argv[2]) : 0;
-	double end = now() + secs;
+	int count = argc > 3 && !strcmp(argv[3], "count");
+	double start = now(), end = start + secs, t;
 	unsigned long rounds = 0;
-	while (now() < end) {
+	int second = 1;
+	while ((t = now()) < end) {
 		sink += descend(depth);
 		rounds++;
+		if (count && t - start >= second) {
+			printf("%d %lu\n", second++, rounds);
+			fflush(stdout);
+		}
 	}
-	if (argc > 3 && !strcmp(argv[3], "count"))
-		printf("%lu\n", rounds);
 	return 0;
 }
