@@ -382,19 +382,13 @@ __noinline int unw_step(__u32 slot)
 		} else {
 			s->why_fp = in_table ? UNW_END_GAP : UNW_END_NO_TABLE;
 		}
-		if (len == 0 && in_table) {
-			/* The leaf in code of a tabled file without CFI
-			 * (a PLT stub, hand-written code): nothing pushed yet. */
-			cfa = sp + 8;
-			if (!unw_read(s, &ra, cfa - 8)) {
-				s->st.end = UNW_END_READ;
-				return 1;
-			}
-			s->st.how |= UNW_HOW_FP;
-			goto next;
+		/* Frame pointer: [rbp] is the caller's rbp, [rbp+8] the return
+		 * address; rbp 0 ends the chain (_start and Go's goexit clear it). */
+		if (s->bp_ok && bp == 0) {
+			s->st.end = UNW_END_FP_CHAIN;
+			return 1;
 		}
-		/* Frame pointer: [rbp] is the caller's rbp, [rbp+8] the return address. */
-		if (!s->bp_ok || bp < sp || bp == 0) {
+		if (!s->bp_ok || bp < sp) {
 			s->st.end = s->why_fp;
 			return 1;
 		}
@@ -486,7 +480,6 @@ __noinline int unw_step(__u32 slot)
 			s->bp_ok = 0;
 		}
 	}
-next:
 	ra = unw_real_ra(s, ra);
 	if (cfa <= sp) {
 		s->st.end = UNW_END_NO_PROGRESS;

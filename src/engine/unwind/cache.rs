@@ -1,8 +1,8 @@
 //! Built tables on disk, so a second run starts fast.
 //!
 //! A table is stored under the SHA-256 of what it is built from (the
-//! format version, `.eh_frame`'s address and bytes, `.debug_frame`'s bytes
-//! and the text address), not under the file's build ID: a traced process
+//! format version, `.eh_frame`'s address and bytes, `.debug_frame`'s bytes,
+//! the text address and the PLT sections), not under the file's build ID: a traced process
 //! can give any file any build ID, and a table keyed by a forged one would
 //! then unwind every other process that maps the real file. Hashing the
 //! sections costs ~2 ms per MB; building the table costs 10-20 times that.
@@ -29,7 +29,7 @@ use super::{
 };
 
 /// Bumped whenever the row encoding or the builder's output changes.
-pub const FORMAT: u32 = 1;
+pub const FORMAT: u32 = 2;
 const MAGIC: &[u8; 8] = b"SONDEUW\0";
 const HEADER: usize = 8 + 4 + 4 + 32 + 8 + 6 * 8;
 /// Most bytes the cache directory may hold.
@@ -44,6 +44,11 @@ pub fn key(info: &ElfUnwindInfo) -> Key {
     h.update(FORMAT.to_le_bytes());
     let text = info.segments.iter().find(|s| s.exec).map(|s| s.vaddr).unwrap_or(0);
     h.update(text.to_le_bytes());
+    for (a, n, lazy) in &info.plt {
+        h.update(a.to_le_bytes());
+        h.update(n.to_le_bytes());
+        h.update([*lazy as u8]);
+    }
     for s in [&info.eh_frame, &info.debug_frame] {
         match s {
             Some(s) => {

@@ -62,6 +62,9 @@ pub struct ElfUnwindInfo {
     pub debug_frame: Option<Section>,
     /// Whether section headers were missing and `PT_GNU_EH_FRAME` was used.
     pub via_program_headers: bool,
+    /// PLT sections: (address, size, lazy). Their stubs often have no CFI;
+    /// the table gives them rules of their own (see `table::build`).
+    pub plt: Vec<(u64, u64, bool)>,
 }
 
 /// Most bytes of the section-name string table and of a note segment.
@@ -163,6 +166,15 @@ pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
         let addr = if name == ".debug_frame" { 0 } else { sh.sh_addr(endian) };
         Ok(section_bytes(sh, endian, &cache, name)?.map(|data| Section { addr, data }))
     };
+    // PLT stubs: `.plt` pushes an index before jumping (lazy binding),
+    // `.plt.sec`, `.plt.got` and `.iplt` jump at once.
+    let plt: Vec<(u64, u64, bool)> = [(".plt", true), (".plt.sec", false), (".plt.got", false), (".iplt", false)]
+        .iter()
+        .filter_map(|(n, lazy)| {
+            let (_, sh) = sections.section_by_name(endian, n.as_bytes())?;
+            (sh.sh_size(endian) > 0 && sh.sh_size(endian) < MAX_SECTION).then(|| (sh.sh_addr(endian), sh.sh_size(endian), *lazy))
+        })
+        .collect();
     let mut eh_frame = section(".eh_frame")?;
     let mut eh_frame_hdr = section(".eh_frame_hdr")?;
     let debug_frame = section(".debug_frame")?;
@@ -187,7 +199,7 @@ pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
             }
         }
     }
-    Ok(ElfUnwindInfo { segments, build_id, eh_frame, eh_frame_hdr, debug_frame, via_program_headers })
+    Ok(ElfUnwindInfo { segments, build_id, eh_frame, eh_frame_hdr, debug_frame, via_program_headers, plt })
 }
 
 impl ElfUnwindInfo {

@@ -451,8 +451,29 @@ where
 }
 
 /// Builds the table of an ELF file from its unwind sections: `.eh_frame`
-/// first, then `.debug_frame` for the addresses `.eh_frame` leaves out.
+/// first, then `.debug_frame` for the addresses `.eh_frame` leaves out, then
+/// rules for PLT stubs no CFI covers (`.plt.sec`, `.plt.got`: the return
+/// address is at rsp; lazy `.plt`: GCC's PLT rule). Other code without CFI
+/// stays a gap, walked by its frame pointer.
 pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
+    let t = build_cfi(info)?;
+    if info.plt.is_empty() {
+        return Ok(t);
+    }
+    let mut plt: Vec<(u64, u64, bool)> = info.plt.clone();
+    plt.sort_unstable();
+    let mut b = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
+    for (addr, size, lazy) in plt {
+        let rule = if lazy { Rule { cfa: Cfa::Plt(11), rbp: SavedRbp::Same } } else { Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same } };
+        b.add(addr, addr.saturating_add(size), rule)?;
+    }
+    let stats = t.stats;
+    let mut merged = merge(t, b.finish()?);
+    merged.stats = stats;
+    Ok(merged)
+}
+
+fn build_cfi(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     if info.eh_frame.is_none() && info.debug_frame.is_none() {
         return Err(UnwindError::NoUnwindInfo);
     }
@@ -665,12 +686,16 @@ mod tests {
                 }
             }
         }
-        // Between FDEs: gaps, but for the padding before an aligned function.
+        // Between FDEs: gaps, but for the padding before an aligned function
+        // and PLT stubs without CFI.
         covered.sort_unstable();
+        let in_plt = |a: u64| info.plt.iter().any(|(s, n, _)| (*s..s + n).contains(&a));
         for w in covered.windows(2) {
             if w[1].0 > w[0].1 && !(w[1].0 - w[0].1 < 16 && w[1].0 % 16 == 0) {
-                assert_eq!(table.lookup(w[0].1).cfa, Cfa::Gap, "{path}: gap at {:#x}", w[0].1);
-                assert_eq!(table.lookup(w[1].0 - 1).cfa, Cfa::Gap);
+                for a in [w[0].1, w[1].0 - 1] {
+                    let want = if in_plt(a) { table.lookup(a).cfa } else { Cfa::Gap };
+                    assert!(matches!(want, Cfa::Gap | Cfa::Rsp(8) | Cfa::Plt(11)) && table.lookup(a).cfa == want, "{path}: at {a:#x} {:?}", table.lookup(a));
+                }
             }
         }
         eprintln!("{path}: {} rows, {:?}; {checked} addresses checked, {skipped} with other rules", table.rows.len(), table.stats);
@@ -732,6 +757,7 @@ mod tests {
             eh_frame_hdr: None,
             debug_frame: None,
             via_program_headers: false,
+            plt: Vec::new(),
         }
     }
 
@@ -741,6 +767,23 @@ mod tests {
         assert_eq!(t.stats.fdes, 3);
         assert_eq!(t.lookup(0x10000 + 20), Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same });
         assert_eq!(t.lookup(0x10000 + 48), Rule::GAP);
+    }
+
+    #[test]
+    fn plt_stubs_without_cfi_get_their_own_rules_and_other_gaps_stay_gaps() {
+        // FDEs cover 0x10000..0x10030; .plt.sec at 0x10040 and a lazy .plt
+        // at 0x10080 have none; 0x100c0.. is code without CFI.
+        let mut info = info_of(crafted_eh_frame(0, 3));
+        info.plt = vec![(0x10040, 0x20, false), (0x10080, 0x40, true)];
+        let t = build(&info).unwrap();
+        assert_eq!(t.lookup(0x10010).cfa, Cfa::Rsp(8));
+        assert_eq!(t.lookup(0x10044), Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same });
+        assert_eq!(t.lookup(0x1008c), Rule { cfa: Cfa::Plt(11), rbp: SavedRbp::Same });
+        assert_eq!(t.lookup(0x100c4), Rule::GAP);
+        assert_eq!(t.lookup(0x10034), Rule::GAP, "between the FDEs and the PLT");
+        // A PLT its FDE covers keeps the FDE's rule.
+        info.plt = vec![(0x10000, 0x10, false)];
+        assert_eq!(build(&info).unwrap().lookup(0x10004), t.lookup(0x10004));
     }
 
     #[test]
