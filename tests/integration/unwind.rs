@@ -174,7 +174,12 @@ fn offcpu_attributes_blocking_libc_calls_to_their_callers() {
     thread::sleep(Duration::from_millis(200));
     let run = |mode: &str| {
         let folded = dir.join(format!("libc-{mode}.folded"));
-        let out = Command::new(SONDE).args(["offcpu", "--tid", &tid, "-d", "3s", "--unwind", mode, "-o", folded.to_str().unwrap()]).output().unwrap();
+        // Sleeps only: time the thread spends preempted (the CPUs are shared
+        // with the tests beside it) is not part of the built-in split.
+        let out = Command::new(SONDE)
+            .args(["offcpu", "--tid", &tid, "-d", "3s", "--state", "interruptible", "--unwind", mode, "-o", folded.to_str().unwrap()])
+            .output()
+            .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
         read_folded(&folded)
     };

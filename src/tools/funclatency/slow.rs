@@ -39,7 +39,8 @@ const KEEP: usize = 100_000;
 /// -o FILE (.folded .svg .html .pb.gz .json) rooted at `TARGET [process]`.
 ///
 /// OVERHEAD: funclatency's per call, plus one map lookup per timer sample
-/// and a stack walk per sample inside a slow call.
+/// and a stack walk per sample inside a slow call (walked from unwind tables
+/// by default: ~3 us for 35 frames in BPF, see `sonde profile --help`).
 #[derive(Debug, Args)]
 pub struct SlowArgs {
     /// Targets, filters and duration.
