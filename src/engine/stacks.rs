@@ -277,8 +277,9 @@ pub struct Images {
     vdso: Option<Option<Rc<MappedFile>>>,
 }
 
-/// Copies this process's `[vdso]` into an anonymous file blazesym can read.
-fn copy_own_vdso() -> Option<Rc<MappedFile>> {
+/// This process's `[vdso]` as a file: a memfd holding a copy of it (the
+/// vDSO is one image for every process on this kernel). Read at offset 0.
+pub fn own_vdso() -> Option<File> {
     use std::io::{Read, Seek, SeekFrom, Write};
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
@@ -286,20 +287,24 @@ fn copy_own_vdso() -> Option<Rc<MappedFile>> {
     let (start, end) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
     let mut mem = File::open("/proc/self/mem").ok()?;
     mem.seek(SeekFrom::Start(start)).ok()?;
-    let mut buf = vec![0u8; (end - start) as usize];
+    let mut buf = vec![0u8; end.checked_sub(start)? as usize];
     mem.read_exact(&mut buf).ok()?;
-    // SAFETY: memfd_create with a valid C string; the fd is owned by File.
+    // SAFETY: memfd_create with a valid C string.
     let fd = unsafe { libc::memfd_create(c"sonde-vdso".as_ptr(), libc::MFD_CLOEXEC) };
     if fd < 0 {
         return None;
     }
+    // SAFETY: fd was just created and is owned by nothing else.
     let mut f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
     f.write_all(&buf).ok()?;
-    Some(Rc::new(MappedFile {
-        shown: Rc::from("[vdso]"),
-        open_path: PathBuf::from(format!("/proc/self/fd/{fd}")),
-        _file: f,
-    }))
+    f.seek(SeekFrom::Start(0)).ok()?;
+    Some(f)
+}
+
+/// [`own_vdso`] as a mapped file blazesym can read.
+fn copy_own_vdso() -> Option<Rc<MappedFile>> {
+    let f = own_vdso()?;
+    Some(Rc::new(MappedFile { shown: Rc::from("[vdso]"), open_path: PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())), _file: f }))
 }
 
 impl Images {

@@ -91,17 +91,20 @@ fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
     v
 }
 
-/// Waits for the stop while, every 250 ms, snapshotting processes that
-/// appeared in `counts` (so they can be symbolized after they exit). On a
-/// terminal, `status()` is shown on stderr once a second with the time left.
-/// With a ring buffer `rb`, its events are handled as they come. `tick()`
-/// runs every 250 ms too, for the tool's own upkeep, and names more
-/// processes to snapshot (e.g. those the events were about).
+/// Waits for the stop while, every 250 ms, loading the unwind tables the
+/// walk asked for (`unw`) and snapshotting processes that appeared in
+/// `counts` (so they can be symbolized after they exit). On a terminal,
+/// `status()` is shown on stderr once a second with the time left. With a
+/// ring buffer `rb`, its events are handled as they come. `tick()` runs
+/// every 250 ms too, for the tool's own upkeep, and names more processes to
+/// snapshot (e.g. those the events were about).
+#[allow(clippy::too_many_arguments)]
 pub fn run_until_stop(
     counts: &dyn MapCore,
     ctl: &RunControl,
     duration: Option<Duration>,
     rb: Option<&libbpf_rs::RingBuffer<'_>>,
+    unw: (&mut unwind::Session, &unwind::UnwMaps<'_>),
     mut tick: impl FnMut() -> Vec<u32>,
     mut status: impl FnMut() -> anyhow::Result<String>,
 ) -> anyhow::Result<(Stop, Images)> {
@@ -109,8 +112,10 @@ pub fn run_until_stop(
     let mut images = Images::default();
     let tty = std::io::stderr().is_terminal();
     let mut last = Instant::now();
+    let (session, um) = unw;
     let stop = poll_until_stop(rb, ctl, Some(Duration::from_millis(250)), |due| {
         if due {
+            session.tick(um);
             for pid in pids_in(counts).into_iter().chain(tick()) {
                 images.observe(pid);
             }

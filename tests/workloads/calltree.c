@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "spin.h" /* now() */
 
 #define UNIT 200000UL
 
@@ -44,12 +45,6 @@ __attribute__((noinline)) unsigned long descend(int d)
 	return r;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv)
 {

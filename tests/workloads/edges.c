@@ -14,15 +14,10 @@
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#include "spin.h" /* now() */
 
 volatile unsigned long sink;
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 __attribute__((noinline)) void spin_units(unsigned long n)
 {

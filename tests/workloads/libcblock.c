@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
+#include "spin.h" /* now() */
 
 static int ask[2], answer[2];
 static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
@@ -96,12 +97,6 @@ __attribute__((noinline)) void in_cond(void)
 	sink++;
 }
 
-static double now(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 int main(int argc, char **argv)
 {

@@ -1,4 +1,5 @@
-/* Clock helpers shared by the latency workloads (lat.c, slowfn.c): spin()
+/* Clock helpers shared by the workloads (now() in calltree.c, libcblock.c,
+ * edges.c; spin() in the latency ones, lat.c and slowfn.c): spin()
  * burns wall-clock time, so a call lasts its time plus little. */
 #ifndef SONDE_WORKLOAD_SPIN_H
 #define SONDE_WORKLOAD_SPIN_H
@@ -11,7 +12,7 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-__attribute__((noinline)) static void spin(double sec)
+__attribute__((noinline, unused)) static void spin(double sec)
 {
 	double end = now() + sec;
 	while (now() < end)

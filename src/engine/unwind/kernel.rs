@@ -273,7 +273,7 @@ impl Tables {
 
     fn vdso_table(&mut self, m: &Maps<'_>) -> Option<FileTable> {
         if self.vdso.is_none() {
-            let t = own_vdso().and_then(|f| self.table_of(m, f).ok());
+            let t = crate::engine::stacks::own_vdso().and_then(|f| self.table_of(m, f).ok());
             self.vdso = Some(t);
         }
         self.vdso.clone().flatten()
@@ -503,30 +503,6 @@ fn reason(e: &UnwindError) -> String {
         UnwindError::Io(_) => "unreadable",
     }
     .to_string()
-}
-
-/// This process's `[vdso]` as a file (a memfd holding a copy of it): the
-/// vDSO is one image for every process on this kernel.
-fn own_vdso() -> Option<File> {
-    use std::io::{Read, Seek, SeekFrom, Write};
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let line = maps.lines().find(|l| l.ends_with("[vdso]"))?;
-    let (s, e) = line.split_whitespace().next()?.split_once('-')?;
-    let (start, end) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
-    let mut mem = File::open("/proc/self/mem").ok()?;
-    mem.seek(SeekFrom::Start(start)).ok()?;
-    let mut buf = vec![0u8; (end - start) as usize];
-    mem.read_exact(&mut buf).ok()?;
-    // SAFETY: memfd_create with a valid C string; the fd is owned by File.
-    let fd = unsafe { libc::memfd_create(c"sonde-vdso-unwind".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return None;
-    }
-    // SAFETY: fd was just created and is owned by nothing else.
-    let mut f = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    f.write_all(&buf).ok()?;
-    f.seek(SeekFrom::Start(0)).ok()?;
-    Some(f)
 }
 
 #[cfg(test)]

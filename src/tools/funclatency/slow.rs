@@ -168,8 +168,8 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         ctl,
         a.scope.duration,
         Some(&rb),
+        (&mut loaded.session, &um),
         || {
-            loaded.session.tick(&um);
             // As in funclatency: a thread that exits inside a call would keep
             // it in flight, old enough to look slow to the sampler.
             super::prune_dead_threads(&skel.maps.stacks);

@@ -269,10 +269,8 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         ctl,
         a.duration,
         None,
-        || {
-            session.tick(&um);
-            Vec::new()
-        },
+        (&mut session, &um),
+        Vec::new,
         || Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?)),
     )?;
     drop(_links);

@@ -237,10 +237,8 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         ctl,
         a.duration,
         None,
-        || {
-            session.tick(&um);
-            Vec::new()
-        },
+        (&mut session, &um),
+        Vec::new,
         || Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?)),
     )?;
     drop(loaded._links);
