@@ -587,6 +587,8 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["offcpu", "--unwind", "frame-pointers"],
         &["slow", "syscall:read", "--over", "1ms", "--unwind", "orc"],
         &["doctor", "--unwind", "/nonexistent-file"],
+        &["doctor", "--unwind", "/etc/passwd"],
+        &["doctor", "--unwind", "/tmp"],
         &["offcpu", "-p", "999999999"],
         &["offcpu", "--min-block", "soon"],
         &["offcpu", "--min-block", "10ms", "--max-block", "1ms"],

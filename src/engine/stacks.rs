@@ -545,7 +545,9 @@ fn frames_of(s: Symbolized<'_>, module: &Rc<str>, kind: FrameKind, unknown: &Rc<
             }
             out
         }
-        Symbolized::Unknown(_) => vec![Frame::simple("[unknown]", FrameKind::Unknown, unknown.clone())],
+        // The file is known even when no symbol covers the address (a
+        // stripped binary): keep it, as perf does.
+        Symbolized::Unknown(_) => vec![Frame::simple("[unknown]", FrameKind::Unknown, if kind == FrameKind::User { module.clone() } else { unknown.clone() })],
     }
 }
 

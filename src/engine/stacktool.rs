@@ -196,7 +196,13 @@ pub fn finish_wakeup(counts: &dyn MapCore, maps: StackMaps<'_>, images: Images, 
         let b = syms.stacks(&blocked, images, sym);
         let mut wsym = SymStats::default();
         let w = syms.stacks(&wakers, images, &mut wsym);
+        // A waker's stack cut short cuts the joined stack short too.
         sym.unknown_frames += wsym.unknown_frames;
+        sym.truncated_stacks += wsym.truncated_stacks;
+        sym.truncated_samples += wsym.truncated_samples;
+        for (k, n) in wsym.truncated_by {
+            *sym.truncated_by.entry(k).or_default() += n;
+        }
         let sep = |name: &str| Frame { name: name.into(), file: None, line: None, kind: FrameKind::Unknown, module: std::rc::Rc::from("[sonde]"), inlined: false };
         let stacks = b
             .into_iter()
@@ -302,6 +308,10 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
             Some(u) if !u.tables && u.fallback.is_none() => {
                 s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; --unwind auto walks them from unwind tables")
             }
+            Some(u) if u.tables && u.walks.while_loading > 0 => s.push_str(&format!(
+                "\nhint: {} stacks were taken by frame pointers while their process's unwind tables loaded (a run without -p, --tid, --cgroup or --comm loads them as processes first appear); with one of those, tables load before sampling starts",
+                u.walks.while_loading
+            )),
             _ => s.push_str("\nhint: [truncated] stacks come from code built without frame pointers; rebuild with -fno-omit-frame-pointer (C/C++) or -C force-frame-pointers=yes (Rust)"),
         }
     }

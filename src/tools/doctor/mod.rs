@@ -382,8 +382,14 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
     for path in &a.unwind {
         let f = std::fs::File::open(path).map_err(|e| crate::engine::error::usage(format!("--unwind {}: {e}; give an ELF file", path.display())))?;
         let t0 = Instant::now();
+        if !f.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(crate::engine::error::usage(format!("--unwind {}: not a regular file; give an executable or library", path.display())));
+        }
         let info = match elf::read(f) {
             Ok(i) => i,
+            Err(crate::engine::unwind::UnwindError::NotElf(e)) => {
+                return Err(crate::engine::error::usage(format!("--unwind {}: not an x86-64 ELF file ({e}); give an executable or library", path.display())))
+            }
             Err(e) => {
                 out.push(json!({"file": path, "table": false, "why": e.to_string()}));
                 continue;
