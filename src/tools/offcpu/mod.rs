@@ -70,7 +70,7 @@ pub enum State {
 /// out: ~110 ns. Exact (--sample-below 0): 1.4-2.1 us per switch and 12-60%
 /// fewer round trips. User stacks walked from unwind tables (--unwind auto,
 /// the default) cost the same per switch as frame pointers within the noise
-/// (bench/unwind/run, two-CPU ping-pong: 479-689 ns against 504-615 ns per
+/// (bench/unwind/run, two-CPU ping-pong: 479-620 ns against 503-625 ns per
 /// switch at the default sampling).
 #[derive(Debug, Args)]
 pub struct OffcpuArgs {

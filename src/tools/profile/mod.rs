@@ -59,13 +59,15 @@ pub enum Event {
 /// OVERHEAD: one perf-event interrupt per CPU per sample period, a user-stack
 /// walk and one in-kernel hash update per sample; nothing per sample in user
 /// space. bench/profile/run, 2-core VM, CPU-bound spinner per CPU: throughput
-/// loss 0.13% at 49 Hz, 0.16% at 99 Hz, 0.99% at 999 Hz; 11,445 unique stacks
-/// symbolized and rendered in 177 ms; peak RSS 46 MiB. bench/unwind/run, a
-/// build without frame pointers 35 frames deep: the table walk costs 3.1 us
-/// per sample in BPF (the frame-pointer walk, cut at 1 frame: 2.3 us); target
-/// throughput loss BENCH_LOSS. Unwind tables: ~1.2-1.4 bytes of kernel memory per
-/// byte of .eh_frame (libc: 187 KB), built in 3-60 ms per library, read from
-/// the disk cache in under 15 ms.
+/// loss within noise at 49 and 99 Hz, 1.6% at 999 Hz; 19,388 unique stacks
+/// symbolized and rendered in 450 ms; peak RSS 66 MiB. bench/unwind/run, a
+/// build without frame pointers 35 frames deep: the table walk costs 2.8-4.6
+/// us per sample in BPF (the frame-pointer walk, cut at 1 frame: 2.0-2.5 us);
+/// target throughput loss 0.5-1.5% at 99 Hz and 2.4-3.2% at 999 Hz, the same
+/// as perf record --call-graph dwarf within noise, with 0.22 s of CPU in
+/// sonde's process per 8 s run against perf's 0.46-0.55 s. Unwind tables:
+/// 1.1-1.4 bytes of kernel memory per byte of .eh_frame (libc: 187 KB),
+/// built in 3-90 ms per file, read from the disk cache in under 15 ms.
 #[derive(Debug, Args)]
 pub struct ProfileArgs {
     /// Samples per second per CPU.
