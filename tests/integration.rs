@@ -457,7 +457,8 @@ fn sigkill_leaves_no_program_or_link_behind() {
     // profile (programs on perf events, one per CPU), offcpu and wakeup (tp_btf),
     // with unwind tables loaded for a process (maps sonde made itself).
     // funclatency (uprobe.multi links, syscall tracepoints, softirq tp_btf).
-    let nofp = build_workload("calltree", &["-O2", "-g", "-fomit-frame-pointer"]);
+    // A process built without frame pointers that mostly sleeps.
+    let nofp = build_workload("libcblock", &["-O2", "-g", "-fomit-frame-pointer", "-pthread"]);
     let w = KillOnDrop(Command::new(&nofp).args(["60"]).spawn().unwrap());
     let wp = w.0.id().to_string();
     for (tool, ready, targets) in [
@@ -945,6 +946,8 @@ fn profile_symbolizes_a_process_that_exits_early_and_honours_perf_maps() {
 
 #[test]
 fn lab_profile_measures_the_built_in_split() {
+    // Two spinners, one per CPU: alone, so the timing tests keep their oracles.
+    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("sonde-labprof-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let folded = dir.join("lab.folded");
@@ -1107,12 +1110,21 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .find(|t| std::fs::read_to_string(format!("/proc/{pid}/task/{t}/comm")).is_ok_and(|c| c.trim() == "ticker"))
         .expect("ticker thread");
-    // Each way sonde can run: sampled under 100us (default), exact, start
+    // Each way sonde can run: exact, sampled under 1 ms (default), start
     // records in a hash (raw_tp), stacks at sched_switch (no exit hook).
     // wakeup decides at the wake-up and weighs by the length then.
+    //
+    // sonde counts a period from the switch-out to the switch-in; schedstat
+    // counts the context switches around it as run time. That difference is
+    // a host's context-switch cost per period (here ~10 us of each ~300 us
+    // block: sonde ~3.5% above schedstat), which a test must not depend on.
+    // So: the exact run is checked against schedstat allowing up to 30 us
+    // per period, and every other way against the exact run, each ratio to
+    // its own window's schedstat share (the same offset cancels).
+    let mut exact: Option<f64> = None;
     for (tool, extra) in [
-        ("offcpu", &[][..]),
-        ("offcpu", &["--sample-below", "0"]),
+        ("offcpu", &["--sample-below", "0"][..]),
+        ("offcpu", &[]),
         ("offcpu", &["--mechanism", "raw_tp"]),
         ("offcpu", &["--switch-only"]),
         ("wakeup", &[]),
@@ -1130,8 +1142,19 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
         // estimate over its traced window.
         let truth = (b1 - b0 + (t1 - t0).as_nanos() as f64) / (t1 - t0).as_nanos() as f64;
         let est = s["blocked_us"].as_f64().unwrap() / 1e6 / s["duration_s"].as_f64().unwrap();
-        assert!(s["blocked_periods"].as_u64().unwrap() > 1500, "{tool} {extra:?}: {s}");
-        assert!((est / truth - 1.0).abs() < 0.06, "{tool} {extra:?}: sonde {est:.3} of the time off CPU, schedstat {truth:.3}: {s}");
+        let periods = s["blocked_periods"].as_u64().unwrap() as f64;
+        assert!(periods > 1500.0, "{tool} {extra:?}: {s}");
+        let ratio = est / truth;
+        match exact {
+            None => {
+                // At most 30 us of each period counted differently, and
+                // never less than the kernel's own blocked time.
+                let slack = 30e-6 * periods / s["duration_s"].as_f64().unwrap() / truth;
+                assert!(ratio > 0.98 && ratio < 1.0 + slack, "exact: sonde {est:.3} of the time off CPU, schedstat {truth:.3} (allowed up to {:.3}): {s}", 1.0 + slack);
+                exact = Some(ratio);
+            }
+            Some(x) => assert!((ratio / x - 1.0).abs() < 0.06, "{tool} {extra:?}: {ratio:.3} of schedstat's share against the exact run's {x:.3}: {s}"),
+        }
         let sampled = s["sampled_periods"].as_u64().unwrap();
         if extra.is_empty() || extra[0] == "--mechanism" {
             assert!(s["hook"] == "sched_exit_tp" && sampled > 1500 && s["sampled_out"].as_u64().unwrap() > sampled, "{tool} {extra:?}: {s}");

@@ -1,11 +1,12 @@
 /*
- * Blocking through libc, each from its own named function, in a 2:4:6:8:10
- * split of the main thread's blocked time per round (30 ms):
- *   in_usleep: usleep(2 ms)
- *   in_poll:   poll(NULL, 0, 4 ms)
- *   in_read:   read() on a pipe a helper writes 6 ms after being asked
- *   in_mutex:  pthread_mutex_lock() of a mutex the helper holds for 8 ms
- *   in_cond:   pthread_cond_wait() that the helper signals after 10 ms
+ * Blocking through libc, each from its own named function, in a 1:2:3:4:5
+ * split of the main thread's blocked time per round (90 ms; long enough
+ * that wake-up latencies on a loaded host hardly move the split):
+ *   in_usleep: usleep(6 ms)
+ *   in_poll:   poll(NULL, 0, 12 ms)
+ *   in_read:   read() on a pipe a helper writes 18 ms after being asked
+ *   in_mutex:  pthread_mutex_lock() of a mutex the helper holds for 24 ms
+ *   in_cond:   pthread_cond_wait() that the helper signals after 30 ms
  * The helper thread is asked through another pipe. Build without frame
  * pointers: libc's functions have none either, and the callers of libc's
  * blocking calls are what an off-CPU profile must show.
@@ -38,17 +39,17 @@ static void *helper(void *arg)
 	(void)arg;
 	while (read(ask[0], &c, 1) == 1) {
 		if (c == 'r') {
-			ms_sleep(6);
+			ms_sleep(18);
 			if (write(answer[1], &c, 1) != 1)
 				break;
 		} else if (c == 'm') {
 			pthread_mutex_lock(&held);
 			atomic_store(&holding, 1);
-			ms_sleep(8);
+			ms_sleep(24);
 			atomic_store(&holding, 0);
 			pthread_mutex_unlock(&held);
 		} else if (c == 'c') {
-			ms_sleep(10);
+			ms_sleep(30);
 			pthread_mutex_lock(&cmu);
 			atomic_store(&signalled, 1);
 			pthread_cond_signal(&cv);
@@ -64,8 +65,8 @@ static void tell(char c)
 		exit(1);
 }
 
-__attribute__((noinline)) void in_usleep(void) { usleep(2000); sink++; }
-__attribute__((noinline)) void in_poll(void) { poll(NULL, 0, 4); sink++; }
+__attribute__((noinline)) void in_usleep(void) { usleep(6000); sink++; }
+__attribute__((noinline)) void in_poll(void) { poll(NULL, 0, 12); sink++; }
 
 __attribute__((noinline)) void in_read(void)
 {
