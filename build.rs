@@ -1,27 +1,47 @@
-//! Compiles every `src/tools/<tool>/<tool>.bpf.c` into a libbpf-rs skeleton in OUT_DIR.
-use std::{env, fs, path::PathBuf};
+//! Compiles every `src/tools/<tool>/<tool>.bpf.c` into a libbpf-rs skeleton in OUT_DIR, and the
+//! lab workloads into static binaries beside them.
+//!
+//! Cargo reruns this script after any change under `src/tools` (it must notice a new tool's
+//! `.bpf.c` next to its `mod.rs`), so the script itself skips whatever is fresh: a skeleton is
+//! rebuilt only when it is older than its `.bpf.c`, a header in the tool's folder or `src/bpf/`,
+//! or this script; a workload only when it is older than its `.c`. A Rust-only edit then costs a
+//! directory scan, not clang on every BPF object.
+use std::{
+    env, fs,
+    path::{Path, PathBuf},
+    time::SystemTime,
+};
 
 use libbpf_cargo::SkeletonBuilder;
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR set by cargo"));
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
-    build_lab_workload(&out, &manifest);
+    let script = newest(&[manifest.join("build.rs")]);
+    build_lab_workloads(&out, &manifest, script);
     let include = manifest.join("src/bpf");
     println!("cargo:rerun-if-changed=src/bpf");
     // New tool folders too.
     println!("cargo:rerun-if-changed=src/tools");
+    let shared = headers(&include);
     for entry in fs::read_dir(manifest.join("src/tools")).unwrap() {
         let dir = entry.unwrap().path();
         if !dir.is_dir() {
             continue;
         }
         println!("cargo:rerun-if-changed={}", dir.display());
+        let mut inputs = shared.clone();
+        inputs.extend(headers(&dir));
         for f in fs::read_dir(&dir).unwrap() {
             let path = f.unwrap().path();
             let name = path.file_name().unwrap().to_string_lossy().into_owned();
             let Some(stem) = name.strip_suffix(".bpf.c") else { continue };
             let skel = out.join(format!("{stem}.skel.rs"));
+            let mut deps = inputs.clone();
+            deps.push(path.clone());
+            if fresh(&skel, newest(&deps).max(script)) {
+                continue;
+            }
             SkeletonBuilder::new()
                 .source(&path)
                 .clang_args([
@@ -30,6 +50,7 @@ fn main() {
                     "-I".as_ref(),
                     dir.as_os_str(),
                     "-Wall".as_ref(),
+                    "-Werror".as_ref(),
                     "-Wno-unused-function".as_ref(),
                 ])
                 .build_and_generate(&skel)
@@ -38,18 +59,44 @@ fn main() {
     }
 }
 
+/// The `.h` files in a folder.
+fn headers(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "h"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The newest modification time among these files (the epoch when none exists).
+fn newest(paths: &[PathBuf]) -> SystemTime {
+    paths.iter().filter_map(|p| fs::metadata(p).and_then(|m| m.modified()).ok()).max().unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+/// Whether `output` exists and is at least as new as `input`.
+fn fresh(output: &Path, input: SystemTime) -> bool {
+    fs::metadata(output).and_then(|m| m.modified()).is_ok_and(|t| t >= input)
+}
+
 /// The lab workloads (tests/workloads/: burn.c for `lab profile`, dnsweb.c
 /// for `lab dns`, msgbench.c for `lab msglat`), built static with frame
 /// pointers and line tables and embedded in the binary: the labs need no
 /// compiler on the host. `burn-nofp` is burn.c built as distributions build
 /// their packages, without frame pointers, for `lab profile`'s second run.
-fn build_lab_workload(out: &std::path::Path, manifest: &std::path::Path) {
+fn build_lab_workloads(out: &Path, manifest: &Path, script: SystemTime) {
     let fp: &[&str] = &["-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"];
     let nofp: &[&str] = &["-fomit-frame-pointer"];
-    for (name, src, extra) in [("burn", "burn", fp), ("burn-nofp", "burn", nofp), ("dnsweb", "dnsweb", fp), ("msgbench", "msgbench", fp)] {
+    for (name, src, extra) in
+        [("burn", "burn", fp), ("burn-nofp", "burn", nofp), ("dnsweb", "dnsweb", fp), ("msgbench", "msgbench", fp)]
+    {
         let src = manifest.join(format!("tests/workloads/{src}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let bin = out.join(name);
+        if fresh(&bin, newest(&[src.clone()]).max(script)) {
+            continue;
+        }
         let st = std::process::Command::new("clang")
             .args(["-O2", "-gline-tables-only", "-fno-inline", "-pthread"])
             .args(extra)

@@ -54,10 +54,12 @@ fn main() -> ExitCode {
             let mut first = lines.next().unwrap_or("bad usage").trim_start_matches("error: ").to_string();
             if first.ends_with(':') {
                 // "the following required arguments were not provided:" + the arguments.
-                let what: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")).collect();
+                let what: Vec<&str> =
+                    lines.take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")).collect();
                 first = format!("{} {}", first, what.join(", "));
             }
-            let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
+            let tip =
+                text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
             match tip {
                 Some(t) => eprintln!("sonde: {first}; {t}"),
                 None => eprintln!("sonde: {first}; see `sonde --help`"),

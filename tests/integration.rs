@@ -71,7 +71,8 @@ impl Tracer {
         let status = self.child.wait().unwrap();
         self.reader.take().unwrap().join().unwrap();
         let lines = self.lines.lock().unwrap();
-        let vals = lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}"))).collect();
+        let vals =
+            lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}"))).collect();
         (status.code().unwrap_or(-1), vals)
     }
 }
@@ -166,7 +167,8 @@ fn assert_relations(out: &[Value], d: &Mib) {
     let s = summary(out);
     assert_eq!(s["lost"], 0, "no events may be lost here");
     // Missed (kernel skipped the program) or unreadable: known uncounted.
-    let missed = s["missed"].as_i64().expect("summary has missed") + s["unreadable"].as_i64().expect("summary has unreadable");
+    let missed =
+        s["missed"].as_i64().expect("summary has missed") + s["unreadable"].as_i64().expect("summary has unreadable");
     let ok: Vec<&Value> = out.iter().filter(|e| e["type"] == "retrans" && e["kind"] != "failed").collect();
     // The kernel adds to TcpRetransSegs before transmitting; a transmit that then
     // fails is also in TCPRetransFail. So successful segs == RetransSegs - RetransFail.
@@ -177,12 +179,24 @@ fn assert_relations(out: &[Value], d: &Mib) {
     // SYN-ACKs of request sockets, which leave no counter to read later.
     let unseen = s["unseen_segs"].as_i64().expect("summary has unseen_segs");
     let synack = hidden_synack_allowance();
-    within(missed, seg_sum(&ok) + unseen, sent, synack, &format!("segs + unseen vs TcpRetransSegs - TCPRetransFail; summary {s}; MIB delta {d:?}"));
+    within(
+        missed,
+        seg_sum(&ok) + unseen,
+        sent,
+        synack,
+        &format!("segs + unseen vs TcpRetransSegs - TCPRetransFail; summary {s}; MIB delta {d:?}"),
+    );
     assert_eq!(s["segs"].as_i64().unwrap(), seg_sum(&ok), "summary segs vs events");
     // Fast/RACK retransmits are counted by the kernel in segments.
     within(missed, seg_sum(&events(out, "fast")), d.get("TcpExtTCPFastRetrans"), unseen, "fast vs TCPFastRetrans");
     // Retransmits in Loss state after an RTO: TCPSlowStartRetrans, in segments.
-    within(missed, seg_sum(&events(out, "loss_recovery")), d.get("TcpExtTCPSlowStartRetrans"), unseen, "loss_recovery vs TCPSlowStartRetrans");
+    within(
+        missed,
+        seg_sum(&events(out, "loss_recovery")),
+        d.get("TcpExtTCPSlowStartRetrans"),
+        unseen,
+        "loss_recovery vs TCPSlowStartRetrans",
+    );
     // SYN and SYN-ACK retransmits: one TCPSynRetrans each.
     let syn = events(out, "syn").len() + events(out, "synack").len();
     within(missed, syn as i64, d.get("TcpExtTCPSynRetrans"), unseen + synack, "syn+synack vs TCPSynRetrans");
@@ -230,7 +244,10 @@ fn every_kind_matches_the_mib_counters() {
     assert!(out.iter().any(|e| e["type"] == "retrans" && e["family"] == 4), "no IPv4 event");
     // Schema: every event has the documented fields.
     for e in out.iter().filter(|e| e["type"] == "retrans") {
-        for f in ["time", "kind", "err", "segs", "family", "saddr", "sport", "daddr", "dport", "state", "ca_state", "pid", "comm"] {
+        for f in [
+            "time", "kind", "err", "segs", "family", "saddr", "sport", "daddr", "dport", "state", "ca_state", "pid",
+            "comm",
+        ] {
             assert!(e.get(f).is_some(), "field {f} missing in {e}");
         }
     }
@@ -265,7 +282,13 @@ fn count_mode_totals_match_the_mib_counters() {
     let missed = summary(&out)["missed"].as_i64().unwrap();
     let segs: i64 = flows.iter().map(|f| f["segs"].as_i64().unwrap()).sum();
     let unseen = summary(&out)["unseen_segs"].as_i64().unwrap();
-    within(missed, segs + unseen, d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"), hidden_synack_allowance(), "count-mode segs + unseen");
+    within(
+        missed,
+        segs + unseen,
+        d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail"),
+        hidden_synack_allowance(),
+        "count-mode segs + unseen",
+    );
     let fast: i64 = flows.iter().filter(|f| f["kind"] == "fast").map(|f| f["segs"].as_i64().unwrap()).sum();
     within(missed, fast, d.get("TcpExtTCPFastRetrans"), unseen, "count-mode fast segs");
     // Sorted by count, descending.
@@ -368,8 +391,7 @@ fn retransmits_of_accepted_sockets_belong_to_the_accepting_process() {
         let _ = srv.0.wait();
         thread::sleep(Duration::from_millis(300));
         let (_, out) = t.stop();
-        let served: Vec<&Value> =
-            out.iter().filter(|e| e["type"] == "retrans" && e["sport"] == PORT).collect();
+        let served: Vec<&Value> = out.iter().filter(|e| e["type"] == "retrans" && e["sport"] == PORT).collect();
         assert!(!served.is_empty(), "{mech}: the server retransmitted: {:?}", summary(&out));
         for e in &served {
             assert_eq!(e["pid"].as_u64(), Some(srv.0.id() as u64), "{mech}: pid of {e}");
@@ -436,9 +458,34 @@ fn our_prog_ids() -> Vec<u64> {
         .iter()
         .filter(|p| {
             let n = p["name"].as_str().unwrap_or("");
-            ["ml_", "unw_", "btf_probe", "raw_probe", "btf_send", "raw_send", "btf_destroy", "raw_destroy", "btf_retrans", "raw_retrans", "tp_retrans", "tp_set_state", "btf_set_state", "btf_synack", "btf_sendmsg", "tp_accept4", "on_sample", "btf_switch", "raw_switch", "btf_waking", "raw_waking", "btf_exit", "raw_exit", "fl_"]
-                .iter()
-                .any(|x| n.starts_with(x))
+            [
+                "ml_",
+                "unw_",
+                "btf_probe",
+                "raw_probe",
+                "btf_send",
+                "raw_send",
+                "btf_destroy",
+                "raw_destroy",
+                "btf_retrans",
+                "raw_retrans",
+                "tp_retrans",
+                "tp_set_state",
+                "btf_set_state",
+                "btf_synack",
+                "btf_sendmsg",
+                "tp_accept4",
+                "on_sample",
+                "btf_switch",
+                "raw_switch",
+                "btf_waking",
+                "raw_waking",
+                "btf_exit",
+                "raw_exit",
+                "fl_",
+            ]
+            .iter()
+            .any(|x| n.starts_with(x))
         })
         .map(|p| p["id"].as_u64().unwrap())
         .collect()
@@ -472,7 +519,13 @@ fn sigkill_leaves_no_program_or_link_behind() {
         ("cwnd", "tracing TCP congestion windows", &[]),
         ("cwnd", "tracing TCP congestion windows", &["--mechanism", "raw_tp"]),
     ] {
-        let mut p = Command::new(SONDE).args([tool, "-d", "60s"]).args(targets).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+        let mut p = Command::new(SONDE)
+            .args([tool, "-d", "60s"])
+            .args(targets)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut line = String::new();
         BufReader::new(p.stderr.take().unwrap()).read_line(&mut line).unwrap();
         assert!(line.contains(ready), "{tool}: {line}");
@@ -509,7 +562,13 @@ fn unwind_chunks_of(pid: u32) -> Vec<u64> {
         .unwrap_or_default();
     let out = Command::new("bpftool").args(["map", "show", "-j"]).output().expect("bpftool");
     let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
-    v.as_array().unwrap().iter().filter(|m| m["name"] == "unw_chunk").filter_map(|m| m["id"].as_u64()).filter(|id| held.contains(id)).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == "unw_chunk")
+        .filter_map(|m| m["id"].as_u64())
+        .filter(|id| held.contains(id))
+        .collect()
 }
 
 /// Whether any of these map ids still exists.
@@ -670,7 +729,9 @@ fn fd_prog_ids(proc_dir: &std::path::Path) -> Vec<u64> {
     let Ok(fds) = std::fs::read_dir(proc_dir.join("fdinfo")) else { return Vec::new() };
     fds.flatten()
         .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
-        .flat_map(|info| info.lines().filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u64>().ok()).collect::<Vec<_>>())
+        .flat_map(|info| {
+            info.lines().filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u64>().ok()).collect::<Vec<_>>()
+        })
         .collect()
 }
 
@@ -700,7 +761,9 @@ fn doctor_reports_the_mechanism_retrans_uses() {
     assert_eq!(out.status.code(), Some(0));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["usable"], true);
-    for f in ["btf", "tp_btf", "raw_tp", "tracepoint", "kprobe", "fentry", "uprobe", "perf_event", "ringbuf", "bpf_stats"] {
+    for f in
+        ["btf", "tp_btf", "raw_tp", "tracepoint", "kprobe", "fentry", "uprobe", "perf_event", "ringbuf", "bpf_stats"]
+    {
         assert!(v["features"][f]["ok"].is_boolean(), "feature {f}");
     }
     // The kernel's own answer: kprobes exist iff the kprobe PMU does.
@@ -728,7 +791,11 @@ fn build_workload(name: &str, flags: &[&str]) -> std::path::PathBuf {
 }
 
 fn build_workload_now(name: &str, flags: &[&str]) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("sonde-wl-{}-{name}-{}", std::process::id(), flags.join("").replace(['-', '='], "")));
+    let dir = std::env::temp_dir().join(format!(
+        "sonde-wl-{}-{name}-{}",
+        std::process::id(),
+        flags.join("").replace(['-', '='], "")
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let bin = dir.join(name);
     let src = format!("{}/tests/workloads/{name}.c", env!("CARGO_MANIFEST_DIR"));
@@ -790,10 +857,14 @@ fn profile_shares_names_and_lines_match_the_workload() {
     let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let pid = w.0.id().to_string();
-    let (folded, json, svg, pb, html) = (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"), dir.join("p.pb.gz"), dir.join("p.html"));
+    let (folded, json, svg, pb, html) =
+        (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"), dir.join("p.pb.gz"), dir.join("p.html"));
     let o = |p: &std::path::Path| p.to_str().unwrap().to_string();
-    let (code, err, cpu) =
-        profile_window(&["-p", &pid, "-F", "199", "-o", &o(&folded), "-o", &o(&json), "-o", &o(&svg), "-o", &o(&pb), "-o", &o(&html)], w.0.id(), 4);
+    let (code, err, cpu) = profile_window(
+        &["-p", &pid, "-F", "199", "-o", &o(&folded), "-o", &o(&json), "-o", &o(&svg), "-o", &o(&pb), "-o", &o(&html)],
+        w.0.id(),
+        4,
+    );
     let _ = w.0.kill();
     assert_eq!(code, 130, "SIGINT ends the run with 130 and the files: {err}");
     let rows = read_folded(&folded);
@@ -810,7 +881,8 @@ fn profile_shares_names_and_lines_match_the_workload() {
     assert!((share - 2.0 / 3.0).abs() < 0.04, "heavy share {share:.3} ({h} vs {l}); {err}");
     assert!(under("main") as f64 > 0.95 * total as f64, "{rows:?}");
     // DWARF inline info: light_inner() was inlined into light() and is its own frame.
-    let inl: u64 = rows.iter().filter(|(f, _)| f.join(";").contains("main;light;light_inner_[i];spin")).map(|r| r.1).sum();
+    let inl: u64 =
+        rows.iter().filter(|(f, _)| f.join(";").contains("main;light;light_inner_[i];spin")).map(|r| r.1).sum();
     assert!(inl as f64 > 0.9 * l as f64, "light's samples under the inlined light_inner: {inl} of {l}: {rows:?}");
     // Source lines from DWARF: the leaf in spin is its inner loop; heavy's frame is its call of spin.
     let burn_line = workload_line("burn", "BURN_LINE");
@@ -834,7 +906,11 @@ fn profile_shares_names_and_lines_match_the_workload() {
     let top = |m: &std::collections::HashMap<u64, u64>| m.iter().max_by_key(|e| e.1).map(|e| *e.0);
     // The inner loop: its body or (sampling skid past the store) its increment.
     let loop_lines = [burn_line as u64, workload_line("burn", "BURN_LOOP") as u64];
-    assert!(top(&spin_lines).is_some_and(|l| loop_lines.contains(&l)), "spin's hottest line {:?} not in {loop_lines:?}: {spin_lines:?}", top(&spin_lines));
+    assert!(
+        top(&spin_lines).is_some_and(|l| loop_lines.contains(&l)),
+        "spin's hottest line {:?} not in {loop_lines:?}: {spin_lines:?}",
+        top(&spin_lines)
+    );
     assert_eq!(top(&heavy_lines), Some(call_line as u64), "heavy's line: {heavy_lines:?}");
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<?xml") && svg.contains("heavy") && svg.contains("light"), "SVG names the functions");
@@ -848,7 +924,10 @@ fn profile_shares_names_and_lines_match_the_workload() {
     };
     let top = go(&["-top", "-cum"]);
     let cum_ms = |name: &str| -> f64 {
-        let l = top.lines().find(|l| l.split_whitespace().last() == Some(name)).unwrap_or_else(|| panic!("{name} in {top}"));
+        let l = top
+            .lines()
+            .find(|l| l.split_whitespace().last() == Some(name))
+            .unwrap_or_else(|| panic!("{name} in {top}"));
         let f: Vec<&str> = l.split_whitespace().collect();
         let v = f[3];
         let (num, unit) = v.split_at(v.find(|c: char| c.is_alphabetic()).unwrap());
@@ -859,9 +938,13 @@ fn profile_shares_names_and_lines_match_the_workload() {
     assert!((pshare - 2.0 / 3.0).abs() < 0.04, "pprof heavy share {pshare:.3}: {top}");
     assert!(top.contains("Type: cpu"), "{top}");
     let lines = go(&["-top", "-lines"]);
-    assert!(lines.contains(&format!("burn.c:{}", loop_lines[0])) || lines.contains(&format!("burn.c:{}", loop_lines[1])), "{lines}");
+    assert!(
+        lines.contains(&format!("burn.c:{}", loop_lines[0])) || lines.contains(&format!("burn.c:{}", loop_lines[1])),
+        "{lines}"
+    );
     let raw = go(&["-raw"]);
-    let exe = raw.lines().find(|l| l.contains(bin.to_str().unwrap())).unwrap_or_else(|| panic!("mapping of {bin:?}: {raw}"));
+    let exe =
+        raw.lines().find(|l| l.contains(bin.to_str().unwrap())).unwrap_or_else(|| panic!("mapping of {bin:?}: {raw}"));
     let id = exe.split_whitespace().nth(3).unwrap_or("");
     // The build ID as `file` reads it from the ELF note.
     let file = Command::new("file").arg(&bin).output().unwrap();
@@ -880,9 +963,15 @@ fn profile_shares_names_and_lines_match_the_workload() {
         .expect("chromium (Debian package chromium)");
     let (dom, log) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!log.contains("Uncaught") && !log.contains(":ERROR:CONSOLE"), "console errors: {log}");
-    let frames: u64 = dom.split("data-frames=\"").nth(1).and_then(|r| r.split('"').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    let frames: u64 =
+        dom.split("data-frames=\"").nth(1).and_then(|r| r.split('"').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(frames >= 5, "frames in the DOM: {frames}");
-    let matched = dom.split("id=\"matched\"").nth(1).and_then(|r| r.split("Matched: ").nth(1)).and_then(|r| r.split('%').next()).and_then(|n| n.parse::<f64>().ok());
+    let matched = dom
+        .split("id=\"matched\"")
+        .nth(1)
+        .and_then(|r| r.split("Matched: ").nth(1))
+        .and_then(|r| r.split('%').next())
+        .and_then(|n| n.parse::<f64>().ok());
     assert!(matched.is_some_and(|m| (m - 66.7).abs() < 4.0), "search for heavy in the browser: {matched:?}");
 }
 
@@ -907,14 +996,30 @@ fn profile_marks_stacks_without_frame_pointers_truncated() {
     let folded = bin.parent().unwrap().join("nofp.folded");
     let mut w = KillOnDrop(Command::new(&bin).arg("6").spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
-    let (code, err) = profile(&["-p", &w.0.id().to_string(), "-d", "3s", "-F", "199", "--user-only", "--unwind", "fp", "-o", folded.to_str().unwrap()]);
+    let (code, err) = profile(&[
+        "-p",
+        &w.0.id().to_string(),
+        "-d",
+        "3s",
+        "-F",
+        "199",
+        "--user-only",
+        "--unwind",
+        "fp",
+        "-o",
+        folded.to_str().unwrap(),
+    ]);
     let _ = w.0.kill();
     assert_eq!(code, 0, "{err}");
     let rows = read_folded(&folded);
     let total: u64 = rows.iter().map(|r| r.1).sum();
     let cut: u64 = rows.iter().filter(|(f, _)| f.get(1).map(String::as_str) == Some("[truncated]")).map(|r| r.1).sum();
     // Every stack either reaches the program's start or says it does not.
-    let whole: u64 = rows.iter().filter(|(f, _)| f.get(1).is_some_and(|x| x.starts_with("__libc_start") || x == "_start")).map(|r| r.1).sum();
+    let whole: u64 = rows
+        .iter()
+        .filter(|(f, _)| f.get(1).is_some_and(|x| x.starts_with("__libc_start") || x == "_start"))
+        .map(|r| r.1)
+        .sum();
     assert_eq!(cut + whole, total, "{rows:?}");
     assert!(cut as f64 > 0.5 * total as f64, "without frame pointers most stacks are cut short: {cut} of {total}");
     let line = err.lines().find(|l| l.starts_with("truncated user stacks:")).unwrap();
@@ -959,7 +1064,10 @@ fn lab_profile_measures_the_built_in_split() {
     let rows = read_folded(&folded);
     // Both builds, with frame pointers and without (walked by tables).
     for root in ["burn", "burn-nofp"] {
-        assert!(rows.iter().any(|(f, _)| f[0] == root && f.join(";").contains(";__libc_start_call_main;main;heavy;spin")), "{root}: {rows:?}");
+        assert!(
+            rows.iter().any(|(f, _)| f[0] == root && f.join(";").contains(";__libc_start_call_main;main;heavy;spin")),
+            "{root}: {rows:?}"
+        );
     }
     assert!(rows.iter().all(|(f, _)| !f.contains(&"[truncated]".to_string())), "{rows:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -971,7 +1079,10 @@ fn lab_json(name: &str) -> (Value, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("sonde-lab{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let prefix = dir.join(name);
-    let out = Command::new(SONDE).args(["lab", name, "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()]).output().unwrap();
+    let out = Command::new(SONDE)
+        .args(["lab", name, "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()])
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
     (serde_json::from_str(text.trim()).unwrap(), dir)
@@ -987,7 +1098,11 @@ fn lab_dns_finds_the_resolver_wait_and_its_waker() {
     // offcpu's time in poll() is the time the responder held the queries.
     let (rw, held, blocked) = (f("resolver_wait_us"), f("responder_delay_us"), f("blocked_us"));
     assert!(rw >= 0.8 * held && rw <= 1.1 * held && rw >= 0.7 * blocked, "{v}");
-    assert!(f("wakeup_udp_us") >= 0.9 * f("wakeup_resolver_us") && f("wakeup_resolver_us") >= 0.8 * f("wakeup_responder_delay_us"), "{v}");
+    assert!(
+        f("wakeup_udp_us") >= 0.9 * f("wakeup_resolver_us")
+            && f("wakeup_resolver_us") >= 0.8 * f("wakeup_responder_delay_us"),
+        "{v}"
+    );
     assert!(f("cpu_cores_proc") < 0.5, "{v}");
     // Seed 001's missing piece: who called poll(), through glibc's resolver
     // (no frame pointers), down from the worker's logging.
@@ -1013,13 +1128,17 @@ fn profile_json_and_top_table_agree_with_the_workload() {
     let out = Command::new(SONDE).args(["profile", "-p", &pid, "-d", "2s", "-F", "199", "--json"]).output().unwrap();
     let cpu = (cpu_ticks(w.0.id()) - t0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     assert_eq!(out.status.code(), Some(0));
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let s = summary(&lines);
     let counted: u64 = lines.iter().filter(|v| v["type"] == "stack").map(|v| v["count"].as_u64().unwrap()).sum();
     assert_eq!(Some(counted), s["samples"].as_u64(), "{s}");
     // As many samples as the CPU the workload got (it competes with the
     // tests beside it): at most 199 per second of it, and some at all.
-    assert!(counted > 50 && counted as f64 <= cpu * 199.0 * 1.15 + 10.0, "{counted} samples for {cpu:.2} s of CPU: {s}");
+    assert!(
+        counted > 50 && counted as f64 <= cpu * 199.0 * 1.15 + 10.0,
+        "{counted} samples for {cpu:.2} s of CPU: {s}"
+    );
     // No -o: the top table, spin first (the workload's only hot loop).
     let out = Command::new(SONDE).args(["profile", "-p", &pid, "-d", "2s", "-F", "199"]).output().unwrap();
     let _ = w.0.kill();
@@ -1035,7 +1154,12 @@ fn profile_symbolizes_a_process_in_its_own_mount_and_pid_namespace() {
     // namespace, and the process has its own pid namespace. Selected by --comm.
     let bin = build_workload("burn", FP);
     let script = format!("mount -t tmpfs none /mnt && cp {} /mnt/cburn && exec /mnt/cburn 6", bin.display());
-    let mut c = KillOnDrop(Command::new("unshare").args(["--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", &script]).spawn().unwrap());
+    let mut c = KillOnDrop(
+        Command::new("unshare")
+            .args(["--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", &script])
+            .spawn()
+            .unwrap(),
+    );
     thread::sleep(Duration::from_millis(400));
     assert!(!std::path::Path::new("/mnt/cburn").exists(), "the binary must not be visible outside");
     let folded = bin.parent().unwrap().join("ns.folded");
@@ -1053,13 +1177,28 @@ fn profile_symbolizes_a_process_in_its_own_mount_and_pid_namespace() {
 
 #[test]
 fn offcpu_attributes_blocked_time_to_the_right_stacks() {
-    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let bin = build_workload(
+        "block",
+        &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"],
+    );
     let dir = bin.parent().unwrap().to_path_buf();
     let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
     thread::sleep(Duration::from_millis(300));
     let (folded, pb) = (dir.join("off.folded"), dir.join("off.pb.gz"));
     let out = Command::new(SONDE)
-        .args(["offcpu", "-p", &w.0.id().to_string(), "-d", "3s", "--min-block", "1ms", "-o", folded.to_str().unwrap(), "-o", pb.to_str().unwrap()])
+        .args([
+            "offcpu",
+            "-p",
+            &w.0.id().to_string(),
+            "-d",
+            "3s",
+            "--min-block",
+            "1ms",
+            "-o",
+            folded.to_str().unwrap(),
+            "-o",
+            pb.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     let _ = w.0.kill();
@@ -1076,10 +1215,19 @@ fn offcpu_attributes_blocked_time_to_the_right_stacks() {
         assert!((2.6..=3.1).contains(&s), "{f} blocked {s:.2} s of 3 s: {err}");
     }
     // Blocked where the workload blocks: in the kernel's sleep and pipe read.
-    assert!(rows.iter().any(|(f, _)| f.iter().any(|x| x == "sleep_long") && f.iter().any(|x| x == "do_nanosleep_[k]")), "{rows:?}");
-    assert!(rows.iter().any(|(f, _)| f.iter().any(|x| x == "reader_wait") && f.iter().any(|x| x.contains("pipe_read"))), "{rows:?}");
+    assert!(
+        rows.iter().any(|(f, _)| f.iter().any(|x| x == "sleep_long") && f.iter().any(|x| x == "do_nanosleep_[k]")),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter().any(|(f, _)| f.iter().any(|x| x == "reader_wait") && f.iter().any(|x| x.contains("pipe_read"))),
+        "{rows:?}"
+    );
     // The stack engine's own frames are not in the stacks.
-    assert!(rows.iter().all(|(f, _)| f.iter().all(|x| !x.starts_with("bpf_prog_") && !x.starts_with("bpf_trace_run"))), "{rows:?}");
+    assert!(
+        rows.iter().all(|(f, _)| f.iter().all(|x| !x.starts_with("bpf_prog_") && !x.starts_with("bpf_trace_run"))),
+        "{rows:?}"
+    );
     // pprof: an offcpu sample type in nanoseconds with the same split.
     let top = Command::new(go_bin()).args(["tool", "pprof", "-top", "-cum"]).arg(&pb).output().unwrap();
     let top = String::from_utf8_lossy(&top.stdout);
@@ -1101,7 +1249,10 @@ fn offcpu_ns(pid: u32, tid: u32) -> (f64, Instant) {
 #[test]
 fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
-    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let bin = build_workload(
+        "block",
+        &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"],
+    );
     let w = KillOnDrop(Command::new(&bin).args(["60", "tiny"]).spawn().unwrap());
     let pid = w.0.id();
     thread::sleep(Duration::from_millis(300));
@@ -1133,10 +1284,15 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
         // Under the default 1 ms, ~30% of the ~300 us blocks are kept: a few
         // thousand in 3 s, a few percent of error.
         let d = "3s";
-        let out = Command::new(SONDE).args([tool, "--tid", &tid.to_string(), "-d", d, "--json"]).args(extra).output().unwrap();
+        let out = Command::new(SONDE)
+            .args([tool, "--tid", &tid.to_string(), "-d", d, "--json"])
+            .args(extra)
+            .output()
+            .unwrap();
         let (b1, t1) = offcpu_ns(pid, tid);
         assert_eq!(out.status.code(), Some(0), "{tool} {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> =
+            String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         let s = summary(&lines);
         // The kernel's share of time off CPU over the run against sonde's
         // estimate over its traced window.
@@ -1150,30 +1306,48 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
                 // At most 30 us of each period counted differently, and
                 // never less than the kernel's own blocked time.
                 let slack = 30e-6 * periods / s["duration_s"].as_f64().unwrap() / truth;
-                assert!(ratio > 0.98 && ratio < 1.0 + slack, "exact: sonde {est:.3} of the time off CPU, schedstat {truth:.3} (allowed up to {:.3}): {s}", 1.0 + slack);
+                assert!(
+                    ratio > 0.98 && ratio < 1.0 + slack,
+                    "exact: sonde {est:.3} of the time off CPU, schedstat {truth:.3} (allowed up to {:.3}): {s}",
+                    1.0 + slack
+                );
                 exact = Some(ratio);
             }
-            Some(x) => assert!((ratio / x - 1.0).abs() < 0.06, "{tool} {extra:?}: {ratio:.3} of schedstat's share against the exact run's {x:.3}: {s}"),
+            Some(x) => assert!(
+                (ratio / x - 1.0).abs() < 0.06,
+                "{tool} {extra:?}: {ratio:.3} of schedstat's share against the exact run's {x:.3}: {s}"
+            ),
         }
         let sampled = s["sampled_periods"].as_u64().unwrap();
         if extra.is_empty() || extra[0] == "--mechanism" {
-            assert!(s["hook"] == "sched_exit_tp" && sampled > 1500 && s["sampled_out"].as_u64().unwrap() > sampled, "{tool} {extra:?}: {s}");
+            assert!(
+                s["hook"] == "sched_exit_tp" && sampled > 1500 && s["sampled_out"].as_u64().unwrap() > sampled,
+                "{tool} {extra:?}: {s}"
+            );
         } else {
             assert_eq!(sampled, 0, "{tool} {extra:?}: {s}");
         }
         // And the time is where the thread blocks.
         let in_tiny: u64 = lines
             .iter()
-            .filter(|v| v["type"] == "stack" && v["frames"].as_array().unwrap().iter().any(|f| f["name"] == "sleep_tiny"))
+            .filter(|v| {
+                v["type"] == "stack" && v["frames"].as_array().unwrap().iter().any(|f| f["name"] == "sleep_tiny")
+            })
             .map(|v| v["count"].as_u64().unwrap())
             .sum();
-        assert!(in_tiny as f64 > 0.97 * s["blocked_us"].as_f64().unwrap(), "{tool} {extra:?}: {in_tiny} us in sleep_tiny: {s}");
+        assert!(
+            in_tiny as f64 > 0.97 * s["blocked_us"].as_f64().unwrap(),
+            "{tool} {extra:?}: {in_tiny} us in sleep_tiny: {s}"
+        );
     }
 }
 
 #[test]
 fn wakeup_names_the_pipe_writer_as_the_readers_waker() {
-    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let bin = build_workload(
+        "block",
+        &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"],
+    );
     let folded = bin.parent().unwrap().join("wake.folded");
     let mut w = KillOnDrop(Command::new(&bin).arg("8").spawn().unwrap());
     thread::sleep(Duration::from_millis(300));
@@ -1186,7 +1360,8 @@ fn wakeup_names_the_pipe_writer_as_the_readers_waker() {
     let rows = read_folded(&folded);
     // The reader's blocked periods: reader_wait below the separator.
     let blocked_in = |f: &[String], name: &str| f.iter().position(|x| x == name) < f.iter().position(|x| x == "--");
-    let reader: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "reader_wait") && blocked_in(f, "reader_wait")).collect();
+    let reader: Vec<&(Vec<String>, u64)> =
+        rows.iter().filter(|(f, _)| f.iter().any(|x| x == "reader_wait") && blocked_in(f, "reader_wait")).collect();
     let total: u64 = reader.iter().map(|r| r.1).sum();
     // Built in: only writer_tick() writes the pipe the reader blocks on.
     let by_writer: u64 = reader
@@ -1200,9 +1375,13 @@ fn wakeup_names_the_pipe_writer_as_the_readers_waker() {
         })
         .map(|r| r.1)
         .sum();
-    assert!(total > 2_000_000 && by_writer as f64 > 0.9 * total as f64, "reader blocked {total} us, {by_writer} woken by writer_tick: {reader:?}");
+    assert!(
+        total > 2_000_000 && by_writer as f64 > 0.9 * total as f64,
+        "reader blocked {total} us, {by_writer} woken by writer_tick: {reader:?}"
+    );
     // The sleeper is woken by its timer, from interrupt context.
-    let sleeper: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "sleep_long") && blocked_in(f, "sleep_long")).collect();
+    let sleeper: Vec<&(Vec<String>, u64)> =
+        rows.iter().filter(|(f, _)| f.iter().any(|x| x == "sleep_long") && blocked_in(f, "sleep_long")).collect();
     let by_timer: u64 = sleeper.iter().filter(|(f, _)| f.iter().any(|x| x == "hrtimer_wakeup_[k]")).map(|r| r.1).sum();
     let stotal: u64 = sleeper.iter().map(|r| r.1).sum();
     assert!(stotal > 0 && by_timer as f64 > 0.9 * stotal as f64, "{sleeper:?}");
@@ -1216,19 +1395,30 @@ static QUIET: std::sync::RwLock<()> = std::sync::RwLock::new(());
 fn latency_lines(stdout: &[u8]) -> (std::collections::HashMap<String, Value>, Value) {
     let lines: Vec<Value> = String::from_utf8_lossy(stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let s = summary(&lines).clone();
-    let by = lines.iter().filter(|v| v["type"] == "latency").map(|v| (v["target"].as_str().unwrap().to_string(), v.clone())).collect();
+    let by = lines
+        .iter()
+        .filter(|v| v["type"] == "latency")
+        .map(|v| (v["target"].as_str().unwrap().to_string(), v.clone()))
+        .collect();
     (by, s)
 }
 
 /// The one bucket a target's calls fell in: (le_ns, count) of the non-empty ones.
 fn filled(v: &Value) -> Vec<(u64, u64)> {
-    v["buckets"].as_array().unwrap().iter().map(|b| (b["le_ns"].as_u64().unwrap(), b["count"].as_u64().unwrap())).filter(|b| b.1 > 0).collect()
+    v["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (b["le_ns"].as_u64().unwrap(), b["count"].as_u64().unwrap()))
+        .filter(|b| b.1 > 0)
+        .collect()
 }
 
 #[test]
 fn funclatency_counts_and_buckets_match_the_workload() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
-    let bin = build_workload("lat", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
+    let bin =
+        build_workload("lat", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
     // Run 1, by uprobe.multi links (this kernel has them), then by a uprobe
     // per function: the calls, then hang() still running when tracing stops.
     for (extra, mechanism) in [(None, "uprobe-multi"), (Some("--single-uprobes"), "uprobe")] {
@@ -1237,7 +1427,19 @@ fn funclatency_counts_and_buckets_match_the_workload() {
         let pid = w.0.id().to_string();
         // `libc` is found in the process's mappings (libc.so.6).
         let out = Command::new(SONDE)
-            .args(["funclatency", "-p", &pid, "lat:one_ms", "lat:ten_ms", "lat:recurse", "lat:hang", "libc:nanosleep", "-d", "3s", "--json"])
+            .args([
+                "funclatency",
+                "-p",
+                &pid,
+                "lat:one_ms",
+                "lat:ten_ms",
+                "lat:recurse",
+                "lat:hang",
+                "libc:nanosleep",
+                "-d",
+                "3s",
+                "--json",
+            ])
             .args(extra)
             .output()
             .unwrap();
@@ -1268,7 +1470,8 @@ fn funclatency_counts_and_buckets_match_the_workload() {
                 .collect();
             let got: std::collections::BTreeMap<u64, u64> = filled(v).into_iter().collect();
             assert_eq!(v["count"].as_u64(), Some(calls.len() as u64), "{v}");
-            let buckets: std::collections::BTreeSet<u64> = calls.iter().flat_map(|c| [c.0, c.1]).chain(got.keys().copied()).collect();
+            let buckets: std::collections::BTreeSet<u64> =
+                calls.iter().flat_map(|c| [c.0, c.1]).chain(got.keys().copied()).collect();
             let straddling = calls.iter().filter(|c| c.0 != c.1).count();
             for k in buckets {
                 let sure = calls.iter().filter(|c| c.0 == k && c.1 == k).count() as u64;
@@ -1277,7 +1480,11 @@ fn funclatency_counts_and_buckets_match_the_workload() {
                 assert!((sure..=sure + maybe).contains(&n), "{name}: bucket {k}: sonde {n}, workload {sure} + {maybe} straddling; sonde {got:?}, workload (inside, around) {calls:?}");
             }
             // Unless the host is very busy, few calls straddle a boundary.
-            assert!(straddling <= calls.len() / 4, "{name}: {straddling} of {} calls straddle a bucket boundary: {calls:?}", calls.len());
+            assert!(
+                straddling <= calls.len() / 4,
+                "{name}: {straddling} of {} calls straddle a bucket boundary: {calls:?}",
+                calls.len()
+            );
         }
         // Recursion: five nested calls per recurse(4), each paired with its own
         // return (each at least its 1.2 ms spin), none left over.
@@ -1293,14 +1500,18 @@ fn funclatency_counts_and_buckets_match_the_workload() {
         assert_eq!(s["not_timed"]["too_deep"], 0, "{s}");
         // hang() sleeps in libc's nanosleep: the same two calls, nested inside.
         let libc = &t["libc:nanosleep"];
-        assert!(libc["count"] == 1 && libc["in_flight"] == 1 && libc["max_ns"].as_u64().unwrap() >= 200_000_000, "{libc}");
+        assert!(
+            libc["count"] == 1 && libc["in_flight"] == 1 && libc["max_ns"].as_u64().unwrap() >= 200_000_000,
+            "{libc}"
+        );
         drop(w);
     }
 
     // Run 2: the process exits mid-trace; tracing finishes cleanly.
     let w = KillOnDrop(Command::new(&bin).args(["0.5", "0.2"]).spawn().unwrap());
     let pid = w.0.id().to_string();
-    let out = Command::new(SONDE).args(["funclatency", "-p", &pid, "lat:one_ms", "-d", "3s", "--json"]).output().unwrap();
+    let out =
+        Command::new(SONDE).args(["funclatency", "-p", &pid, "lat:one_ms", "-d", "3s", "--json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let (t, s) = latency_lines(&out.stdout);
     assert_eq!(t["lat:one_ms"]["count"], 100, "{s}");
@@ -1310,36 +1521,62 @@ fn funclatency_counts_and_buckets_match_the_workload() {
 #[test]
 fn funclatency_times_syscalls_and_softirqs_here() {
     // The block workload's sleeper: nanosleep of 20 and 10 ms, alternately.
-    let bin = build_workload("block", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"]);
+    let bin = build_workload(
+        "block",
+        &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline", "-pthread"],
+    );
     let w = KillOnDrop(Command::new(&bin).arg("6").spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let pid = w.0.id().to_string();
-    let out = Command::new(SONDE).args(["funclatency", "-p", &pid, "syscall:nanosleep", "softirq:TIMER", "-d", "2s", "--json"]).output().unwrap();
+    let out = Command::new(SONDE)
+        .args(["funclatency", "-p", &pid, "syscall:nanosleep", "softirq:TIMER", "-d", "2s", "--json"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let (t, _) = latency_lines(&out.stdout);
     let ns = &t["syscall:nanosleep"];
     // ~67 sleeps in 2 s: half 20 ms, half 10 ms (plus the writer's 5 ms).
-    let in_range = |lo: u64, hi: u64| filled(ns).iter().filter(|(le, _)| *le > lo && *le <= hi).map(|b| b.1).sum::<u64>();
+    let in_range =
+        |lo: u64, hi: u64| filled(ns).iter().filter(|(le, _)| *le > lo && *le <= hi).map(|b| b.1).sum::<u64>();
     let (tens, twenties) = (in_range(10_000_000, 12_582_912), in_range(20_000_000, 25_165_824));
-    assert!(tens >= 25 && twenties >= 25 && (tens as i64 - twenties as i64).abs() <= 2, "10 ms: {tens}, 20 ms: {twenties}: {ns}");
+    assert!(
+        tens >= 25 && twenties >= 25 && (tens as i64 - twenties as i64).abs() <= 2,
+        "10 ms: {tens}, 20 ms: {twenties}: {ns}"
+    );
     assert!(t["softirq:TIMER"]["count"].as_u64().unwrap() > 0, "{}", t["softirq:TIMER"]);
 }
 
 #[test]
 fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
-    let bin = build_workload("slowfn", &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"]);
+    let bin = build_workload(
+        "slowfn",
+        &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"],
+    );
     let w = KillOnDrop(Command::new(&bin).arg("6").spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let pid = w.0.id().to_string();
     let dir = bin.parent().unwrap().to_path_buf();
     let folded = dir.join("slow.folded");
     let out = Command::new(SONDE)
-        .args(["slow", "-p", &pid, "slowfn:handle", "--over", "1ms", "-d", "2s", "--json", "-o", folded.to_str().unwrap()])
+        .args([
+            "slow",
+            "-p",
+            &pid,
+            "slowfn:handle",
+            "--over",
+            "1ms",
+            "-d",
+            "2s",
+            "--json",
+            "-o",
+            folded.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let s = summary(&lines);
     // Built in: one call in ten spends 5 ms in inner_slow(), the rest 50 us.
     // Every via_slow() call is slow; a via_fast() one only if preempted for
@@ -1389,7 +1626,10 @@ fn lab_slow_shows_connect_in_port_selection_then_tw_reuse_shrinks_it() {
     let f = |x: &Value, k: &str| x[k].as_f64().unwrap();
     // Port range full of TIME_WAIT: connects fail after scanning it, slowly,
     // in __inet_hash_connect; with reuse they succeed.
-    assert!(f(b, "slow_calls") >= 0.5 * f(b, "connect_calls") && f(b, "samples_in_port_selection") >= 0.8 * f(b, "samples"), "{v}");
+    assert!(
+        f(b, "slow_calls") >= 0.5 * f(b, "connect_calls") && f(b, "samples_in_port_selection") >= 0.8 * f(b, "samples"),
+        "{v}"
+    );
     assert!(f(a, "slow_calls") / f(a, "connect_calls") <= 0.5 * f(b, "slow_calls") / f(b, "connect_calls"), "{v}");
     assert!(f(a, "connects_ok") / f(a, "seconds") > f(b, "connects_ok") / f(b, "seconds"), "{v}");
     let svg = std::fs::read_to_string(dir.join("slow-tw-reuse-0.svg")).unwrap();
@@ -1434,8 +1674,13 @@ fn check_idle_lab(v: &Value) {
     // to the initial window, as tcp_cwnd_restart computes it (one halving
     // per RTO of idle time, never below min(10, cwnd)).
     for s in sends(0) {
-        assert_eq!((s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str()), (Some("cubic"), Some(true), Some("idle_over_rto")), "{s}");
-        let (before, idle, rto) = (s["cwnd_before"].as_u64().unwrap(), s["idle_ms"].as_f64().unwrap(), s["rto_ms"].as_f64().unwrap());
+        assert_eq!(
+            (s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str()),
+            (Some("cubic"), Some(true), Some("idle_over_rto")),
+            "{s}"
+        );
+        let (before, idle, rto) =
+            (s["cwnd_before"].as_u64().unwrap(), s["idle_ms"].as_f64().unwrap(), s["rto_ms"].as_f64().unwrap());
         let floor = before.min(10);
         let (mut cwnd, mut left) = (before, idle);
         loop {
@@ -1451,11 +1696,19 @@ fn check_idle_lab(v: &Value) {
     }
     // BBR: never, because of its cong_control hook; the sysctl at 0: never.
     for s in sends(1) {
-        assert_eq!((s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str(), s["cong_control"].as_bool()), (Some("bbr"), Some(false), Some("cong_control"), Some(true)), "{s}");
+        assert_eq!(
+            (s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str(), s["cong_control"].as_bool()),
+            (Some("bbr"), Some(false), Some("cong_control"), Some(true)),
+            "{s}"
+        );
         assert_eq!(s["cwnd_after"], s["cwnd_before"], "{s}");
     }
     for s in sends(2) {
-        assert_eq!((s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str(), s["sysctl"].as_u64()), (Some("cubic"), Some(false), Some("sysctl_off"), Some(0)), "{s}");
+        assert_eq!(
+            (s["cc"].as_str(), s["restart"].as_bool(), s["reason"].as_str(), s["sysctl"].as_u64()),
+            (Some("cubic"), Some(false), Some("sysctl_off"), Some(0)),
+            "{s}"
+        );
         assert_eq!(s["cwnd_after"], s["cwnd_before"], "{s}");
     }
     // What a restart costs, from the client's clock: 484 segments from cwnd
@@ -1516,12 +1769,22 @@ fn cwnd_samples_a_bulk_transfer_and_every_and_pid_limit_them() {
     assert!(samples.len() > 20, "{s}");
     assert_eq!(s["lost"], 0);
     assert_eq!(s["samples"].as_u64().unwrap() as usize, samples.len(), "{s}");
-    assert_eq!(s["totals"]["observations"].as_u64().unwrap(), s["samples"].as_u64().unwrap() + s["totals"]["unchanged"].as_u64().unwrap(), "{s}");
+    assert_eq!(
+        s["totals"]["observations"].as_u64().unwrap(),
+        s["samples"].as_u64().unwrap() + s["totals"]["unchanged"].as_u64().unwrap(),
+        "{s}"
+    );
     for w in samples.windows(2) {
         let key = |e: &Value| (e["cwnd"].clone(), e["ssthresh"].clone(), e["ca_state"].clone());
         assert!(w[0]["cookie"] != w[1]["cookie"] || key(w[0]) != key(w[1]), "{} then {}", w[0], w[1]);
     }
-    assert!(samples.iter().all(|e| e["dport"] == 7200 && e["pid"].as_u64() == Some(std::process::id() as u64) && e["srtt_us"].as_u64() > Some(0)), "{:?}", samples.first());
+    assert!(
+        samples.iter().all(|e| e["dport"] == 7200
+            && e["pid"].as_u64() == Some(std::process::id() as u64)
+            && e["srtt_us"].as_u64() > Some(0)),
+        "{:?}",
+        samples.first()
+    );
     // --every 100ms: at most one sample per 100 ms of the connection.
     let (_, out) = run(&["--every", "100ms", "-p", &me]);
     let s = summary(&out);
@@ -1531,7 +1794,11 @@ fn cwnd_samples_a_bulk_transfer_and_every_and_pid_limit_them() {
     assert!(!times.is_empty() && times.windows(2).all(|w| w[1] - w[0] >= 0.099), "{times:?}");
     // -p of another process: the transfer's socket is filtered out.
     let (_, out) = run(&["-p", "1"]);
-    assert!(of_type(&out, "sample").is_empty() && summary(&out)["totals"]["filtered"].as_u64() > Some(0), "{:?}", summary(&out));
+    assert!(
+        of_type(&out, "sample").is_empty() && summary(&out)["totals"]["filtered"].as_u64() > Some(0),
+        "{:?}",
+        summary(&out)
+    );
 }
 
 /// The broker of seed 004's harness (tests/workloads/msgbench.c) in a fresh
@@ -1546,8 +1813,21 @@ fn msg_broker(extra: &[&str]) -> (sonde::engine::netns::Netns, std::path::PathBu
 fn msg_broker_sized(size: usize, extra: &[&str]) -> (sonde::engine::netns::Netns, std::path::PathBuf, Child) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let bin = build_workload("msgbench", &["-O2", "-pthread"]);
-    let ns = sonde::engine::netns::Netns::create(&format!("sonde-{}-t{}-ml", std::process::id(), N.fetch_add(1, std::sync::atomic::Ordering::Relaxed))).unwrap();
-    let mut b = Command::new("ip").args(["netns", "exec", &ns.name]).arg(&bin).args(["broker", "7400", "7401", &size.to_string()]).args(extra).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let ns = sonde::engine::netns::Netns::create(&format!(
+        "sonde-{}-t{}-ml",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ))
+    .unwrap();
+    let mut b = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(&bin)
+        .args(["broker", "7400", "7401", &size.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut line = String::new();
     BufReader::new(b.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.starts_with("listening"), "{line}");
@@ -1562,15 +1842,32 @@ fn msglat_run(extra: &[&str], args: &[&str], count: u32, spacing_us: u32) -> (i3
 }
 
 /// msglat_run with messages of `size` bytes.
-fn msglat_run_sized(size: usize, extra: &[&str], args: &[&str], count: u32, spacing_us: u32) -> (i32, Vec<Value>, String) {
+fn msglat_run_sized(
+    size: usize,
+    extra: &[&str],
+    args: &[&str],
+    count: u32,
+    spacing_us: u32,
+) -> (i32, Vec<Value>, String) {
     let (ns, bin, mut broker) = msg_broker_sized(size, extra);
     let pid = broker.id().to_string();
-    let mut s = Command::new(SONDE).args(["msglat", "-p", &pid, "--json"]).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut s = Command::new(SONDE)
+        .args(["msglat", "-p", &pid, "--json"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut err = BufReader::new(s.stderr.take().unwrap());
     let mut line = String::new();
     err.read_line(&mut line).unwrap();
     assert!(line.contains("timing messages"), "{line}");
-    let pair = Command::new("ip").args(["netns", "exec", &ns.name]).arg(&bin).args(["pair", "7400", "7401", &count.to_string(), &spacing_us.to_string(), &size.to_string()]).output().unwrap();
+    let pair = Command::new("ip")
+        .args(["netns", "exec", &ns.name])
+        .arg(&bin)
+        .args(["pair", "7400", "7401", &count.to_string(), &spacing_us.to_string(), &size.to_string()])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&pair.stdout).contains(&format!("sent {count}")), "{pair:?}");
     let _ = broker.wait();
     let out = s.wait_with_output().unwrap();
@@ -1586,26 +1883,60 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
     // The broker holds every 10th message (ids 9, 19, ...) 300 us; 400 us
     // apart, so no message waits behind another.
     // The default is the socket tracepoints on this kernel (6.18 has both).
-    for mode in [&["--per-message"][..], &["--per-message", "--fifo"][..], &["--per-message", "--hooks", "syscalls"][..], &["--per-message", "--hooks", "raw"][..]] {
+    for mode in [
+        &["--per-message"][..],
+        &["--per-message", "--fifo"][..],
+        &["--per-message", "--hooks", "syscalls"][..],
+        &["--per-message", "--hooks", "raw"][..],
+    ] {
         let (code, out, err) = msglat_run(&["none", "10", "300"], mode, 3000, 400);
         assert_eq!(code, 0, "sonde ends by itself when the broker exits: {err}");
         let s = summary(&out);
         let hooks = mode.iter().position(|a| *a == "--hooks").map(|i| mode[i + 1]).unwrap_or("sockets");
         assert_eq!(s["hooks"], hooks, "{s}");
         assert_eq!((s["received"].as_u64(), s["sends"].as_u64()), (Some(3000), Some(3000)), "{mode:?}: {s}");
-        assert_eq!((s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64(), s["lost"].as_u64()), (Some(3000), Some(0), Some(0), Some(0)), "{mode:?}: {s}");
+        assert_eq!(
+            (s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64(), s["lost"].as_u64()),
+            (Some(3000), Some(0), Some(0), Some(0)),
+            "{mode:?}: {s}"
+        );
         assert_eq!(s["process_exited"], true);
         let msgs = of_type(&out, "message");
         assert_eq!(msgs.len(), 3000);
-        let slow: Vec<u64> = msgs.iter().filter(|m| m["t2_ns"].as_u64().unwrap() >= 300_000).map(|m| m["id"].as_u64().unwrap()).collect();
+        let slow: Vec<u64> = msgs
+            .iter()
+            .filter(|m| m["t2_ns"].as_u64().unwrap() >= 300_000)
+            .map(|m| m["id"].as_u64().unwrap())
+            .collect();
         let delayed: Vec<u64> = (0..3000).filter(|i| i % 10 == 9).collect();
         // Every delayed message is slow; a message the scheduler preempted
         // for 300 us may join them, rarely.
-        assert!(delayed.iter().all(|i| slow.contains(i)), "{mode:?}: delayed but not slow: {:?}", delayed.iter().filter(|i| !slow.contains(i)).take(5).collect::<Vec<_>>());
+        assert!(
+            delayed.iter().all(|i| slow.contains(i)),
+            "{mode:?}: delayed but not slow: {:?}",
+            delayed.iter().filter(|i| !slow.contains(i)).take(5).collect::<Vec<_>>()
+        );
         assert!(slow.len() - delayed.len() <= 3, "{mode:?}: {} slow messages not delayed", slow.len() - delayed.len());
         // The histogram agrees: 300 messages in the buckets from 300 us up.
-        let from_300us: u64 = s["buckets"].as_array().unwrap().iter().filter(|b| b["le_ns"].as_u64().unwrap() > 300_000).map(|b| b["count"].as_u64().unwrap()).sum();
-        assert_eq!(from_300us as usize, slow.len() + msgs.iter().filter(|m| { let t = m["t2_ns"].as_u64().unwrap(); t < 300_000 && t >= 262_144 }).count(), "{s}");
+        let from_300us: u64 = s["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["le_ns"].as_u64().unwrap() > 300_000)
+            .map(|b| b["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            from_300us as usize,
+            slow.len()
+                + msgs
+                    .iter()
+                    .filter(|m| {
+                        let t = m["t2_ns"].as_u64().unwrap();
+                        t < 300_000 && t >= 262_144
+                    })
+                    .count(),
+            "{s}"
+        );
         assert!(s["p50_ns"].as_u64().unwrap() < 100_000 && s["p99_ns"].as_u64().unwrap() >= 262_144, "{s}");
         let flows = s["flows"].as_array().unwrap();
         assert_eq!(flows.len(), 1, "{s}");
@@ -1614,7 +1945,11 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
     // A dropped message is one receive never sent.
     let (code, out, _) = msglat_run(&["none", "0", "0", "100"], &[], 1000, 200);
     let s = summary(&out);
-    assert_eq!((code, s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64()), (0, Some(999), Some(1), Some(0)), "{s}");
+    assert_eq!(
+        (code, s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64()),
+        (0, Some(999), Some(1), Some(0)),
+        "{s}"
+    );
     // 200 KB messages: each write is several turns of tcp_sendmsg_locked's
     // copy loop and still one send, paired once; the broker's reads are
     // partial, and the reads after a message's first carry no id (receives
@@ -1622,7 +1957,11 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
     for hooks in ["sockets", "syscalls"] {
         let (code, out, _) = msglat_run_sized(200_000, &[], &["--hooks", hooks], 300, 2000);
         let s = summary(&out);
-        assert_eq!((code, s["count"].as_u64(), s["unmatched_send"].as_u64(), s["sends"].as_u64()), (0, Some(300), Some(0), Some(300)), "{hooks}: {s}");
+        assert_eq!(
+            (code, s["count"].as_u64(), s["unmatched_send"].as_u64(), s["sends"].as_u64()),
+            (0, Some(300), Some(0), Some(300)),
+            "{hooks}: {s}"
+        );
     }
     // An id beyond every message: one line, exit 2.
     let (code, _, err) = msglat_run(&[], &["--id", "100:8"], 200, 200);
@@ -1636,7 +1975,21 @@ fn lab_msglat_runs_each_configuration_on_one_cpu_and_finds_the_held_messages() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     // The broker holds every 10th message 300 us, in every configuration.
     let out = Command::new(SONDE)
-        .args(["lab", "msglat", "--rounds", "1", "--messages", "2000", "--spacing", "400us", "--delay-every", "10", "--delay", "300us", "--json"])
+        .args([
+            "lab",
+            "msglat",
+            "--rounds",
+            "1",
+            "--messages",
+            "2000",
+            "--spacing",
+            "400us",
+            "--delay-every",
+            "10",
+            "--delay",
+            "300us",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -1654,8 +2007,18 @@ fn lab_msglat_runs_each_configuration_on_one_cpu_and_finds_the_held_messages() {
         assert!(r["p99_ns"].as_f64().unwrap() > 300_000.0 && r["p50_ns"].as_f64().unwrap() < 200_000.0, "{r}");
     }
     let s = &v["sonde"];
-    assert_eq!((s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64()), (Some(2000), Some(0), Some(0)), "{s}");
-    let held: u64 = s["buckets"].as_array().unwrap().iter().filter(|b| b["le_ns"].as_u64().unwrap() > 300_000).map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(
+        (s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64()),
+        (Some(2000), Some(0), Some(0)),
+        "{s}"
+    );
+    let held: u64 = s["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["le_ns"].as_u64().unwrap() > 300_000)
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
     assert!((200..=203).contains(&held), "{held} messages from 300 us up: {s}");
 }
 
@@ -1669,7 +2032,12 @@ fn msglat_refuses_a_process_without_sockets_and_sigkill_leaves_nothing() {
     let _ = sleeper.kill();
     let _ = sleeper.wait();
     let (_ns, _bin, mut broker) = msg_broker(&[]);
-    let mut p = Command::new(SONDE).args(["msglat", "-p", &broker.id().to_string()]).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let mut p = Command::new(SONDE)
+        .args(["msglat", "-p", &broker.id().to_string()])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let mut line = String::new();
     BufReader::new(p.stderr.take().unwrap()).read_line(&mut line).unwrap();
     assert!(line.contains("timing messages"), "{line}");

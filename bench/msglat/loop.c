@@ -41,7 +41,8 @@ int main(int argc, char **argv)
 			if (write(fd, buf, sizeof(buf)) < 0)
 				return 1;
 	} else {
-		struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		struct sockaddr_in a = {.sin_family = AF_INET,
+		                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 		socklen_t al = sizeof(a);
 		int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 		if (bind(l, (void *)&a, al) || listen(l, 1) || getsockname(l, (void *)&a, &al))
@@ -55,7 +56,8 @@ int main(int argc, char **argv)
 			sleep(atoi(argv[3]));
 		t0 = now();
 		for (long i = 0; i < n; i++)
-			if (write(c, buf, sizeof(buf)) != sizeof(buf) || read(d, buf, sizeof(buf)) != sizeof(buf))
+			if (write(c, buf, sizeof(buf)) != sizeof(buf) ||
+			    read(d, buf, sizeof(buf)) != sizeof(buf))
 				return 1;
 	}
 	printf("%.1f\n", (now() - t0) / n);

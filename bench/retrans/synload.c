@@ -36,7 +36,7 @@ int main(int argc, char **argv)
 	double life = atoi(argv[5]) / 1000.0, secs = atof(argv[6]);
 	int *fds = calloc(n, sizeof(int));
 	double *born = calloc(n, sizeof(double));
-	struct sockaddr_in dst = { .sin_family = AF_INET };
+	struct sockaddr_in dst = {.sin_family = AF_INET};
 	inet_pton(AF_INET, argv[1], &dst.sin_addr);
 	double start = now();
 	/* Stagger births over one lifetime so expiries spread evenly. */

@@ -9,12 +9,12 @@
 
 #include "inlist.h"
 
-#define AF_INET 2
-#define AF_INET6 10
-#define FLOW_COMM_LEN 16
+#define AF_INET        2
+#define AF_INET6       10
+#define FLOW_COMM_LEN  16
 #define FLOW_MAX_PORTS 8
 #define FLOW_MAX_CIDRS 8
-#define FLOW_MAX_PIDS 16
+#define FLOW_MAX_PIDS  16
 #define FLOW_MAX_NETNS 8
 
 /* Who owns a socket, recorded in process context. */
@@ -76,24 +76,25 @@ static __always_inline void flow_unmap_v4(__u16 *family, __u8 *saddr, __u8 *dadd
 /* Addresses, ports and namespace of a socket (full or request socket:
  * sock_common) whose addresses are of `family`, into any flow struct with
  * the fields saddr, daddr, sport, dport, family and netns. */
-#define FLOW_FILL(f, c, fam, direct)                                                     \
-	do {                                                                             \
-		(f)->family = (fam);                                                     \
-		(f)->netns = (direct) ? (c)->skc_net.net->ns.inum                        \
-				      : BPF_CORE_READ(c, skc_net.net, ns.inum);          \
-		(f)->sport = KREAD(direct, c, skc_num);                                  \
-		(f)->dport = bpf_ntohs(KREAD(direct, c, skc_dport));                     \
-		if ((fam) == AF_INET) {                                                  \
-			kcopy(direct, (f)->saddr, 4, &(c)->skc_rcv_saddr);               \
-			kcopy(direct, (f)->daddr, 4, &(c)->skc_daddr);                   \
-		} else {                                                                 \
-			kcopy(direct, (f)->saddr, 16, &(c)->skc_v6_rcv_saddr);           \
-			kcopy(direct, (f)->daddr, 16, &(c)->skc_v6_daddr);               \
-			flow_unmap_v4(&(f)->family, (f)->saddr, (f)->daddr);             \
-		}                                                                        \
+#define FLOW_FILL(f, c, fam, direct)                                                               \
+	do {                                                                                       \
+		(f)->family = (fam);                                                               \
+		(f)->netns = (direct) ? (c)->skc_net.net->ns.inum                                  \
+		                      : BPF_CORE_READ(c, skc_net.net, ns.inum);                    \
+		(f)->sport = KREAD(direct, c, skc_num);                                            \
+		(f)->dport = bpf_ntohs(KREAD(direct, c, skc_dport));                               \
+		if ((fam) == AF_INET) {                                                            \
+			kcopy(direct, (f)->saddr, 4, &(c)->skc_rcv_saddr);                         \
+			kcopy(direct, (f)->daddr, 4, &(c)->skc_daddr);                             \
+		} else {                                                                           \
+			kcopy(direct, (f)->saddr, 16, &(c)->skc_v6_rcv_saddr);                     \
+			kcopy(direct, (f)->daddr, 16, &(c)->skc_v6_daddr);                         \
+			flow_unmap_v4(&(f)->family, (f)->saddr, (f)->daddr);                       \
+		}                                                                                  \
 	} while (0)
 
-static __always_inline bool flow_cidr_match(const __u8 *saddr, const __u8 *daddr, __u16 family, __u32 i)
+static __always_inline bool flow_cidr_match(const __u8 *saddr, const __u8 *daddr, __u16 family,
+                                            __u32 i)
 {
 	if (cidrs[i].family != family)
 		return false;
@@ -119,24 +120,24 @@ static __always_inline bool flow_cidr_match(const __u8 *saddr, const __u8 *daddr
 }
 
 /* The filters on the flow itself (not its owner). */
-#define FLOW_PASS(f)                                                                              \
-	({                                                                                        \
-		bool _ok = true;                                                                  \
-		if (family_filter && (f)->family != family_filter)                                \
-			_ok = false;                                                              \
-		else if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, (f)->netns))     \
-			_ok = false;                                                              \
-		else if (n_ports && !IN_LIST(ports, n_ports, FLOW_MAX_PORTS, (f)->sport) &&       \
-			 !IN_LIST(ports, n_ports, FLOW_MAX_PORTS, (f)->dport))                    \
-			_ok = false;                                                              \
-		else if (n_cidrs) {                                                               \
-			bool _hit = false;                                                        \
-			for (__u32 _i = 0; _i < FLOW_MAX_CIDRS && _i < n_cidrs; _i++)             \
-				if (flow_cidr_match((f)->saddr, (f)->daddr, (f)->family, _i))     \
-					_hit = true;                                              \
-			_ok = _hit;                                                               \
-		}                                                                                 \
-		_ok;                                                                              \
+#define FLOW_PASS(f)                                                                               \
+	({                                                                                         \
+		bool _ok = true;                                                                   \
+		if (family_filter && (f)->family != family_filter)                                 \
+			_ok = false;                                                               \
+		else if (n_netns && !IN_LIST(netns_ids, n_netns, FLOW_MAX_NETNS, (f)->netns))      \
+			_ok = false;                                                               \
+		else if (n_ports && !IN_LIST(ports, n_ports, FLOW_MAX_PORTS, (f)->sport) &&        \
+		         !IN_LIST(ports, n_ports, FLOW_MAX_PORTS, (f)->dport))                     \
+			_ok = false;                                                               \
+		else if (n_cidrs) {                                                                \
+			bool _hit = false;                                                         \
+			for (__u32 _i = 0; _i < FLOW_MAX_CIDRS && _i < n_cidrs; _i++)              \
+				if (flow_cidr_match((f)->saddr, (f)->daddr, (f)->family, _i))      \
+					_hit = true;                                               \
+			_ok = _hit;                                                                \
+		}                                                                                  \
+		_ok;                                                                               \
 	})
 
 /* Whether a filter needs the socket's owner. */

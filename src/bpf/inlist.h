@@ -3,13 +3,13 @@
 #ifndef SONDE_INLIST_H
 #define SONDE_INLIST_H
 
-#define IN_LIST(list, n, max, v)                                       \
-	({                                                             \
-		bool _hit = false;                                     \
-		for (__u32 _i = 0; _i < (max) && _i < (n); _i++)       \
-			if ((list)[_i] == (v))                         \
-				_hit = true;                           \
-		_hit;                                                  \
+#define IN_LIST(list, n, max, v)                                                                   \
+	({                                                                                         \
+		bool _hit = false;                                                                 \
+		for (__u32 _i = 0; _i < (max) && _i < (n); _i++)                                   \
+			if ((list)[_i] == (v))                                                     \
+				_hit = true;                                                       \
+		_hit;                                                                              \
 	})
 
 #endif

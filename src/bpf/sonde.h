@@ -41,7 +41,7 @@ static __always_inline __u64 rb_submit_flags(void *rb)
 	if (!rb_wake_bytes)
 		return 0;
 	return bpf_ringbuf_query(rb, BPF_RB_AVAIL_DATA) >= rb_wake_bytes ? BPF_RB_FORCE_WAKEUP
-									  : BPF_RB_NO_WAKEUP;
+	                                                                 : BPF_RB_NO_WAKEUP;
 }
 
 #endif

@@ -11,9 +11,9 @@
 #ifndef SONDE_STACKS_H
 #define SONDE_STACKS_H
 
-#define STK_COMM_LEN 16
-#define STK_MAX_DEPTH 127 /* PERF_MAX_STACK_DEPTH, the kernel's default limit */
-#define STK_NONE (-1)     /* not captured (--user-only, --kernel-only, kernel thread) */
+#define STK_COMM_LEN  16
+#define STK_MAX_DEPTH 127  /* PERF_MAX_STACK_DEPTH, the kernel's default limit */
+#define STK_NONE      (-1) /* not captured (--user-only, --kernel-only, kernel thread) */
 
 /* Errors bpf_get_stackid returns that STK_CAPTURE tells apart. */
 #ifndef EEXIST
@@ -58,49 +58,49 @@ struct {
 } stk_counts SEC(".maps");
 
 /* Fills the stacks of `key` from `ctx`; `stat(slot)` counts failures. */
-#define STK_CAPTURE(ctx, key, want_kernel, want_user, stat)                                  \
-	do {                                                                                 \
-		(key)->kstack = STK_NONE;                                                    \
-		(key)->ustack = STK_NONE;                                                    \
-		if (want_kernel) {                                                           \
-			long _id = bpf_get_stackid(ctx, &stk_traces, 0);                     \
-			if (_id >= 0)                                                        \
-				(key)->kstack = _id;                                         \
-			else if (_id == -EEXIST)                                             \
-				stat(STK_COLLISION);                                         \
-			else if (_id != -EFAULT)                                             \
-				stat(STK_KERR); /* -EFAULT: sample in user mode */           \
-		}                                                                            \
-		(key)->uhash = 0;                                                            \
-		if ((want_user) && (key)->pid &&                                             \
-		    !(unw_mode && unw_capture((key)->pid, &(key)->uhash))) {                 \
-			long _id = bpf_get_stackid(ctx, &stk_traces, BPF_F_USER_STACK);      \
-			unw_stat(UNW_S_HELPER);                                              \
-			if (_id >= 0)                                                        \
-				(key)->ustack = _id;                                         \
-			else if (_id == -EEXIST)                                             \
-				stat(STK_COLLISION);                                         \
-			else if (_id != -EFAULT)                                             \
-				stat(STK_UERR); /* -EFAULT: no user context (kernel thread) */ \
-		}                                                                            \
+#define STK_CAPTURE(ctx, key, want_kernel, want_user, stat)                                        \
+	do {                                                                                       \
+		(key)->kstack = STK_NONE;                                                          \
+		(key)->ustack = STK_NONE;                                                          \
+		if (want_kernel) {                                                                 \
+			long _id = bpf_get_stackid(ctx, &stk_traces, 0);                           \
+			if (_id >= 0)                                                              \
+				(key)->kstack = _id;                                               \
+			else if (_id == -EEXIST)                                                   \
+				stat(STK_COLLISION);                                               \
+			else if (_id != -EFAULT)                                                   \
+				stat(STK_KERR); /* -EFAULT: sample in user mode */                 \
+		}                                                                                  \
+		(key)->uhash = 0;                                                                  \
+		if ((want_user) && (key)->pid &&                                                   \
+		    !(unw_mode && unw_capture((key)->pid, &(key)->uhash))) {                       \
+			long _id = bpf_get_stackid(ctx, &stk_traces, BPF_F_USER_STACK);            \
+			unw_stat(UNW_S_HELPER);                                                    \
+			if (_id >= 0)                                                              \
+				(key)->ustack = _id;                                               \
+			else if (_id == -EEXIST)                                                   \
+				stat(STK_COLLISION);                                               \
+			else if (_id != -EFAULT)                                                   \
+				stat(STK_UERR); /* -EFAULT: no user context (kernel thread) */     \
+		}                                                                                  \
 	} while (0)
 
 /* Adds `n` to the count of `key`. */
-#define STK_COUNT(key, n, stat)                                                               \
-	do {                                                                                  \
-		__u64 *_c = bpf_map_lookup_elem(&stk_counts, key);                            \
-		if (_c) {                                                                     \
-			__sync_fetch_and_add(_c, n);                                          \
-		} else {                                                                      \
-			__u64 _one = n;                                                       \
-			if (bpf_map_update_elem(&stk_counts, key, &_one, BPF_NOEXIST)) {      \
-				_c = bpf_map_lookup_elem(&stk_counts, key);                   \
-				if (_c)                                                       \
-					__sync_fetch_and_add(_c, n);                          \
-				else                                                          \
-					stat(STK_COUNTS_FULL);                                \
-			}                                                                     \
-		}                                                                             \
+#define STK_COUNT(key, n, stat)                                                                    \
+	do {                                                                                       \
+		__u64 *_c = bpf_map_lookup_elem(&stk_counts, key);                                 \
+		if (_c) {                                                                          \
+			__sync_fetch_and_add(_c, n);                                               \
+		} else {                                                                           \
+			__u64 _one = n;                                                            \
+			if (bpf_map_update_elem(&stk_counts, key, &_one, BPF_NOEXIST)) {           \
+				_c = bpf_map_lookup_elem(&stk_counts, key);                        \
+				if (_c)                                                            \
+					__sync_fetch_and_add(_c, n);                               \
+				else                                                               \
+					stat(STK_COUNTS_FULL);                                     \
+			}                                                                          \
+		}                                                                                  \
 	} while (0)
 
 #endif

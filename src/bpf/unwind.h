@@ -22,28 +22,28 @@
 
 #include <bpf/bpf_core_read.h>
 
-#define UNW_MAX_MAPS 256        /* executable mappings per process */
-#define UNW_CHUNK_SHIFT 17      /* rows per chunk: 128 Ki (1 MiB) */
-#define UNW_CHUNK_ROWS (1 << UNW_CHUNK_SHIFT)
-#define UNW_MAX_CHUNKS 512      /* at most 512 MiB of rows */
-#define UNW_PAGE_SHIFT 16       /* a table page covers 64 KiB of code */
-#define UNW_SEARCH_STEPS 17     /* log2(rows in a page) + 1 */
-#define UNW_MAP_STEPS 9         /* log2(UNW_MAX_MAPS) + 1 */
-#define UNW_BUF 1024            /* bytes of stack read at a time (a power of two) */
+#define UNW_MAX_MAPS     256 /* executable mappings per process */
+#define UNW_CHUNK_SHIFT  17  /* rows per chunk: 128 Ki (1 MiB) */
+#define UNW_CHUNK_ROWS   (1 << UNW_CHUNK_SHIFT)
+#define UNW_MAX_CHUNKS   512  /* at most 512 MiB of rows */
+#define UNW_PAGE_SHIFT   16   /* a table page covers 64 KiB of code */
+#define UNW_SEARCH_STEPS 17   /* log2(rows in a page) + 1 */
+#define UNW_MAP_STEPS    9    /* log2(UNW_MAX_MAPS) + 1 */
+#define UNW_BUF          1024 /* bytes of stack read at a time (a power of two) */
 
 /* Row fields (src/engine/unwind/table.rs, Rule::encode). */
-#define UNW_GAP 0
-#define UNW_RSP 1
-#define UNW_RBP 2
-#define UNW_PLT 3
-#define UNW_DEREF_RSP 4
-#define UNW_DEREF_RBP 5
-#define UNW_STOP 6
-#define UNW_SIGNAL 7
+#define UNW_GAP         0
+#define UNW_RSP         1
+#define UNW_RBP         2
+#define UNW_PLT         3
+#define UNW_DEREF_RSP   4
+#define UNW_DEREF_RBP   5
+#define UNW_STOP        6
+#define UNW_SIGNAL      7
 #define UNW_UNSUPPORTED 8
-#define UNW_RBP_SAME 0
-#define UNW_RBP_AT_CFA 1
-#define UNW_RBP_AT_RBP 2
+#define UNW_RBP_SAME    0
+#define UNW_RBP_AT_CFA  1
+#define UNW_RBP_AT_RBP  2
 #define UNW_RBP_UNKNOWN 3
 
 /* One executable mapping of a process. */
@@ -65,28 +65,29 @@ struct unw_proc {
 
 /* Why a walk ended (slots STK_U_END + this in the tool's stats). */
 enum unw_end {
-	UNW_END_ROOT = 0,     /* the outermost frame: its row says there is no caller */
-	UNW_END_FP_CHAIN,     /* a frame-pointer step found the chain's end (rbp or return address 0) */
-	UNW_END_DEPTH,        /* STK_MAX_DEPTH frames */
-	UNW_END_READ,         /* reading the stack failed (page not resident, bad address) */
-	UNW_END_NO_TABLE,     /* a frame without a table and without a usable frame pointer */
-	UNW_END_GAP,          /* a gap in a table (code without CFI) and no usable frame pointer */
-	UNW_END_UNSUPPORTED,  /* a rule the walk does not evaluate */
-	UNW_END_NO_PROGRESS,  /* the stack pointer did not move up: corrupt stack or table */
+	UNW_END_ROOT = 0, /* the outermost frame: its row says there is no caller */
+	UNW_END_FP_CHAIN, /* a frame-pointer step found the chain's end (rbp or return address 0) */
+	UNW_END_DEPTH,    /* STK_MAX_DEPTH frames */
+	UNW_END_READ,     /* reading the stack failed (page not resident, bad address) */
+	UNW_END_NO_TABLE, /* a frame without a table and without a usable frame pointer */
+	UNW_END_GAP,      /* a gap in a table (code without CFI) and no usable frame pointer */
+	UNW_END_UNSUPPORTED, /* a rule the walk does not evaluate */
+	UNW_END_NO_PROGRESS, /* the stack pointer did not move up: corrupt stack or table */
 	UNW_END_MAX,
 };
 
 /* How a walked stack was made (unw_stack.how bits). */
 #define UNW_HOW_TABLE 1 /* at least one frame from a table */
-#define UNW_HOW_FP 2    /* at least one frame from its frame pointer */
+#define UNW_HOW_FP    2 /* at least one frame from its frame pointer */
 
 /* A walked user stack: unw_walked's value. */
 struct unw_stack {
 	__u32 len;
-	__u8 end; /* enum unw_end */
-	__u8 how;      /* UNW_HOW_* */
+	__u8 end;       /* enum unw_end */
+	__u8 how;       /* UNW_HOW_* */
 	__u16 sigframe; /* 1 + the index of the first signal trampoline frame, or 0 */
-	__u64 pcs[STK_MAX_DEPTH]; /* leaf first; a frame interrupted by a signal is stored as pc + 1 */
+	__u64 pcs
+	        [STK_MAX_DEPTH]; /* leaf first; a frame interrupted by a signal is stored as pc + 1 */
 };
 
 /* Walk state, per CPU (two slots: a sampler may interrupt a walk). */
@@ -99,9 +100,9 @@ struct unw_state {
 	__u64 ri;    /* the next pending uretprobe's return_instance (kernel pointer) */
 	__u32 pid;
 	__u32 busy;
-	__u8 bp_ok;  /* rbp still known */
-	__u8 exact;  /* look the next pc up as is (leaf, or interrupted by a signal) */
-	__u8 why_fp; /* the end to report if the current frame-pointer step fails */
+	__u8 bp_ok;      /* rbp still known */
+	__u8 exact;      /* look the next pc up as is (leaf, or interrupted by a signal) */
+	__u8 why_fp;     /* the end to report if the current frame-pointer step fails */
 	__u8 in_syscall; /* the user registers were saved by a system call */
 	__u8 pad[4];
 	/* The last row found, for frames that return into the same code
@@ -237,7 +238,8 @@ static __always_inline struct unw_map *unw_find_map(struct unw_state *s, __u64 a
 }
 
 /* The row for `addr` in mapping `m`; 0 (a gap) when its table has none. */
-static __always_inline __u64 unw_find_row(struct unw_state *s, struct unw_map *m, __u64 addr, bool *in_table)
+static __always_inline __u64 unw_find_row(struct unw_state *s, struct unw_map *m, __u64 addr,
+                                          bool *in_table)
 {
 	*in_table = false;
 	if (!m->n_pages)
@@ -360,7 +362,8 @@ __noinline int unw_step(__u32 slot)
 		 * stands after its syscall instruction, which may end its
 		 * function's CFI (glibc's __restore_rt): look the syscall up. */
 		__u16 insn = 0;
-		if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(pc - 2)) == 0 && insn == 0x050f)
+		if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(pc - 2)) == 0 &&
+		    insn == 0x050f)
 			at = pc - 1;
 	}
 	struct unw_map *m = unw_find_map(s, at);
@@ -420,7 +423,8 @@ __noinline int unw_step(__u32 slot)
 		/* __restore_rt: sp is the ucontext; uc_mcontext at +40 holds
 		 * rbp (+80), rsp (+120) and rip (+128) of the interrupted code. */
 		__u64 nbp = 0, nsp = 0, nip = 0;
-		if (!unw_read(s, &nbp, sp + 40 + 80) || !unw_read(s, &nsp, sp + 40 + 120) || !unw_read(s, &nip, sp + 40 + 128)) {
+		if (!unw_read(s, &nbp, sp + 40 + 80) || !unw_read(s, &nsp, sp + 40 + 120) ||
+		    !unw_read(s, &nip, sp + 40 + 128)) {
 			s->st.end = UNW_END_READ;
 			return 1;
 		}
@@ -576,7 +580,9 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 			break;
 
 	__u8 how = s->st.how, end = s->st.end;
-	unw_stat(!(how & UNW_HOW_TABLE) ? UNW_S_FPWALK : (how & UNW_HOW_FP) ? UNW_S_MIXED : UNW_S_TABLES);
+	unw_stat(!(how & UNW_HOW_TABLE) ? UNW_S_FPWALK
+	         : (how & UNW_HOW_FP)   ? UNW_S_MIXED
+	                                : UNW_S_TABLES);
 	if (end < UNW_END_MAX)
 		unw_stat(UNW_S_END + end);
 	__u64 h = s->hash ^ ((__u64)end << 56) ^ ((__u64)how << 48) ^ s->st.len;
@@ -584,7 +590,8 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	h ^= h >> 31;
 	if (!h)
 		h = 1;
-	if (!bpf_map_lookup_elem(&unw_walked, &h) && bpf_map_update_elem(&unw_walked, &h, &s->st, BPF_NOEXIST) &&
+	if (!bpf_map_lookup_elem(&unw_walked, &h) &&
+	    bpf_map_update_elem(&unw_walked, &h, &s->st, BPF_NOEXIST) &&
 	    !bpf_map_lookup_elem(&unw_walked, &h)) {
 		unw_stat(UNW_S_STORE_FULL);
 		h = 0;

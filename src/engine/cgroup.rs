@@ -21,15 +21,13 @@ pub fn cgroup_id(path: &str) -> anyhow::Result<u64> {
 /// The cgroup v2 directory `path` names (as [`cgroup_id`] takes it): its id
 /// and full path.
 pub fn cgroup_dir(path: &str) -> anyhow::Result<(u64, std::path::PathBuf)> {
-    let root = cgroup2_root()
-        .ok_or_else(|| super::error::env("--cgroup needs cgroup v2, and no cgroup2 file system is mounted; mount one or drop --cgroup"))?;
+    let root = cgroup2_root().ok_or_else(|| {
+        super::error::env("--cgroup needs cgroup v2, and no cgroup2 file system is mounted; mount one or drop --cgroup")
+    })?;
     let p = Path::new(path);
     let full = if p.is_absolute() { p.to_path_buf() } else { Path::new(&root).join(p) };
     let md = std::fs::metadata(&full).map_err(|e| {
-        usage(format!(
-            "--cgroup {path}: {} ({e}); give a cgroup v2 directory under {root}",
-            full.display()
-        ))
+        usage(format!("--cgroup {path}: {} ({e}); give a cgroup v2 directory under {root}", full.display()))
     })?;
     if !md.is_dir() || !full.join("cgroup.procs").exists() {
         return Err(usage(format!(

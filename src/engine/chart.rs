@@ -138,7 +138,12 @@ impl Chart {
             r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{total_h}" viewBox="0 0 {W} {total_h}" font-family="sans-serif" font-size="12">"#
         );
         let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(s, r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#, W / 2.0, html_escape(&self.title));
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="22" font-size="15" text-anchor="middle">{}</text>"#,
+            W / 2.0,
+            html_escape(&self.title)
+        );
         // Axes, grid and ticks.
         let _ = writeln!(s, r##"<g stroke="#ccc" stroke-width="1">"##);
         let ys = tick_step(ymax, 6.0);
@@ -150,22 +155,35 @@ impl Chart {
         let _ = writeln!(s, "</g>");
         let mut y = 0.0;
         while y <= ymax {
-            let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, LEFT - 6.0, sy(y) + 4.0, fmt_num(y));
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+                LEFT - 6.0,
+                sy(y) + 4.0,
+                fmt_num(y)
+            );
             y += ys;
         }
         let xs = tick_step(xmax, 10.0);
         let mut x = 0.0;
         while x <= xmax + 1e-9 {
-            let _ = writeln!(s, r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#, sx(x), TOP + ph + 16.0, fmt_num(x));
+            let _ = writeln!(
+                s,
+                r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+                sx(x),
+                TOP + ph + 16.0,
+                fmt_num(x)
+            );
             x += xs;
         }
+        let _ = writeln!(s, r##"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="#333"/>"##, TOP + ph, W - RIGHT);
         let _ = writeln!(
             s,
-            r##"<path d="M{LEFT},{TOP} V{} H{}" fill="none" stroke="#333"/>"##,
-            TOP + ph,
-            W - RIGHT
+            r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#,
+            LEFT + pw / 2.0,
+            TOP + ph + 36.0,
+            html_escape(&self.x_label)
         );
-        let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, LEFT + pw / 2.0, TOP + ph + 36.0, html_escape(&self.x_label));
         let _ = writeln!(
             s,
             r#"<text transform="translate(16,{}) rotate(-90)" text-anchor="middle">{}</text>"#,
@@ -188,7 +206,11 @@ impl Chart {
                 for w in pts.windows(2) {
                     let _ = write!(d, " H{:.1} V{:.1}", sx(w[1].0), sy(w[1].1));
                 }
-                let _ = writeln!(s, r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"><title>{}</title></path>"#, html_escape(&ser.name));
+                let _ = writeln!(
+                    s,
+                    r#"<path d="{d}" fill="none" stroke="{color}" stroke-width="1.5"><title>{}</title></path>"#,
+                    html_escape(&ser.name)
+                );
             }
             for m in &ser.markers {
                 let (x, y0, y1) = (sx(m.x), sy(m.y_from), sy(m.y_to));

@@ -2,7 +2,6 @@
 use std::{
     fs,
     path::{Path, PathBuf},
-
 };
 
 use libbpf_rs::btf::{types::FuncProto, Btf, BtfType};
@@ -51,13 +50,13 @@ pub fn init_hides_tracing() -> bool {
 /// leading context pointer), from the `btf_trace_<name>` typedef.
 pub fn tracepoint_btf_args(name: &str) -> Option<usize> {
     with_btf(|btf| -> Option<usize> {
-    let td = btf.type_by_name::<BtfType>(&format!("btf_trace_{name}"))?;
-    let mut t = td.next_type()?;
-    while t.is_mod() || t.kind() == libbpf_rs::btf::BtfKind::Ptr || t.kind() == libbpf_rs::btf::BtfKind::Typedef {
-        t = t.next_type()?;
-    }
-    let proto = FuncProto::try_from(t).ok()?;
-    Some(proto.len().saturating_sub(1))
+        let td = btf.type_by_name::<BtfType>(&format!("btf_trace_{name}"))?;
+        let mut t = td.next_type()?;
+        while t.is_mod() || t.kind() == libbpf_rs::btf::BtfKind::Ptr || t.kind() == libbpf_rs::btf::BtfKind::Typedef {
+            t = t.next_type()?;
+        }
+        let proto = FuncProto::try_from(t).ok()?;
+        Some(proto.len().saturating_sub(1))
     })
     .flatten()
 }
@@ -71,9 +70,7 @@ pub fn tracefs() -> Option<PathBuf> {
     }
     // Root may mount it; failure just means classic tracepoints are unknown.
     let target = c"/sys/kernel/tracing";
-    let rc = unsafe {
-        libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null())
-    };
+    let rc = unsafe { libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) };
     (rc == 0 && Path::new("/sys/kernel/tracing/events").is_dir()).then(|| PathBuf::from("/sys/kernel/tracing"))
 }
 
@@ -87,7 +84,8 @@ pub fn tracepoint_has_field(category: &str, name: &str, field: &str) -> bool {
     let Some(t) = tracefs() else { return false };
     let fmt = fs::read_to_string(t.join("events").join(category).join(name).join("format")).unwrap_or_default();
     fmt.lines().any(|l| {
-        l.trim_start().starts_with("field:") && l.split(';').next().is_some_and(|d| d.split_whitespace().last() == Some(field))
+        l.trim_start().starts_with("field:")
+            && l.split(';').next().is_some_and(|d| d.split_whitespace().last() == Some(field))
     })
 }
 
@@ -107,9 +105,7 @@ pub fn effective_caps() -> u64 {
     fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            s.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .unwrap_or(0)
 }

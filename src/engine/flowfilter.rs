@@ -85,7 +85,9 @@ impl FlowArgs {
     /// (exit 2) name the flag and the fix.
     pub fn validate(&self) -> anyhow::Result<FlowFilter> {
         if self.port.len() > MAX_PORTS {
-            return Err(usage(format!("at most {MAX_PORTS} --port filters; use fewer or trace all and filter the JSON")));
+            return Err(usage(format!(
+                "at most {MAX_PORTS} --port filters; use fewer or trace all and filter the JSON"
+            )));
         }
         if self.addr.len() > MAX_CIDRS {
             return Err(usage(format!("at most {MAX_CIDRS} --addr filters; merge them into wider CIDRs")));
@@ -99,12 +101,27 @@ impl FlowArgs {
             }
         }
         if self.netns.len() > MAX_NETNS {
-            return Err(usage(format!("at most {MAX_NETNS} --netns filters; trace all and filter the JSON on \"netns\"")));
+            return Err(usage(format!(
+                "at most {MAX_NETNS} --netns filters; trace all and filter the JSON on \"netns\""
+            )));
         }
         let cgroup = self.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
-        let family = if self.ipv4 { 2 } else if self.ipv6 { 10 } else { 0 };
+        let family = if self.ipv4 {
+            2
+        } else if self.ipv6 {
+            10
+        } else {
+            0
+        };
         let netns = self.netns.iter().map(|n| netns_inode(n)).collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(FlowFilter { ports: self.port.clone(), cidrs: self.addr.clone(), family, pids: self.pid.clone(), cgroup, netns })
+        Ok(FlowFilter {
+            ports: self.port.clone(),
+            cidrs: self.addr.clone(),
+            family,
+            pids: self.pid.clone(),
+            cgroup,
+            netns,
+        })
     }
 }
 
@@ -264,7 +281,16 @@ pub struct FlowJson {
 impl FlowJson {
     /// From the kernel half's flow fields (`family` 2 or 10) and owner.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(cookie: u64, family: u16, saddr: &[u8; 16], sport: u16, daddr: &[u8; 16], dport: u16, netns: u32, owner: Option<(u32, &[i8; 16])>) -> Self {
+    pub fn new(
+        cookie: u64,
+        family: u16,
+        saddr: &[u8; 16],
+        sport: u16,
+        daddr: &[u8; 16],
+        dport: u16,
+        netns: u32,
+        owner: Option<(u32, &[i8; 16])>,
+    ) -> Self {
         FlowJson {
             cookie,
             family: if family == 2 { 4 } else { 6 },

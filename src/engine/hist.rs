@@ -54,12 +54,20 @@ pub fn high(b: usize) -> u64 {
         return b as u64 + 1;
     }
     let (l, sub) = (b / 4 + 1, (b % 4) as u64);
-    if l >= 63 && sub == 3 { u64::MAX } else { (5 + sub) << (l - 2) }
+    if l >= 63 && sub == 3 {
+        u64::MAX
+    } else {
+        (5 + sub) << (l - 2)
+    }
 }
 
 /// The power of two a bucket lies in (its text row).
 fn octave(b: usize) -> usize {
-    if b < 4 { (b as u64).max(1).ilog2() as usize } else { (b / 4 + 1).min(63) }
+    if b < 4 {
+        (b as u64).max(1).ilog2() as usize
+    } else {
+        (b / 4 + 1).min(63)
+    }
 }
 
 impl Hist {

@@ -23,7 +23,8 @@ use super::error::usage;
 pub fn matching(tracefs: &Path, pat: &str) -> anyhow::Result<Vec<String>> {
     let g = glob::Pattern::new(pat).map_err(|e| usage(format!("kernel function '{pat}': {e}")))?;
     let path = tracefs.join("available_filter_functions");
-    let text = std::fs::read_to_string(&path).map_err(|e| super::error::env(format!("reading {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| super::error::env(format!("reading {}: {e}", path.display())))?;
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for name in text.lines().filter_map(|l| l.split_whitespace().next()) {
@@ -90,7 +91,8 @@ pub enum Attachment {
 pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) -> anyhow::Result<Attachment> {
     use std::os::fd::AsRawFd;
     let insns = template.insns();
-    let (attach, kind) = if exit { (libbpf_sys::BPF_TRACE_FEXIT, "fexit") } else { (libbpf_sys::BPF_TRACE_FENTRY, "fentry") };
+    let (attach, kind) =
+        if exit { (libbpf_sys::BPF_TRACE_FEXIT, "fexit") } else { (libbpf_sys::BPF_TRACE_FENTRY, "fentry") };
     let mut log = vec![0u8; 64 * 1024];
     let mut opts = libbpf_sys::bpf_prog_load_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
@@ -104,16 +106,33 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
     let name = CString::new(if exit { "fl_kexit" } else { "fl_kentry" }).unwrap();
     // SAFETY: insns outlive the call; opts is sized and its buffer valid.
     let fd = unsafe {
-        libbpf_sys::bpf_prog_load(libbpf_sys::BPF_PROG_TYPE_TRACING, name.as_ptr(), c"GPL".as_ptr(), insns.as_ptr(), insns.len() as _, &mut opts)
+        libbpf_sys::bpf_prog_load(
+            libbpf_sys::BPF_PROG_TYPE_TRACING,
+            name.as_ptr(),
+            c"GPL".as_ptr(),
+            insns.as_ptr(),
+            insns.len() as _,
+            &mut opts,
+        )
     };
     if fd < 0 {
         let err = std::io::Error::from_raw_os_error(-fd);
-        let msg = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)]).lines().last().unwrap_or("").to_string();
-        anyhow::bail!("loading an {kind} program: {err}{}", if msg.is_empty() { String::new() } else { format!(" ({msg})") });
+        let msg = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string();
+        anyhow::bail!(
+            "loading an {kind} program: {err}{}",
+            if msg.is_empty() { String::new() } else { format!(" ({msg})") }
+        );
     }
     // SAFETY: a new fd we own.
     let prog = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut lopts = libbpf_sys::bpf_link_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _, ..Default::default() };
+    let mut lopts = libbpf_sys::bpf_link_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _,
+        ..Default::default()
+    };
     lopts.__bindgen_anon_1.tracing.cookie = cookie;
     // SAFETY: a valid program fd and sized options.
     let l = unsafe { libbpf_sys::bpf_link_create(prog.as_raw_fd(), 0, attach, &lopts) };

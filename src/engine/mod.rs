@@ -4,8 +4,8 @@ pub mod cgroup;
 pub mod chart;
 pub mod error;
 pub mod features;
-pub mod hist;
 pub mod flowfilter;
+pub mod hist;
 pub mod kfunc;
 pub mod netns;
 pub mod output;
@@ -38,7 +38,10 @@ pub fn pid_exists(pid: u32) -> bool {
 /// parent counts as exited).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next()).is_some_and(|st| st != "Z" && st != "X"),
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X"),
         Err(_) => false,
     }
 }

@@ -229,7 +229,9 @@ impl SubnetLease {
                 Err(e) => return Err(e.into()),
             }
         }
-        anyhow::bail!("all 250 lab subnets are in use (/run/sonde/subnet-*); end other sonde labs or remove stale files")
+        anyhow::bail!(
+            "all 250 lab subnets are in use (/run/sonde/subnet-*); end other sonde labs or remove stale files"
+        )
     }
 }
 

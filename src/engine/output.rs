@@ -21,9 +21,8 @@ impl Sink {
         let out: Box<dyn Write> = match path {
             None => Box::new(BufWriter::with_capacity(1 << 16, io::stdout())),
             Some(p) => {
-                let f = File::create(p).map_err(|e| {
-                    usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display()))
-                })?;
+                let f = File::create(p)
+                    .map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
                 Box::new(BufWriter::new(f))
             }
         };

@@ -14,7 +14,10 @@ pub enum Counter {
 /// Opens a perf event sampling `hz` times a second on `cpu`, for all tasks.
 /// The fd is close-on-exec; attach a BPF program to it (the link owns it).
 pub fn open_sampling(cpu: u32, counter: Counter, hz: u64) -> std::io::Result<i32> {
-    let mut attr = libbpf_sys::perf_event_attr { size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32, ..Default::default() };
+    let mut attr = libbpf_sys::perf_event_attr {
+        size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32,
+        ..Default::default()
+    };
     match counter {
         Counter::CpuClock => {
             attr.type_ = libbpf_sys::PERF_TYPE_SOFTWARE;
@@ -29,7 +32,14 @@ pub fn open_sampling(cpu: u32, counter: Counter, hz: u64) -> std::io::Result<i32
     attr.set_freq(1);
     // SAFETY: attr is a valid perf_event_attr of the size it declares.
     let fd = unsafe {
-        libc::syscall(libc::SYS_perf_event_open, &attr as *const _, -1i32, cpu as i32, -1i32, libbpf_sys::PERF_FLAG_FD_CLOEXEC as u64)
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const _,
+            -1i32,
+            cpu as i32,
+            -1i32,
+            libbpf_sys::PERF_FLAG_FD_CLOEXEC as u64,
+        )
     };
     if fd < 0 {
         Err(std::io::Error::last_os_error())

@@ -220,7 +220,8 @@ pub fn encode(stacks: &[Stack], meta: &Meta<'_>) -> Vec<u8> {
         // The executable: the file named like the process (comm is cut at
         // 15 bytes), else the outermost user frame's.
         let base = |m: &str| m.rsplit('/').next().unwrap_or(m).to_string();
-        let exe = user().find(|f| !s.process.is_empty() && base(&f.module).starts_with(&s.process)).or_else(|| user().next());
+        let exe =
+            user().find(|f| !s.process.is_empty() && base(&f.module).starts_with(&s.process)).or_else(|| user().next());
         if let Some(f) = exe {
             add_mapping(&f.module, &mut p, &mut st);
         }
@@ -249,7 +250,10 @@ pub fn encode(stacks: &[Stack], meta: &Meta<'_>) -> Vec<u8> {
             });
             ids.push(lid);
         }
-        let mut label = vec![Label { key: k_pid, num: s.pid as i64, ..Default::default() }, Label { key: k_proc, str: st.id(&s.process), ..Default::default() }];
+        let mut label = vec![
+            Label { key: k_pid, num: s.pid as i64, ..Default::default() },
+            Label { key: k_proc, str: st.id(&s.process), ..Default::default() },
+        ];
         if s.tid != 0 {
             label.push(Label { key: k_tid, num: s.tid as i64, ..Default::default() });
         }

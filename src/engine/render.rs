@@ -160,7 +160,8 @@ fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8
     opts.title = title.to_string();
     opts.count_name = count_name.to_string();
     opts.colors = inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
-    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), &mut out).context("rendering the flame graph")?;
+    inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), &mut out)
+        .context("rendering the flame graph")?;
     Ok(out)
 }
 
@@ -200,6 +201,8 @@ pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
         .into_iter()
         .map(|(name, t)| TopRow { self_count: selfc.get(&name).copied().unwrap_or(0), name, total_count: t })
         .collect();
-    rows.sort_by(|a, b| b.self_count.cmp(&a.self_count).then(b.total_count.cmp(&a.total_count)).then(a.name.cmp(&b.name)));
+    rows.sort_by(|a, b| {
+        b.self_count.cmp(&a.self_count).then(b.total_count.cmp(&a.total_count)).then(a.name.cmp(&b.name))
+    });
     (rows, all)
 }

@@ -87,7 +87,9 @@ pub fn read_samples(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result
 pub fn read_wake_pairs(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<(RawSample, RawSample, bool)>> {
     read_keyed(counts, maps)?
         .into_iter()
-        .map(|(b, w)| w.map(|(w, walked)| (b, w, walked)).ok_or_else(|| anyhow::anyhow!("count map key without a waker")))
+        .map(|(b, w)| {
+            w.map(|(w, walked)| (b, w, walked)).ok_or_else(|| anyhow::anyhow!("count map key without a waker"))
+        })
         .collect()
 }
 
@@ -186,7 +188,15 @@ fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<K
             let wk = u32_at(w) as i32;
             let (ustack, walk) = rd.user(u32_at(w + 4) as i32, u64_at(w + 8))?;
             Some((
-                RawSample { pid: u32_at(w + 16), tid: 0, comm: comm_of(&key[w + 20..w + 36]), kstack: rd.id(wk)?, ustack, walk, count },
+                RawSample {
+                    pid: u32_at(w + 16),
+                    tid: 0,
+                    comm: comm_of(&key[w + 20..w + 36]),
+                    kstack: rd.id(wk)?,
+                    ustack,
+                    walk,
+                    count,
+                },
                 wk != WAKER_NOT_WALKED,
             ))
         } else {
@@ -304,7 +314,11 @@ pub fn own_vdso() -> Option<File> {
 /// [`own_vdso`] as a mapped file blazesym can read.
 fn copy_own_vdso() -> Option<Rc<MappedFile>> {
     let f = own_vdso()?;
-    Some(Rc::new(MappedFile { shown: Rc::from("[vdso]"), open_path: PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())), _file: f }))
+    Some(Rc::new(MappedFile {
+        shown: Rc::from("[vdso]"),
+        open_path: PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())),
+        _file: f,
+    }))
 }
 
 impl Images {
@@ -337,7 +351,8 @@ impl Images {
         let mut out = Vec::new();
         for line in maps.lines() {
             let mut it = line.split_whitespace();
-            let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) = (it.next(), it.next(), it.next(), it.next(), it.next())
+            let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) =
+                (it.next(), it.next(), it.next(), it.next(), it.next())
             else {
                 continue;
             };
@@ -346,7 +361,8 @@ impl Images {
                 continue;
             }
             let Some((s, e)) = range.split_once('-') else { continue };
-            let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
+            let (Ok(start), Ok(end), Ok(offset)) =
+                (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
             else {
                 continue;
             };
@@ -406,7 +422,9 @@ impl Images {
 fn inner_pid(pid: u32) -> u32 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok())
+        })
         .unwrap_or(pid)
 }
 
@@ -547,7 +565,11 @@ fn frames_of(s: Symbolized<'_>, module: &Rc<str>, kind: FrameKind, unknown: &Rc<
         }
         // The file is known even when no symbol covers the address (a
         // stripped binary): keep it, as perf does.
-        Symbolized::Unknown(_) => vec![Frame::simple("[unknown]", FrameKind::Unknown, if kind == FrameKind::User { module.clone() } else { unknown.clone() })],
+        Symbolized::Unknown(_) => vec![Frame::simple(
+            "[unknown]",
+            FrameKind::Unknown,
+            if kind == FrameKind::User { module.clone() } else { unknown.clone() },
+        )],
     }
 }
 
@@ -585,7 +607,8 @@ impl Symbols {
                 }
                 Err(_) => {
                     for a in &kaddrs {
-                        self.kernel.insert(*a, vec![Frame::simple(&format!("{a:#x}"), FrameKind::Unknown, self.kmod.clone())]);
+                        self.kernel
+                            .insert(*a, vec![Frame::simple(&format!("{a:#x}"), FrameKind::Unknown, self.kmod.clone())]);
                     }
                 }
             }
@@ -604,8 +627,10 @@ impl Symbols {
             }
         }
         // Where each user address lies, looked up once (leaf first, like ustack).
-        let placed: Vec<Vec<Place>> =
-            samples.iter().map(|s| s.ustack.iter().enumerate().map(|(i, &a)| images.place(s.pid, adj(i, a))).collect()).collect();
+        let placed: Vec<Vec<Place>> = samples
+            .iter()
+            .map(|s| s.ustack.iter().enumerate().map(|(i, &a)| images.place(s.pid, adj(i, a))).collect())
+            .collect();
         let mut per_file: HashMap<usize, (Rc<MappedFile>, Vec<u64>)> = HashMap::new();
         for place in placed.iter().flatten() {
             if let Place::Elf { file, offset } = place {
@@ -633,7 +658,8 @@ impl Symbols {
                 }
                 Err(_) => {
                     for o in &offs {
-                        self.user.insert((id, *o), vec![Frame::simple("[unknown]", FrameKind::Unknown, module.clone())]);
+                        self.user
+                            .insert((id, *o), vec![Frame::simple("[unknown]", FrameKind::Unknown, module.clone())]);
                     }
                 }
             }
@@ -670,7 +696,9 @@ impl Symbols {
                 // records) was cut short.
                 let cut = match s.walk.map(|w| w.end) {
                     Some(crate::engine::unwind::END_ROOT) => None,
-                    Some(end) if end != crate::engine::unwind::END_FP_CHAIN => Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk")),
+                    Some(end) if end != crate::engine::unwind::END_FP_CHAIN => {
+                        Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk"))
+                    }
                     _ => match user.iter().position(|f| is_stack_root(&f.name)) {
                         Some(r) if s.ustack.len() < MAX_DEPTH => {
                             user.drain(..r);
@@ -691,8 +719,15 @@ impl Symbols {
             frames.extend(user);
             // The leaf kernel frames of a stack taken inside a tracing program
             // are the program and its dispatch: not the traced code.
-            let own = |f: &Frame| ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"].iter().any(|p| f.name.starts_with(p));
-            let skip = s.kstack.iter().enumerate().take_while(|(i, &a)| self.kernel.get(&adj(*i, a)).is_some_and(|fr| fr.iter().all(own))).count();
+            let own = |f: &Frame| {
+                ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"].iter().any(|p| f.name.starts_with(p))
+            };
+            let skip = s
+                .kstack
+                .iter()
+                .enumerate()
+                .take_while(|(i, &a)| self.kernel.get(&adj(*i, a)).is_some_and(|fr| fr.iter().all(own)))
+                .count();
             for (i, &a) in s.kstack.iter().enumerate().skip(skip).rev() {
                 frames.extend(self.kernel.get(&adj(i, a)).cloned().unwrap_or_default());
             }

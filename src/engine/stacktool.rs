@@ -85,7 +85,8 @@ pub fn raise_open_files() {
 }
 
 fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
-    let mut v: Vec<u32> = counts.keys().filter(|k| k.len() >= 4).map(|k| u32::from_ne_bytes(k[..4].try_into().unwrap())).collect();
+    let mut v: Vec<u32> =
+        counts.keys().filter(|k| k.len() >= 4).map(|k| u32::from_ne_bytes(k[..4].try_into().unwrap())).collect();
     v.sort_unstable();
     v.dedup();
     v
@@ -122,7 +123,9 @@ pub fn run_until_stop(
         }
         if tty && last.elapsed() >= Duration::from_secs(1) {
             last = Instant::now();
-            let left = duration.map(|d| format!(", {:.0}s left", d.saturating_sub(start.elapsed()).as_secs_f64())).unwrap_or_default();
+            let left = duration
+                .map(|d| format!(", {:.0}s left", d.saturating_sub(start.elapsed()).as_secs_f64()))
+                .unwrap_or_default();
             eprint!("\r{}{left}   ", status()?);
         }
         Ok(())
@@ -182,7 +185,12 @@ pub fn finish(counts: &dyn MapCore, maps: StackMaps<'_>, images: Images, o: &Out
 /// blocked stack root first, a `--` frame, then the waker's stack leaf first
 /// and the waker's comm on top. A blocked period nobody woke (preempted) gets
 /// `[no waker]`; one counted without its waker's stack, `[waker not walked]`.
-pub fn finish_wakeup(counts: &dyn MapCore, maps: StackMaps<'_>, images: Images, o: &Outputs<'_>) -> anyhow::Result<Finished> {
+pub fn finish_wakeup(
+    counts: &dyn MapCore,
+    maps: StackMaps<'_>,
+    images: Images,
+    o: &Outputs<'_>,
+) -> anyhow::Result<Finished> {
     use super::stacks::{Frame, FrameKind};
     finish_with(images, o, |syms, images, sym| {
         let mut pairs = super::stacks::read_wake_pairs(counts, maps)?;
@@ -203,7 +211,14 @@ pub fn finish_wakeup(counts: &dyn MapCore, maps: StackMaps<'_>, images: Images, 
         for (k, n) in wsym.truncated_by {
             *sym.truncated_by.entry(k).or_default() += n;
         }
-        let sep = |name: &str| Frame { name: name.into(), file: None, line: None, kind: FrameKind::Unknown, module: std::rc::Rc::from("[sonde]"), inlined: false };
+        let sep = |name: &str| Frame {
+            name: name.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::Unknown,
+            module: std::rc::Rc::from("[sonde]"),
+            inlined: false,
+        };
         let stacks = b
             .into_iter()
             .zip(w.into_iter().zip(wakers.iter().zip(walked)))
@@ -255,7 +270,11 @@ fn finish_with(
         count_name: o.count_name.into(),
         pprof: super::pprof::Meta {
             weight: o.weight,
-            time_nanos: (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().saturating_sub(o.elapsed)).as_nanos() as i64,
+            time_nanos: (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .saturating_sub(o.elapsed))
+            .as_nanos() as i64,
             duration_nanos: o.elapsed.as_nanos() as i64,
             build_ids: syms.build_ids(),
             comment: o.comment.clone(),
@@ -272,7 +291,11 @@ fn finish_with(
 pub fn print_top(stacks: &[Stack], n: usize, weight_header: &str, fmt: impl Fn(u64) -> String) {
     let (rows, all) = render::top(stacks);
     let pct = |v: u64| format!("{:.1}%", 100.0 * v as f64 / all.max(1) as f64);
-    let body: Vec<Vec<String>> = rows.iter().take(n).map(|r| vec![pct(r.self_count), pct(r.total_count), fmt(r.self_count), r.name.clone()]).collect();
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .take(n)
+        .map(|r| vec![pct(r.self_count), pct(r.total_count), fmt(r.self_count), r.name.clone()])
+        .collect();
     println!("{}", table(&["SELF", "TOTAL", weight_header, "FUNCTION"], &body));
 }
 

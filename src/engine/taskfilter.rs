@@ -71,13 +71,20 @@ impl TaskFilter {
         } else if !self.tids.is_empty() {
             self.tids.iter().filter_map(|t| tgid_of(*t)).collect()
         } else if let Some(cg) = &self.cgroup_path {
-            std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect()
+            std::fs::read_to_string(cg.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect()
         } else {
             all_pids()
         };
         if let Some(cg) = &self.cgroup_path {
-            let procs: std::collections::HashSet<u32> =
-                std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default().lines().filter_map(|l| l.trim().parse().ok()).collect();
+            let procs: std::collections::HashSet<u32> = std::fs::read_to_string(cg.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+                .filter_map(|l| l.trim().parse().ok())
+                .collect();
             v.retain(|p| procs.contains(p));
         }
         if let Some(c) = &self.comm {
@@ -95,11 +102,15 @@ impl TaskFilter {
 
 /// Every process now (the numeric entries of /proc).
 fn all_pids() -> Vec<u32> {
-    std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect()
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
 }
 
 impl TaskFilter {
-
     /// Fills the `tf_pids` map of a loaded object.
     pub fn fill_pids(&self, map: &dyn MapCore) -> anyhow::Result<()> {
         for p in &self.pids {

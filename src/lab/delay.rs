@@ -27,7 +27,8 @@ const IFF_NO_PI: libc::c_short = 0x1000;
 
 /// A TUN device named `name` in the calling thread's namespace.
 fn open_tun(name: &str) -> anyhow::Result<File> {
-    let f = OpenOptions::new().read(true).write(true).open("/dev/net/tun").context("opening /dev/net/tun (CONFIG_TUN)")?;
+    let f =
+        OpenOptions::new().read(true).write(true).open("/dev/net/tun").context("opening /dev/net/tun (CONFIG_TUN)")?;
     #[repr(C)]
     struct IfReq {
         name: [u8; 16],
@@ -91,7 +92,8 @@ fn relay(mut from: File, mut to: File, delay: Duration, stop: Arc<AtomicBool>) -
         let mut buf = vec![0u8; 65536];
         while !stop.load(Ordering::Relaxed) {
             let now = Instant::now();
-            let wait = queue.front().map(|(t, _)| t.saturating_duration_since(now)).unwrap_or(Duration::from_millis(50));
+            let wait =
+                queue.front().map(|(t, _)| t.saturating_duration_since(now)).unwrap_or(Duration::from_millis(50));
             let mut pfd = libc::pollfd { fd: from.as_raw_fd(), events: libc::POLLIN, revents: 0 };
             let ts = libc::timespec { tv_sec: wait.as_secs() as _, tv_nsec: wait.subsec_nanos() as _ };
             // SAFETY: one valid pollfd; ppoll for sub-millisecond timeouts.

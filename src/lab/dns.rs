@@ -74,7 +74,9 @@ fn delay_arg(s: &str) -> Result<(Duration, Duration), String> {
     let (lo, hi) = s.split_once('-').unwrap_or((s, s));
     let (lo, hi) = (duration_arg(lo)?, duration_arg(hi)?);
     if lo > hi || hi > Duration::from_secs(2) {
-        return Err(format!("{s}: give MIN-MAX with MIN <= MAX <= 2s (the resolver gives up after 2 s), e.g. 30ms-130ms"));
+        return Err(format!(
+            "{s}: give MIN-MAX with MIN <= MAX <= 2s (the resolver gives up after 2 s), e.g. 30ms-130ms"
+        ));
     }
     Ok((lo, hi))
 }
@@ -123,7 +125,8 @@ impl Responder {
         let stop = workers.stop_flag();
         let d = Arc::new((AtomicU64::new(delay.0.as_nanos() as u64), AtomicU64::new(delay.1.as_nanos() as u64)));
         let answered = Arc::new(AtomicU64::new(0));
-        let sock = ns.run(|| UdpSocket::bind("127.0.0.1:53"))?.context("binding the lab's DNS responder to 127.0.0.1:53")?;
+        let sock =
+            ns.run(|| UdpSocket::bind("127.0.0.1:53"))?.context("binding the lab's DNS responder to 127.0.0.1:53")?;
         sock.set_read_timeout(Some(Duration::from_millis(50)))?;
         let send = sock.try_clone()?;
         let (tx, rx) = mpsc::channel::<Due>();
@@ -151,7 +154,10 @@ impl Responder {
         let reply = std::thread::Builder::new().name("dns-reply".into()).spawn(move || -> anyhow::Result<()> {
             let mut due = BinaryHeap::new();
             while !st.load(Ordering::Relaxed) {
-                let wait = due.peek().map(|d: &Due| d.at.saturating_duration_since(Instant::now())).unwrap_or(Duration::from_millis(50));
+                let wait = due
+                    .peek()
+                    .map(|d: &Due| d.at.saturating_duration_since(Instant::now()))
+                    .unwrap_or(Duration::from_millis(50));
                 match rx.recv_timeout(wait.min(Duration::from_millis(50))) {
                     Ok(d) => due.push(d),
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -239,13 +245,19 @@ impl Server {
         std::fs::write(etc.join("hosts"), "")?;
         let empty = dir.join("empty");
         std::fs::create_dir_all(&empty)?;
-        let net = std::fs::File::open(format!("/run/netns/{}", ns.name)).with_context(|| format!("opening namespace {}", ns.name))?;
+        let net = std::fs::File::open(format!("/run/netns/{}", ns.name))
+            .with_context(|| format!("opening namespace {}", ns.name))?;
         let c = |p: &Path| CString::new(p.as_os_str().as_encoded_bytes()).expect("no NUL in temp paths");
-        let (etc_c, empty_c, root, etc_dir, nscd) = (c(&etc), c(&empty), c(Path::new("/")), c(Path::new("/etc")), c(Path::new("/run/nscd")));
+        let (etc_c, empty_c, root, etc_dir, nscd) =
+            (c(&etc), c(&empty), c(Path::new("/")), c(Path::new("/etc")), c(Path::new("/run/nscd")));
         let has_nscd = Path::new("/run/nscd").is_dir();
         let net_fd = net.as_raw_fd();
         let mut cmd = Command::new(&bin);
-        cmd.arg(PORT.to_string()).arg(workers.to_string()).arg(dir.join("access.log")).stdout(Stdio::piped()).stdin(Stdio::null());
+        cmd.arg(PORT.to_string())
+            .arg(workers.to_string())
+            .arg(dir.join("access.log"))
+            .stdout(Stdio::piped())
+            .stdin(Stdio::null());
         // SAFETY: only async-signal-safe system calls on memory prepared
         // before the fork.
         unsafe {
@@ -253,11 +265,23 @@ impl Server {
                 let ok = |r: libc::c_int| if r == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
                 ok(libc::setns(net_fd, libc::CLONE_NEWNET))?;
                 ok(libc::unshare(libc::CLONE_NEWNS))?;
-                ok(libc::mount(std::ptr::null(), root.as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+                ok(libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ))?;
                 ok(libc::mount(etc_c.as_ptr(), etc_dir.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
                 if has_nscd {
                     // A host nscd would answer from the host's resolver.
-                    ok(libc::mount(empty_c.as_ptr(), nscd.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+                    ok(libc::mount(
+                        empty_c.as_ptr(),
+                        nscd.as_ptr(),
+                        std::ptr::null(),
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
                 }
                 Ok(())
             });
@@ -387,14 +411,25 @@ fn through_resolver_chain(frames: &[crate::engine::stacks::Frame]) -> bool {
 
 /// The user frames of a stack from `worker` down, as one line.
 fn user_chain(frames: &[crate::engine::stacks::Frame]) -> String {
-    let user: Vec<&str> = frames.iter().filter(|f| f.kind == crate::engine::stacks::FrameKind::User).map(|f| f.name.as_str()).collect();
+    let user: Vec<&str> =
+        frames.iter().filter(|f| f.kind == crate::engine::stacks::FrameKind::User).map(|f| f.name.as_str()).collect();
     let from = user.iter().position(|n| *n == "worker").unwrap_or(0);
     user[from..].join(";")
 }
 
 /// The UDP receive path in a waker stack.
 fn udp_receive(frames: &[crate::engine::stacks::Frame]) -> bool {
-    frames.iter().any(|f| matches!(f.name.as_str(), "udp_rcv" | "__udp4_lib_rcv" | "udp_unicast_rcv_skb" | "udp_queue_rcv_skb" | "udp_queue_rcv_one_skb" | "__udp_enqueue_schedule_skb"))
+    frames.iter().any(|f| {
+        matches!(
+            f.name.as_str(),
+            "udp_rcv"
+                | "__udp4_lib_rcv"
+                | "udp_unicast_rcv_skb"
+                | "udp_queue_rcv_skb"
+                | "udp_queue_rcv_one_skb"
+                | "__udp_enqueue_schedule_skb"
+        )
+    })
 }
 
 /// Runs the lab; returns the exit status.
@@ -405,7 +440,9 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     if a.workers == 0 || a.workers > 64 || a.clients == 0 || a.clients > 1000 {
         return Err(usage("--workers takes 1 to 64 and --clients 1 to 1000"));
     }
-    let out = |tool: &str| vec![PathBuf::from(format!("{}-{tool}.html", a.prefix)), PathBuf::from(format!("{}-{tool}.svg", a.prefix))];
+    let out = |tool: &str| {
+        vec![PathBuf::from(format!("{}-{tool}.html", a.prefix)), PathBuf::from(format!("{}-{tool}.svg", a.prefix))]
+    };
     for tool in ["profile", "offcpu", "wakeup"] {
         crate::engine::stacktool::check_outputs(&out(tool))?;
     }
@@ -500,7 +537,8 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     let fast_rate = load.rate_over(a.duration);
     let failed = load.failed.load(Ordering::Relaxed);
     let answered = responder.answered.load(Ordering::Relaxed);
-    let sample_log = std::fs::read_to_string(dir.join("access.log")).ok().and_then(|l| l.lines().next().map(str::to_string));
+    let sample_log =
+        std::fs::read_to_string(dir.join("access.log")).ok().and_then(|l| l.lines().next().map(str::to_string));
     drop(load);
     drop(server);
     drop(responder);
@@ -508,20 +546,38 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     let blocked = weight_where(&o.stacks, |_| true);
     let rw = weight_where(&o.stacks, |s| resolver_wait(&s.frames));
     let chain = weight_where(&o.stacks, |s| resolver_wait(&s.frames) && through_resolver_chain(&s.frames));
-    let top_chain = o.stacks.iter().filter(|s| through_resolver_chain(&s.frames)).max_by_key(|s| s.count).map(|s| user_chain(&s.frames)).unwrap_or_default();
+    let top_chain = o
+        .stacks
+        .iter()
+        .filter(|s| through_resolver_chain(&s.frames))
+        .max_by_key(|s| s.count)
+        .map(|s| user_chain(&s.frames))
+        .unwrap_or_default();
     let udp = weight_where(&w.stacks, |s| resolver_wait(blocked_part(s)) && udp_receive(waker_part(s)));
     let rw_w = weight_where(&w.stacks, |s| resolver_wait(blocked_part(s)));
     let pct = |x: u64, of: u64| 100.0 * x as f64 / of.max(1) as f64;
     let top_cpu = p.stacks.iter().max_by_key(|s| s.count).map(|s| brief(s.frames.iter(), 2, 5)).unwrap_or_default();
     let top_off = o.stacks.iter().max_by_key(|s| s.count).map(|s| brief(s.frames.iter(), 2, 5)).unwrap_or_default();
-    let top_wake = w.stacks.iter().filter(|s| resolver_wait(blocked_part(s))).max_by_key(|s| s.count).map(|s| brief(waker_part(s).iter().rev(), 3, 6)).unwrap_or_default();
+    let top_wake = w
+        .stacks
+        .iter()
+        .filter(|s| resolver_wait(blocked_part(s)))
+        .max_by_key(|s| s.count)
+        .map(|s| brief(waker_part(s).iter().rev(), 3, 6))
+        .unwrap_or_default();
     let speedup = fast_rate / slow_rate.max(0.001);
     let checks = [
         ("profile: the server uses less than half a core", cpu_proc < 0.5 && cpu_sampled < 0.5),
         ("offcpu: most blocked time is the resolver's wait in poll()", pct(rw, blocked) >= 70.0),
         ("offcpu: the wait in poll() matches the responder's delays (-20%..+10%)", near(rw, o_held)),
-        ("offcpu: poll()'s callers are named, worker -> serve_connection -> log_request -> getnameinfo", pct(chain, rw) >= 90.0),
-        ("wakeup: the resolver's wait is woken from the UDP receive path", near(rw_w, w_held) && pct(udp, rw_w) >= 90.0),
+        (
+            "offcpu: poll()'s callers are named, worker -> serve_connection -> log_request -> getnameinfo",
+            pct(chain, rw) >= 90.0,
+        ),
+        (
+            "wakeup: the resolver's wait is woken from the UDP receive path",
+            near(rw_w, w_held) && pct(udp, rw_w) >= 90.0,
+        ),
         ("without the delay the request rate rises at least 3x", speedup >= 3.0 && failed == 0),
     ];
     let ok = checks.iter().all(|c| c.1);

@@ -211,7 +211,11 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
     );
     let ctl = RunControl::new(None)?;
     let cargs = CwndArgs {
-        flow: FlowArgs { netns: vec![pair.a.name.clone()], port: SETTINGS.iter().map(|s| s.port).collect(), ..Default::default() },
+        flow: FlowArgs {
+            netns: vec![pair.a.name.clone()],
+            port: SETTINGS.iter().map(|s| s.port).collect(),
+            ..Default::default()
+        },
         idle_only: true,
         output: Some(a.output.clone()),
         mechanism: a.mechanism,
@@ -321,7 +325,17 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
         println!(
             "{}",
             table(
-                &["SETTING", "RESTARTS", "REASON", "CWND BEFORE -> AFTER (last)", "SS -TI CWND AGREES", "RESPONSE ms (median)", "ROUND TRIPS", "SLOW-START ROUNDS", "EXTRA RTTs vs sysctl=0"],
+                &[
+                    "SETTING",
+                    "RESTARTS",
+                    "REASON",
+                    "CWND BEFORE -> AFTER (last)",
+                    "SS -TI CWND AGREES",
+                    "RESPONSE ms (median)",
+                    "ROUND TRIPS",
+                    "SLOW-START ROUNDS",
+                    "EXTRA RTTs vs sysctl=0"
+                ],
                 &rows
             )
         );

@@ -136,7 +136,8 @@ impl Broker {
         let mut line = String::new();
         self.1.read_line(&mut line)?;
         let f: Vec<&str> = line.split_whitespace().collect();
-        let num = |k: &str| f.iter().position(|w| *w == k).and_then(|i| f.get(i + 1)).and_then(|v| v.parse::<f64>().ok());
+        let num =
+            |k: &str| f.iter().position(|w| *w == k).and_then(|i| f.get(i + 1)).and_then(|v| v.parse::<f64>().ok());
         match (num("messages"), num("cpu_ns")) {
             (Some(n), Some(c)) if n > 0.0 => Ok(c / n),
             _ => anyhow::bail!("the broker did not report its CPU time: {line:?}"),
@@ -184,10 +185,21 @@ fn harness(ns: &Netns, bin: &Path, cpu: Option<usize>) -> Command {
     c
 }
 
-fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, log: &str, logfile: &Path) -> anyhow::Result<Broker> {
+fn broker(
+    ns: &Netns,
+    bin: &Path,
+    a: &MsglatLabArgs,
+    cpu: Option<usize>,
+    log: &str,
+    logfile: &Path,
+) -> anyhow::Result<Broker> {
     let mut c = harness(ns, bin, cpu)
         .args(["broker", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.size.to_string(), log])
-        .args([a.delay_every.to_string(), a.delay.as_micros().to_string(), a.drop_at.map(|d| d as i64).unwrap_or(-1).to_string()])
+        .args([
+            a.delay_every.to_string(),
+            a.delay.as_micros().to_string(),
+            a.drop_at.map(|d| d as i64).unwrap_or(-1).to_string(),
+        ])
         .arg(logfile)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -201,7 +213,14 @@ fn broker(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, log: &s
 
 fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, config: &str) -> anyhow::Result<RunT> {
     let out = harness(ns, bin, cpu)
-        .args(["pair", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.messages.to_string(), &a.spacing.as_micros().to_string(), &a.size.to_string()])
+        .args([
+            "pair",
+            &IN_PORT.to_string(),
+            &OUT_PORT.to_string(),
+            &a.messages.to_string(),
+            &a.spacing.as_micros().to_string(),
+            &a.size.to_string(),
+        ])
         .output()?;
     anyhow::ensure!(out.status.success(), "the harness failed: {}", String::from_utf8_lossy(&out.stderr));
     parse_pair(config, &String::from_utf8_lossy(&out.stdout))
@@ -213,7 +232,10 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         return Err(usage("--messages and --rounds must be at least 1"));
     }
     if a.size < 16 {
-        return Err(usage(format!("--size {}: a message holds its id and send time, 16 bytes; give 16 or more", a.size)));
+        return Err(usage(format!(
+            "--size {}: a message holds its id and send time, 16 bytes; give 16 or more",
+            a.size
+        )));
     }
     if a.spacing < Duration::from_micros(1) {
         return Err(usage("--spacing must be at least 1us"));
@@ -222,7 +244,9 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     let cpu = match (a.spread, a.cpu) {
         (true, _) => None,
         (false, Some(c)) if !allowed.contains(&c) => {
-            return Err(usage(format!("--cpu {c}: not a CPU this process may run on ({allowed:?}); pick one of those or use --spread")))
+            return Err(usage(format!(
+                "--cpu {c}: not a CPU this process may run on ({allowed:?}); pick one of those or use --spread"
+            )))
         }
         (false, Some(c)) => Some(c),
         (false, None) => allowed.last().copied(),
@@ -268,7 +292,8 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     // The rounds, then one more sonde run with kernel.bpf_stats_enabled=1
     // for the in-kernel cost (the statistics' own clock reads would inflate
     // T, so the table's sonde rows run without them).
-    let plan: Vec<(u32, &str)> = (0..a.rounds).flat_map(|r| configs.iter().map(move |&c| (r, c))).chain([(a.rounds, "sonde-stats")]).collect();
+    let plan: Vec<(u32, &str)> =
+        (0..a.rounds).flat_map(|r| configs.iter().map(move |&c| (r, c))).chain([(a.rounds, "sonde-stats")]).collect();
     for &(round, c) in &plan {
         eprintln!("lab: round {} of {}: {c}", (round + 1).min(a.rounds), a.rounds);
         let stats = c == "sonde-stats";
@@ -344,12 +369,17 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             return "-".into();
         }
         let d = diffs(c, f);
-        let (lo, hi) = (d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
+        let (lo, hi) =
+            (d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
         format!("{:+.0} ({lo:+.0} .. {hi:+.0})", median(&d))
     };
     let vs_mem = |c: &str, f: fn(&RunT) -> f64| -> String {
         let m = over("mem", f);
-        if a.sonde_only || c == "none" || m.abs() < 1.0 { "-".into() } else { format!("{:.2}x", over(c, f) / m) }
+        if a.sonde_only || c == "none" || m.abs() < 1.0 {
+            "-".into()
+        } else {
+            format!("{:.2}x", over(c, f) / m)
+        }
     };
     let per_msg_bpf = if matched > 0 { bpf_ns as f64 / matched as f64 } else { 0.0 };
     let runs_per_msg = if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 };
@@ -412,11 +442,35 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         );
     } else {
         println!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds);
-        println!("{}", table(&["CONFIGURATION", "T p50 ns", "T mean ns", "T p99 ns", "OVERHEAD ns (p50; range over rounds)", "VS MEMORY LOG"], &t_rows));
+        println!(
+            "{}",
+            table(
+                &[
+                    "CONFIGURATION",
+                    "T p50 ns",
+                    "T mean ns",
+                    "T p99 ns",
+                    "OVERHEAD ns (p50; range over rounds)",
+                    "VS MEMORY LOG"
+                ],
+                &t_rows
+            )
+        );
         println!("\nCPU time per message (each process's own exact clock), medians over {} round(s):", a.rounds);
         println!(
             "{}",
-            table(&["CONFIGURATION", "BROKER ns", "OVERHEAD (range)", "SENDER+RECEIVER ns", "OVERHEAD (range)", "TOTAL OVERHEAD ns (range)", "VS MEMORY LOG"], &cpu_rows)
+            table(
+                &[
+                    "CONFIGURATION",
+                    "BROKER ns",
+                    "OVERHEAD (range)",
+                    "SENDER+RECEIVER ns",
+                    "OVERHEAD (range)",
+                    "TOTAL OVERHEAD ns (range)",
+                    "VS MEMORY LOG"
+                ],
+                &cpu_rows
+            )
         );
         println!(
             "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks}: {})",

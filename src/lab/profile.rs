@@ -108,7 +108,14 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
             if good { "" } else { "  MISMATCH" }
         );
     }
-    println!("{}", if ok { "split matches the built-in 2:1 (within 5 points)" } else { "MISMATCH: a split differs from the built-in 2:1" });
+    println!(
+        "{}",
+        if ok {
+            "split matches the built-in 2:1 (within 5 points)"
+        } else {
+            "MISMATCH: a split differs from the built-in 2:1"
+        }
+    );
     if !ok {
         return Ok(1);
     }

@@ -59,7 +59,9 @@ pub fn drop_random(ns: &Netns, table: &str, port_match: &str, pct: u32) -> anyho
 
 /// Drops everything matching at the input of `ns` until the table is deleted.
 pub fn drop_all(ns: &Netns, table: &str, matcher: &str) -> anyhow::Result<()> {
-    ns.nft(&format!("table inet {table} {{\n chain in {{\n  type filter hook input priority 0;\n  {matcher} drop\n }}\n}}\n"))
+    ns.nft(&format!(
+        "table inet {table} {{\n chain in {{\n  type filter hook input priority 0;\n  {matcher} drop\n }}\n}}\n"
+    ))
 }
 
 /// Deletes an nftables table made by [`drop_random`] or [`drop_all`].
@@ -89,8 +91,16 @@ pub fn workload(pair: &Pair, loss: u32, bulk_mb: usize) -> anyhow::Result<()> {
     let b4: IpAddr = pair.b4.parse()?;
     let b6: IpAddr = pair.b6.parse()?;
     let sink = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse()?), PORT_BULK), Mode::Sink)?;
-    let dark = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse()?), PORT_BLACKOUT), Mode::Echo { req: 64, resp: 1200 })?;
-    let rr = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse()?), PORT_RR), Mode::Echo { req: 64, resp: 1200 })?;
+    let dark = Server::start(
+        &pair.b,
+        SocketAddr::new(IpAddr::V6("::".parse()?), PORT_BLACKOUT),
+        Mode::Echo { req: 64, resp: 1200 },
+    )?;
+    let rr = Server::start(
+        &pair.b,
+        SocketAddr::new(IpAddr::V6("::".parse()?), PORT_RR),
+        Mode::Echo { req: 64, resp: 1200 },
+    )?;
     let _dark_bulk = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse()?), PORT_DARK_BULK), Mode::Sink)?;
     let _syn = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse()?), PORT_SYN), Mode::Sink)?;
     let _synack = Server::start(&pair.b, SocketAddr::new(IpAddr::V6("::".parse()?), PORT_SYNACK), Mode::Sink)?;
@@ -107,12 +117,14 @@ pub fn workload(pair: &Pair, loss: u32, bulk_mb: usize) -> anyhow::Result<()> {
             connect_attempt(&pair.a, SocketAddr::new(b6, PORT_SYN), Duration::from_millis(3500))?;
             Ok(())
         });
-        let synacks = s.spawn(|| connect_attempt(&pair.a, SocketAddr::new(b4, PORT_SYNACK), Duration::from_millis(2500)));
+        let synacks =
+            s.spawn(|| connect_attempt(&pair.a, SocketAddr::new(b4, PORT_SYNACK), Duration::from_millis(2500)));
         let blackout = s.spawn(|| -> anyhow::Result<()> {
             // An idle request/response connection whose server goes dark while a
             // request is outstanding: a TLP, then RTOs with backoff, then recovery.
             pair.a.run(|| -> anyhow::Result<()> {
-                let mut c = std::net::TcpStream::connect_timeout(&SocketAddr::new(b4, PORT_BLACKOUT), Duration::from_secs(5))?;
+                let mut c =
+                    std::net::TcpStream::connect_timeout(&SocketAddr::new(b4, PORT_BLACKOUT), Duration::from_secs(5))?;
                 c.set_nodelay(true)?;
                 c.set_read_timeout(Some(Duration::from_secs(20)))?;
                 let mut r = vec![0u8; 1200];
@@ -131,7 +143,10 @@ pub fn workload(pair: &Pair, loss: u32, bulk_mb: usize) -> anyhow::Result<()> {
             // retransmits the head, the rest goes out in Loss state.
             let writer = s.spawn(|| {
                 pair.a.run(|| -> anyhow::Result<()> {
-                    let mut c = std::net::TcpStream::connect_timeout(&SocketAddr::new(b4, PORT_DARK_BULK), Duration::from_secs(5))?;
+                    let mut c = std::net::TcpStream::connect_timeout(
+                        &SocketAddr::new(b4, PORT_DARK_BULK),
+                        Duration::from_secs(5),
+                    )?;
                     c.set_write_timeout(Some(Duration::from_secs(20)))?;
                     let chunk = vec![b'x'; 1 << 16];
                     let end = std::time::Instant::now() + Duration::from_millis(2500);
@@ -229,7 +244,14 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
             rel: eq,
             short_ok: synack,
         },
-        Relation { what: "segs of fast".into(), sonde: t.segs(k("fast")), counter: "TcpExtTCPFastRetrans", kernel: d.get("TcpExtTCPFastRetrans"), rel: eq, short_ok: unseen },
+        Relation {
+            what: "segs of fast".into(),
+            sonde: t.segs(k("fast")),
+            counter: "TcpExtTCPFastRetrans",
+            kernel: d.get("TcpExtTCPFastRetrans"),
+            rel: eq,
+            short_ok: unseen,
+        },
         Relation {
             what: "segs of loss_recovery".into(),
             sonde: t.segs(k("loss_recovery")),
@@ -246,7 +268,14 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
             rel: eq,
             short_ok: unseen + synack,
         },
-        Relation { what: "events of tlp".into(), sonde: t.count(k("tlp")), counter: "TcpExtTCPLossProbes", kernel: d.get("TcpExtTCPLossProbes"), rel: "<=", short_ok: 0 },
+        Relation {
+            what: "events of tlp".into(),
+            sonde: t.count(k("tlp")),
+            counter: "TcpExtTCPLossProbes",
+            kernel: d.get("TcpExtTCPLossProbes"),
+            rel: "<=",
+            short_ok: 0,
+        },
         Relation {
             what: "events of rto + syn".into(),
             sonde: t.count(k("rto")) + t.count(k("syn")),
@@ -265,7 +294,14 @@ pub fn relations(t: &Totals, d: &Mib) -> Vec<Relation> {
         },
         // The counter also counts tail loss probes skipped while the tail is
         // still queued; those never reach the tracepoint.
-        Relation { what: "failed EBUSY".into(), sonde: busy, counter: "TcpExtTCPSpuriousRtxHostQueues", kernel: d.get("TcpExtTCPSpuriousRtxHostQueues"), rel: "<=", short_ok: 0 },
+        Relation {
+            what: "failed EBUSY".into(),
+            sonde: busy,
+            counter: "TcpExtTCPSpuriousRtxHostQueues",
+            kernel: d.get("TcpExtTCPSpuriousRtxHostQueues"),
+            rel: "<=",
+            short_ok: 0,
+        },
     ]
 }
 
@@ -284,7 +320,10 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
         }
     }
     let pair = Pair::new()?;
-    eprintln!("lab: namespaces {} and {} ({} / {}), {}% loss on bulk flows", pair.a.name, pair.b.name, pair.net4, pair.net6, a.loss);
+    eprintln!(
+        "lab: namespaces {} and {} ({} / {}), {}% loss on bulk flows",
+        pair.a.name, pair.b.name, pair.net4, pair.net6, a.loss
+    );
     let ctl = RunControl::new(None)?;
     let targs = RetransArgs {
         count: !a.events,

@@ -121,10 +121,21 @@ struct Phase {
 
 fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, Stop)> {
     let sargs = SlowArgs {
-        scope: Scope { targets: vec!["syscall:connect".into()], pid: vec![std::process::id()], cgroup: None, duration: Some(a.duration), max_probes: 4, kernel_mechanism: None, single_uprobes: false },
+        scope: Scope {
+            targets: vec!["syscall:connect".into()],
+            pid: vec![std::process::id()],
+            cgroup: None,
+            duration: Some(a.duration),
+            max_probes: 4,
+            kernel_mechanism: None,
+            single_uprobes: false,
+        },
         over: a.over,
         frequency: 999,
-        output: vec![PathBuf::from(format!("{}-{tag}.html", a.prefix)), PathBuf::from(format!("{}-{tag}.svg", a.prefix))],
+        output: vec![
+            PathBuf::from(format!("{}-{tag}.html", a.prefix)),
+            PathBuf::from(format!("{}-{tag}.svg", a.prefix)),
+        ],
         top: 10,
         user_only: false,
         kernel_only: true,
@@ -137,7 +148,8 @@ fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, St
     let out = slow::run_with(&sargs, &ctl, || {})?;
     let s = &out.summary;
     let samples: u64 = out.stacks.iter().map(|s| s.count).sum();
-    let leafish = crate::engine::render::top(&out.stacks).0.into_iter().take(3).map(|r| r.name).collect::<Vec<_>>().join(", ");
+    let leafish =
+        crate::engine::render::top(&out.stacks).0.into_iter().take(3).map(|r| r.name).collect::<Vec<_>>().join(", ");
     Ok((
         Phase {
             calls: s["calls"].as_u64().unwrap_or(0),
@@ -193,9 +205,15 @@ pub fn run(a: &SlowLabArgs) -> anyhow::Result<i32> {
     let (sb, sa) = (share(before.slow_calls, before.calls), share(after.slow_calls, after.calls));
     let checks = [
         ("tw_reuse=0: most connects are slow", sb >= 0.5),
-        ("tw_reuse=0: at least 80% of the samples in slow connects are in port selection (__inet_hash_connect)", before.samples > 0 && share(before.in_port_selection, before.samples) >= 0.8),
+        (
+            "tw_reuse=0: at least 80% of the samples in slow connects are in port selection (__inet_hash_connect)",
+            before.samples > 0 && share(before.in_port_selection, before.samples) >= 0.8,
+        ),
         ("tw_reuse=1: the share of slow connects at least halves", sa <= sb / 2.0),
-        ("tw_reuse=1: more connects succeed per second", after.connects_ok as f64 / after.seconds > before.connects_ok as f64 / before.seconds),
+        (
+            "tw_reuse=1: more connects succeed per second",
+            after.connects_ok as f64 / after.seconds > before.connects_ok as f64 / before.seconds,
+        ),
     ];
     let ok = checks.iter().all(|c| c.1);
     if a.json {

@@ -152,7 +152,14 @@ pub fn bulk(ns: &Netns, to: SocketAddr, bytes: usize) -> anyhow::Result<()> {
 }
 
 /// `count` request/response exchanges on one connection, `gap` apart.
-pub fn request_response(ns: &Netns, to: SocketAddr, count: usize, req: usize, resp: usize, gap: Duration) -> anyhow::Result<()> {
+pub fn request_response(
+    ns: &Netns,
+    to: SocketAddr,
+    count: usize,
+    req: usize,
+    resp: usize,
+    gap: Duration,
+) -> anyhow::Result<()> {
     ns.run(move || -> anyhow::Result<()> {
         let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(10))?;
         s.set_nodelay(true)?;

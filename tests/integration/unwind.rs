@@ -12,7 +12,11 @@ const WITHFP: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer"];
 /// shares of its work.
 fn calltree_expected() -> Vec<(String, f64)> {
     let top = "main;descend;descend;descend;descend;round_";
-    vec![(format!("{top};alpha;beta;gamma_;work"), 0.5), (format!("{top};alpha;delta;work"), 0.3), (format!("{top};epsilon;work"), 0.2)]
+    vec![
+        (format!("{top};alpha;beta;gamma_;work"), 0.5),
+        (format!("{top};alpha;delta;work"), 0.3),
+        (format!("{top};epsilon;work"), 0.2),
+    ]
 }
 
 /// Folded rows cut to the part from `main` down; rows without main are
@@ -34,11 +38,26 @@ fn from_main(rows: &[(Vec<String>, u64)]) -> std::collections::BTreeMap<String, 
 fn profile_user(pid: u32, mode: &str, dir: &std::path::Path, tag: &str) -> (Vec<(Vec<String>, u64)>, Value) {
     let folded = dir.join(format!("{tag}.folded"));
     let out = Command::new(SONDE)
-        .args(["profile", "-p", &pid.to_string(), "-F", "999", "-d", "3s", "--user-only", "--unwind", mode, "--json", "-o", folded.to_str().unwrap()])
+        .args([
+            "profile",
+            "-p",
+            &pid.to_string(),
+            "-F",
+            "999",
+            "-d",
+            "3s",
+            "--user-only",
+            "--unwind",
+            mode,
+            "--json",
+            "-o",
+            folded.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     (read_folded(&folded), summary(&lines).clone())
 }
 
@@ -57,7 +76,10 @@ fn table_and_frame_pointer_walks_agree_on_a_known_call_tree() {
         // The same stack set: every stack of 1% or more is one of the
         // built-in three, each at its built-in share.
         for (k, n) in &m {
-            assert!(*n as f64 <= 0.01 * total as f64 || want.iter().any(|(w, _)| w == k), "{tag}: unexpected stack {k} ({n} of {total})");
+            assert!(
+                *n as f64 <= 0.01 * total as f64 || want.iter().any(|(w, _)| w == k),
+                "{tag}: unexpected stack {k} ({n} of {total})"
+            );
         }
         for (w, share) in &want {
             let got = *m.get(w).unwrap_or(&0) as f64 / total as f64;
@@ -89,7 +111,11 @@ fn table_and_frame_pointer_walks_agree_on_a_known_call_tree() {
 
 /// `perf script` output as stacks, leaf first, function names only.
 fn perf_stacks(data: &std::path::Path) -> Vec<Vec<String>> {
-    let out = Command::new("perf").args(["script", "-F", "ip,sym", "-i"]).arg(data).output().expect("perf (Debian package linux-perf)");
+    let out = Command::new("perf")
+        .args(["script", "-F", "ip,sym", "-i"])
+        .arg(data)
+        .output()
+        .expect("perf (Debian package linux-perf)");
     assert!(out.status.success(), "perf script: {}", String::from_utf8_lossy(&out.stderr));
     let mut stacks = Vec::new();
     let mut cur: Vec<String> = Vec::new();
@@ -145,13 +171,17 @@ fn perf_dwarf_unwinding_finds_the_same_callers_of_the_hottest_leaves() {
     let (rows, _) = profile_user(pid, "dwarf", &dir, "perf-oracle");
     let out = perf.wait_with_output().unwrap();
     assert!(out.status.success(), "perf record: {}", String::from_utf8_lossy(&out.stderr));
-    let ours: Vec<(Vec<String>, u64)> = rows.into_iter().map(|(f, n)| (f.into_iter().skip(1).rev().collect(), n)).collect();
+    let ours: Vec<(Vec<String>, u64)> =
+        rows.into_iter().map(|(f, n)| (f.into_iter().skip(1).rev().collect(), n)).collect();
     let theirs: Vec<(Vec<String>, u64)> = perf_stacks(&data).into_iter().map(|s| (s, 1)).collect();
     assert!(theirs.len() > 300, "perf took {} samples", theirs.len());
     let (a, b) = (leaf_callers(&ours, 0.05), leaf_callers(&theirs, 0.05));
     assert_eq!(a, b, "callers of the hottest leaves: sonde {a:?}, perf {b:?}");
     let want: std::collections::BTreeSet<(String, String)> =
-        [("work", "gamma_"), ("work", "delta"), ("work", "epsilon")].iter().map(|(x, y)| (x.to_string(), y.to_string())).collect();
+        [("work", "gamma_"), ("work", "delta"), ("work", "epsilon")]
+            .iter()
+            .map(|(x, y)| (x.to_string(), y.to_string()))
+            .collect();
     assert_eq!(a, want);
     // And the whole chain of each, from main down (perf names glibc's
     // start differently; compare from main).
@@ -182,7 +212,19 @@ fn offcpu_attributes_blocking_libc_calls_to_their_callers() {
         // Sleeps only: time the thread spends preempted (the CPUs are shared
         // with the tests beside it) is not part of the built-in split.
         let out = Command::new(SONDE)
-            .args(["offcpu", "--tid", &tid, "-d", "3s", "--state", "interruptible", "--unwind", mode, "-o", folded.to_str().unwrap()])
+            .args([
+                "offcpu",
+                "--tid",
+                &tid,
+                "-d",
+                "3s",
+                "--state",
+                "interruptible",
+                "--unwind",
+                mode,
+                "-o",
+                folded.to_str().unwrap(),
+            ])
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
@@ -192,15 +234,27 @@ fn offcpu_attributes_blocking_libc_calls_to_their_callers() {
     let total: u64 = rows.iter().map(|r| r.1).sum();
     assert!(total > 2_000_000, "main thread blocked {total} us of 3 s");
     // Built in: 6:12:18:24:30 ms per 90 ms round, each through its libc call.
-    for (caller, ms, libc_fn) in
-        [("in_usleep", 6.0, "usleep"), ("in_poll", 12.0, "poll"), ("in_read", 18.0, "read"), ("in_mutex", 24.0, "mutex_lock"), ("in_cond", 30.0, "cond_wait")]
-    {
+    for (caller, ms, libc_fn) in [
+        ("in_usleep", 6.0, "usleep"),
+        ("in_poll", 12.0, "poll"),
+        ("in_read", 18.0, "read"),
+        ("in_mutex", 24.0, "mutex_lock"),
+        ("in_cond", 30.0, "cond_wait"),
+    ] {
         let share = blocked_under(&rows, caller) as f64 / total as f64;
-        assert!((share - ms / 90.0).abs() < 0.025, "{caller}: {share:.3} of the blocked time, built in {:.3}: {rows:?}", ms / 90.0);
+        assert!(
+            (share - ms / 90.0).abs() < 0.025,
+            "{caller}: {share:.3} of the blocked time, built in {:.3}: {rows:?}",
+            ms / 90.0
+        );
         // The libc function sits right under its caller, and the stacks reach main.
         let through = rows
             .iter()
-            .filter(|(f, _)| f.iter().position(|x| x == caller).is_some_and(|i| f.get(i + 1).is_some_and(|g| g.contains(libc_fn)) && f[..i].iter().any(|x| x == "main")))
+            .filter(|(f, _)| {
+                f.iter().position(|x| x == caller).is_some_and(|i| {
+                    f.get(i + 1).is_some_and(|g| g.contains(libc_fn)) && f[..i].iter().any(|x| x == "main")
+                })
+            })
             .map(|r| r.1)
             .sum::<u64>();
         assert!(through as f64 > 0.95 * blocked_under(&rows, caller) as f64, "{caller} -> *{libc_fn}*: {rows:?}");
@@ -208,7 +262,8 @@ fn offcpu_attributes_blocking_libc_calls_to_their_callers() {
     // Proof the check can fail: the kernel's frame-pointer walk starts in
     // libc and finds none of the callers.
     let rows = run("fp");
-    let named: u64 = ["in_usleep", "in_poll", "in_read", "in_mutex", "in_cond"].iter().map(|c| blocked_under(&rows, c)).sum();
+    let named: u64 =
+        ["in_usleep", "in_poll", "in_read", "in_mutex", "in_cond"].iter().map(|c| blocked_under(&rows, c)).sum();
     let total: u64 = rows.iter().map(|r| r.1).sum();
     assert!((named as f64) < 0.05 * total as f64, "frame pointers found {named} of {total} us under the callers");
 }
@@ -238,13 +293,23 @@ fn rust_and_cxx_release_builds_reach_main() {
     assert!(st.success());
     for (bin, needles) in [
         (&rust, vec![vec!["rustwork::main", "rustwork::top", "rustwork::middle", "rustwork::leaf"]]),
-        (&cxx, vec![vec!["main", "catcher(int)", "middle(int)", "thrower(int)", "__cxa_throw", "_Unwind_RaiseException"], vec!["main", "sorter(", "by_key("]]),
+        (
+            &cxx,
+            vec![
+                vec!["main", "catcher(int)", "middle(int)", "thrower(int)", "__cxa_throw", "_Unwind_RaiseException"],
+                vec!["main", "sorter(", "by_key("],
+            ],
+        ),
     ] {
         let w = KillOnDrop(Command::new(bin).arg("20").spawn().unwrap());
         thread::sleep(Duration::from_millis(300));
         let (rows, s) = profile_user(w.0.id(), "auto", &dir, "lang");
         let total: u64 = rows.iter().map(|r| r.1).sum();
-        let main: u64 = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "main") && !f.iter().any(|x| x == "[truncated]")).map(|r| r.1).sum();
+        let main: u64 = rows
+            .iter()
+            .filter(|(f, _)| f.iter().any(|x| x == "main") && !f.iter().any(|x| x == "[truncated]"))
+            .map(|r| r.1)
+            .sum();
         assert!(main as f64 > 0.95 * total as f64, "{bin:?}: {main} of {total} samples reach main: {s}");
         // Each chain, in order (names may carry arguments or closures between).
         for chain in needles {
@@ -252,17 +317,22 @@ fn rust_and_cxx_release_builds_reach_main() {
                 .iter()
                 .filter(|(f, _)| {
                     let mut at = 0;
-                    chain.iter().all(|c| match f[at..].iter().position(|x| x == c || (c.ends_with('(') && x.starts_with(c))) {
-                        Some(i) => {
-                            at += i + 1;
-                            true
+                    chain.iter().all(|c| {
+                        match f[at..].iter().position(|x| x == c || (c.ends_with('(') && x.starts_with(c))) {
+                            Some(i) => {
+                                at += i + 1;
+                                true
+                            }
+                            None => false,
                         }
-                        None => false,
                     })
                 })
                 .map(|r| r.1)
                 .sum();
-            assert!(hits as f64 > 0.02 * total as f64, "{bin:?}: chain {chain:?} in {hits} of {total} samples: {rows:?}");
+            assert!(
+                hits as f64 > 0.02 * total as f64,
+                "{bin:?}: chain {chain:?} in {hits} of {total} samples: {rows:?}"
+            );
         }
         // Frame pointers alone lose them.
         let (rows, _) = profile_user(w.0.id(), "fp", &dir, "lang-fp");
@@ -280,11 +350,24 @@ fn edges(mode: &[&str]) -> (Vec<(Vec<String>, u64)>, Value) {
     thread::sleep(Duration::from_millis(100));
     let folded = dir.join(format!("edges-{}.folded", mode[0]));
     let out = Command::new(SONDE)
-        .args(["profile", "-p", &w.0.id().to_string(), "-F", "999", "-d", "2s", "--user-only", "--json", "-o", folded.to_str().unwrap()])
+        .args([
+            "profile",
+            "-p",
+            &w.0.id().to_string(),
+            "-F",
+            "999",
+            "-d",
+            "2s",
+            "--user-only",
+            "--json",
+            "-o",
+            folded.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     (read_folded(&folded), summary(&lines).clone())
 }
 
@@ -304,7 +387,12 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
     let through: u64 = handler
         .iter()
         .filter(|(f, _)| {
-            let (m, i, t, h) = (index_of(f, "main"), index_of(f, "interrupted"), index_of(f, "[signal trampoline]"), index_of(f, "on_signal"));
+            let (m, i, t, h) = (
+                index_of(f, "main"),
+                index_of(f, "interrupted"),
+                index_of(f, "[signal trampoline]"),
+                index_of(f, "on_signal"),
+            );
             matches!((m, i, t, h), (Some(m), Some(i), Some(t), Some(h)) if m < i && i < t && t < h)
         })
         .map(|r| r.1)
@@ -355,13 +443,20 @@ fn vdso_frames_keep_their_callers() {
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let (rows, s) = edges(&["vdso", "4"]);
     let total: u64 = rows.iter().map(|r| r.1).sum();
-    let in_vdso: u64 = rows.iter().filter(|(f, _)| f.last().is_some_and(|x| x.contains("clock_gettime"))).map(|r| r.1).sum();
+    let in_vdso: u64 =
+        rows.iter().filter(|(f, _)| f.last().is_some_and(|x| x.contains("clock_gettime"))).map(|r| r.1).sum();
     let whole: u64 = rows
         .iter()
-        .filter(|(f, _)| f.last().is_some_and(|x| x.contains("clock_gettime")) && matches!((index_of(f, "main"), index_of(f, "vdso_loop")), (Some(a), Some(b)) if a < b))
+        .filter(|(f, _)| {
+            f.last().is_some_and(|x| x.contains("clock_gettime"))
+                && matches!((index_of(f, "main"), index_of(f, "vdso_loop")), (Some(a), Some(b)) if a < b)
+        })
         .map(|r| r.1)
         .sum();
-    assert!(in_vdso as f64 > 0.3 * total as f64 && whole == in_vdso, "{whole} of {in_vdso} vDSO samples reach main: {rows:?} {s}");
+    assert!(
+        in_vdso as f64 > 0.3 * total as f64 && whole == in_vdso,
+        "{whole} of {in_vdso} vDSO samples reach main: {rows:?} {s}"
+    );
 }
 
 #[test]
@@ -371,7 +466,11 @@ fn a_binary_without_section_headers_is_walked_through_its_program_headers() {
     let nofp = build_workload("calltree", NOFP);
     let stripped = nofp.with_file_name("calltree-nosections");
     std::fs::copy(&nofp, &stripped).unwrap();
-    let st = Command::new("llvm-objcopy").arg("--strip-sections").arg(&stripped).status().expect("llvm-objcopy (Debian package llvm)");
+    let st = Command::new("llvm-objcopy")
+        .arg("--strip-sections")
+        .arg(&stripped)
+        .status()
+        .expect("llvm-objcopy (Debian package llvm)");
     assert!(st.success());
     let sh = Command::new("readelf").arg("-S").arg(&stripped).output().unwrap();
     assert!(String::from_utf8_lossy(&sh.stdout).contains("no sections"), "section headers are gone");
@@ -382,10 +481,15 @@ fn a_binary_without_section_headers_is_walked_through_its_program_headers() {
     // No symbols, but complete stacks whose depths carry the built-in split:
     // _start, 2 libc frames, main, descend, round_, then 4, 3 or 2 frames.
     let total: u64 = rows.iter().map(|r| r.1).sum();
-    let depth = |d: usize| rows.iter().filter(|(f, _)| f.len() == d + 1).map(|r| r.1).sum::<u64>() as f64 / total as f64;
+    let depth =
+        |d: usize| rows.iter().filter(|(f, _)| f.len() == d + 1).map(|r| r.1).sum::<u64>() as f64 / total as f64;
     assert_eq!(s["truncated_stacks"], 0, "{s}");
     for (d, share) in [(10, 0.5), (9, 0.3), (8, 0.2)] {
-        assert!((depth(d) - share).abs() < 0.05, "{d} frames: {:.3} of the samples, built in {share}: {rows:?}", depth(d));
+        assert!(
+            (depth(d) - share).abs() < 0.05,
+            "{d} frames: {:.3} of the samples, built in {share}: {rows:?}",
+            depth(d)
+        );
     }
 }
 
@@ -397,7 +501,12 @@ fn stacks_of_a_process_in_its_own_mount_namespace_and_one_that_exits() {
     // only it sees; selected by --comm.
     let bin = build_workload("calltree", NOFP);
     let script = format!("mount -t tmpfs none /mnt && cp {} /mnt/ctree && exec /mnt/ctree 6 3", bin.display());
-    let c = KillOnDrop(Command::new("unshare").args(["--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", &script]).spawn().unwrap());
+    let c = KillOnDrop(
+        Command::new("unshare")
+            .args(["--mount", "--pid", "--fork", "--mount-proc", "sh", "-c", &script])
+            .spawn()
+            .unwrap(),
+    );
     // And one that exits halfway through the run.
     let early = KillOnDrop(Command::new(&bin).args(["1.5", "3"]).spawn().unwrap());
     thread::sleep(Duration::from_millis(400));
@@ -420,7 +529,11 @@ fn stacks_of_a_process_in_its_own_mount_namespace_and_one_that_exits() {
     drop(c);
     for (root, (rows, err)) in [("ctree", ns), ("calltree", exited)] {
         let n: u64 = rows.iter().filter(|(f, _)| f[0] == root).map(|r| r.1).sum();
-        let whole: u64 = rows.iter().filter(|(f, _)| f[0] == root && f.iter().any(|x| x == "main") && f.iter().any(|x| x == "round_")).map(|r| r.1).sum();
+        let whole: u64 = rows
+            .iter()
+            .filter(|(f, _)| f[0] == root && f.iter().any(|x| x == "main") && f.iter().any(|x| x == "round_"))
+            .map(|r| r.1)
+            .sum();
         assert!(n > 100 && whole as f64 > 0.95 * n as f64, "{root}: {whole} of {n} samples reach main: {rows:?} {err}");
     }
 }
@@ -457,19 +570,31 @@ fn go_binaries_are_walked_with_their_debug_frame_or_frame_pointers() {
                 .filter(|(f, _)| matches!((index_of(f, "main.main"), index_of(f, "main.outer"), index_of(f, "main.inner")), (Some(a), Some(b), Some(c)) if a < b && b < c))
                 .map(|r| r.1)
                 .sum();
-            assert!(whole as f64 > 0.9 * total as f64, "{name}: {whole} of {total} samples through main.main -> outer -> inner: {rows:?}");
+            assert!(
+                whole as f64 > 0.9 * total as f64,
+                "{name}: {whole} of {total} samples through main.main -> outer -> inner: {rows:?}"
+            );
             let cut: u64 = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "[truncated]")).map(|r| r.1).sum();
             assert!((cut as f64) < 0.02 * total as f64, "{name}: {cut} of {total} cut: {s}");
-            assert!(w["tables"].as_u64().unwrap() as f64 > 0.9 * total as f64, "{name}: walked by its .debug_frame: {s}");
+            assert!(
+                w["tables"].as_u64().unwrap() as f64 > 0.9 * total as f64,
+                "{name}: walked by its .debug_frame: {s}"
+            );
         } else {
             // No symbols left to name the frames (or a program start), so
             // the stacks are marked cut; the walk itself went the whole
             // way by frame pointers: runtime.main, main.main, outer, inner
             // (runtime.goexit's frame pointer ends the chain).
-            assert!(w["fp_walked"].as_u64().unwrap() as f64 > 0.9 * total as f64, "{name}: walked by frame pointers: {s}");
+            assert!(
+                w["fp_walked"].as_u64().unwrap() as f64 > 0.9 * total as f64,
+                "{name}: walked by frame pointers: {s}"
+            );
             assert!(w["complete"].as_u64().unwrap() as f64 > 0.9 * total as f64, "{name}: to the chain's end: {s}");
             let deep: u64 = rows.iter().filter(|(f, _)| f.len() >= 2 + 4).map(|r| r.1).sum();
-            assert!(deep as f64 > 0.9 * total as f64, "{name}: {deep} of {total} samples 4 frames deep or more: {rows:?}");
+            assert!(
+                deep as f64 > 0.9 * total as f64,
+                "{name}: {deep} of {total} samples 4 frames deep or more: {rows:?}"
+            );
         }
     }
 }

@@ -29,7 +29,7 @@ __attribute__((noinline)) static void spin(double sec)
 	double end = cpu_now() + sec;
 	do {
 		for (int i = 0; i < 50000; i++) /* BURN_LOOP */
-			sink += i; /* BURN_LINE */
+			sink += i;              /* BURN_LINE */
 	} while (cpu_now() < end);
 }
 

@@ -34,7 +34,9 @@ int main(int argc, char **argv)
 	int port = atoi(argv[1]), count = atoi(argv[3]), gap_ms = atoi(argv[4]);
 	size_t size = strtoul(argv[5], NULL, 10);
 	const char *cc = argv[2];
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in a = {.sin_family = AF_INET,
+	                        .sin_port = htons(port),
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
 	setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 	if (bind(l, (void *)&a, sizeof(a)) || listen(l, 1))

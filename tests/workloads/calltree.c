@@ -31,12 +31,44 @@ __attribute__((noinline)) unsigned long work(unsigned long units)
 	return s;
 }
 
-__attribute__((noinline)) unsigned long gamma_(void) { unsigned long r = work(5); sink += r; return r; }
-__attribute__((noinline)) unsigned long beta(void) { unsigned long r = gamma_(); sink += r; return r; }
-__attribute__((noinline)) unsigned long delta(void) { unsigned long r = work(3); sink += r; return r; }
-__attribute__((noinline)) unsigned long alpha(void) { unsigned long r = beta(); r += delta(); sink += r; return r; }
-__attribute__((noinline)) unsigned long epsilon(void) { unsigned long r = work(2); sink += r; return r; }
-__attribute__((noinline)) unsigned long round_(void) { unsigned long r = alpha(); r += epsilon(); sink += r; return r; }
+__attribute__((noinline)) unsigned long gamma_(void)
+{
+	unsigned long r = work(5);
+	sink += r;
+	return r;
+}
+__attribute__((noinline)) unsigned long beta(void)
+{
+	unsigned long r = gamma_();
+	sink += r;
+	return r;
+}
+__attribute__((noinline)) unsigned long delta(void)
+{
+	unsigned long r = work(3);
+	sink += r;
+	return r;
+}
+__attribute__((noinline)) unsigned long alpha(void)
+{
+	unsigned long r = beta();
+	r += delta();
+	sink += r;
+	return r;
+}
+__attribute__((noinline)) unsigned long epsilon(void)
+{
+	unsigned long r = work(2);
+	sink += r;
+	return r;
+}
+__attribute__((noinline)) unsigned long round_(void)
+{
+	unsigned long r = alpha();
+	r += epsilon();
+	sink += r;
+	return r;
+}
 
 __attribute__((noinline)) unsigned long descend(int d)
 {
@@ -44,7 +76,6 @@ __attribute__((noinline)) unsigned long descend(int d)
 	sink += r;
 	return r;
 }
-
 
 int main(int argc, char **argv)
 {

@@ -26,7 +26,8 @@ static FILE *log_file;
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* The middleware: one access-log line with the client's host name. */
-__attribute__((noinline)) void log_request(const struct sockaddr_storage *peer, socklen_t len, const char *path)
+__attribute__((noinline)) void log_request(const struct sockaddr_storage *peer, socklen_t len,
+                                           const char *path)
 {
 	char host[NI_MAXHOST];
 	int r = getnameinfo((const struct sockaddr *)peer, len, host, sizeof(host), NULL, 0, 0);
@@ -44,7 +45,9 @@ __attribute__((noinline)) int handle_items(char *body, size_t cap)
 	size_t n = 0;
 	n += snprintf(body + n, cap - n, "[");
 	for (int i = 0; i < 200 && n < cap - 64; i++)
-		n += snprintf(body + n, cap - n, "%s{\"id\":%d,\"title\":\"entry %d\",\"score\":%.3f}", i ? "," : "", i, i, i * 1.5);
+		n += snprintf(body + n, cap - n,
+		              "%s{\"id\":%d,\"title\":\"entry %d\",\"score\":%.3f}", i ? "," : "",
+		              i, i, i * 1.5);
 	n += snprintf(body + n, cap - n, "]");
 	return (int)n;
 }
@@ -71,7 +74,8 @@ static char *read_request(int fd, char *buf, size_t cap)
 	return sp + 1;
 }
 
-__attribute__((noinline)) void serve_connection(int fd, const struct sockaddr_storage *peer, socklen_t len)
+__attribute__((noinline)) void serve_connection(int fd, const struct sockaddr_storage *peer,
+                                                socklen_t len)
 {
 	char req[2048], body[16384], head[256];
 	char *path = read_request(fd, req, sizeof(req));
@@ -80,7 +84,9 @@ __attribute__((noinline)) void serve_connection(int fd, const struct sockaddr_st
 	log_request(peer, len, path);
 	int blen = handle_items(body, sizeof(body));
 	int hlen = snprintf(head, sizeof(head),
-			    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n", blen);
+	                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+	                    "%d\r\nConnection: close\r\n\r\n",
+	                    blen);
 	if (write(fd, head, hlen) != hlen || write(fd, body, blen) != blen)
 		return;
 }

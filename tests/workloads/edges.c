@@ -18,7 +18,6 @@
 
 volatile unsigned long sink;
 
-
 __attribute__((noinline)) void spin_units(unsigned long n)
 {
 	for (unsigned long i = 0; i < n; i++)

@@ -12,7 +12,8 @@ int main(void)
 {
 	/* loop: pause; jmp loop */
 	static const unsigned char code[] = {0xf3, 0x90, 0xeb, 0xfc};
-	unsigned char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	unsigned char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+	                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (p == MAP_FAILED)
 		return 1;
 	memcpy(p, code, sizeof(code));

@@ -55,7 +55,8 @@ int main(int argc, char **argv)
 		double inner = i < 100 ? one_ms() : ten_ms();
 		double outer = now() - t0;
 		if (log)
-			fprintf(log, "%s %.0f %.0f\n", i < 100 ? "one_ms" : "ten_ms", inner * 1e9, outer * 1e9);
+			fprintf(log, "%s %.0f %.0f\n", i < 100 ? "one_ms" : "ten_ms", inner * 1e9,
+			        outer * 1e9);
 	}
 	if (log)
 		fclose(log);

@@ -65,8 +65,16 @@ static void tell(char c)
 		exit(1);
 }
 
-__attribute__((noinline)) void in_usleep(void) { usleep(6000); sink++; }
-__attribute__((noinline)) void in_poll(void) { poll(NULL, 0, 12); sink++; }
+__attribute__((noinline)) void in_usleep(void)
+{
+	usleep(6000);
+	sink++;
+}
+__attribute__((noinline)) void in_poll(void)
+{
+	poll(NULL, 0, 12);
+	sink++;
+}
 
 __attribute__((noinline)) void in_read(void)
 {
@@ -97,7 +105,6 @@ __attribute__((noinline)) void in_cond(void)
 	pthread_mutex_unlock(&cmu);
 	sink++;
 }
-
 
 int main(int argc, char **argv)
 {

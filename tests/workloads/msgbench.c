@@ -57,7 +57,9 @@ static void die(const char *what)
 
 static struct sockaddr_in loopback(int port)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in a = {.sin_family = AF_INET,
+	                        .sin_port = htons(port),
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	return a;
 }
 
@@ -214,7 +216,10 @@ static int pair(char **argv)
 	if (size < 16)
 		size = 16;
 	prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-	struct rx r = { .l = listen_on(listen_port), .count = count, .size = size, .t = calloc(count, sizeof(uint64_t)) };
+	struct rx r = {.l = listen_on(listen_port),
+	               .count = count,
+	               .size = size,
+	               .t = calloc(count, sizeof(uint64_t))};
 	pthread_t th;
 	pthread_create(&th, NULL, receiver, &r);
 	int s = connect_to(broker_port);
@@ -223,7 +228,8 @@ static int pair(char **argv)
 	uint64_t t0 = now_ns() + 1000000;
 	for (long i = 0; i < count; i++) {
 		uint64_t slot = t0 + (uint64_t)i * spacing_us * 1000;
-		struct timespec ts = { .tv_sec = slot / 1000000000ull, .tv_nsec = slot % 1000000000ull };
+		struct timespec ts = {.tv_sec = slot / 1000000000ull,
+		                      .tv_nsec = slot % 1000000000ull};
 		while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL))
 			;
 		uint64_t id = i, sent = now_ns();
@@ -239,8 +245,9 @@ static int pair(char **argv)
 	for (long i = 0; i < n; i++)
 		sum += r.t[i];
 	qsort(r.t, n, sizeof(uint64_t), cmp);
-	printf("sent %ld received %ld mean_ns %.0f p50_ns %llu p99_ns %llu cpu_ns %llu\n", count, n, n ? sum / n : 0,
-	       n ? (unsigned long long)r.t[n / 2] : 0ull, n ? (unsigned long long)r.t[n * 99 / 100] : 0ull, (unsigned long long)cpu);
+	printf("sent %ld received %ld mean_ns %.0f p50_ns %llu p99_ns %llu cpu_ns %llu\n", count, n,
+	       n ? sum / n : 0, n ? (unsigned long long)r.t[n / 2] : 0ull,
+	       n ? (unsigned long long)r.t[n * 99 / 100] : 0ull, (unsigned long long)cpu);
 	return 0;
 }
 
@@ -250,7 +257,8 @@ int main(int argc, char **argv)
 		return broker(argc, argv);
 	if (argc == 7 && !strcmp(argv[1], "pair"))
 		return pair(argv);
-	fprintf(stderr, "usage: msgbench broker IN_PORT OUT_PORT SIZE [LOG [EVERY DELAY_US [DROP_AT [LOGFILE]]]]\n"
-			"       msgbench pair BROKER_PORT LISTEN_PORT COUNT SPACING_US SIZE\n");
+	fprintf(stderr, "usage: msgbench broker IN_PORT OUT_PORT SIZE [LOG [EVERY DELAY_US "
+	                "[DROP_AT [LOGFILE]]]]\n"
+	                "       msgbench pair BROKER_PORT LISTEN_PORT COUNT SPACING_US SIZE\n");
 	return 2;
 }

@@ -83,7 +83,9 @@ impl Cache {
     /// The cache at `$SONDE_CACHE_DIR` or `/var/cache/sonde/unwind`
     /// (`SONDE_CACHE_DIR=off`: none).
     pub fn open() -> Cache {
-        let dir = std::env::var_os("SONDE_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/cache/sonde/unwind"));
+        let dir = std::env::var_os("SONDE_CACHE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/var/cache/sonde/unwind"));
         if dir.as_os_str() == "off" {
             return Cache { disabled: Some("SONDE_CACHE_DIR=off".into()), ..Default::default() };
         }
@@ -113,7 +115,11 @@ impl Cache {
             return Err("not a directory (or a symlink)".into());
         }
         if md.uid() != me || md.permissions().mode() & 0o022 != 0 {
-            return Err(format!("owned by uid {} with mode {:o}; want uid {me}, not writable by others", md.uid(), md.permissions().mode() & 0o777));
+            return Err(format!(
+                "owned by uid {} with mode {:o}; want uid {me}, not writable by others",
+                md.uid(),
+                md.permissions().mode() & 0o777
+            ));
         }
         // Every directory above it too: nobody else may swap a component
         // (a sticky directory such as /tmp protects our own entries).
@@ -195,7 +201,10 @@ impl Cache {
                 let md = e.metadata().ok()?;
                 let ext = e.path().extension()?.to_string_lossy().into_owned();
                 // Leftovers of a run killed while writing.
-                if md.is_file() && ext.starts_with("tmp") && md.modified().ok()?.elapsed().ok()? > std::time::Duration::from_secs(3600) {
+                if md.is_file()
+                    && ext.starts_with("tmp")
+                    && md.modified().ok()?.elapsed().ok()? > std::time::Duration::from_secs(3600)
+                {
                     let _ = fs::remove_file(e.path());
                     return None;
                 }
@@ -234,8 +243,16 @@ fn read_table(path: &PathBuf, k: &Key) -> Option<Table> {
         return None;
     }
     let st: Vec<u64> = (0..6).map(|i| u64_at(56 + 8 * i)).collect();
-    let stats = BuildStats { fdes: st[0], cfi_rows: st[1], unsupported_cfa: st[2], unknown_rbp: st[3], bad_fdes: st[4], debug_frame_rows: st[5] };
-    let rows = (0..n).map(|i| Row { addr: u64_at(HEADER + 16 * i), rule: u64_at(HEADER + 16 * i + 8) }).collect::<Vec<_>>();
+    let stats = BuildStats {
+        fdes: st[0],
+        cfi_rows: st[1],
+        unsupported_cfa: st[2],
+        unknown_rbp: st[3],
+        bad_fdes: st[4],
+        debug_frame_rows: st[5],
+    };
+    let rows =
+        (0..n).map(|i| Row { addr: u64_at(HEADER + 16 * i), rule: u64_at(HEADER + 16 * i + 8) }).collect::<Vec<_>>();
     // Sorted, or not ours.
     if rows.windows(2).any(|w| w[0].addr >= w[1].addr) {
         return None;
@@ -260,7 +277,10 @@ mod tests {
     #[test]
     fn a_table_round_trips_and_a_damaged_file_is_ignored() {
         let (mut c, dir) = temp_cache("rt");
-        let t = Table { rows: vec![Row { addr: 0x1000, rule: 1 << 16 }, Row { addr: 0x1010, rule: 0 }], stats: BuildStats { fdes: 1, ..Default::default() } };
+        let t = Table {
+            rows: vec![Row { addr: 0x1000, rule: 1 << 16 }, Row { addr: 0x1010, rule: 0 }],
+            stats: BuildStats { fdes: 1, ..Default::default() },
+        };
         let k = [7u8; 32];
         assert!(c.get(&k).is_none());
         c.put(&k, &t);

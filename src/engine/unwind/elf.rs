@@ -77,7 +77,12 @@ type SectionHdr = elf::SectionHeader64<Endianness>;
 /// (`SHF_COMPRESSED`, zlib) is inflated through a reader capped at its
 /// declared size, which must be within [`MAX_SECTION`] (a small file must
 /// not inflate to gigabytes).
-fn section_bytes(sh: &SectionHdr, endian: Endianness, cache: &ReadCache<File>, name: &str) -> Result<Option<Vec<u8>>, UnwindError> {
+fn section_bytes(
+    sh: &SectionHdr,
+    endian: Endianness,
+    cache: &ReadCache<File>,
+    name: &str,
+) -> Result<Option<Vec<u8>>, UnwindError> {
     use object::{read::elf::SectionHeader, ReadRef};
     if sh.sh_type(endian) == elf::SHT_NOBITS {
         return Ok(None);
@@ -101,7 +106,8 @@ fn section_bytes(sh: &SectionHdr, endian: Endianness, cache: &ReadCache<File>, n
     }
     let packed = cache.read_bytes_at(coff, csize).map_err(|()| bad(&"beyond the end of the file"))?;
     let mut out = Vec::with_capacity(want as usize);
-    std::io::Read::read_to_end(&mut std::io::Read::take(flate2::read::ZlibDecoder::new(packed), want + 1), &mut out).map_err(|e| bad(&e))?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(flate2::read::ZlibDecoder::new(packed), want + 1), &mut out)
+        .map_err(|e| bad(&e))?;
     if out.len() as u64 != want {
         return Err(bad(&format!("inflates to {} bytes, not the {want} its header says", out.len())));
     }
@@ -172,7 +178,8 @@ pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
         .iter()
         .filter_map(|(n, lazy)| {
             let (_, sh) = sections.section_by_name(endian, n.as_bytes())?;
-            (sh.sh_size(endian) > 0 && sh.sh_size(endian) < MAX_SECTION).then(|| (sh.sh_addr(endian), sh.sh_size(endian), *lazy))
+            (sh.sh_size(endian) > 0 && sh.sh_size(endian) < MAX_SECTION)
+                .then(|| (sh.sh_addr(endian), sh.sh_size(endian), *lazy))
         })
         .collect();
     let mut eh_frame = section(".eh_frame")?;

@@ -162,7 +162,9 @@ fn exec_mappings(pid: u32) -> Option<(Vec<ExecMapping>, u64)> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for line in maps.lines() {
         let mut it = line.split_whitespace();
-        let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) = (it.next(), it.next(), it.next(), it.next(), it.next()) else {
+        let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
             continue;
         };
         let path = it.next().unwrap_or("");
@@ -170,7 +172,9 @@ fn exec_mappings(pid: u32) -> Option<(Vec<ExecMapping>, u64)> {
             continue;
         }
         let Some((s, e)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end), Ok(offset)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16)) else {
+        let (Ok(start), Ok(end), Ok(offset)) =
+            (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
+        else {
             continue;
         };
         for b in line.bytes() {
@@ -230,8 +234,10 @@ impl Tables {
             let ft = if mp.vdso { self.vdso_table(m) } else { self.file_table(m, pid, &mp.range) };
             // Known to the walk either way: a mapping without a table is
             // walked by frame pointers and asks for no refresh.
-            let placed = ft.as_ref().and_then(|ft| Some((ft.placed?, elf::bias_of(&ft.segments, mp.start, mp.offset)?)));
-            let (first_page, n_pages, lo_page, bias) = placed.map(|(p, b)| (p.first_page, p.n_pages, p.lo_page, b)).unwrap_or((0, 0, 0, 0));
+            let placed =
+                ft.as_ref().and_then(|ft| Some((ft.placed?, elf::bias_of(&ft.segments, mp.start, mp.offset)?)));
+            let (first_page, n_pages, lo_page, bias) =
+                placed.map(|(p, b)| (p.first_page, p.n_pages, p.lo_page, b)).unwrap_or((0, 0, 0, 0));
             entries.push([mp.start, mp.end, bias, lo_page, (first_page as u64) | ((n_pages as u64) << 32)]);
         }
         entries.sort_by_key(|e| e[0]);
@@ -282,14 +288,24 @@ impl Tables {
     fn file_table(&mut self, m: &Maps<'_>, pid: u32, range: &str) -> Option<FileTable> {
         // map_files opens the very inode mapped (also in other mount
         // namespaces, also when deleted) without resolving a path.
-        let Some((f, md)) = File::open(format!("/proc/{pid}/map_files/{range}")).ok().and_then(|f| Some((f.metadata().ok()?, f))).map(|(m, f)| (f, m)) else {
+        let Some((f, md)) = File::open(format!("/proc/{pid}/map_files/{range}"))
+            .ok()
+            .and_then(|f| Some((f.metadata().ok()?, f)))
+            .map(|(m, f)| (f, m))
+        else {
             *self.stats.without_table.entry("unreadable".into()).or_default() += 1;
             return None;
         };
         // The inode alone is not the file: a deleted file's inode number is
         // reused at once, and `cp` over a library keeps it. Size and the
         // modification and change times make a new version a new key.
-        let id = FileId { dev: md.dev(), ino: md.ino(), size: md.size(), mtime: (md.mtime(), md.mtime_nsec()), ctime: (md.ctime(), md.ctime_nsec()) };
+        let id = FileId {
+            dev: md.dev(),
+            ino: md.ino(),
+            size: md.size(),
+            mtime: (md.mtime(), md.mtime_nsec()),
+            ctime: (md.ctime(), md.ctime_nsec()),
+        };
         if let Some(t) = self.by_file.get(&id) {
             return Some(t.clone());
         }
@@ -315,7 +331,8 @@ impl Tables {
         if let Some(p) = self.by_key.get(&key) {
             return Ok(FileTable { segments, placed: *p });
         }
-        let cfi = info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
+        let cfi =
+            info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
         let table = match self.cache.get(&key) {
             Some(t) => {
                 self.stats.cache_hits += 1;
@@ -353,7 +370,14 @@ impl Tables {
         // SAFETY: a shared, writable mapping of an mmapable BPF array of
         // exactly this size; unmapped when the chunk is dropped.
         let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), CHUNK_ROWS * 8, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, map.as_fd().as_raw_fd(), 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                CHUNK_ROWS * 8,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                map.as_fd().as_raw_fd(),
+                0,
+            )
         };
         if p == libc::MAP_FAILED {
             return None;
@@ -530,7 +554,10 @@ mod tests {
         let pages = layout(&t).unwrap();
         assert_eq!(pages.len(), 6);
         assert!(pages[4].1.is_empty(), "page 0x5 is all gap: {:?}", pages[4]);
-        for a in (0x1_0000..0x7_0000).step_by(3).chain([0x1_fff0, 0x2_0000, 0x2_0004, 0x3_0000, 0x4_7fff, 0x4_8000, 0x6_01ff, 0x6_0200]) {
+        for a in (0x1_0000..0x7_0000)
+            .step_by(3)
+            .chain([0x1_fff0, 0x2_0000, 0x2_0004, 0x3_0000, 0x4_7fff, 0x4_8000, 0x6_01ff, 0x6_0200])
+        {
             assert_eq!(layout_lookup(&pages, a), t.lookup(a), "at {a:#x}");
         }
     }
@@ -539,12 +566,19 @@ mod tests {
     fn a_table_spanning_the_address_space_is_refused_before_any_allocation() {
         let r = Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }.encode();
         let t = Table {
-            rows: vec![Row { addr: 0x1000, rule: r }, Row { addr: 0x4000_0000_0000_0000, rule: r }, Row { addr: 0x4000_0000_0000_0010, rule: Rule::GAP.encode() }],
+            rows: vec![
+                Row { addr: 0x1000, rule: r },
+                Row { addr: 0x4000_0000_0000_0000, rule: r },
+                Row { addr: 0x4000_0000_0000_0010, rule: Rule::GAP.encode() },
+            ],
             ..Default::default()
         };
         assert_eq!(page_span(&t), None);
         assert!(layout(&t).is_none());
-        let top = Table { rows: vec![Row { addr: u64::MAX - 0x100, rule: r }, Row { addr: u64::MAX, rule: Rule::GAP.encode() }], ..Default::default() };
+        let top = Table {
+            rows: vec![Row { addr: u64::MAX - 0x100, rule: r }, Row { addr: u64::MAX, rule: Rule::GAP.encode() }],
+            ..Default::default()
+        };
         assert_eq!(page_span(&top), Some(1));
         assert_eq!(layout(&top).unwrap().len(), 1, "no overflow at the top page");
     }

@@ -108,9 +108,9 @@ impl Plan {
             UnwindMode::Fp => Ok(Plan { tables: false, asked: a.unwind, fallback: None }),
             m => match kernel_can_walk() {
                 Ok(()) => Ok(Plan { tables: true, asked: m, fallback: None }),
-                Err(why) if m == UnwindMode::Dwarf => {
-                    Err(env(format!("--unwind dwarf: {why}, so user stacks cannot be walked from unwind tables; use --unwind fp")))
-                }
+                Err(why) if m == UnwindMode::Dwarf => Err(env(format!(
+                    "--unwind dwarf: {why}, so user stacks cannot be walked from unwind tables; use --unwind fp"
+                ))),
                 Err(why) => Ok(Plan { tables: false, asked: m, fallback: Some(why) }),
             },
         }
@@ -398,7 +398,13 @@ impl Session {
             .filter(|k| k.len() == 4)
             .map(|k| {
                 let pid = u32::from_ne_bytes(k[..4].try_into().unwrap());
-                let v = m.need.lookup(&k, MapFlags::ANY).ok().flatten().map(|v| u32::from_ne_bytes(v[..4].try_into().unwrap())).unwrap_or(1);
+                let v = m
+                    .need
+                    .lookup(&k, MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .map(|v| u32::from_ne_bytes(v[..4].try_into().unwrap()))
+                    .unwrap_or(1);
                 (pid, v)
             })
             .collect();
@@ -427,6 +433,12 @@ impl Session {
         if let Some(t) = &self.tables {
             table_stats.kernel_bytes = t.kernel_bytes();
         }
-        Ok(Report { mode: self.plan.asked, tables: self.plan.tables, fallback: self.plan.fallback.clone(), walks: WalkCounts::read(m.stats)?, table_stats })
+        Ok(Report {
+            mode: self.plan.asked,
+            tables: self.plan.tables,
+            fallback: self.plan.fallback.clone(),
+            walks: WalkCounts::read(m.stats)?,
+            table_stats,
+        })
     }
 }

@@ -29,8 +29,8 @@
 //! of instructions evaluated are budgeted ([`WORK_PER_BYTE`] times the
 //! section's size) and a build stops after [`MAX_BUILD`].
 use gimli::{
-    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation, Register, RegisterRule,
-    UnwindContext, UnwindSection, X86_64,
+    BaseAddresses, CfaRule, CieOrFde, DebugFrame, EhFrame, EndianSlice, LittleEndian, Operation, Register,
+    RegisterRule, UnwindContext, UnwindSection, X86_64,
 };
 
 use super::{elf::ElfUnwindInfo, UnwindError};
@@ -152,7 +152,10 @@ impl Rule {
             SavedRbp::AtRbp(n) => (kind::RBP_AT_RBP, n / 8),
             SavedRbp::Unknown => (kind::RBP_UNKNOWN, 0),
         };
-        (k << CFA_SHIFT) | (rk << RBP_SHIFT) | (((roff as i8) as u8 as u64) << RBP_OFF_SHIFT) | ((off as u32 as u64) << OFF_SHIFT)
+        (k << CFA_SHIFT)
+            | (rk << RBP_SHIFT)
+            | (((roff as i8) as u8 as u64) << RBP_OFF_SHIFT)
+            | ((off as u32 as u64) << OFF_SHIFT)
     }
 
     /// The inverse of [`Rule::encode`] (the page offset bits are ignored).
@@ -323,7 +326,11 @@ fn cfa_expression(expr: gimli::Expression<Slice<'_>>, encoding: gimli::Encoding)
 }
 
 /// The caller's rbp from a register rule.
-fn saved_rbp<'a>(rule: Option<RegisterRule<usize>>, expr: &dyn Fn(gimli::UnwindExpression<usize>) -> Option<gimli::Expression<Slice<'a>>>, encoding: gimli::Encoding) -> SavedRbp {
+fn saved_rbp<'a>(
+    rule: Option<RegisterRule<usize>>,
+    expr: &dyn Fn(gimli::UnwindExpression<usize>) -> Option<gimli::Expression<Slice<'a>>>,
+    encoding: gimli::Encoding,
+) -> SavedRbp {
     let fits = |n: i64| n % 8 == 0 && (-1024..=1016).contains(&n);
     match rule {
         None | Some(RegisterRule::SameValue) | Some(RegisterRule::Undefined) => SavedRbp::Same,
@@ -332,7 +339,11 @@ fn saved_rbp<'a>(rule: Option<RegisterRule<usize>>, expr: &dyn Fn(gimli::UnwindE
             let Some(expr) = expr(e) else { return SavedRbp::Unknown };
             let mut it = expr.operations(encoding);
             match (it.next(), it.next()) {
-                (Ok(Some(Operation::RegisterOffset { register: X86_64::RBP, offset, .. })), Ok(None)) if fits(offset) => SavedRbp::AtRbp(offset as i32),
+                (Ok(Some(Operation::RegisterOffset { register: X86_64::RBP, offset, .. })), Ok(None))
+                    if fits(offset) =>
+                {
+                    SavedRbp::AtRbp(offset as i32)
+                }
                 _ => SavedRbp::Unknown,
             }
         }
@@ -341,7 +352,13 @@ fn saved_rbp<'a>(rule: Option<RegisterRule<usize>>, expr: &dyn Fn(gimli::UnwindE
 }
 
 /// The compact rule of one CFI row.
-fn rule_of<'a, S: UnwindSection<Slice<'a>>>(row: &gimli::UnwindTableRow<usize>, section: &S, encoding: gimli::Encoding, signal: bool, stats: &mut BuildStats) -> Rule {
+fn rule_of<'a, S: UnwindSection<Slice<'a>>>(
+    row: &gimli::UnwindTableRow<usize>,
+    section: &S,
+    encoding: gimli::Encoding,
+    signal: bool,
+    stats: &mut BuildStats,
+) -> Rule {
     let expr = |e: gimli::UnwindExpression<usize>| e.get(section).ok();
     if signal {
         return Rule { cfa: Cfa::Signal, rbp: SavedRbp::Unknown };
@@ -376,7 +393,14 @@ fn rule_of<'a, S: UnwindSection<Slice<'a>>>(row: &gimli::UnwindTableRow<usize>, 
 }
 
 /// Rows of the FDEs at `offsets` (sorted by address) of one section.
-fn rows_of<'a, S>(section: &S, bases: &BaseAddresses, offsets: &[usize], b: &mut Builder, ctx: &mut UnwindContext<usize>, section_len: usize) -> Result<(), UnwindError>
+fn rows_of<'a, S>(
+    section: &S,
+    bases: &BaseAddresses,
+    offsets: &[usize],
+    b: &mut Builder,
+    ctx: &mut UnwindContext<usize>,
+    section_len: usize,
+) -> Result<(), UnwindError>
 where
     S: UnwindSection<Slice<'a>>,
 {
@@ -396,7 +420,9 @@ where
         b.stats.fdes += 1;
         work = work.saturating_add(fde.cie().entry_len() as u64).saturating_add(fde.entry_len() as u64);
         if work > budget {
-            return Err(UnwindError::TooBig(format!("CFI instructions to evaluate exceed {WORK_PER_BYTE} times the section's {section_len} bytes")));
+            return Err(UnwindError::TooBig(format!(
+                "CFI instructions to evaluate exceed {WORK_PER_BYTE} times the section's {section_len} bytes"
+            )));
         }
         let encoding = fde.cie().encoding();
         let signal = fde.is_signal_trampoline();
@@ -464,7 +490,11 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     plt.sort_unstable();
     let mut b = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
     for (addr, size, lazy) in plt {
-        let rule = if lazy { Rule { cfa: Cfa::Plt(11), rbp: SavedRbp::Same } } else { Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same } };
+        let rule = if lazy {
+            Rule { cfa: Cfa::Plt(11), rbp: SavedRbp::Same }
+        } else {
+            Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }
+        };
         b.add(addr, addr.saturating_add(size), rule)?;
     }
     let stats = t.stats;
@@ -579,7 +609,9 @@ mod tests {
         loop {
             match r {
                 gimli::EvaluationResult::Complete => break,
-                gimli::EvaluationResult::RequiresMemory { address, .. } => r = ev.resume_with_memory(gimli::Value::Generic(mem(address))).ok()?,
+                gimli::EvaluationResult::RequiresMemory { address, .. } => {
+                    r = ev.resume_with_memory(gimli::Value::Generic(mem(address))).ok()?
+                }
                 gimli::EvaluationResult::RequiresRegister { register, .. } => {
                     let v = match register {
                         X86_64::RSP => RSP,
@@ -601,7 +633,12 @@ mod tests {
     /// What gimli says at `rip`, on the synthetic state: (CFA, the caller's
     /// rbp or None when not recoverable, outermost). None: a rule the table
     /// marks unsupported.
-    fn gimli_says(row: &gimli::UnwindTableRow<usize>, sec: &EhFrame<Slice<'_>>, enc: gimli::Encoding, rip: u64) -> Option<(u64, Option<u64>, bool)> {
+    fn gimli_says(
+        row: &gimli::UnwindTableRow<usize>,
+        sec: &EhFrame<Slice<'_>>,
+        enc: gimli::Encoding,
+        rip: u64,
+    ) -> Option<(u64, Option<u64>, bool)> {
         let ra = row.register(X86_64::RA);
         if matches!(ra, Some(RegisterRule::Undefined)) {
             return Some((0, Some(RBP), true));
@@ -610,8 +647,12 @@ mod tests {
             return None;
         }
         let cfa = match row.cfa() {
-            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => RSP.wrapping_add(*offset as u64),
-            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => RBP.wrapping_add(*offset as u64),
+            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RSP => {
+                RSP.wrapping_add(*offset as u64)
+            }
+            CfaRule::RegisterAndOffset { register, offset } if *register == X86_64::RBP => {
+                RBP.wrapping_add(*offset as u64)
+            }
             CfaRule::Expression(e) => gimli_eval(e.get(sec).ok()?, enc, rip)?,
             _ => return None,
         };
@@ -676,11 +717,21 @@ mod tests {
                 match gimli_says(row, &sec, enc, a) {
                     Some(want) => {
                         let mine = table_says(got, a);
-                        assert_eq!(mine, Some(want), "{path} at {a:#x}: table {got:?}, gimli {:?} rbp {:?}", row.cfa(), row.register(X86_64::RBP));
+                        assert_eq!(
+                            mine,
+                            Some(want),
+                            "{path} at {a:#x}: table {got:?}, gimli {:?} rbp {:?}",
+                            row.cfa(),
+                            row.register(X86_64::RBP)
+                        );
                         checked += 1;
                     }
                     None => {
-                        assert_eq!(got.cfa, Cfa::Unsupported, "{path} at {a:#x}: gimli cannot say, so neither may the table");
+                        assert_eq!(
+                            got.cfa,
+                            Cfa::Unsupported,
+                            "{path} at {a:#x}: gimli cannot say, so neither may the table"
+                        );
                         skipped += 1;
                     }
                 }
@@ -694,11 +745,19 @@ mod tests {
             if w[1].0 > w[0].1 && !(w[1].0 - w[0].1 < 16 && w[1].0 % 16 == 0) {
                 for a in [w[0].1, w[1].0 - 1] {
                     let want = if in_plt(a) { table.lookup(a).cfa } else { Cfa::Gap };
-                    assert!(matches!(want, Cfa::Gap | Cfa::Rsp(8) | Cfa::Plt(11)) && table.lookup(a).cfa == want, "{path}: at {a:#x} {:?}", table.lookup(a));
+                    assert!(
+                        matches!(want, Cfa::Gap | Cfa::Rsp(8) | Cfa::Plt(11)) && table.lookup(a).cfa == want,
+                        "{path}: at {a:#x} {:?}",
+                        table.lookup(a)
+                    );
                 }
             }
         }
-        eprintln!("{path}: {} rows, {:?}; {checked} addresses checked, {skipped} with other rules", table.rows.len(), table.stats);
+        eprintln!(
+            "{path}: {} rows, {:?}; {checked} addresses checked, {skipped} with other rules",
+            table.rows.len(),
+            table.stats
+        );
         (checked, skipped)
     }
 
@@ -733,7 +792,7 @@ mod tests {
             let at = v.len();
             let mut fde = Vec::new();
             fde.extend(((at + 4) as u32).to_le_bytes()); // back to the CIE at 0
-            // pc_begin, pcrel sdata4: code at 0x10000 + 16 i (section at 0).
+                                                         // pc_begin, pcrel sdata4: code at 0x10000 + 16 i (section at 0).
             let field = at + 8;
             fde.extend(((0x10000 + 16 * i as i64 - field as i64) as i32).to_le_bytes());
             fde.extend(16i32.to_le_bytes());
@@ -801,7 +860,8 @@ mod tests {
     fn the_search_header_does_not_change_the_table() {
         // A copy of libc with an edited .eh_frame_hdr builds the same table
         // (the cache key covers .eh_frame, not the header).
-        let mut info = super::super::elf::read(std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap();
+        let mut info =
+            super::super::elf::read(std::fs::File::open("/lib/x86_64-linux-gnu/libc.so.6").unwrap()).unwrap();
         let real = build(&info).unwrap();
         if let Some(h) = info.eh_frame_hdr.as_mut() {
             h.data[8..12].copy_from_slice(&10u32.to_le_bytes()); // fde_count

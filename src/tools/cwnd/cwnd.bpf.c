@@ -94,7 +94,8 @@ static __always_inline const struct tcp_sock *tcp_of(const struct sock *sk, bool
 static __always_inline __u8 ca_state_of(const struct tcp_sock *tp, bool typed)
 {
 	const struct inet_connection_sock *icsk = &tp->inet_conn;
-	return typed ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state) : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+	return typed ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
+	             : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
 }
 
 static __always_inline void read_tcp(const struct tcp_sock *tp, bool typed, struct tcpvals *v)
@@ -130,7 +131,8 @@ static __always_inline struct cw_conn *conn_get(const struct sock *sk, bool type
 		c = bpf_sk_storage_get(&conn_store, (struct sock *)sk, 0, 0);
 		if (c || !create)
 			return c;
-		c = bpf_sk_storage_get(&conn_store, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		c = bpf_sk_storage_get(&conn_store, (struct sock *)sk, 0,
+		                       BPF_SK_STORAGE_GET_F_CREATE);
 	} else {
 		c = bpf_map_lookup_elem(&conns, &key);
 		if (c || !create)
@@ -158,7 +160,8 @@ static __always_inline struct cw_conn *conn_get(const struct sock *sk, bool type
 	return c;
 }
 
-static __always_inline void fill_event(struct cw_event *e, const struct cw_conn *c, const struct tcpvals *v, __u8 type)
+static __always_inline void fill_event(struct cw_event *e, const struct cw_conn *c,
+                                       const struct tcpvals *v, __u8 type)
 {
 	e->ts_ns = bpf_ktime_get_ns();
 	e->cookie = c->cookie;
@@ -241,7 +244,8 @@ static __always_inline int on_probe(const struct sock *sk, bool typed)
 	 * only for a sample (a probe read each without BTF). */
 	__u32 cwnd = KREAD(typed, tp, snd_cwnd), ssthresh = KREAD(typed, tp, snd_ssthresh);
 	__u8 ca = ca_state_of(tp, typed);
-	if (c->emitted && cwnd == c->last_cwnd && ssthresh == c->last_ssthresh && ca == c->last_ca) {
+	if (c->emitted && cwnd == c->last_cwnd && ssthresh == c->last_ssthresh &&
+	    ca == c->last_ca) {
 		stat_add(STAT_UNCHANGED);
 		return 0;
 	}
@@ -314,7 +318,8 @@ static __always_inline int on_send(const struct sock *sk, bool typed)
 	const struct tcp_congestion_ops *ops = KREAD(typed, icsk, icsk_ca_ops);
 	bool cong_control = BPF_CORE_READ(ops, cong_control) != NULL;
 	bpf_probe_read_kernel_str(c->cc, sizeof(c->cc), &ops->name);
-	__u8 sysctl = BPF_CORE_READ(sk, __sk_common.skc_net.net, ipv4.sysctl_tcp_slow_start_after_idle);
+	__u8 sysctl =
+	        BPF_CORE_READ(sk, __sk_common.skc_net.net, ipv4.sysctl_tcp_slow_start_after_idle);
 
 	__u8 reason;
 	if (!sysctl)

@@ -96,17 +96,17 @@ struct cw_conn {
 };
 
 enum cw_stat {
-	STAT_PROBES = 0,     /* tcp_probe on a sending socket */
-	STAT_SAMPLES,        /* samples emitted (or lost) */
-	STAT_UNCHANGED,      /* observations with cwnd, ssthresh and state unchanged */
-	STAT_RATE_LIMITED,   /* changes not emitted because of --every */
-	STAT_SENDS,          /* send-path hits evaluated for idle */
-	STAT_IDLE_SENDS,     /* idle sends reported */
-	STAT_RESTARTS,       /* of which restarted slow start */
-	STAT_FILTERED,       /* observations of sockets the filters exclude */
-	STAT_LOST,           /* ring buffer full */
-	STAT_CONN_FULL,      /* no room for a socket's state */
-	STAT_UNREADABLE,     /* not a tcp_sock */
+	STAT_PROBES = 0,   /* tcp_probe on a sending socket */
+	STAT_SAMPLES,      /* samples emitted (or lost) */
+	STAT_UNCHANGED,    /* observations with cwnd, ssthresh and state unchanged */
+	STAT_RATE_LIMITED, /* changes not emitted because of --every */
+	STAT_SENDS,        /* send-path hits evaluated for idle */
+	STAT_IDLE_SENDS,   /* idle sends reported */
+	STAT_RESTARTS,     /* of which restarted slow start */
+	STAT_FILTERED,     /* observations of sockets the filters exclude */
+	STAT_LOST,         /* ring buffer full */
+	STAT_CONN_FULL,    /* no room for a socket's state */
+	STAT_UNREADABLE,   /* not a tcp_sock */
 	STAT_MAX,
 };
 

@@ -144,9 +144,8 @@ fn format_of(a: &CwndArgs) -> anyhow::Result<Format> {
 /// RTOs, which the kernel keeps in jiffies: from the kernel config, else
 /// measured from /proc/timer_list over 200 ms.
 pub fn kernel_hz() -> anyhow::Result<u32> {
-    let from_config = |text: &str| {
-        text.lines().find_map(|l| l.strip_prefix("CONFIG_HZ=").and_then(|v| v.trim().parse::<u32>().ok()))
-    };
+    let from_config =
+        |text: &str| text.lines().find_map(|l| l.strip_prefix("CONFIG_HZ=").and_then(|v| v.trim().parse::<u32>().ok()));
     if let Ok(f) = std::fs::File::open("/proc/config.gz") {
         let mut s = String::new();
         if std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(f), &mut s).is_ok() {
@@ -366,7 +365,13 @@ fn read_totals(l: &Loaded) -> anyhow::Result<Totals> {
     for (i, v) in s.iter_mut().enumerate() {
         *v = percpu_sum(&l.skel.maps.stats, i as u32)?;
     }
-    let missed = l.skel.object().progs().filter(|p| l.names.contains(&p.name().to_string_lossy().as_ref())).map(|p| recursion_misses(&p)).sum();
+    let missed = l
+        .skel
+        .object()
+        .progs()
+        .filter(|p| l.names.contains(&p.name().to_string_lossy().as_ref()))
+        .map(|p| recursion_misses(&p))
+        .sum();
     Ok(Totals {
         observations: s[0],
         samples: s[1],
@@ -385,7 +390,16 @@ fn read_totals(l: &Loaded) -> anyhow::Result<Totals> {
 
 fn flow_json(e: &types::cw_event) -> FlowJson {
     let f = &e.flow;
-    FlowJson::new(e.cookie, f.family, &f.saddr, f.sport, &f.daddr, f.dport, f.netns, (e.has_owner != 0).then_some((e.owner.pid, &e.owner.comm)))
+    FlowJson::new(
+        e.cookie,
+        f.family,
+        &f.saddr,
+        f.sport,
+        &f.daddr,
+        f.dport,
+        f.netns,
+        (e.has_owner != 0).then_some((e.owner.pid, &e.owner.comm)),
+    )
 }
 
 /// A value, or "-" for none.
@@ -541,7 +555,10 @@ impl Printer {
             return Ok(());
         }
         self.header_done = true;
-        self.sink.line(&format!("{:<12} {:>7} {:<12} {:<45} {:<9} {}", "TIME(UTC)", "PID", "COMM", "LOCAL -> REMOTE", "EVENT", "DETAIL"))
+        self.sink.line(&format!(
+            "{:<12} {:>7} {:<12} {:<45} {:<9} {}",
+            "TIME(UTC)", "PID", "COMM", "LOCAL -> REMOTE", "EVENT", "DETAIL"
+        ))
     }
 
     fn idle(&mut self, e: &types::cw_event) -> std::io::Result<()> {
@@ -550,7 +567,9 @@ impl Printer {
         let reason = REASONS.get(i.reason as usize).copied().unwrap_or("unknown");
         let (idle_ms, rto_ms) = (ms(i.idle_j, self.hz), ms(i.rto_j, self.hz));
         let why = match i.reason {
-            0 => format!("idle {idle_ms} ms > RTO {rto_ms} ms, and {cc} has no cong_control hook: slow start restarted"),
+            0 => {
+                format!("idle {idle_ms} ms > RTO {rto_ms} ms, and {cc} has no cong_control hook: slow start restarted")
+            }
             1 => "net.ipv4.tcp_slow_start_after_idle is 0 in this namespace".to_string(),
             2 => format!("{} packets still in flight", i.packets_out),
             3 => format!("{cc} has its own cong_control hook, which skips the RFC 5681 restart"),
@@ -589,7 +608,10 @@ impl Printer {
             y_to: s.cwnd_after as f64,
             strong: s.restart,
             label: if s.restart {
-                format!("restart: {} idle {} ms > RTO {} ms, cwnd {} -> {}", s.cc, s.idle_ms, s.rto_ms, s.cwnd_before, s.cwnd_after)
+                format!(
+                    "restart: {} idle {} ms > RTO {} ms, cwnd {} -> {}",
+                    s.cc, s.idle_ms, s.rto_ms, s.cwnd_before, s.cwnd_after
+                )
             } else {
                 format!("no restart ({}): {}; cwnd {} -> {}", s.reason, s.why, s.cwnd_before, s.cwnd_after)
             },
@@ -653,7 +675,10 @@ fn summary_text(t: &Totals, conns: &[ConnSummary], mech: Mechanism, elapsed: Dur
         })
         .collect();
     let mut s = format!("\nSummary ({:.1}s, {mech}):\n", elapsed.as_secs_f64());
-    s.push_str(&table(&["SK", "LOCAL", "REMOTE", "PID", "COMM", "CC", "SAMPLES", "IDLE_SENDS", "RESTARTS", "CWND MIN/MAX/LAST"], &rows));
+    s.push_str(&table(
+        &["SK", "LOCAL", "REMOTE", "PID", "COMM", "CC", "SAMPLES", "IDLE_SENDS", "RESTARTS", "CWND MIN/MAX/LAST"],
+        &rows,
+    ));
     s.push_str(&format!(
         "\nobservations {} (unchanged {}, rate-limited {}), samples {}, sends evaluated {}, idle sends {}, restarts {}, filtered {}\nlost events: {} (ring buffer full) + {} (missed: kernel skipped the program on a busy CPU)  map full: conns {}  unreadable {}{}",
         t.observations, t.unchanged, t.rate_limited, t.samples, t.sends, t.idle_sends, t.restarts, t.filtered, t.lost, t.missed, t.conn_full, t.unreadable,
@@ -667,7 +692,13 @@ fn summary_text(t: &Totals, conns: &[ConnSummary], mech: Mechanism, elapsed: Dur
 
 /// Writes the chart; the connections' points and marks move into it (up to
 /// MAX_POINTS of them: not copied).
-fn write_chart(path: &Path, format: Format, conns: &mut [ConnSummary], t: &Totals, elapsed: Duration) -> anyhow::Result<()> {
+fn write_chart(
+    path: &Path,
+    format: Format,
+    conns: &mut [ConnSummary],
+    t: &Totals,
+    elapsed: Duration,
+) -> anyhow::Result<()> {
     let series: Vec<Series> = conns
         .iter_mut()
         .filter(|c| !c.points.is_empty() || !c.marks.is_empty())
@@ -702,7 +733,8 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let sink = match format {
         Format::Svg | Format::Html => {
             if let Some(p) = &a.output {
-                std::fs::File::create(p).map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
+                std::fs::File::create(p)
+                    .map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
             }
             Sink::open(None)?
         }
@@ -712,7 +744,8 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         Some(m) => vec![m.mechanism()],
         None => vec![Mechanism::TpBtf, Mechanism::Fentry, Mechanism::RawTp, Mechanism::Kprobe],
     };
-    let (loaded, mech, _fails) = with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
+    let (loaded, mech, _fails) =
+        with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
     ctl.start_clock();
     let start = Instant::now();
     let start_mono_ns = (crate::engine::flowfilter::clock_ns(libc::CLOCK_MONOTONIC)) as u64;

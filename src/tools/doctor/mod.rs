@@ -110,7 +110,10 @@ fn perf_event_attach(prog: &libbpf_rs::ProgramMut<'_>) -> Result<String, String>
 }
 
 fn ringbuf_ok() -> Result<String, String> {
-    let opts = libbpf_sys::bpf_map_create_opts { sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _, ..Default::default() };
+    let opts = libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+        ..Default::default()
+    };
     MapHandle::create(MapType::RingBuf, Some("sonde_probe"), 0, 0, 4096, &opts)
         .map(|m| {
             let _ = m.lookup(&[], MapFlags::ANY);
@@ -143,7 +146,12 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             "CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN",
             "missing CAP_BPF/CAP_PERFMON (and CAP_SYS_ADMIN): run as root",
         ),
-        yesno("btf", features::has_btf(), features::VMLINUX_BTF, "no /sys/kernel/btf/vmlinux: CO-RE and tp_btf unavailable"),
+        yesno(
+            "btf",
+            features::has_btf(),
+            features::VMLINUX_BTF,
+            "no /sys/kernel/btf/vmlinux: CO-RE and tp_btf unavailable",
+        ),
         check(
             "tracefs",
             features::tracefs().map(|p| p.display().to_string()).ok_or_else(|| "not mounted and cannot mount".into()),
@@ -183,7 +191,9 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         checks.push(check(
             "unwind",
             crate::tools::profile::table_walk_loads()
-                .map(|()| "user stacks walk .eh_frame tables in BPF (profile's program with the walk loads)".to_string())
+                .map(|()| {
+                    "user stacks walk .eh_frame tables in BPF (profile's program with the walk loads)".to_string()
+                })
                 .map_err(|e| format!("{e:#}; stack tools use frame pointers only (--unwind dwarf refused)")),
         ));
     }
@@ -197,7 +207,11 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     let with_unwind = |mut v: Value| {
         if v["usable"] == json!(true) {
             v["unwind"] = unwind["mode"].clone();
-            v["detail"] = json!(format!("{}; user stacks: {}", v["detail"].as_str().unwrap_or(""), unwind["detail"].as_str().unwrap_or("")));
+            v["detail"] = json!(format!(
+                "{}; user stacks: {}",
+                v["detail"].as_str().unwrap_or(""),
+                unwind["detail"].as_str().unwrap_or("")
+            ));
         }
         v
     };
@@ -218,7 +232,9 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         .map(|(m, _)| m);
     let retrans = match (privileged, retrans_hooks[0].1, mech) {
         (false, _, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, false, _) => json!({"usable": false, "why": "kernel has no tcp:tcp_retransmit_skb tracepoint (added in 4.15)"}),
+        (_, false, _) => {
+            json!({"usable": false, "why": "kernel has no tcp:tcp_retransmit_skb tracepoint (added in 4.15)"})
+        }
         (_, _, None) => json!({"usable": false, "why": "neither tp_btf, raw_tp nor classic tracepoints load"}),
         (_, _, Some(m)) => json!({
             "usable": true,
@@ -255,11 +271,21 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
 
     // msglat: the socket tracepoints as BTF tracepoints where the kernel
     // has them (the default hooks), else the syscall tracepoints.
-    let msglat = match (privileged, ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist(), features::tracepoint_exists("syscalls", "sys_enter_write")) {
+    let msglat = match (
+        privileged,
+        ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist(),
+        features::tracepoint_exists("syscalls", "sys_enter_write"),
+    ) {
         (false, _, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, true, _) => json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"}),
-        (_, false, true) => json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"}),
-        _ => json!({"usable": false, "why": "neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available"}),
+        (_, true, _) => {
+            json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"})
+        }
+        (_, false, true) => {
+            json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"})
+        }
+        _ => {
+            json!({"usable": false, "why": "neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available"})
+        }
     };
     tools.push(("msglat".into(), msglat));
 
@@ -267,7 +293,9 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     let cycles = crate::engine::perf::has_cycles();
     let profile = match (privileged, ok("perf_event")) {
         (false, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, false) => json!({"usable": false, "why": "BPF programs cannot attach to perf events here (see perf_event above)"}),
+        (_, false) => {
+            json!({"usable": false, "why": "BPF programs cannot attach to perf events here (see perf_event above)"})
+        }
         _ => json!({
             "usable": true,
             "mechanism": "perf_event",
@@ -279,7 +307,12 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
 
     // offcpu: sched_switch through tp_btf, else raw_tp; periods end at
     // sched_exit_tp where the kernel has it (found in BTF).
-    let sw = [("tp_btf", "start records in task storage where the kernel allocates it with bpf_mem_alloc, else a hash"), ("raw_tp", "start records in a hash")].into_iter().find(|(n, _)| ok(n));
+    let sw = [
+        ("tp_btf", "start records in task storage where the kernel allocates it with bpf_mem_alloc, else a hash"),
+        ("raw_tp", "start records in a hash"),
+    ]
+    .into_iter()
+    .find(|(n, _)| ok(n));
     let exit_hook = features::btf_has_type("btf_trace_sched_exit_tp");
     let hook = if exit_hook {
         "sched:sched_switch + sched_exit_tp (stacks walked only for kept periods; short ones sampled)"
@@ -289,7 +322,9 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     let offcpu = match (privileged, sw) {
         (false, _) => json!({"usable": false, "why": "not privileged"}),
         (_, None) => json!({"usable": false, "why": "neither tp_btf nor raw_tp programs load"}),
-        (_, Some((m, d))) => json!({"usable": true, "mechanism": m, "exit_hook": exit_hook, "detail": format!("{hook}; {d}")}),
+        (_, Some((m, d))) => {
+            json!({"usable": true, "mechanism": m, "exit_hook": exit_hook, "detail": format!("{hook}; {d}")})
+        }
     };
     tools.push(("offcpu".into(), with_unwind(offcpu.clone())));
     // wakeup: the same, plus sched_waking.
@@ -332,7 +367,11 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     // slow: funclatency's probes plus a perf-event sampler.
     let mut slow = funclatency;
     if slow["usable"] == json!(true) {
-        let sampler = if ok("perf_event") { "; sampler: perf_event cpu-clock" } else { "; no perf_event sampling: no flame graph of slow calls" };
+        let sampler = if ok("perf_event") {
+            "; sampler: perf_event cpu-clock"
+        } else {
+            "; no perf_event sampling: no flame graph of slow calls"
+        };
         slow["detail"] = json!(format!("{}{sampler}", slow["detail"].as_str().unwrap_or("")));
     }
     tools.push(("slow".into(), with_unwind(slow)));
@@ -361,7 +400,11 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
         println!("tools:");
         for (t, v) in &tools {
             if v["usable"] == json!(true) {
-                println!("  {t:<11} uses {} ({})", v["mechanism"].as_str().unwrap_or("?"), v["detail"].as_str().unwrap_or(""));
+                println!(
+                    "  {t:<11} uses {} ({})",
+                    v["mechanism"].as_str().unwrap_or("?"),
+                    v["detail"].as_str().unwrap_or("")
+                );
             } else {
                 println!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"));
             }
@@ -380,15 +423,22 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
     use std::time::Instant;
     let mut out = Vec::new();
     for path in &a.unwind {
-        let f = std::fs::File::open(path).map_err(|e| crate::engine::error::usage(format!("--unwind {}: {e}; give an ELF file", path.display())))?;
+        let f = std::fs::File::open(path)
+            .map_err(|e| crate::engine::error::usage(format!("--unwind {}: {e}; give an ELF file", path.display())))?;
         let t0 = Instant::now();
         if !f.metadata().is_ok_and(|m| m.is_file()) {
-            return Err(crate::engine::error::usage(format!("--unwind {}: not a regular file; give an executable or library", path.display())));
+            return Err(crate::engine::error::usage(format!(
+                "--unwind {}: not a regular file; give an executable or library",
+                path.display()
+            )));
         }
         let info = match elf::read(f) {
             Ok(i) => i,
             Err(crate::engine::unwind::UnwindError::NotElf(e)) => {
-                return Err(crate::engine::error::usage(format!("--unwind {}: not an x86-64 ELF file ({e}); give an executable or library", path.display())))
+                return Err(crate::engine::error::usage(format!(
+                    "--unwind {}: not an x86-64 ELF file ({e}); give an executable or library",
+                    path.display()
+                )))
             }
             Err(e) => {
                 out.push(json!({"file": path, "table": false, "why": e.to_string()}));
@@ -421,7 +471,8 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
         };
         let page_rows: usize = pages.iter().map(|p| p.1.len()).sum();
         let kbytes = (page_rows + pages.len()) * 8;
-        let cfi = info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
+        let cfi =
+            info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
         out.push(json!({
             "file": path, "table": true,
             "source": if info.eh_frame.is_some() { if info.via_program_headers { ".eh_frame (through PT_GNU_EH_FRAME: no section headers)" } else { ".eh_frame" } } else { ".debug_frame" },
@@ -455,7 +506,11 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
                 v["cached_ms"].as_f64().unwrap_or(0.0),
             );
         } else {
-            println!("{}: no table: {} (its frames are walked by frame pointers)", v["file"].as_str().unwrap_or("?"), v["why"].as_str().unwrap_or("?"));
+            println!(
+                "{}: no table: {} (its frames are walked by frame pointers)",
+                v["file"].as_str().unwrap_or("?"),
+                v["why"].as_str().unwrap_or("?")
+            );
         }
     }
     Ok(0)

@@ -76,7 +76,8 @@ static __always_inline void stk_stat(__u32 s)
 
 /* slow: reports a call of `ns` to target `idx` that just returned, with the
  * kernel and/or user stack it returns to. */
-static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now, bool kernel, bool user)
+static __always_inline void slow_call(void *ctx, __u32 idx, __u64 ns, __u64 now, bool kernel,
+                                      bool user)
 {
 	if (!over_ns || ns < over_ns)
 		return;

@@ -2,7 +2,7 @@
 #ifndef SONDE_FUNCLATENCY_H
 #define SONDE_FUNCLATENCY_H
 
-#define FL_DEPTH 32   /* calls in flight per thread that are timed (a power of two) */
+#define FL_DEPTH 32 /* calls in flight per thread that are timed (a power of two) */
 
 /* A thread's calls in flight, innermost last. */
 struct fl_stack {
@@ -21,16 +21,16 @@ struct fl_softirq {
 
 /* `slow`: one call over the threshold (ring buffer). */
 struct fl_slow_event {
-	__u64 end_ns;     /* bpf_ktime_get_ns() at its return */
+	__u64 end_ns; /* bpf_ktime_get_ns() at its return */
 	__u64 latency_ns;
 	__u32 pid;
 	__u32 tid;
-	__u32 idx;        /* target */
-	__s32 ustack;     /* user stack at its return: its caller's stack (stk_traces) */
-	__s32 kstack;     /* softirqs: kernel stack at its exit */
+	__u32 idx;    /* target */
+	__s32 ustack; /* user stack at its return: its caller's stack (stk_traces) */
+	__s32 kstack; /* softirqs: kernel stack at its exit */
 	char comm[16];
 	__u32 pad;
-	__u64 uhash;      /* or: the walked user stack (unw_walked) */
+	__u64 uhash; /* or: the walked user stack (unw_walked) */
 };
 
 enum fl_stat {

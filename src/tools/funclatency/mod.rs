@@ -12,9 +12,11 @@ use anyhow::Context;
 use clap::Args;
 use libbpf_rs::{
     skel::{OpenSkel, SkelBuilder},
-    KprobeMultiOpts, KprobeOpts, UprobeMultiOpts, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeOpts,
+    KprobeMultiOpts, KprobeOpts, MapCore, MapFlags, OpenObject, TracepointCategory, TracepointOpts, UprobeMultiOpts,
+    UprobeOpts,
 };
 
+use crate::engine::hist::{human, Hist};
 use crate::engine::{
     error::usage,
     features,
@@ -25,7 +27,6 @@ use crate::engine::{
     stacktool,
     taskfilter::TaskFilter,
 };
-use crate::engine::hist::{human, Hist};
 use targets::{Probe, ProbeKind};
 
 mod skel {
@@ -251,7 +252,8 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
         // The template is verified against one function, the one with the
         // fewest arguments (any trampoline takes it); the others get copies
         // of its instructions (kfunc::fentry_clone).
-        let template = kfuncs.iter().filter_map(|f| Some((btf.func_args(f.1)?, f.1))).min().map(|(_, n)| n).unwrap_or(kfuncs[0].1);
+        let template =
+            kfuncs.iter().filter_map(|f| Some((btf.func_args(f.1)?, f.1))).min().map(|(_, n)| n).unwrap_or(kfuncs[0].1);
         open.progs.fl_kentry.set_attach_target(0, Some(template.to_string()))?;
         open.progs.fl_kexit.set_attach_target(0, Some(template.to_string()))?;
     }
@@ -290,16 +292,25 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
                                 break;
                             }
                             Err(e) => {
-                                return Err(anyhow::Error::new(e).context(format!("attaching a uprobe to {} ({} at {offset:#x})", p.name, path.display())))
+                                return Err(anyhow::Error::new(e).context(format!(
+                                    "attaching a uprobe to {} ({} at {offset:#x})",
+                                    p.name,
+                                    path.display()
+                                )))
                             }
                         }
                     }
                 }
                 ProbeKind::Syscall(name) => {
-                    let (prog, tp) = if ret { (&skel.progs.fl_sys_exit, format!("sys_exit_{name}")) } else { (&skel.progs.fl_sys_enter, format!("sys_enter_{name}")) };
+                    let (prog, tp) = if ret {
+                        (&skel.progs.fl_sys_exit, format!("sys_exit_{name}"))
+                    } else {
+                        (&skel.progs.fl_sys_enter, format!("sys_enter_{name}"))
+                    };
                     let opts = TracepointOpts { cookie, ..Default::default() };
                     links.push(Attachment::Lib(
-                        prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts).with_context(|| format!("attaching syscalls:{tp}"))?,
+                        prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts)
+                            .with_context(|| format!("attaching syscalls:{tp}"))?,
                     ));
                 }
                 ProbeKind::Softirq(_) | ProbeKind::Kernel(_) => {}
@@ -319,15 +330,21 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
         links.push(Attachment::Lib(entry.attach().context("attaching irq:softirq_entry")?));
     }
     if let Some(c) = slow {
-        let samplers = crate::engine::perf::attach_sampling(&skel.progs.fl_sample, crate::engine::perf::Counter::CpuClock, c.hz, |cpu, e| {
-            anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}"))
-        })?;
+        let samplers = crate::engine::perf::attach_sampling(
+            &skel.progs.fl_sample,
+            crate::engine::perf::Counter::CpuClock,
+            c.hz,
+            |cpu, e| anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
+        )?;
         links.extend(samplers.into_iter().map(Attachment::Lib));
     }
     let n_user = probes.iter().filter(|p| matches!(p.kind, ProbeKind::User { .. })).count();
     let user_refused = unprobeable.iter().filter(|&&i| matches!(probes[i].kind, ProbeKind::User { .. })).count();
     if n_user > 0 && user_refused == n_user {
-        return Err(crate::engine::error::env(format!("the kernel cannot place a uprobe on any of the {n_user} functions (first: {}; ENOTSUPP)", probes[unprobeable[0]].name)));
+        return Err(crate::engine::error::env(format!(
+            "the kernel cannot place a uprobe on any of the {n_user} functions (first: {}; ENOTSUPP)",
+            probes[unprobeable[0]].name
+        )));
     }
     if !kfuncs.is_empty() && unprobeable.len() - user_refused == kfuncs.len() {
         anyhow::bail!("the kernel refuses every one of the {} kernel functions by this mechanism", kfuncs.len());
@@ -338,7 +355,13 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
 
 /// One uprobe.multi link per binary (and per -p process) for the entries or
 /// the returns (`ret`) of every user function in it, cookies per function.
-fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[i32], probes: &[Probe], ret: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+fn attach_user_multi(
+    skel: &FunclatencySkel<'_>,
+    pids: &[i32],
+    probes: &[Probe],
+    ret: bool,
+    links: &mut Vec<Attachment>,
+) -> anyhow::Result<()> {
     let mut by_path: Vec<(&std::path::Path, Vec<usize>, Vec<u64>)> = Vec::new();
     for (i, p) in probes.iter().enumerate() {
         if let ProbeKind::User { path, offset } = &p.kind {
@@ -354,11 +377,15 @@ fn attach_user_multi(skel: &FunclatencySkel<'_>, pids: &[i32], probes: &[Probe],
     let prog = if ret { &skel.progs.fl_umexit } else { &skel.progs.fl_umentry };
     for (path, offsets, cookies) in by_path {
         for &pid in pids {
-            let opts = UprobeMultiOpts { offsets: offsets.clone(), cookies: cookies.clone(), retprobe: ret, ..Default::default() };
-            links.push(Attachment::Lib(
-                prog.attach_uprobe_multi_with_opts(pid, path, "", opts)
-                    .with_context(|| format!("attaching uprobe.multi to {} functions of {}", offsets.len(), path.display()))?,
-            ));
+            let opts = UprobeMultiOpts {
+                offsets: offsets.clone(),
+                cookies: cookies.clone(),
+                retprobe: ret,
+                ..Default::default()
+            };
+            links.push(Attachment::Lib(prog.attach_uprobe_multi_with_opts(pid, path, "", opts).with_context(
+                || format!("attaching uprobe.multi to {} functions of {}", offsets.len(), path.display()),
+            )?));
         }
     }
     Ok(())
@@ -412,13 +439,19 @@ fn attach_kernel(
                 retprobe: ret,
                 ..Default::default()
             };
-            links.push(Attachment::Lib(prog.attach_kprobe_multi_with_opts(opts).with_context(|| format!("attaching kprobe.multi ({dir}) to {} functions", kfuncs.len()))?));
+            links.push(Attachment::Lib(
+                prog.attach_kprobe_multi_with_opts(opts)
+                    .with_context(|| format!("attaching kprobe.multi ({dir}) to {} functions", kfuncs.len()))?,
+            ));
         }
         Some(KernelMechanism::Kprobe) => {
             let prog = if ret { &skel.progs.fl_kpexit } else { &skel.progs.fl_kpentry };
             for &(cookie, name) in kfuncs {
                 let opts = KprobeOpts { cookie, ..Default::default() };
-                links.push(Attachment::Lib(prog.attach_kprobe_with_opts(ret, name, opts).with_context(|| format!("kprobe on kernel:{name} ({dir})"))?));
+                links.push(Attachment::Lib(
+                    prog.attach_kprobe_with_opts(ret, name, opts)
+                        .with_context(|| format!("kprobe on kernel:{name} ({dir})"))?,
+                ));
             }
         }
         None => anyhow::bail!("kernel functions without a mechanism"),
@@ -439,14 +472,22 @@ fn detach(links: Vec<Attachment>) {
 /// with the forced mechanism, else the first of fentry, kprobe-multi and
 /// kprobe that loads and attaches; user functions by uprobe.multi where the
 /// kernel has it (its link type is in the kernel's BTF), else one uprobe each.
-fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], scope: &Scope, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
+fn load_with_fallback(
+    pids: &[u32],
+    tf: &TaskFilter,
+    probes: &[Probe],
+    scope: &Scope,
+    slow: Option<&SlowCfg>,
+) -> anyhow::Result<Loaded> {
     let softirq = probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_)));
     let kernel = probes.iter().any(|p| matches!(p.kind, ProbeKind::Kernel(_)));
     let user = probes.iter().any(|p| matches!(p.kind, ProbeKind::User { .. }));
     let korder: Vec<Option<KernelMechanism>> = match (kernel, scope.kernel_mechanism) {
         (false, _) => vec![None],
         (true, Some(m)) => vec![Some(m)],
-        (true, None) => vec![Some(KernelMechanism::Fentry), Some(KernelMechanism::KprobeMulti), Some(KernelMechanism::Kprobe)],
+        (true, None) => {
+            vec![Some(KernelMechanism::Fentry), Some(KernelMechanism::KprobeMulti), Some(KernelMechanism::Kprobe)]
+        }
     };
     let umulti = user && !scope.single_uprobes && features::btf_has_type("bpf_uprobe_multi_link");
     let mut failures = Vec::new();
@@ -472,11 +513,18 @@ fn load_with_fallback(pids: &[u32], tf: &TaskFilter, probes: &[Probe], scope: &S
         if kmech.is_none() {
             // No other mechanism to try: the last failure, after the others.
             let last = errs.pop().expect("at least one way was tried");
-            return Err(if errs.is_empty() { last } else { last.context(format!("(before: {})", text[..text.len() - 1].join("; "))) });
+            return Err(if errs.is_empty() {
+                last
+            } else {
+                last.context(format!("(before: {})", text[..text.len() - 1].join("; ")))
+            });
         }
         failures.push(format!("{}: {}", kmech.map(KernelMechanism::name).unwrap_or(""), text.join("; then ")));
     }
-    Err(crate::engine::error::env(format!("cannot probe the kernel functions ({}); see `sonde doctor`", failures.join("; "))))
+    Err(crate::engine::error::env(format!(
+        "cannot probe the kernel functions ({}); see `sonde doctor`",
+        failures.join("; ")
+    )))
 }
 
 /// Every target's histogram, summed over CPUs.
@@ -533,7 +581,8 @@ fn prune_dead_threads(map: &dyn MapCore) {
 
 /// Says which functions the kernel refused a uprobe on, if any.
 fn unprobeable_note(summary: &serde_json::Value) {
-    let names: Vec<&str> = summary["unprobeable"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
+    let names: Vec<&str> =
+        summary["unprobeable"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
     if !names.is_empty() {
         let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };
         eprintln!("not traced: the kernel refused a probe on {}{more} (a uprobe: ENOTSUPP; fentry: no trampoline or BTF for it)", names[..names.len().min(5)].join(", "));
@@ -602,7 +651,8 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
         interval_no += 1;
         let now = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
         for (i, p) in probes.iter().enumerate() {
-            let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
+            let r =
+                TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
             if a.json {
                 println!("{}", target_json(&r, Some(interval_no)));
             } else if r.hist.count > 0 {
@@ -625,13 +675,21 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     let (too_deep, threads_full, unmatched) = (st(FL_TOO_DEEP)?, st(FL_THREADS_FULL)?, st(FL_UNMATCHED)?);
     let kernel_mechanism = loaded.kernel.map(KernelMechanism::name);
     let unprobeable = std::mem::take(&mut loaded.unprobeable);
-    let uprobe_mechanism = probes.iter().any(|p| matches!(p.kind, ProbeKind::User { .. })).then_some(if loaded.umulti { "uprobe-multi" } else { "uprobe" });
+    let uprobe_mechanism = probes
+        .iter()
+        .any(|p| matches!(p.kind, ProbeKind::User { .. }))
+        .then_some(if loaded.umulti { "uprobe-multi" } else { "uprobe" });
     detach(loaded.links);
     let targets: Vec<TargetResult> = probes
         .into_iter()
         .zip(hists)
         .zip(flight)
-        .map(|((probe, hist), (in_flight, oldest))| TargetResult { probe, hist, in_flight, oldest_in_flight_ns: oldest })
+        .map(|((probe, hist), (in_flight, oldest))| TargetResult {
+            probe,
+            hist,
+            in_flight,
+            oldest_in_flight_ns: oldest,
+        })
         .collect();
     let calls: u64 = targets.iter().map(|t| t.hist.count).sum();
     let summary = serde_json::json!({

@@ -7,8 +7,11 @@ use anyhow::Context;
 use clap::Args;
 use libbpf_rs::RingBufferBuilder;
 
+use super::{
+    in_flight, load_with_fallback, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS,
+    FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED,
+};
 use crate::engine::hist::human;
-use super::{in_flight, load_with_fallback, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS, FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED};
 use crate::engine::{
     error::usage,
     features,
@@ -140,7 +143,13 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
     let plan = unwind::Plan::new(&a.unwind)?;
-    let cfg = SlowCfg { over_ns: a.over.as_nanos() as u64, hz: a.frequency, want_kernel: !a.user_only, want_user: !a.kernel_only, unwind: plan };
+    let cfg = SlowCfg {
+        over_ns: a.over.as_nanos() as u64,
+        hz: a.frequency,
+        want_kernel: !a.user_only,
+        want_user: !a.kernel_only,
+        unwind: plan,
+    };
     let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, Some(&cfg))?;
     ctl.start_clock();
     let attached = std::time::Instant::now();
@@ -204,7 +213,15 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
                 Some((pcs, w)) => (pcs, Some(w)),
                 None => (read_stack(&skel.maps.stk_traces, e.ustack)?, None),
             };
-            Ok(RawSample { pid: e.pid, tid: e.tid, comm: e.comm.clone(), kstack: read_stack(&skel.maps.stk_traces, e.kstack)?, ustack, walk, count: 1 })
+            Ok(RawSample {
+                pid: e.pid,
+                tid: e.tid,
+                comm: e.comm.clone(),
+                kstack: read_stack(&skel.maps.stk_traces, e.kstack)?,
+                ustack,
+                walk,
+                count: 1,
+            })
         })
         .collect::<anyhow::Result<_>>()?;
     for e in &evs {
@@ -274,7 +291,9 @@ fn names(s: &Stack) -> Vec<String> {
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.scope.duration)?;
-    let out = run_with(a, &ctl, || eprintln!("sonde: watching for calls over {}; Ctrl-C ends and reports", human(a.over.as_nanos() as u64)))?;
+    let out = run_with(a, &ctl, || {
+        eprintln!("sonde: watching for calls over {}; Ctrl-C ends and reports", human(a.over.as_nanos() as u64))
+    })?;
     let s = &out.summary;
     if a.json {
         use std::io::Write;
@@ -289,7 +308,13 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
         return Ok(out.stop.exit_code());
     }
     super::unprobeable_note(s);
-    println!("{} calls over {} of {} calls; {} samples inside them", s["slow_calls"], human(s["over_ns"].as_u64().unwrap_or(0)), s["calls"], s["samples"]);
+    println!(
+        "{} calls over {} of {} calls; {} samples inside them",
+        s["slow_calls"],
+        human(s["over_ns"].as_u64().unwrap_or(0)),
+        s["calls"],
+        s["samples"]
+    );
     // Grouped by target and call site, slowest first.
     let mut sites: Vec<(String, Vec<String>, Vec<&SlowCall>)> = Vec::new();
     for c in &out.calls {

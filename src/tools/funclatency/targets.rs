@@ -11,12 +11,12 @@ use blazesym::SymType;
 
 use crate::engine::{
     error::{env, usage},
-    features,
-    kfunc,
+    features, kfunc,
 };
 
 /// Softirq vectors by name (include/linux/interrupt.h order).
-pub const SOFTIRQS: [&str; 10] = ["HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU"];
+pub const SOFTIRQS: [&str; 10] =
+    ["HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU"];
 
 /// One probe point and how it is reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,9 @@ pub fn resolve(targets: &[String], pids: &[u32], max_probes: usize) -> anyhow::R
     let mut out: Vec<Probe> = Vec::new();
     for t in targets {
         let Some((scope, pat)) = t.split_once(':') else {
-            return Err(usage(format!("target '{t}': write BINARY:FUNCTION, syscall:NAME, softirq:NAME or kernel:FUNCTION")));
+            return Err(usage(format!(
+                "target '{t}': write BINARY:FUNCTION, syscall:NAME, softirq:NAME or kernel:FUNCTION"
+            )));
         };
         if pat.is_empty() {
             return Err(usage(format!("target '{t}': nothing after ':'; name a function (globs like mysql_* work)")));
@@ -70,7 +72,9 @@ pub fn resolve(targets: &[String], pids: &[u32], max_probes: usize) -> anyhow::R
             _ => user_functions(scope, pat, pids)?,
         };
         if found.is_empty() {
-            return Err(usage(format!("target '{t}': '{pat}' matches nothing; check the name (globs like mysql_* work)")));
+            return Err(usage(format!(
+                "target '{t}': '{pat}' matches nothing; check the name (globs like mysql_* work)"
+            )));
         }
         for p in found {
             if !out.iter().any(|o| o.kind == p.kind) {
@@ -97,7 +101,8 @@ fn kernel_functions(pat: &str) -> anyhow::Result<Vec<Probe>> {
             )));
         }
     }
-    let tracefs = features::tracefs().ok_or_else(|| env("kernel targets need tracefs (mount -t tracefs nodev /sys/kernel/tracing)"))?;
+    let tracefs = features::tracefs()
+        .ok_or_else(|| env("kernel targets need tracefs (mount -t tracefs nodev /sys/kernel/tracing)"))?;
     Ok(kfunc::matching(&tracefs, pat)?
         .into_iter()
         .map(|f| Probe { name: format!("kernel:{f}"), kind: ProbeKind::Kernel(f) })
@@ -106,7 +111,9 @@ fn kernel_functions(pat: &str) -> anyhow::Result<Vec<Probe>> {
 
 fn syscalls(pat: &str) -> anyhow::Result<Vec<Probe>> {
     let g = glob(pat, "syscall")?;
-    let dir = features::tracefs().ok_or_else(|| env("syscall targets need tracefs (mount -t tracefs nodev /sys/kernel/tracing)"))?.join("events/syscalls");
+    let dir = features::tracefs()
+        .ok_or_else(|| env("syscall targets need tracefs (mount -t tracefs nodev /sys/kernel/tracing)"))?
+        .join("events/syscalls");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .map_err(|e| env(format!("reading {}: {e}; syscall tracepoints need CONFIG_FTRACE_SYSCALLS", dir.display())))?
         .flatten()
@@ -143,7 +150,10 @@ fn user_functions(bin: &str, pat: &str, pids: &[u32]) -> anyhow::Result<Vec<Prob
             if s.sym_type == SymType::Function && g.matches(&s.name) {
                 if let Some(off) = s.file_offset.filter(|&o| o > 0) {
                     // Prefer the plainest alias: fewest leading underscores, then shortest.
-                    let better = |a: &str, b: &str| (a.len() - a.trim_start_matches('_').len(), a.len()) < (b.len() - b.trim_start_matches('_').len(), b.len());
+                    let better = |a: &str, b: &str| {
+                        (a.len() - a.trim_start_matches('_').len(), a.len())
+                            < (b.len() - b.trim_start_matches('_').len(), b.len())
+                    };
                     let e = by_offset.entry(off).or_insert_with(|| s.name.to_string());
                     if better(&s.name, e) {
                         *e = s.name.to_string();
@@ -193,7 +203,11 @@ pub fn find_binary(name: &str, pids: &[u32]) -> anyhow::Result<PathBuf> {
     }
     for dir in lib_dirs() {
         let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-        let mut hits: Vec<PathBuf> = rd.flatten().map(|e| e.path()).filter(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(lib_match)).collect();
+        let mut hits: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().and_then(|f| f.to_str()).is_some_and(lib_match))
+            .collect();
         // The soname (libfoo.so.3) before libfoo.so.3.1.2; libfoo.so is often
         // a linker script (not ELF) or the dev symlink.
         hits.sort_by_key(|p| {
@@ -244,7 +258,15 @@ fn lib_dirs() -> Vec<PathBuf> {
     }
     let mut dirs = Vec::new();
     conf(Path::new("/etc/ld.so.conf"), &mut dirs, 0);
-    for d in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib", "/usr/local/lib"] {
+    for d in [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/lib64",
+        "/usr/lib64",
+        "/lib",
+        "/usr/lib",
+        "/usr/local/lib",
+    ] {
         dirs.push(PathBuf::from(d));
     }
     dirs

@@ -166,7 +166,8 @@ impl Hooks {
 }
 
 fn id_arg(s: &str) -> Result<(u32, u32), String> {
-    let bad = || format!("--id '{s}': write OFFSET:LEN, e.g. 0:8 (an 8-byte id at the start of the payload); LEN is 1 to 8");
+    let bad =
+        || format!("--id '{s}': write OFFSET:LEN, e.g. 0:8 (an 8-byte id at the start of the payload); LEN is 1 to 8");
     let (o, l) = s.split_once(':').ok_or_else(bad)?;
     let (o, l) = (o.parse::<u32>().map_err(|_| bad())?, l.parse::<u32>().map_err(|_| bad())?);
     if !(1..=8).contains(&l) || o > 1 << 20 {
@@ -228,7 +229,11 @@ fn sock_ends(pidfd: &OwnedFd, fd: u32) -> Option<(String, u16, String, u16)> {
                 libc::getsockname(dup.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len)
             }
         };
-        if r == 0 { sockaddr_str(&ss) } else { None }
+        if r == 0 {
+            sockaddr_str(&ss)
+        } else {
+            None
+        }
     };
     let (l, lp) = name(false).unwrap_or_else(|| ("unix".into(), 0));
     let (r, rp) = name(true).unwrap_or_else(|| ("-".into(), 0));
@@ -298,7 +303,10 @@ fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded
             _ => {
                 hooks == Hooks::Syscalls
                     && name.split_once('_').map(|(_, r)| r).and_then(|r| r.split_once('_')).is_some_and(|(dir, sc)| {
-                        features::tracepoint_exists("syscalls", &format!("sys_{}_{sc}", if dir == "in" { "enter" } else { "exit" }))
+                        features::tracepoint_exists(
+                            "syscalls",
+                            &format!("sys_{}_{sc}", if dir == "in" { "enter" } else { "exit" }),
+                        )
                     })
             }
         };
@@ -318,7 +326,10 @@ fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded
             if s.fd >= MAX_FD {
                 anyhow::bail!("pid {} fd {}: sockets past descriptor {MAX_FD} are not traced", s.pid, s.fd);
             }
-            skel.maps.fds.update(&(slot * MAX_FD + s.fd).to_ne_bytes(), &[1u8], MapFlags::ANY).context("filling the socket table")?;
+            skel.maps
+                .fds
+                .update(&(slot * MAX_FD + s.fd).to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .context("filling the socket table")?;
         }
     }
     let rings = if a.per_message { Some(PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?) } else { None };
@@ -396,9 +407,13 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     for &p in &a.pid {
         let mine = sockets_of(p);
         if mine.is_empty() {
-            return Err(usage(format!("--pid {p}: the process has no sockets; give the pid of the process that relays the messages")));
+            return Err(usage(format!(
+                "--pid {p}: the process has no sockets; give the pid of the process that relays the messages"
+            )));
         }
-        socks.extend(mine.into_iter().filter(|s| a.port.is_empty() || a.port.contains(&s.lport) || a.port.contains(&s.rport)));
+        socks.extend(
+            mine.into_iter().filter(|s| a.port.is_empty() || a.port.contains(&s.lport) || a.port.contains(&s.rport)),
+        );
     }
     let hooks = Hooks::pick(a.hooks)?;
     let mut sink = Sink::open(a.output.as_deref())?;
@@ -424,7 +439,14 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
                     "pid": e.tgid, "tid": e.tid, "in_fd": e.in_fd, "out_fd": e.out_fd,
                 }))?;
             } else {
-                sink.line(&format!("id {:<12} T2 {:>10}  pid {} fd {} -> fd {}", e.id, human(t2), e.tgid, e.in_fd, e.out_fd))?;
+                sink.line(&format!(
+                    "id {:<12} T2 {:>10}  pid {} fd {} -> fd {}",
+                    e.id,
+                    human(t2),
+                    e.tgid,
+                    e.in_fd,
+                    e.out_fd
+                ))?;
             }
         }
         sink.flush()
@@ -469,7 +491,15 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         *v = percpu_sum(&skel.maps.stats, i as u32)?;
     }
     let hist = read_percpu(&skel.maps.hist, 1)?.remove(0);
-    let max_recv = skel.maps.max_recv.lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default().iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).max().unwrap_or(0);
+    let max_recv = skel
+        .maps
+        .max_recv
+        .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)?
+        .unwrap_or_default()
+        .iter()
+        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .max()
+        .unwrap_or(0);
     // Every receive recorded was paired, replaced (its id or table slot
     // taken by a later one), dropped from a full FIFO, or is still waiting:
     // in the id table (counted here, so the receive path counts nothing),
@@ -511,7 +541,8 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         }
         let pslot = i as usize / (FLOW_WAYS * FLOW_WAYS);
         let (in_fd, out_fd) = (((f.key1 - 1) >> 32) as u32, (f.key1 - 1) as u32);
-        let key = types::ml_flow_key { tgid: a.pid.get(pslot).copied().unwrap_or(0), in_fd, out_fd, ..Default::default() };
+        let key =
+            types::ml_flow_key { tgid: a.pid.get(pslot).copied().unwrap_or(0), in_fd, out_fd, ..Default::default() };
         flows.push((key, f.count, f.sum_ns, f.max_ns));
     }
     flows.sort_by_key(|f| std::cmp::Reverse(f.1));
@@ -583,9 +614,21 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         ));
         let rows: Vec<Vec<String>> = flows
             .iter()
-            .map(|(k, c, sum, m)| vec![k.tgid.to_string(), label(&labels, k.tgid, k.in_fd), label(&labels, k.tgid, k.out_fd), c.to_string(), human(sum.checked_div(*c).unwrap_or(0)), human(*m)])
+            .map(|(k, c, sum, m)| {
+                vec![
+                    k.tgid.to_string(),
+                    label(&labels, k.tgid, k.in_fd),
+                    label(&labels, k.tgid, k.out_fd),
+                    c.to_string(),
+                    human(sum.checked_div(*c).unwrap_or(0)),
+                    human(*m),
+                ]
+            })
             .collect();
-        s.push_str(&format!("\nper flow:\n{}\n", table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)));
+        s.push_str(&format!(
+            "\nper flow:\n{}\n",
+            table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)
+        ));
         s.push_str(&format!(
             "unmatched: {unmatched_recv} receives never sent ({waiting} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}",
             st[REPLACED], st[FIFO_OVERFLOW], st[UNMATCHED_SEND], st[SHORT_RECV], st[SHORT_SEND], st[ID_FAULT] + st[SEND_ID_FAULT], st[LOST], st[FLOW_FULL], st[FDS_FULL],
@@ -604,7 +647,17 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             st[SHORT_RECV]
         )));
     }
-    Ok(Outcome { hist, unmatched_recv, unmatched_send: st[UNMATCHED_SEND], summary, bpf_ns, bpf_runs, null_ns, null_runs, stop: if gone { Stop::Done } else { stop } })
+    Ok(Outcome {
+        hist,
+        unmatched_recv,
+        unmatched_send: st[UNMATCHED_SEND],
+        summary,
+        bpf_ns,
+        bpf_runs,
+        null_ns,
+        null_runs,
+        stop: if gone { Stop::Done } else { stop },
+    })
 }
 
 /// Entry point for the CLI; returns the exit status.

@@ -44,7 +44,7 @@
 char LICENSE[] SEC("license") = "GPL";
 
 #define EINPROGRESS 115
-#define MSG_PEEK 2
+#define MSG_PEEK    2
 
 const volatile __u32 n_pids = 0;
 const volatile __u32 pids[ML_MAX_PIDS] = {};
@@ -59,7 +59,7 @@ const volatile bool per_message = false;
  * that the check on every read and write is a bounds check and a load. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, ML_MAX_PIDS * ML_MAX_FD);
+	__uint(max_entries, ML_MAX_PIDS *ML_MAX_FD);
 	__type(key, __u32);
 	__type(value, __u8);
 } fds SEC(".maps");
@@ -73,7 +73,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, ML_MAX_PIDS * ML_RING);
+	__uint(max_entries, ML_MAX_PIDS *ML_RING);
 	__type(key, __u32);
 	__type(value, struct ml_pending);
 } fifo_ring SEC(".maps");
@@ -97,7 +97,7 @@ struct {
  * find their slot taken go to the per-CPU hash below. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, ML_MAX_PIDS * ML_FLOW_WAYS * ML_FLOW_WAYS);
+	__uint(max_entries, ML_MAX_PIDS *ML_FLOW_WAYS *ML_FLOW_WAYS);
 	__type(key, __u32);
 	__type(value, struct ml_flow_slot);
 } flow_slots SEC(".maps");
@@ -169,7 +169,8 @@ static __always_inline void add_fd(int slot, long fd)
 			lport = BPF_CORE_READ(sk, __sk_common.skc_num);
 			rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
 		}
-		if (!IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) && !IN_LIST(ports, n_ports, ML_MAX_PORTS, rport))
+		if (!IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) &&
+		    !IN_LIST(ports, n_ports, ML_MAX_PORTS, rport))
 			return;
 	}
 	set_fd(slot, fd, 1);
@@ -198,7 +199,8 @@ static __always_inline __u32 waiting_slot(__u64 id)
 }
 
 /* The message id at id_off in a buffer of `len` bytes (false: none). */
-static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short_stat, __u32 fault_stat)
+static __always_inline bool read_id(__u64 buf, __u64 len, __u64 *id, __u32 short_stat,
+                                    __u32 fault_stat)
 {
 	if (len < (__u64)id_off + id_len) {
 		stat_add(short_stat);
@@ -278,7 +280,8 @@ static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, l
  * per-CPU hash when another flow holds the slot. */
 static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 out_fd, __u64 t2)
 {
-	__u32 idx = (slot * ML_FLOW_WAYS + (in_fd & (ML_FLOW_WAYS - 1))) * ML_FLOW_WAYS + (out_fd & (ML_FLOW_WAYS - 1));
+	__u32 idx = (slot * ML_FLOW_WAYS + (in_fd & (ML_FLOW_WAYS - 1))) * ML_FLOW_WAYS +
+	            (out_fd & (ML_FLOW_WAYS - 1));
 	__u64 key1 = ((__u64)in_fd << 32 | out_fd) + 1;
 	struct ml_flow_slot *f = bpf_map_lookup_elem(&flow_slots, &idx);
 	if (f) {
@@ -305,7 +308,8 @@ static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 
 	struct ml_flow *fl = bpf_map_lookup_elem(&flows, &fk);
 	if (!fl) {
 		struct ml_flow zero = {};
-		if (bpf_map_update_elem(&flows, &fk, &zero, BPF_NOEXIST) && !bpf_map_lookup_elem(&flows, &fk))
+		if (bpf_map_update_elem(&flows, &fk, &zero, BPF_NOEXIST) &&
+		    !bpf_map_lookup_elem(&flows, &fk))
 			stat_add(ML_FLOW_FULL);
 		fl = bpf_map_lookup_elem(&flows, &fk);
 	}
@@ -462,11 +466,11 @@ static __always_inline int exit_call(__u32 tgid, int slot, long nr, __u32 fd, __
 }
 
 /* The traced process's slot in pids[] (else -1), and its tgid. */
-#define TRACED(tgid, slot)                                      \
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;          \
-	int slot = pid_slot(tgid);                              \
-	if (slot < 0)                                           \
-		return 0
+#define TRACED(tgid, slot)                                                                         \
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;                                             \
+	int slot = pid_slot(tgid);                                                                 \
+	if (slot < 0)                                                                              \
+	return 0
 
 /* --hooks raw: every syscall of the host runs these two. */
 SEC("tp_btf/sys_enter")
@@ -486,21 +490,23 @@ int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 /* --hooks syscalls (default): only the message syscalls run a program, and
  * each once: sends at entry, receives at exit (arguments from the task's
  * saved user registers). */
-#define ML_ENTER(name)                                                                      \
-	SEC("tracepoint/syscalls/sys_enter_" #name)                                         \
-	int ml_in_##name(struct trace_event_raw_sys_enter *ctx)                             \
-	{                                                                                   \
-		TRACED(tgid, slot);                                                         \
-		return enter_call(tgid, slot, NR_##name, ctx->args[0], ctx->args[1], ctx->args[2]); \
+#define ML_ENTER(name)                                                                             \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                                                \
+	int ml_in_##name(struct trace_event_raw_sys_enter *ctx)                                    \
+	{                                                                                          \
+		TRACED(tgid, slot);                                                                \
+		return enter_call(tgid, slot, NR_##name, ctx->args[0], ctx->args[1],               \
+		                  ctx->args[2]);                                                   \
 	}
 
-#define ML_EXIT(name)                                                                       \
-	SEC("tracepoint/syscalls/sys_exit_" #name)                                          \
-	int ml_out_##name(struct trace_event_raw_sys_exit *ctx)                             \
-	{                                                                                   \
-		TRACED(tgid, slot);                                                         \
-		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf()); \
-		return exit_call(tgid, slot, NR_##name, regs->di, regs->si, ctx->ret);      \
+#define ML_EXIT(name)                                                                              \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                                                 \
+	int ml_out_##name(struct trace_event_raw_sys_exit *ctx)                                    \
+	{                                                                                          \
+		TRACED(tgid, slot);                                                                \
+		struct pt_regs *regs =                                                             \
+		        (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());            \
+		return exit_call(tgid, slot, NR_##name, regs->di, regs->si, ctx->ret);             \
 	}
 
 ML_ENTER(write)
@@ -525,7 +531,8 @@ static __always_inline bool traced_sock(const struct sock *sk)
 		return true;
 	__u16 lport = sk->__sk_common.skc_num;
 	__u16 rport = bpf_ntohs(sk->__sk_common.skc_dport);
-	return IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) || IN_LIST(ports, n_ports, ML_MAX_PORTS, rport);
+	return IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) ||
+	       IN_LIST(ports, n_ports, ML_MAX_PORTS, rport);
 }
 
 /* The end of sock_recvmsg: ret bytes received into the buffer that the
@@ -598,7 +605,9 @@ int BPF_PROG(ml_tcp_send, struct sock *sk, struct msghdr *msg, struct sk_buff *s
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	long nr = regs->orig_ax;
-	__u32 fd = (nr == NR_write || nr == NR_writev || nr == NR_sendto || nr == NR_sendmsg) ? regs->di : ML_NO_FD;
+	__u32 fd = (nr == NR_write || nr == NR_writev || nr == NR_sendto || nr == NR_sendmsg)
+	                   ? regs->di
+	                   : ML_NO_FD;
 	on_send(tgid, slot, fd, base, len);
 	return 0;
 }

@@ -2,29 +2,29 @@
 #ifndef SONDE_MSGLAT_H
 #define SONDE_MSGLAT_H
 
-#define ML_MAX_PIDS 8
+#define ML_MAX_PIDS  8
 #define ML_MAX_PORTS 8
-#define ML_MAX_FD 65536 /* descriptors traced per process: 0 .. ML_MAX_FD-1 */
-#define ML_RING 16384 /* FIFO mode: receives waiting for their send, per process (a power of two) */
+#define ML_MAX_FD    65536 /* descriptors traced per process: 0 .. ML_MAX_FD-1 */
+#define ML_RING      16384 /* FIFO mode: receives waiting for their send, per process (a power of two) */
 
 /* x86_64 syscall numbers. */
-#define NR_read 0
-#define NR_write 1
-#define NR_close 3
-#define NR_readv 19
-#define NR_writev 20
-#define NR_connect 42
-#define NR_accept 43
-#define NR_sendto 44
+#define NR_read     0
+#define NR_write    1
+#define NR_close    3
+#define NR_readv    19
+#define NR_writev   20
+#define NR_connect  42
+#define NR_accept   43
+#define NR_sendto   44
 #define NR_recvfrom 45
-#define NR_sendmsg 46
-#define NR_recvmsg 47
-#define NR_accept4 288
+#define NR_sendmsg  46
+#define NR_recvmsg  47
+#define NR_accept4  288
 
 /* --id: receives waiting for their send, in a table indexed by a hash of
  * the id (a power of two); a slot taken by another waiting id is replaced. */
 #define ML_WAITING_BITS 12
-#define ML_WAITING (1 << ML_WAITING_BITS)
+#define ML_WAITING      (1 << ML_WAITING_BITS)
 
 struct ml_waiting {
 	__u64 id;
@@ -90,19 +90,20 @@ struct ml_event {
 };
 
 enum ml_stat {
-	ML_RECVS = 0,        /* FIFO: messages received on traced sockets and recorded (by id: the table says) */
-	ML_UNMATCHED_SEND,   /* sends with no receive waiting */
-	ML_SHORT_RECV,       /* receives shorter than the id's end */
-	ML_SHORT_SEND,       /* sends shorter than the id's end */
-	ML_ID_FAULT,         /* the id could not be read from a receive's buffer */
-	ML_SEND_ID_FAULT,    /* ... from a send's */
-	ML_REPLACED,         /* a waiting receive replaced by one with its id or its table slot */
-	ML_FIFO_OVERFLOW,    /* FIFO: oldest waiting receive dropped */
-	ML_LOST,             /* --per-message records lost (ring full) */
-	ML_FLOW_FULL,        /* per-flow table full */
-	ML_FDS_FULL,         /* sockets past ML_MAX_FD, not traced */
-	ML_NEW_FDS,          /* syscall hooks: sockets added at accept/connect */
-	ML_OTHER_CALL,       /* sockets hooks: receives or sends by calls with no user buffer (recvmmsg, io_uring, sendfile) */
+	ML_RECVS =
+	        0, /* FIFO: messages received on traced sockets and recorded (by id: the table says) */
+	ML_UNMATCHED_SEND, /* sends with no receive waiting */
+	ML_SHORT_RECV,     /* receives shorter than the id's end */
+	ML_SHORT_SEND,     /* sends shorter than the id's end */
+	ML_ID_FAULT,       /* the id could not be read from a receive's buffer */
+	ML_SEND_ID_FAULT,  /* ... from a send's */
+	ML_REPLACED,       /* a waiting receive replaced by one with its id or its table slot */
+	ML_FIFO_OVERFLOW,  /* FIFO: oldest waiting receive dropped */
+	ML_LOST,           /* --per-message records lost (ring full) */
+	ML_FLOW_FULL,      /* per-flow table full */
+	ML_FDS_FULL,       /* sockets past ML_MAX_FD, not traced */
+	ML_NEW_FDS,        /* syscall hooks: sockets added at accept/connect */
+	ML_OTHER_CALL, /* sockets hooks: receives or sends by calls with no user buffer (recvmmsg, io_uring, sendfile) */
 	ML_STAT_MAX,
 };
 

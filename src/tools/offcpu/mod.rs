@@ -164,7 +164,14 @@ struct Loaded {
     _links: Vec<Link>,
 }
 
-fn load(a: &OffcpuArgs, tf: &TaskFilter, plan: &unwind::Plan, mech: Mechanism, wake: bool, at_exit: bool) -> anyhow::Result<Loaded> {
+fn load(
+    a: &OffcpuArgs,
+    tf: &TaskFilter,
+    plan: &unwind::Plan,
+    mech: Mechanism,
+    wake: bool,
+    at_exit: bool,
+) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
@@ -215,7 +222,10 @@ fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilte
     let outs = stacktool::check_outputs(&a.output)?;
     if let Some(m) = a.max_block {
         if m < a.min_block {
-            return Err(usage(format!("--max-block {m:?} is below --min-block {:?}; raise it or drop it", a.min_block)));
+            return Err(usage(format!(
+                "--max-block {m:?} is below --min-block {:?}; raise it or drop it",
+                a.min_block
+            )));
         }
     }
     if a.sample_below > Duration::from_secs(1) {
@@ -264,21 +274,17 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let um = crate::unw_maps!(skel);
     ready();
     let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
-    let (stop, images) = stacktool::run_until_stop(
-        counts,
-        ctl,
-        a.duration,
-        None,
-        (&mut session, &um),
-        Vec::new,
-        || Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?)),
-    )?;
+    let (stop, images) =
+        stacktool::run_until_stop(counts, ctl, a.duration, None, (&mut session, &um), Vec::new, || {
+            Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
+        })?;
     drop(_links);
     let unwind = session.report(&um)?;
     // The window the programs were attached: what the counts cover.
     let elapsed = attached.elapsed();
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
-    let (switches, recorded, short, long, full) = (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
+    let (switches, recorded, short, long, full) =
+        (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
     let (sampled, sampled_out, not_walked) = (st(OS_SAMPLED)?, st(OS_SAMPLED_OUT)?, st(OS_NOT_WALKED)?);
     let hook = if at_exit { "sched_exit_tp" } else { "sched_switch" };
     let sample_below_us = if at_exit { a.sample_below.as_micros() as u64 } else { 0 };

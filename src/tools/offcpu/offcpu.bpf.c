@@ -93,10 +93,12 @@ static __always_inline void start_end(struct oc_start *s, __u32 tid, bool direct
 }
 
 /* Starts a period of `t`; false when there is no room. */
-static __always_inline bool start_begin(struct task_struct *t, __u32 tid, bool direct, struct oc_start *v)
+static __always_inline bool start_begin(struct task_struct *t, __u32 tid, bool direct,
+                                        struct oc_start *v)
 {
 	if (task_storage_ok(direct)) {
-		struct oc_start *s = bpf_task_storage_get(&task_starts, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		struct oc_start *s =
+		        bpf_task_storage_get(&task_starts, t, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 		if (!s)
 			return false;
 		*s = *v;
@@ -211,7 +213,8 @@ static __always_inline bool in_range(__u64 delta)
 	return true;
 }
 
-static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct task_struct *next, bool direct)
+static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct task_struct *next,
+                                     bool direct)
 {
 	stat_add(OS_SWITCHES);
 	__u64 now = 0;
@@ -317,7 +320,8 @@ static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
 		 * stack is unknown.
 		 */
 		__u64 top = delta < sample_ns ? delta : sample_ns;
-		if (top <= wdelta || (bpf_get_prandom_u32() % (__u32)(sample_ns - wdelta)) >= top - wdelta) {
+		if (top <= wdelta ||
+		    (bpf_get_prandom_u32() % (__u32)(sample_ns - wdelta)) >= top - wdelta) {
 			stat_add(OS_SAMPLED_OUT);
 			return 0;
 		}
@@ -372,7 +376,8 @@ static __always_inline int on_waking(void *ctx, struct task_struct *p, bool dire
 	__u64 id = bpf_get_current_pid_tgid();
 	tmp.pid = id >> 32;
 	STK_CAPTURE(ctx, &tmp, true, want_user, stk_stat);
-	struct oc_waker w = {.kstack = tmp.kstack, .ustack = tmp.ustack, .uhash = tmp.uhash, .pid = tmp.pid};
+	struct oc_waker w = {
+	        .kstack = tmp.kstack, .ustack = tmp.ustack, .uhash = tmp.uhash, .pid = tmp.pid};
 	bpf_get_current_comm(w.comm, sizeof(w.comm));
 	bpf_map_update_elem(&wakers, &tid, &w, BPF_ANY);
 	return 0;

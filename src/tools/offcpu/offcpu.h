@@ -4,7 +4,6 @@
 
 #include "stacks.h"
 
-
 /* Where a thread went off CPU, kept until it runs again. */
 struct oc_start {
 	__u64 ts;

@@ -17,8 +17,8 @@ use crate::engine::{
     pprof::Weight,
     render::Format,
     run::{duration_arg, RunControl, Stop},
-    stacks::SymStats,
     stacks::StackMaps,
+    stacks::SymStats,
     stacktool::{self, StackLoss},
     taskfilter::TaskFilter,
     unwind::{self, UnwindArgs},
@@ -234,15 +234,10 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     let skel = &loaded.skel;
     let um = crate::unw_maps!(skel);
     ready();
-    let (stop, images) = stacktool::run_until_stop(
-        &skel.maps.stk_counts,
-        ctl,
-        a.duration,
-        None,
-        (&mut session, &um),
-        Vec::new,
-        || Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?)),
-    )?;
+    let (stop, images) =
+        stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, None, (&mut session, &um), Vec::new, || {
+            Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?))
+        })?;
     drop(loaded._links);
     let unwind = session.report(&um)?;
     // The window the programs were attached: what the counts cover.

@@ -93,7 +93,8 @@ int BPF_PROG(base_owner_made, const struct sock *sk, const int oldstate, const i
 {
 	if (newstate != TCP_SYN_SENT)
 		return 0;
-	struct sonde_owner *o = bpf_sk_storage_get(&base_owners, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	struct sonde_owner *o =
+	        bpf_sk_storage_get(&base_owners, (struct sock *)sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (o)
 		owner_fill_current(o, bpf_get_current_pid_tgid());
 	return 0;
@@ -101,7 +102,8 @@ int BPF_PROG(base_owner_made, const struct sock *sk, const int oldstate, const i
 
 /* base_ring and base_owner: the event through the ring buffers, with its
  * socket's owner if `with_owner`. */
-static __always_inline int ring_event(const struct sock *sk, const struct sk_buff *skb, bool with_owner)
+static __always_inline int ring_event(const struct sock *sk, const struct sk_buff *skb,
+                                      bool with_owner)
 {
 	struct rt_read r = {};
 	if (!rt_read_event(sk, skb, 0, true, &r))

@@ -57,7 +57,8 @@ pub fn run(b: Baseline, ctl: &RunControl) -> anyhow::Result<i32> {
     let mut open = BaselineSkelBuilder::default().open(&mut storage).context("opening the baseline object")?;
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
     let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, None);
-    open.maps.rodata_data.as_deref_mut().expect("rodata present").rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
+    open.maps.rodata_data.as_deref_mut().expect("rodata present").rb_wake_bytes =
+        ringbuf::wake_bytes(ring_bytes as u64);
     let ours = |name: &std::ffi::OsStr| b.progs().iter().any(|p| name.to_string_lossy() == *p);
     let name = b.progs()[0];
     for mut p in open.open_object_mut().progs_mut() {

@@ -27,9 +27,11 @@ use crate::engine::{
     attach::{recursion_misses, with_fallbacks, Mechanism},
     error::usage,
     features,
-    flowfilter::{addr, ca_state, clock_ns, cstr, endpoint, epoch_secs, hms, mono_to_epoch, tcp_state, FlowArgs, FlowFilter},
-    perf::percpu_sum,
+    flowfilter::{
+        addr, ca_state, clock_ns, cstr, endpoint, epoch_secs, hms, mono_to_epoch, tcp_state, FlowArgs, FlowFilter,
+    },
     output::{table, Sink},
+    perf::percpu_sum,
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
@@ -213,7 +215,12 @@ fn role(name: &str, mech: Mechanism, has_err: bool) -> Option<Role> {
 /// on a CPU where the program is already running (a softirq retransmit
 /// interrupting one being handled in process context).
 fn missed(l: &Loaded) -> u64 {
-    l.skel.object().progs().filter(|p| l.handlers.iter().any(|h| p.name() == h.as_str())).map(|p| recursion_misses(&p)).sum()
+    l.skel
+        .object()
+        .progs()
+        .filter(|p| l.handlers.iter().any(|h| p.name() == h.as_str()))
+        .map(|p| recursion_misses(&p))
+        .sum()
 }
 
 fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded> {
@@ -292,8 +299,11 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
     t.filtered = stat[STAT_FILTERED];
     t.filtered_segs = stat[STAT_FILTERED_SEGS];
     for k in skel.maps.filtered_netns.keys() {
-        if let (Ok(ns), Some(v)) = (<[u8; 4]>::try_from(&k[..]), skel.maps.filtered_netns.lookup(&k, libbpf_rs::MapFlags::ANY)?) {
-            t.filtered_netns.insert(u32::from_ne_bytes(ns).to_string(), u64::from_ne_bytes(v[..8].try_into().unwrap_or_default()));
+        if let (Ok(ns), Some(v)) =
+            (<[u8; 4]>::try_from(&k[..]), skel.maps.filtered_netns.lookup(&k, libbpf_rs::MapFlags::ANY)?)
+        {
+            t.filtered_netns
+                .insert(u32::from_ne_bytes(ns).to_string(), u64::from_ne_bytes(v[..8].try_into().unwrap_or_default()));
         }
     }
     t.unreadable = stat[STAT_UNREADABLE];
@@ -490,7 +500,8 @@ impl Printer {
             ))?;
         }
         let f = &e.flow;
-        let (pid, c) = if e.has_owner != 0 { (e.owner.pid.to_string(), cstr(&e.owner.comm)) } else { ("-".into(), "-".into()) };
+        let (pid, c) =
+            if e.has_owner != 0 { (e.owner.pid.to_string(), cstr(&e.owner.comm)) } else { ("-".into(), "-".into()) };
         let kind = KINDS.get(f.kind as usize).copied().unwrap_or("unknown");
         let mut line = format!(
             "{:<12} {:>7} {:<15} {:<13} {:>4} {:<11} {:<8} {} -> {}",
@@ -530,8 +541,16 @@ fn read_flows(skel: &RetransSkel<'_>) -> anyhow::Result<Vec<FlowRow>> {
         let mut stats = types::rt_flow_stats::default();
         // SAFETY: both are plain old data of exactly these sizes.
         unsafe {
-            std::ptr::copy_nonoverlapping(key.as_ptr(), &mut flow as *mut _ as *mut u8, key.len().min(std::mem::size_of_val(&flow)));
-            std::ptr::copy_nonoverlapping(val.as_ptr(), &mut stats as *mut _ as *mut u8, val.len().min(std::mem::size_of_val(&stats)));
+            std::ptr::copy_nonoverlapping(
+                key.as_ptr(),
+                &mut flow as *mut _ as *mut u8,
+                key.len().min(std::mem::size_of_val(&flow)),
+            );
+            std::ptr::copy_nonoverlapping(
+                val.as_ptr(),
+                &mut stats as *mut _ as *mut u8,
+                val.len().min(std::mem::size_of_val(&stats)),
+            );
         }
         rows.push(FlowRow { flow, stats });
     }

@@ -7,15 +7,15 @@
 #ifndef SONDE_RETRANS_READ_H
 #define SONDE_RETRANS_READ_H
 
-#define TCP_ESTABLISHED 1
-#define TCP_SYN_SENT 2
-#define TCP_SYN_RECV 3
-#define TCP_CLOSE 7
-#define TCP_LISTEN 10
+#define TCP_ESTABLISHED      1
+#define TCP_SYN_SENT         2
+#define TCP_SYN_RECV         3
+#define TCP_CLOSE            7
+#define TCP_LISTEN           10
 #define ICSK_TIME_LOSS_PROBE 5
-#define CA_OPEN 0
-#define CA_CWR 2
-#define CA_LOSS 4
+#define CA_OPEN              0
+#define CA_CWR               2
+#define CA_LOSS              4
 
 /* The cause (see the shared notes). */
 static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pending)
@@ -45,8 +45,8 @@ struct rt_read {
 
 /* Reads the event of (sk, skb, err); false if sk is no tcp_sock (typed
  * pointers only). `direct`: sk and skb are BTF pointers (tp_btf). */
-static __always_inline bool rt_read_event(const struct sock *sk, const struct sk_buff *skb, int err, bool direct,
-					  struct rt_read *r)
+static __always_inline bool rt_read_event(const struct sock *sk, const struct sk_buff *skb, int err,
+                                          bool direct, struct rt_read *r)
 {
 	FLOW_FILL(&r->flow, &sk->__sk_common, KREAD(direct, sk, __sk_common.skc_family), direct);
 
@@ -62,7 +62,7 @@ static __always_inline bool rt_read_event(const struct sock *sk, const struct sk
 	}
 	r->state = KREAD(direct, sk, __sk_common.skc_state);
 	r->ca_state = direct ? BPF_CORE_READ_BITFIELD(icsk, icsk_ca_state)
-			     : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
+	                     : BPF_CORE_READ_BITFIELD_PROBED(icsk, icsk_ca_state);
 	r->pending = KREAD(direct, icsk, icsk_pending);
 
 	/* Segments this skb carries: TCP_SKB_CB(skb)->tcp_gso_segs. */

@@ -43,10 +43,10 @@ char LICENSE[] SEC("license") = "GPL";
  * original still in a host queue, window closed, trimming or splitting out of
  * memory, no route. The transmit after the counters fails otherwise (ENOBUFS,
  * EPERM from a filter, NET_XMIT_DROP). */
-#define EBUSY 16
-#define EINVAL 22
-#define EAGAIN 11
-#define ENOMEM 12
+#define EBUSY        16
+#define EINVAL       22
+#define EAGAIN       11
+#define ENOMEM       12
 #define EHOSTUNREACH 113
 
 /* Filters and modes, set by user space before load. */
@@ -107,7 +107,7 @@ static __always_inline struct rt_sock *sock_rec(const struct sock *sk, bool type
 {
 	if (typed)
 		return bpf_sk_storage_get(&owner_store, (struct sock *)sk, 0,
-					  create ? BPF_SK_STORAGE_GET_F_CREATE : 0);
+		                          create ? BPF_SK_STORAGE_GET_F_CREATE : 0);
 	__u64 key = (__u64)sk;
 	struct rt_sock *r = bpf_map_lookup_elem(&owners, &key);
 	if (r || !create)
@@ -184,7 +184,8 @@ int BPF_PROG(btf_sendmsg, const struct sock *sk)
  * at 0; a child's at its SYN-ACK retransmits, which the SYN-ACK tracepoint
  * saw, so it is taken when the handshake completes), and on any other
  * change the unseen retransmits since the socket's last hook. */
-static __always_inline void on_set_state(const struct sock *sk, int oldstate, int newstate, bool typed)
+static __always_inline void on_set_state(const struct sock *sk, int oldstate, int newstate,
+                                         bool typed)
 {
 	struct rt_sock *r = NULL;
 	if (newstate == TCP_SYN_SENT || newstate == TCP_LISTEN) {
@@ -203,7 +204,8 @@ static __always_inline void on_set_state(const struct sock *sk, int oldstate, in
 			bool count = false;
 			if (r->has_base && total - r->base > r->seen) {
 				struct rt_flow f = {};
-				FLOW_FILL(&f, &sk->__sk_common, KREAD(typed, sk, __sk_common.skc_family), typed);
+				FLOW_FILL(&f, &sk->__sk_common,
+				          KREAD(typed, sk, __sk_common.skc_family), typed);
 				count = FLOW_PASS(&f) && owner_pass(owner_in(r));
 			}
 			account(r, total, count);
@@ -269,8 +271,8 @@ static __always_inline bool pass_filters(const struct rt_flow *f, const struct s
 
 /* Adds an event's segments to its socket's account (see struct rt_sock).
  * `here`: what the attempt added to the socket's counter. */
-static __always_inline void note_seen(struct rt_sock *r, const struct sock *sk, const struct tcp_sock *tp,
-				      bool typed, __u32 here)
+static __always_inline void note_seen(struct rt_sock *r, const struct sock *sk,
+                                      const struct tcp_sock *tp, bool typed, __u32 here)
 {
 	if (!r || !here)
 		return;
@@ -279,7 +281,8 @@ static __always_inline void note_seen(struct rt_sock *r, const struct sock *sk, 
 		return;
 	}
 	/* A socket older than sonde: its account starts here. */
-	r->base = typed ? tp->total_retrans : BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
+	r->base = typed ? tp->total_retrans
+	                : BPF_CORE_READ((const struct tcp_sock *)sk, total_retrans);
 	r->seen = here;
 	r->has_base = 1;
 }
@@ -288,7 +291,8 @@ static __always_inline void note_seen(struct rt_sock *r, const struct sock *sk, 
  * no; from the transmit after them: yes. */
 static __always_inline __u32 counted_segs(int err, __u32 segs)
 {
-	if (err == -EBUSY || err == -EAGAIN || err == -EINVAL || err == -ENOMEM || err == -EHOSTUNREACH)
+	if (err == -EBUSY || err == -EAGAIN || err == -EINVAL || err == -ENOMEM ||
+	    err == -EHOSTUNREACH)
 		return 0;
 	return segs;
 }
@@ -319,8 +323,8 @@ static __always_inline void unread_total(__u8 kind, __u32 segs)
  * is the socket's own retransmit (not a SYN-ACK of one of its requests), so
  * its account takes it. */
 static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int err, __u8 state,
-				 __u8 ca_state, __u8 pending, const struct sock *sk, const struct tcp_sock *tp,
-				 bool typed, bool acct)
+                                 __u8 ca_state, __u8 pending, const struct sock *sk,
+                                 const struct tcp_sock *tp, bool typed, bool acct)
 {
 	struct sonde_owner none = {};
 	__u32 here = acct ? counted_segs(err, segs) : 0;
@@ -389,7 +393,8 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	void *rb = rb_this_cpu();
 	struct rt_event *e = NULL;
 	if (rb)
-		e = bpf_ringbuf_reserve(rb, want_stack ? sizeof(struct rt_event) : EVENT_BASE_SIZE, 0);
+		e = bpf_ringbuf_reserve(rb, want_stack ? sizeof(struct rt_event) : EVENT_BASE_SIZE,
+		                        0);
 	if (!e) {
 		unread_total(f->kind, segs);
 		stat_add(STAT_LOST);
@@ -415,8 +420,8 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 	bpf_ringbuf_submit(e, rb_submit_flags(rb));
 }
 
-static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const struct sk_buff *skb, int err,
-					 bool direct)
+static __always_inline int on_retransmit(void *ctx, const struct sock *sk,
+                                         const struct sk_buff *skb, int err, bool direct)
 {
 	struct rt_read r = {};
 	if (!rt_read_event(sk, skb, err, direct, &r)) {
@@ -427,7 +432,8 @@ static __always_inline int on_retransmit(void *ctx, const struct sock *sk, const
 	return 0;
 }
 
-static __always_inline int on_synack(void *ctx, const struct sock *sk, const struct request_sock *req, bool direct)
+static __always_inline int on_synack(void *ctx, const struct sock *sk,
+                                     const struct request_sock *req, bool direct)
 {
 	/* The listener is sk; the flow is the request socket's. */
 	struct rt_flow f = {};
