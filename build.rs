@@ -94,7 +94,7 @@ fn build_lab_workloads(out: &Path, manifest: &Path, script: SystemTime) {
         let src = manifest.join(format!("tests/workloads/{src}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let bin = out.join(name);
-        if fresh(&bin, newest(&[src.clone()]).max(script)) {
+        if fresh(&bin, newest(std::slice::from_ref(&src)).max(script)) {
             continue;
         }
         let st = std::process::Command::new("clang")

@@ -1,3 +1,4 @@
+//! The `sonde` command line: parses arguments and runs one tool or lab.
 use std::process::ExitCode;
 
 use clap::{error::ErrorKind, Parser, Subcommand};

@@ -67,6 +67,7 @@ impl Tracer {
 
     /// Sends `sig`, waits, returns the exit code and every JSON line.
     fn end(mut self, sig: i32) -> (i32, Vec<Value>) {
+        // SAFETY: kill takes no pointers.
         unsafe { libc::kill(self.child.id() as i32, sig) };
         let status = self.child.wait().unwrap();
         self.reader.take().unwrap().join().unwrap();
@@ -830,11 +831,13 @@ fn profile_window(args: &[&str], pid: u32, secs: u64) -> (i32, String, f64) {
     let cpu0 = cpu_ticks(pid);
     thread::sleep(Duration::from_secs(secs));
     let cpu1 = cpu_ticks(pid);
+    // SAFETY: kill takes no pointers.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let code = child.wait().unwrap().code().unwrap_or(-1);
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut r, &mut rest);
     err.push_str(&rest);
+    // SAFETY: sysconf takes no pointers.
     (code, err, (cpu1 - cpu0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
 }
 
@@ -1033,12 +1036,13 @@ fn profile_symbolizes_a_process_that_exits_early_and_honours_perf_maps() {
     let bin = build_workload("burn", FP);
     let jit = build_workload("jit", &["-O1", "-fno-omit-frame-pointer"]);
     let folded = bin.parent().unwrap().join("exit.folded");
-    let w = Command::new(&bin).arg("1.5").spawn().unwrap();
+    let mut w = Command::new(&bin).arg("1.5").spawn().unwrap();
     let mut j = KillOnDrop(Command::new(&jit).spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let (wp, jp) = (w.id().to_string(), j.0.id().to_string());
     let (code, err) = profile(&["-p", &wp, "-p", &jp, "-d", "3s", "-F", "199", "-o", folded.to_str().unwrap()]);
     let _ = j.0.kill();
+    let _ = w.wait();
     let _ = std::fs::remove_file(format!("/tmp/perf-{jp}.map"));
     assert_eq!(code, 0, "{err}");
     let rows = read_folded(&folded);
@@ -1126,6 +1130,7 @@ fn profile_json_and_top_table_agree_with_the_workload() {
     // --json: stack lines, then a summary whose sample count they add up to.
     let t0 = cpu_ticks(w.0.id());
     let out = Command::new(SONDE).args(["profile", "-p", &pid, "-d", "2s", "-F", "199", "--json"]).output().unwrap();
+    // SAFETY: sysconf takes no pointers.
     let cpu = (cpu_ticks(w.0.id()) - t0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     assert_eq!(out.status.code(), Some(0));
     let lines: Vec<Value> =
@@ -1588,7 +1593,7 @@ fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
     assert!(via_slow * 10 + 20 >= total && via_slow * 10 <= total + 20, "{via_slow} via_slow of {total}: {s}");
     for c in &calls {
         let l = c["latency_ns"].as_u64().unwrap();
-        assert!(l >= 1_000_000 && (from(c, "via_fast") || l >= 5_000_000) && from(c, "handle") == false, "{c}");
+        assert!(l >= 1_000_000 && (from(c, "via_fast") || l >= 5_000_000) && !from(c, "handle"), "{c}");
     }
     let via_fast = calls.len() as u64 - via_slow;
     assert!(via_fast * 5 <= via_slow, "{via_fast} preempted fast calls against {via_slow} slow ones: {s}");
@@ -1932,7 +1937,7 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
                     .iter()
                     .filter(|m| {
                         let t = m["t2_ns"].as_u64().unwrap();
-                        t < 300_000 && t >= 262_144
+                        (262_144..300_000).contains(&t)
                     })
                     .count(),
             "{s}"

@@ -2,6 +2,10 @@
 //! others failed, so `doctor` and error messages can say exactly why.
 use std::fmt;
 
+/// What [`with_fallbacks`] returns: the loaded value, the mechanism that
+/// loaded it, and each mechanism tried before it with its failure.
+pub type Chosen<T> = (T, Mechanism, Vec<(Mechanism, String)>);
+
 /// How a program reaches its hook.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -36,7 +40,7 @@ pub fn with_fallbacks<T>(
     what: &str,
     order: &[Mechanism],
     mut load: impl FnMut(Mechanism) -> anyhow::Result<T>,
-) -> anyhow::Result<(T, Mechanism, Vec<(Mechanism, String)>)> {
+) -> anyhow::Result<Chosen<T>> {
     let mut failures = Vec::new();
     for &m in order {
         match load(m) {

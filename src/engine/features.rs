@@ -70,6 +70,7 @@ pub fn tracefs() -> Option<PathBuf> {
     }
     // Root may mount it; failure just means classic tracepoints are unknown.
     let target = c"/sys/kernel/tracing";
+    // SAFETY: all three are NUL-terminated C strings that outlive the call; data may be null.
     let rc = unsafe { libc::mount(c"nodev".as_ptr(), target.as_ptr(), c"tracefs".as_ptr(), 0, std::ptr::null()) };
     (rc == 0 && Path::new("/sys/kernel/tracing/events").is_dir()).then(|| PathBuf::from("/sys/kernel/tracing"))
 }

@@ -167,6 +167,21 @@ fn trim(v: f64, unit: &str) -> String {
     }
 }
 
+/// Histograms 0..n of a per-CPU array of `struct sonde_hist`, summed over CPUs.
+pub fn read_percpu(map: &dyn libbpf_rs::MapCore, n: usize) -> anyhow::Result<Vec<Hist>> {
+    (0..n)
+        .map(|i| {
+            let mut h = Hist::default();
+            if let Some(per_cpu) = map.lookup_percpu(&(i as u32).to_ne_bytes(), libbpf_rs::MapFlags::ANY)? {
+                for raw in per_cpu {
+                    h.add_raw(&raw);
+                }
+            }
+            Ok(h)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,19 +205,4 @@ mod tests {
         assert_eq!(human(1_500_000), "1.50ms");
         assert_eq!(human(250), "250ns");
     }
-}
-
-/// Histograms 0..n of a per-CPU array of `struct sonde_hist`, summed over CPUs.
-pub fn read_percpu(map: &dyn libbpf_rs::MapCore, n: usize) -> anyhow::Result<Vec<Hist>> {
-    (0..n)
-        .map(|i| {
-            let mut h = Hist::default();
-            if let Some(per_cpu) = map.lookup_percpu(&(i as u32).to_ne_bytes(), libbpf_rs::MapFlags::ANY)? {
-                for raw in per_cpu {
-                    h.add_raw(&raw);
-                }
-            }
-            Ok(h)
-        })
-        .collect()
 }

@@ -20,6 +20,25 @@ pub mod symbols;
 pub mod taskfilter;
 pub mod unwind;
 
+/// Declares `mod skel`: the libbpf-rs skeleton that build.rs generated from
+/// the tool's `NAME.bpf.c` (generated code, so the crate's lints do not apply).
+#[macro_export]
+macro_rules! skeleton {
+    ($name:literal) => {
+        mod skel {
+            #![allow(
+                clippy::all,
+                clippy::undocumented_unsafe_blocks,
+                missing_docs,
+                unused_imports,
+                non_camel_case_types,
+                dead_code
+            )]
+            include!(concat!(env!("OUT_DIR"), "/", $name, ".skel.rs"));
+        }
+    };
+}
+
 /// Routes libbpf's own messages to stderr only with SONDE_DEBUG set: sonde
 /// reports load failures itself, in one line.
 pub fn quiet_libbpf() {

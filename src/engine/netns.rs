@@ -82,6 +82,7 @@ impl Netns {
     pub fn enter(&self) -> anyhow::Result<()> {
         let f = File::open(format!("/run/netns/{}", self.name))
             .with_context(|| format!("opening namespace {}", self.name))?;
+        // SAFETY: f is an open namespace file for the duration of the call.
         if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             bail!("setns({}): {}", self.name, std::io::Error::last_os_error());
         }
@@ -320,6 +321,7 @@ pub fn netns_inode(arg: &str) -> anyhow::Result<u32> {
     let md = std::fs::metadata(path).map_err(|e| bad(format!("{path}: {e}")))?;
     // Namespace files live on nsfs; any other file's inode would match nothing.
     let c = std::ffi::CString::new(path).map_err(|_| bad("contains a NUL byte".into()))?;
+    // SAFETY: statfs is plain old data; all-zero is a valid value, and the kernel fills it.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: c is a valid C string and st a properly sized out-parameter.
     let r = unsafe { libc::statfs(c.as_ptr(), &mut st) };

@@ -11,6 +11,9 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+/// One record callback shared by the rings of every CPU.
+type Shared<'a> = Rc<RefCell<dyn FnMut(&[u8]) + 'a>>;
+
 use anyhow::Context;
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType, RingBuffer, RingBufferBuilder};
 
@@ -74,7 +77,7 @@ impl PerCpuRings {
     /// A reader over every ring calling `f` for each record. Records of one
     /// CPU come in order; across CPUs only within a drain (sort if it matters).
     pub fn reader<'a>(&'a self, f: impl FnMut(&[u8]) + 'a) -> anyhow::Result<RingBuffer<'a>> {
-        let f: Rc<RefCell<dyn FnMut(&[u8]) + 'a>> = Rc::new(RefCell::new(f));
+        let f: Shared<'a> = Rc::new(RefCell::new(f));
         let mut b = RingBufferBuilder::new();
         for m in &self.rings {
             let f = f.clone();

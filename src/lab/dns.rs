@@ -672,5 +672,6 @@ fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
 }
 
 fn ticks_per_sec() -> f64 {
+    // SAFETY: sysconf takes no pointers.
     (unsafe { libc::sysconf(libc::_SC_CLK_TCK) }) as f64
 }

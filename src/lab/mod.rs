@@ -14,6 +14,7 @@ use clap::{Args, Subcommand};
 /// Run a built-in reproduction of a sonde workflow.
 #[derive(Debug, Args)]
 pub struct LabArgs {
+    /// Which lab.
     #[command(subcommand)]
     pub lab: Lab,
 }

@@ -156,9 +156,11 @@ impl Drop for Broker {
 fn allowed_cpus() -> anyhow::Result<Vec<usize>> {
     // SAFETY: a zeroed cpu_set_t is an empty set; the kernel fills it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: set is a properly sized out-parameter for the kernel to fill.
     if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
         return Err(std::io::Error::last_os_error().into());
     }
+    // SAFETY: c < CPU_SETSIZE, so CPU_ISSET reads inside the set.
     Ok((0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect())
 }
 
@@ -166,8 +168,10 @@ fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
     // SAFETY: as above; CPU_SET stays within the set for c < CPU_SETSIZE.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     for &c in cpus {
+        // SAFETY: c is a CPU the kernel reported, below CPU_SETSIZE.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
+    // SAFETY: set is a valid, fully initialised cpu_set_t of the size passed.
     if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
         return Err(std::io::Error::last_os_error());
     }

@@ -348,13 +348,13 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
                 anyhow::bail!("tracing did not start");
             }
             *before.lock().unwrap() = Some(pair.mib()?);
-            let r = workload(&pair, a.loss, a.bulk_mb);
-            let after = settled_mib(&pair, Duration::from_secs(15));
+            let r = workload(pair, a.loss, a.bulk_mb);
+            let after = settled_mib(pair, Duration::from_secs(15));
             ctl.request_stop();
             r?;
             after
         });
-        let out = run_with(&targs, &ctl, || {
+        let out = run_with(&targs, ctl, || {
             let _ = tx.send(());
         });
         ctl.request_stop();

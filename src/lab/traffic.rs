@@ -56,7 +56,12 @@ pub enum Mode {
     /// Read until EOF, then close.
     Sink,
     /// For each `req`-byte request, answer `resp` bytes.
-    Echo { req: usize, resp: usize },
+    Echo {
+        /// Request size in bytes.
+        req: usize,
+        /// Response size in bytes.
+        resp: usize,
+    },
 }
 
 impl Server {
@@ -182,18 +187,22 @@ pub fn connect_attempt(ns: &Netns, to: SocketAddr, hold: Duration) -> anyhow::Re
     ns.run(move || -> anyhow::Result<bool> {
         let domain = if to.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
         // CLOEXEC: a process spawned meanwhile (a test's workload) must not hold it.
+        // SAFETY: socket takes no pointers; the fd is closed below.
         let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
         anyhow::ensure!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
         let (sa, len) = sockaddr(&to);
+        // SAFETY: sa is a sockaddr of length len (sockaddr() builds both).
         unsafe { libc::connect(fd, &sa as *const _ as *const libc::sockaddr, len) };
         let deadline = Instant::now() + hold;
         let mut connected = false;
         while Instant::now() < deadline {
             let mut pfd = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
             let ms = deadline.saturating_duration_since(Instant::now()).as_millis() as i32;
+            // SAFETY: pfd is one valid pollfd, as the count says.
             if unsafe { libc::poll(&mut pfd, 1, ms.max(1)) } > 0 {
                 let mut err: libc::c_int = 0;
                 let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+                // SAFETY: err and l are valid out-parameters of the sizes passed.
                 unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, &mut err as *mut _ as *mut _, &mut l) };
                 connected = err == 0;
                 break;
@@ -203,12 +212,14 @@ pub fn connect_attempt(ns: &Netns, to: SocketAddr, hold: Duration) -> anyhow::Re
             // Stay for the rest of the hold so the listener side finishes too.
             std::thread::sleep(deadline.saturating_duration_since(Instant::now()));
         }
+        // SAFETY: fd is ours and closed once.
         unsafe { libc::close(fd) };
         Ok(connected)
     })?
 }
 
 fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     match a {
         SocketAddr::V4(v4) => {
@@ -218,6 +229,7 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(v4.ip().octets()) },
                 sin_zero: [0; 8],
             };
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in.
             unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in, sin) };
             (ss, std::mem::size_of::<libc::sockaddr_in>() as _)
         }
@@ -229,6 +241,7 @@ fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
                 sin6_addr: libc::in6_addr { s6_addr: v6.ip().octets() },
                 sin6_scope_id: 0,
             };
+            // SAFETY: sockaddr_storage is large and aligned enough for a sockaddr_in6.
             unsafe { std::ptr::write(&mut ss as *mut _ as *mut libc::sockaddr_in6, sin6) };
             (ss, std::mem::size_of::<libc::sockaddr_in6>() as _)
         }

@@ -30,10 +30,7 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
 };
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/cwnd.skel.rs"));
-}
+crate::skeleton!("cwnd");
 use skel::{types, CwndSkel, CwndSkelBuilder};
 
 const CW_IDLE_SEND: u8 = 1;
@@ -88,6 +85,7 @@ impl CwndMechanism {
 /// receive cost one lookup per segment.
 #[derive(Debug, Args, Default, Clone)]
 pub struct CwndArgs {
+    /// Which connections.
     #[command(flatten)]
     pub flow: FlowArgs,
     /// At most one sample per connection per INTERVAL (e.g. 10ms); default:

@@ -11,10 +11,7 @@ use serde_json::{json, Value};
 
 use crate::engine::{attach::Mechanism, features};
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
-}
+crate::skeleton!("probe");
 use skel::ProbeSkelBuilder;
 
 /// Show what this kernel offers (BTF, tracepoints, tp_btf, raw_tp, kprobes,

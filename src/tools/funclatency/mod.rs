@@ -29,10 +29,7 @@ use crate::engine::{
 };
 use targets::{Probe, ProbeKind};
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/funclatency.skel.rs"));
-}
+crate::skeleton!("funclatency");
 use skel::{FunclatencySkel, FunclatencySkelBuilder};
 
 const FL_TOO_DEEP: u32 = 0;

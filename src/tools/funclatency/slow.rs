@@ -205,7 +205,7 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
 
     // The slow calls, slowest first, with their callers' stacks.
     let (mut evs, slow_total) = std::mem::take(&mut *events.borrow_mut());
-    evs.sort_by(|x, y| y.latency_ns.cmp(&x.latency_ns));
+    evs.sort_by_key(|e| std::cmp::Reverse(e.latency_ns));
     let raws: Vec<RawSample> = evs
         .iter()
         .map(|e| {

@@ -31,10 +31,7 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
 };
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/msglat.skel.rs"));
-}
+crate::skeleton!("msglat");
 use skel::{types, MsglatSkel, MsglatSkelBuilder};
 
 const MAX_PIDS: usize = 8;

@@ -24,10 +24,7 @@ use crate::engine::{
     unwind::{self, UnwindArgs},
 };
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/offcpu.skel.rs"));
-}
+crate::skeleton!("offcpu");
 use skel::{OffcpuSkel, OffcpuSkelBuilder};
 
 const OS_SWITCHES: u32 = 0;

@@ -24,10 +24,7 @@ use crate::engine::{
     unwind::{self, UnwindArgs},
 };
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/profile.skel.rs"));
-}
+crate::skeleton!("profile");
 use skel::{ProfileSkel, ProfileSkelBuilder};
 
 const PS_SAMPLES: u32 = 0;

@@ -17,10 +17,7 @@ use crate::engine::{
     run::RunControl,
 };
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/baseline.skel.rs"));
-}
+crate::skeleton!("baseline");
 use skel::BaselineSkelBuilder;
 
 /// Which baseline program runs (see baseline.bpf.c).

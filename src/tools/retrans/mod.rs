@@ -37,10 +37,7 @@ use crate::engine::{
     symbols::KernelSymbols,
 };
 
-mod skel {
-    #![allow(clippy::all, unused_imports, non_camel_case_types, dead_code)]
-    include!(concat!(env!("OUT_DIR"), "/retrans.skel.rs"));
-}
+crate::skeleton!("retrans");
 use skel::{types, RetransSkel, RetransSkelBuilder};
 
 const KIND_MAX: usize = 7;
@@ -116,6 +113,7 @@ pub struct RetransArgs {
     /// With --count, print the running table every INTERVAL (e.g. 5s).
     #[arg(short = 'i', long, value_parser = duration_arg, requires = "count")]
     pub interval: Option<Duration>,
+    /// Which connections.
     #[command(flatten)]
     pub flow: FlowArgs,
     /// Only these causes (comma-separated or repeated).
@@ -321,9 +319,9 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
 fn summary_json(t: &Totals, mech: Mechanism, elapsed: Duration) -> Value {
     let mut counts = serde_json::Map::new();
     let mut segs_by = serde_json::Map::new();
-    for k in 0..KIND_MAX - 1 {
-        counts.insert(KINDS[k].into(), json!(t.counts[k]));
-        segs_by.insert(KINDS[k].into(), json!(t.segs[k]));
+    for (k, name) in KINDS.iter().enumerate().take(KIND_MAX - 1) {
+        counts.insert((*name).into(), json!(t.counts[k]));
+        segs_by.insert((*name).into(), json!(t.segs[k]));
     }
     json!({
         "type": "summary",
@@ -347,8 +345,8 @@ fn summary_json(t: &Totals, mech: Mechanism, elapsed: Duration) -> Value {
 
 fn summary_text(t: &Totals, mech: Mechanism, elapsed: Duration) -> String {
     let mut rows = Vec::new();
-    for k in 0..KIND_MAX - 1 {
-        rows.push(vec![KINDS[k].to_string(), t.counts[k].to_string(), t.segs[k].to_string()]);
+    for (k, name) in KINDS.iter().enumerate().take(KIND_MAX - 1) {
+        rows.push(vec![name.to_string(), t.counts[k].to_string(), t.segs[k].to_string()]);
     }
     let total: u64 = t.counts[..KIND_MAX - 1].iter().sum();
     let total_segs: u64 = t.segs[..KIND_MAX - 1].iter().sum();
