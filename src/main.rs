@@ -2,7 +2,10 @@
 use std::process::ExitCode;
 
 use clap::{error::ErrorKind, Parser, Subcommand};
-use sonde::{engine::error::exit_code, lab, tools};
+use sonde::{
+    engine::error::{closed_stdout, exit_code},
+    lab, tools,
+};
 
 /// sonde: why is this service slow, where are its packets lost (eBPF).
 #[derive(Parser, Debug)]
@@ -82,6 +85,7 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(code) => ExitCode::from(code as u8),
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sonde: {e:#}");
             ExitCode::from(exit_code(&e) as u8)

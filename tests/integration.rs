@@ -715,6 +715,44 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
     assert!(left.is_empty(), "bad input left programs attached: {left:?}");
 }
 
+#[test]
+fn closed_stdout_ends_quietly_with_status_0_and_attaches_nothing() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let before = our_prog_ids();
+    let cases: &[&[&str]] = &[
+        &["doctor"],
+        &["doctor", "--json"],
+        &["profile", "-d", "1", "-F", "49"],
+        &["profile", "-d", "1", "-F", "49", "--json"],
+        &["offcpu", "-d", "1", "--json"],
+        &["retrans", "-d", "1", "--json"],
+        &["funclatency", "-d", "1", "--json", "syscall:nanosleep"],
+    ];
+    for c in cases {
+        // A pipe whose reader is gone before sonde starts: its first write fails.
+        let mut fds = [0; 2];
+        // SAFETY: fds is a valid out-parameter of two ints.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: pipe2 just returned these two fds, owned by nobody else.
+        let (r, w) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(r);
+        let out = Command::new(SONDE).args(*c).stdout(Stdio::from(w)).stderr(Stdio::piped()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{c:?}: {err}");
+        assert!(!err.contains("pipe") && !err.contains("panicked") && !err.contains("error"), "{c:?}: {err}");
+    }
+    let mut left: Vec<u64> = Vec::new();
+    for _ in 0..20 {
+        let held = held_prog_ids();
+        left = our_prog_ids().into_iter().filter(|id| !before.contains(id) && !held.contains(id)).collect();
+        if left.is_empty() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(left.is_empty(), "a closed stdout left programs attached: {left:?}");
+}
+
 /// Programs some process holds an fd (program or link) of, from /proc/*/fdinfo.
 fn held_prog_ids() -> Vec<u64> {
     std::fs::read_dir("/proc").unwrap().flatten().flat_map(|p| fd_prog_ids(&p.path())).collect()

@@ -30,3 +30,10 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
         1
     }
 }
+
+/// Whether the error chain is a write to a closed stdout (`| head`): the reader
+/// has what it wanted, so sonde ends quietly with status 0.
+pub fn closed_stdout(err: &anyhow::Error) -> bool {
+    err.chain()
+        .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+}

@@ -1,4 +1,18 @@
 //! Output sinks: JSON lines and aligned tables, to stdout or a file.
+//!
+//! Which stream gets what (every tool and lab):
+//! - **stdout** (or the `-o` file for formats that have one): the results. Events, `--json`
+//!   lines, the tables and summaries a run prints at its end, doctor's report, a lab's verdict.
+//! - **stderr**: everything about the run rather than its results: "attached ..." and progress
+//!   lines, warnings, hints, counts of lost events and truncated stacks, and errors. Piping
+//!   stdout into another program therefore gets only results.
+//!
+//! A closed stdout (`sonde doctor | head -1`) is not an error: writes return
+//! [`std::io::ErrorKind::BrokenPipe`], the tool stops as after Ctrl-C (links dropped,
+//! nothing left attached), and `main` exits with status 0 without a message
+//! ([`crate::engine::error::closed_stdout`]). So every write to stdout goes through
+//! [`Sink`] or the [`outln!`](crate::outln) / [`out!`](crate::out) macros, which return the
+//! error instead of panicking as `println!` does.
 use std::{
     fs::File,
     io::{self, BufWriter, Write},
@@ -6,6 +20,24 @@ use std::{
 };
 
 use super::error::usage;
+
+/// `println!` that returns an `io::Result` instead of panicking on a closed stdout.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `print!` that returns an `io::Result` instead of panicking on a closed stdout.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
 
 /// Where a tool writes its events and summary.
 pub struct Sink {

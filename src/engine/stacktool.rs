@@ -288,7 +288,7 @@ fn finish_with(
 }
 
 /// The top functions by self and total weight, `fmt` formatting a weight.
-pub fn print_top(stacks: &[Stack], n: usize, weight_header: &str, fmt: impl Fn(u64) -> String) {
+pub fn print_top(stacks: &[Stack], n: usize, weight_header: &str, fmt: impl Fn(u64) -> String) -> std::io::Result<()> {
     let (rows, all) = render::top(stacks);
     let pct = |v: u64| format!("{:.1}%", 100.0 * v as f64 / all.max(1) as f64);
     let body: Vec<Vec<String>> = rows
@@ -296,7 +296,7 @@ pub fn print_top(stacks: &[Stack], n: usize, weight_header: &str, fmt: impl Fn(u
         .take(n)
         .map(|r| vec![pct(r.self_count), pct(r.total_count), fmt(r.self_count), r.name.clone()])
         .collect();
-    println!("{}", table(&["SELF", "TOTAL", weight_header, "FUNCTION"], &body));
+    crate::outln!("{}", table(&["SELF", "TOTAL", weight_header, "FUNCTION"], &body))
 }
 
 /// Stack lines and then `summary` as JSON lines on stdout.

@@ -593,32 +593,32 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
             "checks": checks.iter().map(|(n, v)| serde_json::json!({"check": n, "ok": v})).collect::<Vec<_>>(),
             "ok": ok,
         });
-        println!("{j}");
+        crate::outln!("{j}")?;
     } else {
-        println!("with a {:?}-{:?} resolver: {slow_rate:.1} requests/s; the server used {:.1}% of a core ({:.1}% by /proc/PID/stat)", a.delay.0, a.delay.1, 100.0 * cpu_sampled, 100.0 * cpu_proc);
-        println!("  profile  top CPU stack: {top_cpu}");
-        println!(
+        crate::outln!("with a {:?}-{:?} resolver: {slow_rate:.1} requests/s; the server used {:.1}% of a core ({:.1}% by /proc/PID/stat)", a.delay.0, a.delay.1, 100.0 * cpu_sampled, 100.0 * cpu_proc)?;
+        crate::outln!("  profile  top CPU stack: {top_cpu}")?;
+        crate::outln!(
             "  offcpu   {:.1}% of {:.1} s blocked is in poll(): {:.2} s, the responder held queries {:.2} s; top: {top_off}",
             pct(rw, blocked),
             blocked as f64 / 1e6,
             rw as f64 / 1e6,
             o_held as f64 / 1e6
-        );
-        println!("  offcpu   {:.1}% of the wait in poll() is under its callers: {top_chain}", pct(chain, rw));
-        println!(
+        )?;
+        crate::outln!("  offcpu   {:.1}% of the wait in poll() is under its callers: {top_chain}", pct(chain, rw))?;
+        crate::outln!(
             "  wakeup   {:.1}% of {:.2} s in poll() was woken from the UDP receive path (responder held {:.2} s); waker: {top_wake}",
             pct(udp, rw_w),
             rw_w as f64 / 1e6,
             w_held as f64 / 1e6
-        );
+        )?;
         if let Some(l) = sample_log {
-            println!("  access log: {l}");
+            crate::outln!("  access log: {l}")?;
         }
-        println!("without the delay: {fast_rate:.1} requests/s ({speedup:.1}x); {failed} failed requests; {answered} DNS answers in all");
+        crate::outln!("without the delay: {fast_rate:.1} requests/s ({speedup:.1}x); {failed} failed requests; {answered} DNS answers in all")?;
         for (n, v) in &checks {
-            println!("{} {n}", if *v { "ok  " } else { "FAIL" });
+            crate::outln!("{} {n}", if *v { "ok  " } else { "FAIL" })?;
         }
-        println!("flame graphs: {}-{{profile,offcpu,wakeup}}.{{html,svg}}", a.prefix);
+        crate::outln!("flame graphs: {}-{{profile,offcpu,wakeup}}.{{html,svg}}", a.prefix)?;
     }
     Ok(if ok { 0 } else { 1 })
 }

@@ -282,7 +282,7 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
     let segs = (a.size as u64).div_ceil(mss);
 
     if a.json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::json!({
                 "type": "lab",
@@ -295,7 +295,7 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
                 "lost": result.totals.lost,
                 "missed": result.totals.missed,
             })
-        );
+        )?;
     } else {
         let rows: Vec<Vec<String>> = results
             .iter()
@@ -317,12 +317,12 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
                 ]
             })
             .collect();
-        println!(
+        crate::outln!(
             "\nEach response: {} bytes = {segs} segments of {mss}; path RTT ~{:.0} ms. Responses after an idle gap:",
             a.size,
             2.0 * a.delay.as_secs_f64() * 1000.0
-        );
-        println!(
+        )?;
+        crate::outln!(
             "{}",
             table(
                 &[
@@ -338,8 +338,8 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
                 ],
                 &rows
             )
-        );
-        println!("\nchart: {} (cwnd over time, restarts marked)", a.output.display());
+        )?;
+        crate::outln!("\nchart: {} (cwnd over time, restarts marked)", a.output.display())?;
     }
     let ok = results.iter().all(|r| r.ss_matches == r.ss_cwnd.len());
     if !ok {

@@ -429,7 +429,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     let hooks = sonde.summary["hooks"].as_str().unwrap_or("").to_string();
     let h = &sonde.hist;
     if a.json {
-        println!(
+        crate::outln!(
             "{}",
             serde_json::json!({
                 "type": "lab", "lab": "msglat", "runs": runs, "cpu": cpu,
@@ -443,10 +443,13 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
                 "sonde_bpf_net_ns_per_message": per_msg_net.round(),
                 "sonde": sonde.summary,
             })
-        );
+        )?;
     } else {
-        println!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds);
-        println!(
+        crate::outln!(
+            "\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):",
+            a.rounds
+        )?;
+        crate::outln!(
             "{}",
             table(
                 &[
@@ -459,9 +462,9 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
                 ],
                 &t_rows
             )
-        );
-        println!("\nCPU time per message (each process's own exact clock), medians over {} round(s):", a.rounds);
-        println!(
+        )?;
+        crate::outln!("\nCPU time per message (each process's own exact clock), medians over {} round(s):", a.rounds)?;
+        crate::outln!(
             "{}",
             table(
                 &[
@@ -475,16 +478,16 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
                 ],
                 &cpu_rows
             )
-        );
-        println!(
+        )?;
+        crate::outln!(
             "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks}: {})",
             match hooks.as_str() {
                 "raw" => "every syscall on the host runs two; the broker's read and write do the work",
                 "sockets" => "socket calls only: the sender's send, the broker's receive and send, the receiver's receive",
                 _ => "the sender's write, the broker's read and write, the receiver's read",
             }
-        );
-        println!(
+        )?;
+        crate::outln!(
             "T2 (broker receive -> send) as sonde measured it, last run: {} messages, p50 {} p90 {} p99 {} max {}; unmatched: {} receives, {} sends",
             h.count,
             human(h.quantile_ns(0.5)),
@@ -493,8 +496,8 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
             human(h.max_ns),
             sonde.unmatched_recv,
             sonde.unmatched_send
-        );
-        print!("{}", h.render());
+        )?;
+        crate::out!("{}", h.render())?;
     }
     Ok(0)
 }

@@ -93,7 +93,7 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(pargs.duration)?;
     let out = profile::run_with(&pargs, &ctl, || {})?;
     drop(w);
-    println!("samples: {} ({} truncated)", out.totals.samples, out.totals.sym.truncated_samples);
+    crate::outln!("samples: {} ({} truncated)", out.totals.samples, out.totals.sym.truncated_samples)?;
     let mut ok = true;
     for (name, how) in [("burn", "frame pointers"), ("burn-nofp", "no frame pointers, unwind tables")] {
         let mine: Vec<_> = out.stacks.iter().filter(|s| s.process == name).cloned().collect();
@@ -101,21 +101,21 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
         let share = h as f64 / (h + l).max(1) as f64;
         let good = (share - 2.0 / 3.0).abs() < 0.05 && h + l > 0;
         ok &= good;
-        println!(
+        crate::outln!(
             "{name} ({how}): heavy : light = {h} : {l} samples = {:.1}% : {:.1}% (built in: 66.7% : 33.3%){}",
             100.0 * share,
             100.0 * (1.0 - share),
             if good { "" } else { "  MISMATCH" }
-        );
+        )?;
     }
-    println!(
+    crate::outln!(
         "{}",
         if ok {
             "split matches the built-in 2:1 (within 5 points)"
         } else {
             "MISMATCH: a split differs from the built-in 2:1"
         }
-    );
+    )?;
     if !ok {
         return Ok(1);
     }

@@ -385,13 +385,13 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
             ]
         })
         .collect();
-    println!("\nsonde vs the kernel's MIB counters (both namespaces):");
+    crate::outln!("\nsonde vs the kernel's MIB counters (both namespaces):")?;
     if out.totals.uncounted() > 0 {
-        println!("({} events missed or unreadable: exact relations checked as <=)", out.totals.uncounted());
+        crate::outln!("({} events missed or unreadable: exact relations checked as <=)", out.totals.uncounted())?;
     }
-    println!("{}", table(&["SONDE", "VALUE", "REL", "KERNEL", "COUNTER", "CHECK"], &rows));
+    crate::outln!("{}", table(&["SONDE", "VALUE", "REL", "KERNEL", "COUNTER", "CHECK"], &rows))?;
     if out.totals.unseen_segs() > 0 {
-        println!("(unseen: {} segments the kernel retransmitted with no tracepoint run, of no known kind: see `sonde doctor`)", out.totals.unseen_segs());
+        crate::outln!("(unseen: {} segments the kernel retransmitted with no tracepoint run, of no known kind: see `sonde doctor`)", out.totals.unseen_segs())?;
     }
     let bad = rel.iter().filter(|r| !r.holds()).count();
     if bad > 0 {

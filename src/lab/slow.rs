@@ -223,10 +223,10 @@ pub fn run(a: &SlowLabArgs) -> anyhow::Result<i32> {
         };
         let j = serde_json::json!({"type": "lab_slow", "over_ns": a.over.as_nanos() as u64, "tw_reuse_0": p(&before), "tw_reuse_1": p(&after),
             "checks": checks.iter().map(|(n, v)| serde_json::json!({"check": n, "ok": v})).collect::<Vec<_>>(), "ok": ok});
-        println!("{j}");
+        crate::outln!("{j}")?;
     } else {
         for (name, x) in [("tcp_tw_reuse=0", &before), ("tcp_tw_reuse=1", &after)] {
-            println!(
+            crate::outln!(
                 "{name}: {} of {} connect() calls over {:?} ({:.0}%); {:.0} connects/s succeeded, {:.0}/s failed; {:.0}% of {} samples in __inet_hash_connect; top: {}",
                 x.slow_calls,
                 x.calls,
@@ -237,12 +237,12 @@ pub fn run(a: &SlowLabArgs) -> anyhow::Result<i32> {
                 100.0 * share(x.in_port_selection, x.samples),
                 x.samples,
                 x.top
-            );
+            )?;
         }
         for (n, v) in &checks {
-            println!("{} {n}", if *v { "ok  " } else { "FAIL" });
+            crate::outln!("{} {n}", if *v { "ok  " } else { "FAIL" })?;
         }
-        println!("flame graphs: {}-{{tw-reuse-0,tw-reuse-1}}.{{html,svg}}", a.prefix);
+        crate::outln!("flame graphs: {}-{{tw-reuse-0,tw-reuse-1}}.{{html,svg}}", a.prefix)?;
     }
     Ok(if ok { 0 } else { 1 })
 }

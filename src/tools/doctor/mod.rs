@@ -387,28 +387,28 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
             "features": feats,
             "tools": tools.iter().cloned().collect::<serde_json::Map<_, _>>(),
         });
-        println!("{v}");
+        crate::outln!("{v}")?;
     } else {
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        println!("kernel {}", kernel.trim());
+        crate::outln!("kernel {}", kernel.trim())?;
         for c in &checks {
-            println!("  {:<11} {:<4} {}", c.name, if c.ok { "yes" } else { "NO" }, c.detail);
+            crate::outln!("  {:<11} {:<4} {}", c.name, if c.ok { "yes" } else { "NO" }, c.detail)?;
         }
-        println!("tools:");
+        crate::outln!("tools:")?;
         for (t, v) in &tools {
             if v["usable"] == json!(true) {
-                println!(
+                crate::outln!(
                     "  {t:<11} uses {} ({})",
                     v["mechanism"].as_str().unwrap_or("?"),
                     v["detail"].as_str().unwrap_or("")
-                );
+                )?;
             } else {
-                println!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"));
+                crate::outln!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"))?;
             }
         }
         match crate::engine::cgroup::cgroup2_root() {
-            Some(r) => println!("cgroup v2 at {r} (--cgroup paths are relative to it)"),
-            None => println!("note: no cgroup v2 mounted; --cgroup filters will not resolve"),
+            Some(r) => crate::outln!("cgroup v2 at {r} (--cgroup paths are relative to it)")?,
+            None => crate::outln!("note: no cgroup v2 mounted; --cgroup filters will not resolve")?,
         }
     }
     Ok(if usable { 0 } else { 2 })
@@ -483,12 +483,12 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
         }));
     }
     if a.json {
-        println!("{}", json!({"type": "doctor_unwind", "files": out}));
+        crate::outln!("{}", json!({"type": "doctor_unwind", "files": out}))?;
         return Ok(0);
     }
     for v in &out {
         if v["table"] == json!(true) {
-            println!(
+            crate::outln!(
                 "{}: {} rows from {} FDEs in {:.1} KB of {}; {} rows the walk cannot evaluate; kernel {:.1} KB ({:.2} bytes per byte of CFI, {} pages of 64 KiB); built in {:.1} ms, {:.1} ms from the disk cache",
                 v["file"].as_str().unwrap_or("?"),
                 v["rows"],
@@ -501,13 +501,13 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
                 v["pages"],
                 v["build_ms"].as_f64().unwrap_or(0.0),
                 v["cached_ms"].as_f64().unwrap_or(0.0),
-            );
+            )?;
         } else {
-            println!(
+            crate::outln!(
                 "{}: no table: {} (its frames are walked by frame pointers)",
                 v["file"].as_str().unwrap_or("?"),
                 v["why"].as_str().unwrap_or("?")
-            );
+            )?;
         }
     }
     Ok(0)

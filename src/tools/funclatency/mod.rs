@@ -651,13 +651,13 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
             let r =
                 TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
             if a.json {
-                println!("{}", target_json(&r, Some(interval_no)));
+                crate::outln!("{}", target_json(&r, Some(interval_no)))?;
             } else if r.hist.count > 0 {
-                print!("{}", target_text(&r));
+                crate::out!("{}", target_text(&r))?;
             }
         }
         if !a.json {
-            println!("-- interval {interval_no} ({} s)", iv.as_secs_f64());
+            crate::outln!("-- interval {interval_no} ({} s)", iv.as_secs_f64())?;
         }
         last = now;
         Ok(())
@@ -703,12 +703,12 @@ pub fn run(a: &FunclatencyArgs) -> anyhow::Result<i32> {
     let out = run_with(a, &ctl, || eprintln!("sonde: timing calls; Ctrl-C ends and prints the histograms"))?;
     if a.json {
         for t in &out.targets {
-            println!("{}", target_json(t, None));
+            crate::outln!("{}", target_json(t, None))?;
         }
-        println!("{}", out.summary);
+        crate::outln!("{}", out.summary)?;
     } else {
         for t in &out.targets {
-            print!("{}", target_text(t));
+            crate::out!("{}", target_text(t))?;
         }
         let s = &out.summary;
         let nt = &s["not_timed"];

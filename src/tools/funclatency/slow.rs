@@ -308,13 +308,13 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
         return Ok(out.stop.exit_code());
     }
     super::unprobeable_note(s);
-    println!(
+    crate::outln!(
         "{} calls over {} of {} calls; {} samples inside them",
         s["slow_calls"],
         human(s["over_ns"].as_u64().unwrap_or(0)),
         s["calls"],
         s["samples"]
-    );
+    )?;
     // Grouped by target and call site, slowest first.
     let mut sites: Vec<(String, Vec<String>, Vec<&SlowCall>)> = Vec::new();
     for c in &out.calls {
@@ -325,13 +325,13 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
         }
     }
     if !sites.is_empty() {
-        println!("{:>9} {:>9} {:>7}  TARGET  (slowest: pid/tid comm)  CALLED FROM", "MAX", "AVG", "CALLS");
+        crate::outln!("{:>9} {:>9} {:>7}  TARGET  (slowest: pid/tid comm)  CALLED FROM", "MAX", "AVG", "CALLS")?;
     }
     for (target, n, cs) in sites.iter().take(a.top) {
         let max = cs[0];
         let avg = cs.iter().map(|c| c.latency_ns).sum::<u64>() / cs.len() as u64;
         let tail = &n[n.len().saturating_sub(8)..];
-        println!(
+        crate::outln!(
             "{:>9} {:>9} {:>7}  {target}  ({}/{} {})  {}{}",
             human(max.latency_ns),
             human(avg),
@@ -341,11 +341,11 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
             max.comm,
             if n.len() > 8 { "...;" } else { "" },
             tail.join(";")
-        );
+        )?;
     }
     if a.output.is_empty() && !out.stacks.is_empty() {
-        println!();
-        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |v| v.to_string());
+        crate::outln!()?;
+        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |v| v.to_string())?;
     }
     eprintln!(
         "{} still running past the threshold at the end; lost: {} slow calls (ring full); {} samples outside slow calls",

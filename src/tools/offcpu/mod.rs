@@ -366,7 +366,7 @@ fn run_tool(a: &OffcpuArgs, wake: bool) -> anyhow::Result<i32> {
         return Ok(out.stop.exit_code());
     }
     if a.output.is_empty() {
-        stacktool::print_top(&out.stacks, a.top, "BLOCKED", us);
+        stacktool::print_top(&out.stacks, a.top, "BLOCKED", us)?;
     }
     eprintln!("{}", out.text);
     Ok(out.stop.exit_code())

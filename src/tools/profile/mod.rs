@@ -311,7 +311,7 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
         return Ok(out.stop.exit_code());
     }
     if a.output.is_empty() {
-        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |n| n.to_string());
+        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |n| n.to_string())?;
     }
     eprintln!("{}", summary(t, a.frequency, &out.sym_line));
     Ok(out.stop.exit_code())
