@@ -2,6 +2,7 @@
 pub mod attach;
 pub mod cgroup;
 pub mod chart;
+pub mod cli;
 pub mod error;
 pub mod features;
 pub mod flowfilter;

@@ -9,6 +9,31 @@ pub const MAX_PIDS: usize = 64;
 /// Most threads `--tid` takes (TF_MAX_TIDS).
 pub const MAX_TIDS: usize = 16;
 
+/// `-p`, `--tid`, `--cgroup`, `--comm` as every task-sampling tool takes them
+/// (flattened into profile, offcpu and wakeup).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TaskArgs {
+    /// Only this process and all its threads (repeatable, up to 64).
+    #[arg(short = 'p', long = "pid")]
+    pub pid: Vec<u32>,
+    /// Only this thread (repeatable, up to 16).
+    #[arg(long)]
+    pub tid: Vec<u32>,
+    /// Only tasks in this cgroup (v2 path).
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// Only threads with this name (as in /proc/PID/comm, up to 15 bytes).
+    #[arg(long)]
+    pub comm: Option<String>,
+}
+
+impl TaskArgs {
+    /// Checks the filters (usage errors, exit 2) and resolves the cgroup.
+    pub fn validate(&self) -> anyhow::Result<TaskFilter> {
+        TaskFilter::new(&self.pid, &self.tid, self.cgroup.as_deref(), self.comm.as_deref())
+    }
+}
+
 /// Validated task filters.
 #[derive(Debug, Clone, Default)]
 pub struct TaskFilter {

@@ -27,6 +27,7 @@ use clap::Args;
 use super::traffic::Workers;
 use crate::{
     engine::{
+        cli,
         error::usage,
         features,
         netns::{Netns, Pair},
@@ -35,7 +36,7 @@ use crate::{
     },
     tools::{
         offcpu::{self, OffcpuArgs},
-        profile::{self, Event, ProfileArgs},
+        profile::{self, ProfileArgs},
     },
 };
 
@@ -467,23 +468,15 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
 
     // 1. profile: little CPU.
     let c = phase()?;
-    let pargs = ProfileArgs {
-        frequency: a.frequency,
-        pid: vec![pid],
-        tid: vec![],
-        cgroup: None,
-        comm: None,
-        duration: Some(a.duration),
-        user_only: false,
-        kernel_only: false,
-        include_idle: false,
-        per_thread: false,
-        event: Event::CpuClock,
-        output: out("profile"),
-        top: 10,
-        json: false,
-        unwind: Default::default(),
-    };
+    let ms = format!("{}ms", a.duration.as_millis());
+    let outputs = |tool: &str| out(tool).into_iter().flat_map(|p| ["-o".into(), p.into_os_string()]);
+    let pargs: ProfileArgs = cli::parse(
+        "profile",
+        ["-p", &pid.to_string(), "-F", &a.frequency.to_string(), "-d", &ms, "--top", "10"]
+            .map(std::ffi::OsString::from)
+            .into_iter()
+            .chain(outputs("profile")),
+    )?;
     let p = profile::run_with(&pargs, &c, || {})?;
     let cpu_sampled = p.totals.samples as f64 / (a.frequency as f64 * a.duration.as_secs_f64());
     if let Some(s) = interrupted(&c) {
@@ -491,31 +484,20 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     }
 
     // 2. offcpu: blocked in the resolver's poll().
-    let oargs = |tool: &str| OffcpuArgs {
-        pid: vec![pid],
-        tid: vec![],
-        cgroup: None,
-        comm: None,
-        min_block: Duration::from_micros(1),
-        max_block: None,
-        sample_below: Duration::from_millis(1),
-        state: vec![],
-        duration: Some(a.duration),
-        user_only: false,
-        kernel_only: false,
-        per_process: true,
-        output: out(tool),
-        top: 10,
-        json: false,
-        mechanism: None,
-        switch_only: false,
-        unwind: Default::default(),
+    let oargs = |tool: &str| -> anyhow::Result<OffcpuArgs> {
+        cli::parse(
+            tool,
+            ["-p", &pid.to_string(), "-d", &ms, "--per-process", "--top", "10"]
+                .map(std::ffi::OsString::from)
+                .into_iter()
+                .chain(outputs(tool)),
+        )
     };
     // offcpu, or with `wake` wakeup, and the responder's hold time over its window.
     let blocked_run = |wake: bool| -> anyhow::Result<(offcpu::Outcome, u64, RunControl)> {
         let c = phase()?;
         let held = Held::new(&responder);
-        let out = offcpu::run_with(&oargs(if wake { "wakeup" } else { "offcpu" }), &c, wake, || held.start())?;
+        let out = offcpu::run_with(&oargs(if wake { "wakeup" } else { "offcpu" })?, &c, wake, || held.start())?;
         Ok((out, held.in_window(a.duration), c))
     };
     let (o, o_held, c) = blocked_run(false)?;

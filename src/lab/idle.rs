@@ -26,9 +26,9 @@ use serde::Serialize;
 use super::{delay::DelayLink, median};
 use crate::{
     engine::{
+        cli,
         error::{env, usage},
         features,
-        flowfilter::FlowArgs,
         netns::{sh, Netns, Pair},
         output::table,
         run::{duration_arg, RunControl},
@@ -210,17 +210,13 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
         pair.a.name, pair.b.name, link.a_addr, link.b_addr, a.delay, a.responses, a.size, a.gap
     );
     let ctl = RunControl::new(None)?;
-    let cargs = CwndArgs {
-        flow: FlowArgs {
-            netns: vec![pair.a.name.clone()],
-            port: SETTINGS.iter().map(|s| s.port).collect(),
-            ..Default::default()
-        },
-        idle_only: true,
-        output: Some(a.output.clone()),
-        mechanism: a.mechanism,
-        ..Default::default()
-    };
+    let mut argv: Vec<std::ffi::OsString> = vec!["--netns".into(), pair.a.name.clone().into(), "--idle-only".into()];
+    argv.extend(SETTINGS.iter().flat_map(|s| ["--port".into(), s.port.to_string().into()]));
+    argv.extend(["-o".into(), a.output.clone().into_os_string()]);
+    if let Some(m) = a.mechanism.and_then(|m| clap::ValueEnum::to_possible_value(&m)) {
+        argv.extend(["--mechanism".into(), m.get_name().into()]);
+    }
+    let cargs: CwndArgs = cli::parse("cwnd", argv)?;
     let measured = Mutex::new(Vec::new());
     let result = thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<()>();

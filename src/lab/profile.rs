@@ -9,12 +9,13 @@ use clap::Args;
 
 use crate::{
     engine::{
+        cli,
         error::usage,
         features,
         run::{RunControl, Stop},
         stacks::weight_under,
     },
-    tools::profile::{self, Event, ProfileArgs},
+    tools::profile::{self, ProfileArgs},
 };
 
 /// The workload, built static with frame pointers by build.rs.
@@ -73,23 +74,11 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
         a.seconds,
         a.frequency
     );
-    let pargs = ProfileArgs {
-        frequency: a.frequency,
-        pid: w.children.iter().map(|c| c.id()).collect(),
-        tid: vec![],
-        cgroup: None,
-        comm: None,
-        duration: Some(Duration::from_secs(a.seconds)),
-        user_only: false,
-        kernel_only: false,
-        include_idle: false,
-        per_thread: false,
-        event: Event::CpuClock,
-        output: a.output.iter().map(PathBuf::from).collect(),
-        top: 10,
-        json: false,
-        unwind: Default::default(),
-    };
+    let mut argv = vec!["-F".to_string(), a.frequency.to_string(), "-d".into(), format!("{}s", a.seconds)];
+    argv.extend(["--top".into(), "10".into()]);
+    argv.extend(w.children.iter().flat_map(|c| ["-p".to_string(), c.id().to_string()]));
+    argv.extend(a.output.iter().flat_map(|o| ["-o".to_string(), o.to_string()]));
+    let pargs: ProfileArgs = cli::parse("profile", argv)?;
     let ctl = RunControl::new(pargs.duration)?;
     let out = profile::run_with(&pargs, &ctl, || {})?;
     drop(w);

@@ -13,9 +13,9 @@ use clap::Args;
 use super::traffic::{bulk, connect_attempt, request_response, Mode, Server};
 use crate::{
     engine::{
+        cli,
         error::usage,
         features,
-        flowfilter::FlowArgs,
         netns::{Mib, Netns, Pair},
         output::table,
         run::RunControl,
@@ -325,20 +325,11 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
         pair.a.name, pair.b.name, pair.net4, pair.net6, a.loss
     );
     let ctl = RunControl::new(None)?;
-    let targs = RetransArgs {
-        count: !a.events,
-        interval: None,
-        flow: FlowArgs { netns: vec![pair.a.name.clone(), pair.b.name.clone()], ..Default::default() },
-        kind: vec![],
-        duration: None,
-        json: false,
-        output: None,
-        stack: false,
-        failed: false,
-        mechanism: None,
-        ringbuf_kib: None,
-        bench_baseline: None,
-    };
+    let mut argv = vec!["--netns", &pair.a.name, "--netns", &pair.b.name];
+    if !a.events {
+        argv.push("--count");
+    }
+    let targs: RetransArgs = cli::parse("retrans", argv)?;
     let before = std::sync::Mutex::new(None);
     let result = thread::scope(|s| {
         let (tx, rx) = std::sync::mpsc::channel::<()>();

@@ -20,7 +20,7 @@ use crate::engine::{
     run::{duration_arg, duration_or_zero_arg, RunControl, Stop},
     stacks::{Stack, StackMaps},
     stacktool::{self, StackLoss},
-    taskfilter::TaskFilter,
+    taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
 
@@ -71,18 +71,9 @@ pub enum State {
 /// switch at the default sampling).
 #[derive(Debug, Args)]
 pub struct OffcpuArgs {
-    /// Only this process and its threads (repeatable).
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Vec<u32>,
-    /// Only this thread (repeatable, up to 16).
-    #[arg(long)]
-    pub tid: Vec<u32>,
-    /// Only tasks in this cgroup (v2 path).
-    #[arg(long)]
-    pub cgroup: Option<String>,
-    /// Only threads with this name.
-    #[arg(long)]
-    pub comm: Option<String>,
+    /// Which tasks.
+    #[command(flatten)]
+    pub task: TaskArgs,
     /// Ignore blocks shorter than this (e.g. 1ms, 100us).
     #[arg(long, value_parser = duration_arg, default_value = "1us")]
     pub min_block: Duration,
@@ -228,7 +219,7 @@ fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilte
     if a.sample_below > Duration::from_secs(1) {
         return Err(usage(format!("--sample-below {:?}: at most 1s (0 turns sampling off)", a.sample_below)));
     }
-    let tf = TaskFilter::new(&a.pid, &a.tid, a.cgroup.as_deref(), a.comm.as_deref())?;
+    let tf = a.task.validate()?;
     Ok((outs, tf))
 }
 

@@ -20,7 +20,7 @@ use crate::engine::{
     stacks::StackMaps,
     stacks::SymStats,
     stacktool::{self, StackLoss},
-    taskfilter::TaskFilter,
+    taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
 
@@ -70,18 +70,9 @@ pub struct ProfileArgs {
     /// Samples per second per CPU.
     #[arg(short = 'F', long = "frequency", default_value_t = 49)]
     pub frequency: u64,
-    /// Only this process and all its threads (repeatable).
-    #[arg(short = 'p', long = "pid")]
-    pub pid: Vec<u32>,
-    /// Only this thread (repeatable, up to 16).
-    #[arg(long)]
-    pub tid: Vec<u32>,
-    /// Only tasks in this cgroup (v2 path).
-    #[arg(long)]
-    pub cgroup: Option<String>,
-    /// Only threads with this name (as in /proc/PID/comm, up to 15 bytes).
-    #[arg(long)]
-    pub comm: Option<String>,
+    /// Which tasks.
+    #[command(flatten)]
+    pub task: TaskArgs,
     /// Stop after this long (e.g. 10s); default: until Ctrl-C.
     #[arg(short = 'd', long, value_parser = duration_arg)]
     pub duration: Option<Duration>,
@@ -168,7 +159,7 @@ fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilt
             a.frequency
         )));
     }
-    let tf = TaskFilter::new(&a.pid, &a.tid, a.cgroup.as_deref(), a.comm.as_deref())?;
+    let tf = a.task.validate()?;
     Ok((outs, tf))
 }
 
