@@ -23,6 +23,8 @@ const SONDE: &str = env!("CARGO_BIN_EXE_sonde");
 
 #[path = "integration/unwind.rs"]
 mod unwind;
+#[path = "integration/view.rs"]
+mod view;
 
 /// A running `sonde retrans --json`, its stdout collected line by line.
 struct Tracer {

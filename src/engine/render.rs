@@ -106,13 +106,21 @@ pub fn write(path: &Path, format: Format, stacks: &[Stack], meta: &Meta<'_>) -> 
         Format::Svg => out.write_all(&svg(&lines, title, count_name)?)?,
         Format::Html => {
             // The SVG inline in a page: its script (zoom, search, details)
-            // runs in the page; nothing is fetched.
+            // runs in the page; nothing is fetched. That script (inferno's
+            // fluid drawing) removes the <svg>'s width and viewBox and sizes
+            // the frames, title and Search to the width the <svg> then has.
+            // A standalone SVG document then fills the window, but an inline
+            // <svg> without width or viewBox is a replaced element with no
+            // size of its own: CSS's default 300 px. The page's CSS gives the
+            // outer <svg> (not the nested #frames one) the page's width, so it
+            // lays out as the standalone SVG does, and follows resizes.
             let svg = String::from_utf8(svg(&lines, title, count_name)?)?;
             let body = svg.find("<svg").map(|i| &svg[i..]).unwrap_or(&svg);
             write!(
                 out,
                 "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{}</title>\
-                 <style>body{{margin:0;font-family:sans-serif}}</style></head><body>\n{body}\n\
+                 <style>body{{margin:0;font-family:sans-serif}}body>svg{{display:block;width:100%}}</style>\
+                 </head><body>\n{body}\n\
                  <script>window.addEventListener('load',function(){{document.body.setAttribute('data-frames',\
                  document.querySelectorAll('#frames > g').length);}});</script>\n</body></html>\n",
                 html_escape(title)
