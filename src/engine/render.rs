@@ -116,6 +116,10 @@ pub fn write(path: &Path, format: Format, stacks: &[Stack], meta: &Meta<'_>) -> 
             // lays out as the standalone SVG does, and follows resizes.
             let svg = String::from_utf8(svg(&lines, title, count_name)?)?;
             let body = svg.find("<svg").map(|i| &svg[i..]).unwrap_or(&svg);
+            // A zoomed view's link (?x=..&y=..) finds its frame by the
+            // namespaced attribute fg:x; in an HTML page that attribute is
+            // named "fg:x" literally, so the selector names it so.
+            let body = body.replace(r#"'[*|x="'"#, r#"'[fg\\:x="'"#);
             write!(
                 out,
                 "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{}</title>\

@@ -123,5 +123,15 @@ fn html_flame_graph_paints_as_wide_as_the_svg() {
     let centre = (title[0] + title[2]) / 2.0;
     assert!((centre - WINDOW.0 as f64 / 2.0).abs() < 20.0, "title {title:?} not centred in the window; {figures}");
     assert!(frames[2] - frames[0] >= WINDOW.0 as f64 - 40.0, "frames {frames:?} narrower than the window");
+
+    // A zoomed view's link (?x=..&y=.. as a click writes it) opens zoomed:
+    // every frame outside the clicked one's subtree hidden, no script error.
+    let page = std::fs::read_to_string(&html).unwrap();
+    let rect = page.split("<rect ").find(|r| r.contains("fg:x=\"") && !r.contains("fg:x=\"0\"")).expect("a frame");
+    let attr = |k: &str| rect.split(&format!(" {k}=\"")).nth(1).and_then(|r| r.split('"').next()).unwrap().to_string();
+    let out = chromium(&["--dump-dom"], &format!("file://{}?x={}&y={}", html.display(), attr("fg:x"), attr("y")));
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("Uncaught"), "opening a zoomed link: {log}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("class=\"hide\""), "the link did not zoom: {log}");
     let _ = std::fs::remove_dir_all(&dir);
 }
