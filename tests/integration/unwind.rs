@@ -1,7 +1,7 @@
 //! User stacks without frame pointers: the table walk against workloads
 //! whose call structure is built in, against the frame-pointer walk, and
 //! against `perf record --call-graph dwarf`.
-use super::*;
+use super::common::*;
 
 /// Most optimised C: no frame pointers (as Debian builds its packages).
 const NOFP: &[&str] = &["-O2", "-g", "-fomit-frame-pointer"];

@@ -2,7 +2,7 @@
 //! screenshotted by headless Chromium at 1400 px wide and measured pixel by
 //! pixel, so a page whose DOM is right but paints the flame graph in a
 //! corner fails.
-use super::*;
+use super::common::*;
 
 /// The window, as in the user's report.
 const WINDOW: (u32, u32) = (1400, 900);

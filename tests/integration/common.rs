@@ -1,0 +1,351 @@
+//! Helpers every module shares: running sonde, workloads, JSON pickers, and
+//! the checks that nothing of ours stays attached.
+#![allow(unused_imports)]
+pub(crate) use serde_json::Value;
+pub(crate) use sonde::{
+    engine::netns::{Mib, Pair},
+    lab::{
+        retrans::{drop_all, hidden_synack_allowance, settled_mib, undrop, workload, PORT_SYN},
+        traffic::{connect_attempt, Mode, Server},
+    },
+};
+pub(crate) use std::{
+    io::{BufRead, BufReader},
+    net::{IpAddr, SocketAddr},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    thread,
+    time::{Duration, Instant},
+};
+
+pub(crate) const SONDE: &str = env!("CARGO_BIN_EXE_sonde");
+
+/// A running `sonde retrans --json`, its stdout collected line by line.
+pub(crate) struct Tracer {
+    pub(crate) child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    reader: Option<thread::JoinHandle<()>>,
+}
+
+impl Tracer {
+    pub(crate) fn start(args: &[&str]) -> Tracer {
+        Tracer::start_tool("retrans", "tracing TCP retransmissions", args)
+    }
+
+    /// `sonde TOOL --json ARGS`, once its stderr says `ready`.
+    pub(crate) fn start_tool(tool: &str, ready: &str, args: &[&str]) -> Tracer {
+        let mut child = Command::new(SONDE)
+            .arg(tool)
+            .arg("--json")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn sonde");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let out = child.stdout.take().unwrap();
+        let l2 = lines.clone();
+        let reader = thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                l2.lock().unwrap().push(l);
+            }
+        });
+        let mut r = BufReader::new(child.stderr.take().unwrap());
+        wait_for_stderr_line(&mut r, ready);
+        thread::spawn(move || for _ in r.lines() {});
+        Tracer { child, lines, reader: Some(reader) }
+    }
+
+    /// SIGINT, then the exit code and every JSON line.
+    pub(crate) fn stop(self) -> (i32, Vec<Value>) {
+        self.end(libc::SIGINT)
+    }
+
+    /// Sends `sig`, waits, returns the exit code and every JSON line.
+    pub(crate) fn end(mut self, sig: i32) -> (i32, Vec<Value>) {
+        // SAFETY: kill takes no pointers.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+        let status = self.child.wait().unwrap();
+        self.reader.take().unwrap().join().unwrap();
+        let lines = self.lines.lock().unwrap();
+        let vals =
+            lines.iter().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l}: {e}"))).collect();
+        (status.code().unwrap_or(-1), vals)
+    }
+}
+
+/// Reads sonde's stderr up to the line containing `ready` (its readiness
+/// line: everything is attached); returns what it read.
+pub(crate) fn wait_for_stderr_line(r: &mut BufReader<std::process::ChildStderr>, ready: &str) -> String {
+    let mut text = String::new();
+    let t0 = Instant::now();
+    loop {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "sonde exited before it was ready: {text}");
+        text.push_str(&line);
+        if line.contains(ready) {
+            return text;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "sonde did not start: {text}");
+    }
+}
+
+pub(crate) fn summary(v: &[Value]) -> &Value {
+    let s = v.last().expect("no output");
+    assert_eq!(s["type"], "summary", "last line must be the summary: {s}");
+    s
+}
+
+pub(crate) fn events<'a>(v: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    v.iter().filter(|e| e["type"] == "retrans" && e["kind"] == kind).collect()
+}
+
+/// The JSON lines of one "type".
+pub(crate) fn of_type<'a>(v: &'a [Value], ty: &str) -> Vec<&'a Value> {
+    v.iter().filter(|e| e["type"] == ty).collect()
+}
+
+pub(crate) fn seg_sum(v: &[&Value]) -> i64 {
+    v.iter().map(|e| e["segs"].as_i64().unwrap()).sum()
+}
+
+/// A child process killed when the test ends, also by a failed assertion.
+pub(crate) struct KillOnDrop(pub(crate) Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) fn our_prog_ids() -> Vec<u64> {
+    let out = Command::new("bpftool").args(["prog", "show", "-j"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| {
+            let n = p["name"].as_str().unwrap_or("");
+            [
+                "ml_",
+                "unw_",
+                "btf_probe",
+                "raw_probe",
+                "btf_send",
+                "raw_send",
+                "btf_destroy",
+                "raw_destroy",
+                "btf_retrans",
+                "raw_retrans",
+                "tp_retrans",
+                "tp_set_state",
+                "btf_set_state",
+                "btf_synack",
+                "btf_sendmsg",
+                "tp_accept4",
+                "on_sample",
+                "btf_switch",
+                "raw_switch",
+                "btf_waking",
+                "raw_waking",
+                "btf_exit",
+                "raw_exit",
+                "fl_",
+            ]
+            .iter()
+            .any(|x| n.starts_with(x))
+        })
+        .map(|p| p["id"].as_u64().unwrap())
+        .collect()
+}
+
+/// Ids of the `unw_chunk` maps process `pid` holds an fd of.
+pub(crate) fn unwind_chunks_of(pid: u32) -> Vec<u64> {
+    let held: Vec<u64> = std::fs::read_dir(format!("/proc/{pid}/fdinfo"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+                .filter_map(|info| info.lines().find_map(|l| l.strip_prefix("map_id:")?.trim().parse::<u64>().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let out = Command::new("bpftool").args(["map", "show", "-j"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == "unw_chunk")
+        .filter_map(|m| m["id"].as_u64())
+        .filter(|id| held.contains(id))
+        .collect()
+}
+
+/// Whether any of these map ids still exists.
+pub(crate) fn maps_alive(ids: &[u64]) -> bool {
+    let out = Command::new("bpftool").args(["map", "show", "-j"]).output().expect("bpftool");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Array(vec![]));
+    v.as_array().unwrap().iter().any(|m| ids.contains(&m["id"].as_u64().unwrap_or(0)))
+}
+
+/// Neither programs `ours` nor links held by `pid` (killed) remain.
+pub(crate) fn assert_gone(pid: u32, ours: &[u64]) {
+    // Program teardown after the last fd closes is asynchronous: allow a moment.
+    let t0 = Instant::now();
+    loop {
+        let still: Vec<u64> = our_prog_ids().into_iter().filter(|id| ours.contains(id)).collect();
+        if still.is_empty() {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "programs {still:?} outlived a SIGKILLed sonde");
+        thread::sleep(Duration::from_millis(100));
+    }
+    let links = Command::new("bpftool").args(["link", "show", "-j"]).output().unwrap();
+    let lv: Value = serde_json::from_slice(&links.stdout).unwrap_or(Value::Array(vec![]));
+    for l in lv.as_array().unwrap() {
+        let pid_hits = l["pids"].as_array().map(|ps| ps.iter().any(|p| p["pid"] == pid)).unwrap_or(false);
+        assert!(!pid_hits, "link {l} still held by the killed sonde");
+        assert!(!ours.contains(&l["prog_id"].as_u64().unwrap_or(0)), "link {l} of our program survives");
+    }
+}
+
+/// Programs some process holds an fd (program or link) of, from /proc/*/fdinfo.
+pub(crate) fn held_prog_ids() -> Vec<u64> {
+    std::fs::read_dir("/proc").unwrap().flatten().flat_map(|p| fd_prog_ids(&p.path())).collect()
+}
+
+/// sonde's programs that process `pid` holds (so not those of tests alongside).
+pub(crate) fn programs_of(pid: u32) -> Vec<u64> {
+    let held = fd_prog_ids(std::path::Path::new(&format!("/proc/{pid}")));
+    our_prog_ids().into_iter().filter(|id| held.contains(id)).collect()
+}
+
+pub(crate) fn fd_prog_ids(proc_dir: &std::path::Path) -> Vec<u64> {
+    let Ok(fds) = std::fs::read_dir(proc_dir.join("fdinfo")) else { return Vec::new() };
+    fds.flatten()
+        .filter_map(|fd| std::fs::read_to_string(fd.path()).ok())
+        .flat_map(|info| {
+            info.lines().filter_map(|l| l.strip_prefix("prog_id:")?.trim().parse::<u64>().ok()).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Runs sonde as nobody with no capabilities at all.
+pub(crate) fn unprivileged(args: &[&str]) -> std::process::Output {
+    Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", SONDE])
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Builds tests/workloads/NAME.c with `flags` into a fresh temp dir.
+pub(crate) fn build_workload(name: &str, flags: &[&str]) -> std::path::PathBuf {
+    // Once per process and flags: tests run in parallel, and rewriting a
+    // binary another test is running fails with ETXTBSY.
+    static BUILT: Mutex<Vec<(String, std::path::PathBuf)>> = Mutex::new(Vec::new());
+    let key = format!("{name} {}", flags.join(" "));
+    let mut built = BUILT.lock().unwrap();
+    if let Some((_, p)) = built.iter().find(|(k, _)| *k == key) {
+        return p.clone();
+    }
+    let p = build_workload_now(name, flags);
+    built.push((key, p.clone()));
+    p
+}
+
+pub(crate) fn build_workload_now(name: &str, flags: &[&str]) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "sonde-wl-{}-{name}-{}",
+        std::process::id(),
+        flags.join("").replace(['-', '='], "")
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join(name);
+    let src = format!("{}/tests/workloads/{name}.c", env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new("clang").args(flags).arg("-o").arg(&bin).arg(&src).status().expect("clang");
+    assert!(st.success(), "building {src}");
+    bin
+}
+
+/// The line of `tests/workloads/NAME.c` that contains `marker`.
+pub(crate) fn workload_line(name: &str, marker: &str) -> u32 {
+    let src = std::fs::read_to_string(format!("{}/tests/workloads/{name}.c", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    src.lines().position(|l| l.contains(marker)).expect("marker") as u32 + 1
+}
+
+pub(crate) const FP: &[&str] = &["-O2", "-g", "-fno-omit-frame-pointer", "-fno-optimize-sibling-calls", "-fno-inline"];
+
+/// Runs `sonde profile ARGS`; returns (exit code, stderr).
+pub(crate) fn profile(args: &[&str]) -> (i32, String) {
+    let out = Command::new(SONDE).arg("profile").args(args).output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `sonde profile ARGS` sampling for `secs` from its ready line, ended with
+/// SIGINT: the exit code, stderr, and the CPU seconds `pid` used in exactly
+/// that window (the kernel's own account, the oracle for sample counts; a
+/// `-d` run would also count the CPU the workload used while sonde loaded
+/// and wrote its files, which under load was 0.8 s of 4.8).
+pub(crate) fn profile_window(args: &[&str], pid: u32, secs: u64) -> (i32, String, f64) {
+    let mut child = Command::new(SONDE).arg("profile").args(args).stderr(Stdio::piped()).spawn().unwrap();
+    let mut r = BufReader::new(child.stderr.take().unwrap());
+    let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
+    let cpu0 = cpu_ticks(pid);
+    thread::sleep(Duration::from_secs(secs));
+    let cpu1 = cpu_ticks(pid);
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let code = child.wait().unwrap().code().unwrap_or(-1);
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+    err.push_str(&rest);
+    // SAFETY: sysconf takes no pointers.
+    (code, err, (cpu1 - cpu0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+}
+
+/// Folded lines as (frames, count).
+pub(crate) fn read_folded(p: &std::path::Path) -> Vec<(Vec<String>, u64)> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (st, n) = l.rsplit_once(' ').unwrap();
+            (st.split(';').map(str::to_string).collect(), n.parse().unwrap())
+        })
+        .collect()
+}
+
+/// utime + stime of a process, in clock ticks.
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// `go`, from PATH or Go's default install directory.
+pub(crate) fn go_bin() -> String {
+    if Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {
+        return "go".into();
+    }
+    "/usr/local/go/bin/go".into()
+}
+
+/// Runs `sonde lab NAME -d 2s --json` with its files under a fresh temporary
+/// directory (prefix DIR/NAME); it must succeed. Its JSON object and DIR.
+pub(crate) fn lab_json(name: &str) -> (Value, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sonde-lab{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let prefix = dir.join(name);
+    let out = Command::new(SONDE)
+        .args(["lab", name, "-d", "2s", "--json", "--prefix", prefix.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    (serde_json::from_str(text.trim()).unwrap(), dir)
+}
+
+/// Tests whose oracles are exact counters or timings hold this shared; a
+/// test that saturates the CPUs holds it alone.
+pub(crate) static QUIET: std::sync::RwLock<()> = std::sync::RwLock::new(());

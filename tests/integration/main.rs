@@ -1,0 +1,28 @@
+//! End-to-end tests: the real `sonde` binary against real kernel traffic in
+//! the tests' own network namespaces, checked against those namespaces' MIB
+//! counters, and workloads whose behaviour is built in. They need root (as in
+//! CI); they fail, not skip, without it. One test binary, one module per area.
+
+/// Helpers shared by every module.
+mod common;
+
+/// The command line: bad input, signals, closed stdout, privileges, help, doctor.
+mod cli;
+/// `sonde cwnd`.
+mod cwnd;
+/// `sonde funclatency` and `sonde slow`.
+mod funclatency;
+/// The labs, end to end.
+mod labs;
+/// `sonde msglat`.
+mod msglat;
+/// `sonde offcpu` and `sonde wakeup`.
+mod offcpu;
+/// `sonde profile`.
+mod profile;
+/// `sonde retrans`.
+mod retrans;
+/// User stacks without frame pointers (`--unwind`).
+mod unwind;
+/// What a person sees of the HTML flame graph (a browser's screenshot).
+mod view;
