@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab test static vmtest bench clean
+.PHONY: setup build lab lint test static vmtest bench clean
 
 setup:
 	@scripts/setup
@@ -18,8 +18,14 @@ build: setup
 lab: build
 	$(SUDO) ./target/release/sonde lab retrans
 
+# Format and lints: rustfmt.toml, Cargo.toml [lints], .clang-format for the BPF C.
+lint: setup
+	$(CARGO) fmt --check
+	$(CARGO) clippy --all-targets -- -D warnings
+	clang-format --dry-run -Werror $$(git ls-files '*.c' '*.h' | grep -v vmlinux.h)
+
 # The full test suite (privileged: runs real traffic in namespaces).
-test: setup
+test: setup lint
 	$(SUDO) env "PATH=$(PATH)" $(CARGO) test -- --test-threads=2
 	$(SUDO) ./target/debug/sonde lab retrans --loss 3
 	$(MAKE) static
@@ -37,15 +43,9 @@ static: setup
 	@file target/$(TARGET)/release/sonde
 	@ls -l target/$(TARGET)/release/sonde
 
+# Every bench/NAME/run (a new tool's bench needs no edit here).
 bench: build
-	$(SUDO) bench/retrans/run
-	$(SUDO) bench/profile/run
-	$(SUDO) bench/unwind/run
-	$(SUDO) bench/offcpu/run
-	$(SUDO) bench/funclatency/run
-	$(SUDO) bench/cwnd/run
-	$(SUDO) bench/broker/run
-	$(SUDO) bench/msglat/run
+	set -e; for r in bench/*/run; do $(SUDO) $$r; done
 
 # The static binary on Debian's 6.1 kernel under qemu (kprobes, fentry, no
 # sched_exit_tp, tcp_retransmit_skb without err).

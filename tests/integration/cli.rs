@@ -245,7 +245,20 @@ fn doctor_reports_the_mechanism_retrans_uses() {
 
 #[test]
 fn every_tool_help_has_an_overhead_paragraph() {
-    for tool in ["retrans", "cwnd", "profile", "offcpu", "wakeup", "funclatency", "slow", "msglat"] {
+    // Every tool `sonde --help` lists (a new tool is checked without an edit here).
+    let top = Command::new(SONDE).arg("--help").output().unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    let tools: Vec<&str> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter(|l| !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|t| !["doctor", "lab", "help"].contains(t))
+        .collect();
+    assert!(tools.len() >= 8 && tools.contains(&"retrans") && tools.contains(&"msglat"), "{top}");
+    for tool in tools {
         let out = Command::new(SONDE).args([tool, "--help"]).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && text.contains("OVERHEAD"), "{tool} --help: {text}");
