@@ -26,11 +26,13 @@ use crate::engine::{
     flowfilter::{ca_state, cstr, endpoint, epoch_secs, hms, mono_to_epoch, FlowArgs, FlowFilter, FlowJson},
     output::{table, Sink},
     perf::percpu_sum,
+    record,
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
 };
 
 crate::skeleton!("cwnd");
+crate::pod!(types::cw_event);
 use skel::{types, CwndSkel, CwndSkelBuilder};
 
 const CW_IDLE_SEND: u8 = 1;
@@ -436,11 +438,7 @@ const MAX_POINTS: usize = 4_000_000;
 
 impl Printer {
     fn event(&mut self, data: &[u8]) {
-        if data.len() < std::mem::size_of::<types::cw_event>() {
-            return;
-        }
-        // SAFETY: cw_event is plain old data mirrored from cwnd.h.
-        let e: types::cw_event = unsafe { std::ptr::read_unaligned(data.as_ptr() as *const _) };
+        let Some(e) = record::decode::<types::cw_event>(data) else { return };
         self.pending.push(e);
     }
 
@@ -823,4 +821,22 @@ pub fn run(a: &CwndArgs) -> anyhow::Result<i32> {
         eprintln!("sonde: tracing TCP congestion windows and idle restarts; Ctrl-C ends with a summary");
     })?;
     Ok(out.stop.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use libbpf_rs::skel::SkelBuilder;
+
+    use super::*;
+
+    /// The stats map has exactly the slots STAT_MAX, copied from cwnd.h, says
+    /// (no root needed: the object is opened, not loaded).
+    #[test]
+    fn stats_map_size_matches_the_slot_constants() {
+        let mut storage = MaybeUninit::uninit();
+        let open = skel::CwndSkelBuilder::default().open(&mut storage).expect("open the object");
+        assert_eq!(open.maps.stats.max_entries() as usize, STAT_MAX);
+    }
 }

@@ -32,12 +32,14 @@ use crate::engine::{
     },
     output::{table, Sink},
     perf::percpu_sum,
+    record,
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
 };
 
 crate::skeleton!("retrans");
+crate::pod!(types::rt_event, types::rt_flow, types::rt_flow_stats);
 use skel::{types, RetransSkel, RetransSkelBuilder};
 
 const KIND_MAX: usize = 7;
@@ -427,14 +429,9 @@ struct Printer {
 
 impl Printer {
     fn event(&mut self, data: &[u8]) {
+        // The stack at the end is sent only with --stack.
         let base = std::mem::size_of::<types::rt_event>() - 32 * 8;
-        if data.len() < base {
-            return;
-        }
-        let mut e = types::rt_event::default();
-        let n = data.len().min(std::mem::size_of::<types::rt_event>());
-        // SAFETY: rt_event is plain old data mirrored from retrans.h.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), &mut e as *mut _ as *mut u8, n) };
+        let Some(e) = record::decode_prefix::<types::rt_event>(data, base) else { return };
         if let Some(k) = self.read_counts.get_mut(e.flow.kind as usize) {
             *k += 1;
             self.read_segs[e.flow.kind as usize] += u64::from(e.segs);
@@ -535,21 +532,11 @@ fn read_flows(skel: &RetransSkel<'_>) -> anyhow::Result<Vec<FlowRow>> {
     let map = &skel.maps.flows;
     for key in map.keys() {
         let Some(val) = map.lookup(&key, MapFlags::ANY)? else { continue };
-        let mut flow = types::rt_flow::default();
-        let mut stats = types::rt_flow_stats::default();
-        // SAFETY: both are plain old data of exactly these sizes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                key.as_ptr(),
-                &mut flow as *mut _ as *mut u8,
-                key.len().min(std::mem::size_of_val(&flow)),
-            );
-            std::ptr::copy_nonoverlapping(
-                val.as_ptr(),
-                &mut stats as *mut _ as *mut u8,
-                val.len().min(std::mem::size_of_val(&stats)),
-            );
-        }
+        let (Some(flow), Some(stats)) =
+            (record::decode::<types::rt_flow>(&key), record::decode::<types::rt_flow_stats>(&val))
+        else {
+            continue;
+        };
         rows.push(FlowRow { flow, stats });
     }
     rows.sort_by(|a, b| b.stats.count.cmp(&a.stats.count).then(b.stats.segs.cmp(&a.stats.segs)));
@@ -768,6 +755,16 @@ mod tests {
     /// Every program of the object runs under some mechanism: `role` is the
     /// only list of them, so a program added to retrans.bpf.c but not to
     /// `role` would silently never load.
+    /// The stats map has exactly the slots the STAT_* constants copied from
+    /// retrans.h name (no root needed: the object is opened, not loaded).
+    #[test]
+    fn stats_map_size_matches_the_slot_constants() {
+        let mut storage = MaybeUninit::uninit();
+        let open = RetransSkelBuilder::default().open(&mut storage).expect("open the object");
+        assert_eq!(open.maps.stats.max_entries() as usize, STAT_MAX);
+        assert_eq!(open.maps.errs.max_entries(), ERR_SLOTS);
+    }
+
     #[test]
     fn every_program_has_a_role() {
         let mut storage = MaybeUninit::uninit();

@@ -1,0 +1,74 @@
+//! Kernel records decoded in one audited place.
+//!
+//! The BPF programs hand user space raw bytes (ring-buffer records, map keys
+//! and values) laid out as the tool's `NAME.h` declares them; the skeleton's
+//! `types` module mirrors those structs. Every tool turns bytes into such a
+//! struct through [`decode`] or [`decode_prefix`], never by its own pointer cast.
+
+/// A type every byte pattern of its size is a valid value of: the C structs
+/// the skeletons generate (integers, arrays of integers, padding; no
+/// references, bools, enums with invalid values or pointers to follow).
+///
+/// # Safety
+/// Implement it only for `#[repr(C)]` plain-old-data types with no invalid
+/// bit patterns; [`pod!`](crate::pod) does so for the skeletons' types.
+pub unsafe trait Pod: Copy + 'static {}
+
+/// Declares skeleton types as [`Pod`].
+#[macro_export]
+macro_rules! pod {
+    ($($t:ty),+ $(,)?) => {
+        $(
+            // SAFETY: a skeleton type generated from the tool's C header: #[repr(C)]
+            // integers and arrays of them, valid for any bytes.
+            unsafe impl $crate::engine::record::Pod for $t {}
+        )+
+    };
+}
+
+/// The record at the start of `bytes`, or None when `bytes` is shorter than it.
+pub fn decode<T: Pod>(bytes: &[u8]) -> Option<T> {
+    if bytes.len() < std::mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: bytes holds at least size_of::<T>() bytes, read unaligned, and
+    // T: Pod is valid for any bit pattern.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<T>()) })
+}
+
+/// A record whose tail may be cut (a variable-length event): the bytes given,
+/// at least `min` of them, over a zeroed `T`; None when fewer than `min`.
+pub fn decode_prefix<T: Pod>(bytes: &[u8], min: usize) -> Option<T> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() < min.min(size) {
+        return None;
+    }
+    let mut buf = vec![0u8; size];
+    let n = bytes.len().min(size);
+    buf[..n].copy_from_slice(&bytes[..n]);
+    decode(&buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    #[repr(C)]
+    struct Rec {
+        a: u32,
+        b: [u16; 2],
+    }
+    crate::pod!(Rec);
+
+    #[test]
+    fn short_records_are_refused_and_a_cut_tail_reads_as_zero() {
+        let bytes = [1, 0, 0, 0, 2, 0, 3, 0, 99];
+        assert_eq!(decode::<Rec>(&bytes), Some(Rec { a: 1, b: [2, 3] }));
+        assert_eq!(decode::<Rec>(&bytes[..7]), None);
+        assert_eq!(decode_prefix::<Rec>(&bytes[..6], 4), Some(Rec { a: 1, b: [2, 0] }));
+        assert_eq!(decode_prefix::<Rec>(&bytes[..3], 4), None);
+        // Unaligned input.
+        assert_eq!(decode::<Rec>(&bytes[1..]).map(|r| r.b[0]), Some(0x0300));
+    }
+}
