@@ -16,10 +16,67 @@
 use std::{
     fs::File,
     io::{self, BufWriter, Write},
-    path::Path,
+    path::{Path, PathBuf},
+    time::Duration,
 };
 
-use super::error::usage;
+use super::{error::usage, run::duration_arg};
+
+/// `-d`, `--json` and `-o` as every tool takes them, declared once and
+/// flattened in. A tool names its own record types and formats in the help
+/// with `#[command(mut_arg("output", ...))]`, and lists the formats it writes
+/// in a table for [`RunArgs::outputs`] / [`RunArgs::output`].
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RunArgs {
+    /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
+    #[arg(short = 'd', long, value_parser = duration_arg)]
+    pub duration: Option<Duration>,
+    /// One JSON object per line: the tool's records, then a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Write to this file; its extension picks the format.
+    #[arg(short = 'o', long = "output")]
+    pub output: Vec<PathBuf>,
+}
+
+/// The formats a tool writes: (file-name ending, format), e.g. `(".json", Json)`.
+pub type Formats<F> = [(&'static str, F)];
+
+impl RunArgs {
+    /// Every `-o` with its format (a tool that writes several files at once).
+    pub fn outputs<F: Copy>(&self, tool: &str, formats: &Formats<F>) -> anyhow::Result<Vec<(PathBuf, F)>> {
+        self.output.iter().map(|p| Ok((p.clone(), pick(p, tool, formats)?))).collect()
+    }
+
+    /// The one `-o`, if given, with its format (a tool that writes one file).
+    pub fn output<F: Copy>(&self, tool: &str, formats: &Formats<F>) -> anyhow::Result<Option<(PathBuf, F)>> {
+        if self.output.len() > 1 {
+            return Err(usage(format!("-o given {} times; {tool} writes one file", self.output.len())));
+        }
+        Ok(self.outputs(tool, formats)?.pop())
+    }
+
+    /// The `-o` path, if any (after [`RunArgs::output`] has checked it).
+    pub fn path(&self) -> Option<&Path> {
+        self.output.first().map(PathBuf::as_path)
+    }
+}
+
+/// The format of `path` by its ending, or a usage error that names the
+/// endings `tool` writes.
+pub fn pick<F: Copy>(path: &Path, tool: &str, formats: &Formats<F>) -> anyhow::Result<F> {
+    let name = path.to_string_lossy();
+    if let Some((_, f)) = formats.iter().find(|(end, _)| name.ends_with(end)) {
+        return Ok(*f);
+    }
+    let mut ends: Vec<&str> = formats.iter().map(|(e, _)| *e).collect();
+    ends.dedup();
+    let list = match ends.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => ends.join(""),
+    };
+    Err(usage(format!("-o {}: {tool} writes {list}; pick one of those extensions", path.display())))
+}
 
 /// `println!` that returns an `io::Result` instead of panicking on a closed stdout.
 #[macro_export]
@@ -110,4 +167,27 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(&fmt_row(r.iter().map(|s| s.as_str()).collect()));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_picker_names_the_endings_a_tool_writes() {
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        enum F {
+            Json,
+            Pprof,
+            Text,
+        }
+        let formats: &Formats<F> = &[(".json", F::Json), (".pb.gz", F::Pprof), (".txt", F::Text), (".log", F::Text)];
+        assert_eq!(pick(Path::new("a.pb.gz"), "t", formats).unwrap(), F::Pprof);
+        assert_eq!(pick(Path::new("/x/y.json"), "t", formats).unwrap(), F::Json);
+        let e = pick(Path::new("out.svg"), "t", formats).unwrap_err().to_string();
+        assert_eq!(e, "-o out.svg: t writes .json, .pb.gz, .txt or .log; pick one of those extensions");
+        let two = RunArgs { output: vec!["a.json".into(), "b.json".into()], ..Default::default() };
+        assert!(two.output("t", formats).is_err());
+        assert_eq!(two.outputs("t", formats).unwrap().len(), 2);
+    }
 }

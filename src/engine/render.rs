@@ -28,21 +28,18 @@ pub enum Format {
 }
 
 impl Format {
+    /// The endings the stack tools write.
+    pub const ALL: &'static super::output::Formats<Format> = &[
+        (".folded", Format::Folded),
+        (".svg", Format::Svg),
+        (".html", Format::Html),
+        (".json", Format::Json),
+        (".pb.gz", Format::Pprof),
+    ];
+
     /// The format for `path`, or a usage error naming the ones we write.
     pub fn of(path: &Path) -> anyhow::Result<Format> {
-        if path.to_string_lossy().ends_with(".pb.gz") {
-            return Ok(Format::Pprof);
-        }
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("folded") => Ok(Format::Folded),
-            Some("svg") => Ok(Format::Svg),
-            Some("json") => Ok(Format::Json),
-            Some("html") => Ok(Format::Html),
-            _ => Err(usage(format!(
-                "-o {}: unknown format; use a .folded, .svg, .html, .json or .pb.gz file name",
-                path.display()
-            ))),
-        }
+        super::output::pick(path, "the stack tools", Self::ALL)
     }
 }
 

@@ -196,9 +196,7 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
     if a.gap < Duration::from_millis(300) {
         return Err(usage("--gap must exceed the RTO (at least 200 ms); give 300ms or more"));
     }
-    if !a.output.extension().is_some_and(|e| e == "html" || e == "svg") {
-        return Err(usage(format!("-o {}: the lab writes its chart as .html or .svg", a.output.display())));
-    }
+    crate::engine::output::pick(&a.output, "the lab (a chart)", &[(".html", ()), (".svg", ())])?;
     features::require_tracing_privileges()?;
     if sh("which", &["ss"]).is_err() {
         return Err(env("`ss` is missing; install iproute2"));

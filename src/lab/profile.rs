@@ -79,7 +79,7 @@ pub fn run(a: &ProfileLabArgs) -> anyhow::Result<i32> {
     argv.extend(w.children.iter().flat_map(|c| ["-p".to_string(), c.id().to_string()]));
     argv.extend(a.output.iter().flat_map(|o| ["-o".to_string(), o.to_string()]));
     let pargs: ProfileArgs = cli::parse("profile", argv)?;
-    let ctl = RunControl::new(pargs.duration)?;
+    let ctl = RunControl::new(pargs.run.duration)?;
     let out = profile::run_with(&pargs, &ctl, || {})?;
     drop(w);
     crate::outln!("samples: {} ({} truncated)", out.totals.samples, out.totals.sym.truncated_samples)?;

@@ -5,7 +5,7 @@ use std::{
     cell::RefCell,
     collections::BTreeMap,
     mem::MaybeUninit,
-    path::{Path, PathBuf},
+    path::Path,
     rc::Rc,
     time::{Duration, Instant},
 };
@@ -24,7 +24,7 @@ use crate::engine::{
     error::{env, usage},
     features,
     flowfilter::{ca_state, cstr, endpoint, epoch_secs, hms, mono_to_epoch, FlowArgs, FlowFilter, FlowJson},
-    output::{table, Sink},
+    output::{table, Formats, RunArgs, Sink},
     perf::percpu_sum,
     record,
     ringbuf::{self, poll_until_stop, PerCpuRings},
@@ -86,6 +86,8 @@ impl CwndMechanism {
 /// with --every 10ms); sonde itself 0.25-0.5% of a core. Sockets that only
 /// receive cost one lookup per segment.
 #[derive(Debug, Args, Default, Clone)]
+#[command(mut_arg("json", |a| a.help("One JSON object per line (samples, idle sends, then a summary)")))]
+#[command(mut_arg("output", |a| a.help("Write to this file: .json (JSON lines), .txt, or a chart of cwnd over time per connection with idle sends marked: .svg or .html")))]
 pub struct CwndArgs {
     /// Which connections.
     #[command(flatten)]
@@ -102,16 +104,9 @@ pub struct CwndArgs {
     /// Print only idle sends (samples still go to the chart and summary).
     #[arg(long)]
     pub idle_only: bool,
-    /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
-    /// One JSON object per line (samples, idle sends, then a summary).
-    #[arg(long)]
-    pub json: bool,
-    /// Write to this file: .json (JSON lines), .txt, or a chart of cwnd over
-    /// time per connection with idle sends marked: .svg or .html.
-    #[arg(short = 'o', long)]
-    pub output: Option<PathBuf>,
+    /// -d, --json, -o.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Force one attach mechanism instead of the best available.
     #[arg(long, value_enum)]
     pub mechanism: Option<CwndMechanism>,
@@ -126,18 +121,21 @@ enum Format {
     Html,
 }
 
+/// What cwnd writes, by `-o`'s ending.
+const FORMATS: &Formats<Format> = &[
+    (".json", Format::Json),
+    (".txt", Format::Text),
+    (".log", Format::Text),
+    (".svg", Format::Svg),
+    (".html", Format::Html),
+];
+
 fn format_of(a: &CwndArgs) -> anyhow::Result<Format> {
-    let Some(p) = &a.output else { return Ok(if a.json { Format::Json } else { Format::Text }) };
-    match p.extension().and_then(|e| e.to_str()) {
-        Some("json") => Ok(Format::Json),
-        Some("txt") | Some("log") => Ok(if a.json { Format::Json } else { Format::Text }),
-        Some("svg") => Ok(Format::Svg),
-        Some("html") => Ok(Format::Html),
-        _ => Err(usage(format!(
-            "-o {}: cwnd writes .json (JSON lines), .txt, or a chart as .svg or .html; pick one of those extensions",
-            p.display()
-        ))),
-    }
+    Ok(match a.run.output("cwnd", FORMATS)? {
+        None | Some((_, Format::Text)) if a.run.json => Format::Json,
+        None => Format::Text,
+        Some((_, f)) => f,
+    })
 }
 
 /// Jiffies per second of the running kernel (CONFIG_HZ), for idle times and
@@ -728,13 +726,13 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     // Charts are written at the end; text and JSON stream to the sink.
     let sink = match format {
         Format::Svg | Format::Html => {
-            if let Some(p) = &a.output {
+            if let Some(p) = a.run.path() {
                 std::fs::File::create(p)
                     .map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
             }
             Sink::open(None)?
         }
-        _ => Sink::open(a.output.as_deref())?,
+        _ => Sink::open(a.run.path())?,
     };
     let order: Vec<Mechanism> = match a.mechanism {
         Some(m) => vec![m.mechanism()],
@@ -804,7 +802,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
             p.sink.line(&s)?;
         }
         Format::Svg | Format::Html => {
-            let path = a.output.as_deref().expect("chart formats come from -o");
+            let path = a.run.path().expect("chart formats come from -o");
             write_chart(path, format, &mut conns, &totals, elapsed)?;
             let s = summary_text(&totals, &conns, mech, elapsed, p.points_dropped);
             eprintln!("{s}\nsonde: wrote {}", path.display());
@@ -816,7 +814,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &CwndArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.run.duration)?;
     let out = run_with(a, &ctl, || {
         eprintln!("sonde: tracing TCP congestion windows and idle restarts; Ctrl-C ends with a summary");
     })?;

@@ -14,6 +14,7 @@ use crate::engine::{
     attach::{with_fallbacks, Mechanism},
     error::usage,
     features,
+    output::RunArgs,
     perf::percpu_sum,
     pprof::Weight,
     render::Format,
@@ -70,6 +71,8 @@ pub enum State {
 /// (bench/unwind/run, two-CPU ping-pong: 479-620 ns against 503-625 ns per
 /// switch at the default sampling).
 #[derive(Debug, Args)]
+#[command(mut_arg("output", |a| a.help("Write here, repeatable; the extension picks the format: .folded, .svg, .html (interactive), .json or .pb.gz (pprof)")))]
+#[command(mut_arg("json", |a| a.help("Print every stack as a JSON line on stdout, then a summary line")))]
 pub struct OffcpuArgs {
     /// Which tasks.
     #[command(flatten)]
@@ -90,9 +93,6 @@ pub struct OffcpuArgs {
     /// Only these states when going off CPU (repeatable; default all).
     #[arg(long, value_enum)]
     pub state: Vec<State>,
-    /// Stop after this long (e.g. 10s); default: until Ctrl-C.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
     /// User stacks only.
     #[arg(long, conflicts_with = "kernel_only")]
     pub user_only: bool,
@@ -102,15 +102,12 @@ pub struct OffcpuArgs {
     /// Merge the threads of a process (default: one stack set per thread).
     #[arg(long)]
     pub per_process: bool,
-    /// Write here; the extension picks the format (repeatable).
-    #[arg(short = 'o', long = "output")]
-    pub output: Vec<PathBuf>,
     /// Rows of the top table.
     #[arg(long, default_value_t = 25)]
     pub top: usize,
-    /// Print every stack as a JSON line on stdout, then a summary line.
-    #[arg(long)]
-    pub json: bool,
+    /// -d, --json, -o.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Force one attach mechanism instead of the best available.
     #[arg(long, value_enum)]
     pub mechanism: Option<OffcpuMechanism>,
@@ -207,7 +204,7 @@ fn load(
 }
 
 fn validate(a: &OffcpuArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilter)> {
-    let outs = stacktool::check_outputs(&a.output)?;
+    let outs = stacktool::check_outputs(&a.run.output)?;
     if let Some(m) = a.max_block {
         if m < a.min_block {
             return Err(usage(format!(
@@ -263,7 +260,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     ready();
     let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
     let (stop, images) =
-        stacktool::run_until_stop(counts, ctl, a.duration, None, (&mut session, &um), Vec::new, || {
+        stacktool::run_until_stop(counts, ctl, a.run.duration, None, (&mut session, &um), Vec::new, || {
             Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
         })?;
     drop(_links);
@@ -349,14 +346,14 @@ pub fn run_wakeup(a: &OffcpuArgs) -> anyhow::Result<i32> {
 }
 
 fn run_tool(a: &OffcpuArgs, wake: bool) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.run.duration)?;
     let what = if wake { "off-CPU time and its wakers" } else { "off-CPU time" };
     let out = run_with(a, &ctl, wake, || eprintln!("sonde: tracing {what}; Ctrl-C ends and writes the results"))?;
-    if a.json {
+    if a.run.json {
         stacktool::print_json(&out.stacks, &out.summary)?;
         return Ok(out.stop.exit_code());
     }
-    if a.output.is_empty() {
+    if a.run.output.is_empty() {
         stacktool::print_top(&out.stacks, a.top, "BLOCKED", us)?;
     }
     eprintln!("{}", out.text);

@@ -13,10 +13,11 @@ use libbpf_rs::{
 use crate::engine::{
     error::{env, usage},
     features,
+    output::RunArgs,
     perf::{percpu_sum, Counter},
     pprof::Weight,
     render::Format,
-    run::{duration_arg, RunControl, Stop},
+    run::{RunControl, Stop},
     stacks::StackMaps,
     stacks::SymStats,
     stacktool::{self, StackLoss},
@@ -66,6 +67,8 @@ pub enum Event {
 /// 1.1-1.4 bytes of kernel memory per byte of .eh_frame (libc: 187 KB),
 /// built in 3-90 ms per file, read from the disk cache in under 15 ms.
 #[derive(Debug, Args)]
+#[command(mut_arg("output", |a| a.help("Write here, repeatable; the extension picks the format: .folded, .svg, .html (interactive), .json or .pb.gz (pprof)")))]
+#[command(mut_arg("json", |a| a.help("Print every stack as a JSON line on stdout, then a summary line")))]
 pub struct ProfileArgs {
     /// Samples per second per CPU.
     #[arg(short = 'F', long = "frequency", default_value_t = 49)]
@@ -73,9 +76,6 @@ pub struct ProfileArgs {
     /// Which tasks.
     #[command(flatten)]
     pub task: TaskArgs,
-    /// Stop after this long (e.g. 10s); default: until Ctrl-C.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
     /// User stacks only.
     #[arg(long, conflicts_with = "kernel_only")]
     pub user_only: bool,
@@ -91,15 +91,12 @@ pub struct ProfileArgs {
     /// What to sample on.
     #[arg(long, value_enum, default_value_t = Event::CpuClock)]
     pub event: Event,
-    /// Write here; the extension picks the format (repeatable).
-    #[arg(short = 'o', long = "output")]
-    pub output: Vec<PathBuf>,
     /// Rows of the top table.
     #[arg(long, default_value_t = 25)]
     pub top: usize,
-    /// Print every stack as a JSON line on stdout, then a summary line.
-    #[arg(long)]
-    pub json: bool,
+    /// -d, --json, -o.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// How user stacks are walked.
     #[command(flatten)]
     pub unwind: UnwindArgs,
@@ -148,7 +145,7 @@ fn max_sample_rate() -> u64 {
 }
 
 fn validate(a: &ProfileArgs) -> anyhow::Result<(Vec<(PathBuf, Format)>, TaskFilter)> {
-    let outs = stacktool::check_outputs(&a.output)?;
+    let outs = stacktool::check_outputs(&a.run.output)?;
     if a.frequency == 0 {
         return Err(usage("-F 0: the sampling frequency must be at least 1 Hz (default 49)"));
     }
@@ -222,10 +219,15 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     let skel = &loaded.skel;
     let um = crate::unw_maps!(skel);
     ready();
-    let (stop, images) =
-        stacktool::run_until_stop(&skel.maps.stk_counts, ctl, a.duration, None, (&mut session, &um), Vec::new, || {
-            Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?))
-        })?;
+    let (stop, images) = stacktool::run_until_stop(
+        &skel.maps.stk_counts,
+        ctl,
+        a.run.duration,
+        None,
+        (&mut session, &um),
+        Vec::new,
+        || Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?)),
+    )?;
     drop(loaded._links);
     let unwind = session.report(&um)?;
     // The window the programs were attached: what the counts cover.
@@ -284,12 +286,12 @@ fn summary(t: &Totals, hz: u64, sym_line: &str) -> String {
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.run.duration)?;
     let out = run_with(a, &ctl, || {
         eprintln!("sonde: sampling CPU stacks at {} Hz; Ctrl-C ends and writes the results", a.frequency);
     })?;
     let t = &out.totals;
-    if a.json {
+    if a.run.json {
         let v = serde_json::json!({
             "type": "summary", "samples": t.samples, "frequency_hz": a.frequency,
             "idle": t.idle, "filtered": t.filtered, "unique_stacks": t.unique_stacks,
@@ -301,7 +303,7 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
         stacktool::print_json(&out.stacks, &v)?;
         return Ok(out.stop.exit_code());
     }
-    if a.output.is_empty() {
+    if a.run.output.is_empty() {
         stacktool::print_top(&out.stacks, a.top, "SAMPLES", |n| n.to_string())?;
     }
     eprintln!("{}", summary(t, a.frequency, &out.sym_line));

@@ -8,7 +8,6 @@ use std::{
     collections::BTreeMap,
     mem::MaybeUninit,
     net::IpAddr,
-    path::PathBuf,
     rc::Rc,
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
@@ -30,7 +29,7 @@ use crate::engine::{
     flowfilter::{
         addr, ca_state, clock_ns, cstr, endpoint, epoch_secs, hms, mono_to_epoch, tcp_state, FlowArgs, FlowFilter,
     },
-    output::{table, Sink},
+    output::{table, RunArgs, Sink},
     perf::percpu_sum,
     record,
     ringbuf::{self, poll_until_stop, PerCpuRings},
@@ -108,6 +107,8 @@ pub enum RetransMechanism {
 /// reach the output within 50 ms. At ordinary retransmit rates (< 1k/s) the
 /// cost is negligible.
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("One JSON object per line (events, then a summary)")))]
+#[command(mut_arg("output", |a| a.help("Write to this file instead of stdout: .json (JSON lines; implies --json) or .txt")))]
 pub struct RetransArgs {
     /// Count in the kernel per flow and kind; print a sorted table at the end.
     #[arg(short = 'c', long)]
@@ -121,15 +122,9 @@ pub struct RetransArgs {
     /// Only these causes (comma-separated or repeated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub kind: Vec<Kind>,
-    /// Stop after this long (e.g. 10s, 2m); default: until Ctrl-C.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
-    /// One JSON object per line (events, then a summary).
-    #[arg(long)]
-    pub json: bool,
-    /// Write to this file instead of stdout (.json implies --json).
-    #[arg(short = 'o', long)]
-    pub output: Option<PathBuf>,
+    /// -d, --json, -o.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Include the kernel stack of each retransmission.
     #[arg(long)]
     pub stack: bool,
@@ -634,17 +629,10 @@ impl Totals {
 /// Runs `sonde retrans`; `ready` is called once everything is attached.
 pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let cfg = validate(a)?;
-    let json_out = a.json || a.output.as_ref().is_some_and(|p| p.extension().is_some_and(|e| e == "json"));
-    if let Some(p) = &a.output {
-        if !p.extension().is_some_and(|e| e == "json" || e == "txt" || e == "log") {
-            return Err(usage(format!(
-                "-o {}: retrans writes .json (JSON lines) or .txt; pick one of those extensions",
-                p.display()
-            )));
-        }
-    }
+    let out = a.run.output("retrans", &[(".json", true), (".txt", false), (".log", false)])?;
+    let json_out = a.run.json || out.is_some_and(|(_, json)| json);
     features::require_tracing_privileges()?;
-    let sink = Sink::open(a.output.as_deref())?;
+    let sink = Sink::open(a.run.path())?;
 
     let order: Vec<Mechanism> = match a.mechanism {
         Some(RetransMechanism::TpBtf) => vec![Mechanism::TpBtf],
@@ -733,7 +721,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &RetransArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.run.duration)?;
     if let Some(b) = a.bench_baseline {
         return baseline::run(b, &ctl);
     }
