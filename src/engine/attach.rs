@@ -22,15 +22,51 @@ pub enum Mechanism {
     Kprobe,
 }
 
-impl fmt::Display for Mechanism {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Mechanism {
+    /// Every mechanism, in the order of their names in messages.
+    pub const ALL: [Mechanism; 5] =
+        [Mechanism::TpBtf, Mechanism::RawTp, Mechanism::Tracepoint, Mechanism::Fentry, Mechanism::Kprobe];
+
+    /// The name `--mechanism` takes and messages use.
+    pub fn name(self) -> &'static str {
+        match self {
             Mechanism::TpBtf => "tp_btf",
             Mechanism::RawTp => "raw_tp",
             Mechanism::Tracepoint => "tracepoint",
             Mechanism::Fentry => "fentry",
             Mechanism::Kprobe => "kprobe",
-        })
+        }
+    }
+}
+
+/// A tool's mechanisms in its fallback order, each with what it attaches
+/// (shown by `--mechanism`'s help and by doctor). The one list a tool
+/// declares: loading, `--mechanism` and doctor all read it.
+pub type Mechanisms = [(Mechanism, &'static str)];
+
+/// The `--mechanism` value parser for a tool: only the tool's own
+/// mechanisms, with their help; `tp-btf` and `raw-tp` are accepted too.
+pub fn parser(list: &'static Mechanisms) -> impl clap::builder::TypedValueParser<Value = Mechanism> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(list.iter().map(|(m, help)| {
+        let v = PossibleValue::new(m.name()).help(*help);
+        match m {
+            Mechanism::TpBtf => v.alias("tp-btf"),
+            Mechanism::RawTp => v.alias("raw-tp"),
+            _ => v,
+        }
+    }))
+    .map(|s| Mechanism::ALL.into_iter().find(|m| m.name() == s.replace('-', "_")).expect("a listed mechanism"))
+}
+
+/// The fallback order to try: the one mechanism asked for, or the tool's list.
+pub fn order(list: &Mechanisms, asked: Option<Mechanism>) -> Vec<Mechanism> {
+    asked.map_or_else(|| list.iter().map(|(m, _)| *m).collect(), |m| vec![m])
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -76,4 +112,26 @@ pub fn recursion_misses(prog: &impl std::os::fd::AsFd) -> u64 {
 /// (run_time_ns, run_cnt) of `prog` while kernel.bpf_stats_enabled was 1.
 pub fn run_stats(prog: &impl std::os::fd::AsFd) -> (u64, u64) {
     prog_info(prog).map(|i| (i.run_time_ns, i.run_cnt)).unwrap_or((0, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Arg, Command};
+
+    use super::*;
+
+    #[test]
+    fn mechanism_takes_only_the_tools_own_names_and_their_dashed_aliases() {
+        static LIST: &Mechanisms = &[(Mechanism::TpBtf, "a"), (Mechanism::Kprobe, "b")];
+        let cmd = || Command::new("t").arg(Arg::new("m").long("mechanism").value_parser(parser(LIST)));
+        let get = |v: &str| {
+            cmd().try_get_matches_from(["t", "--mechanism", v]).map(|m| *m.get_one::<Mechanism>("m").unwrap())
+        };
+        assert_eq!(get("tp_btf").unwrap(), Mechanism::TpBtf);
+        assert_eq!(get("tp-btf").unwrap(), Mechanism::TpBtf);
+        assert_eq!(get("kprobe").unwrap(), Mechanism::Kprobe);
+        assert!(get("raw_tp").is_err(), "not this tool's");
+        assert_eq!(order(LIST, None), vec![Mechanism::TpBtf, Mechanism::Kprobe]);
+        assert_eq!(order(LIST, Some(Mechanism::Kprobe)), vec![Mechanism::Kprobe]);
+    }
 }

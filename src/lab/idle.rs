@@ -33,7 +33,7 @@ use crate::{
         output::table,
         run::{duration_arg, RunControl},
     },
-    tools::cwnd::{run_with, CwndArgs, CwndMechanism, IdleSend},
+    tools::cwnd::{run_with, CwndArgs, IdleSend, MECHANISMS},
 };
 
 /// Options of `sonde lab idle-restart`.
@@ -61,8 +61,8 @@ pub struct IdleLabArgs {
     #[arg(long)]
     pub json: bool,
     /// The attach mechanism `sonde cwnd` uses (default: the best available).
-    #[arg(long, value_enum)]
-    pub mechanism: Option<CwndMechanism>,
+    #[arg(long, value_parser = crate::engine::attach::parser(MECHANISMS))]
+    pub mechanism: Option<crate::engine::attach::Mechanism>,
 }
 
 /// One of the three settings compared.
@@ -211,8 +211,8 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
     let mut argv: Vec<std::ffi::OsString> = vec!["--netns".into(), pair.a.name.clone().into(), "--idle-only".into()];
     argv.extend(SETTINGS.iter().flat_map(|s| ["--port".into(), s.port.to_string().into()]));
     argv.extend(["-o".into(), a.output.clone().into_os_string()]);
-    if let Some(m) = a.mechanism.and_then(|m| clap::ValueEnum::to_possible_value(&m)) {
-        argv.extend(["--mechanism".into(), m.get_name().into()]);
+    if let Some(m) = a.mechanism {
+        argv.extend(["--mechanism".into(), m.name().into()]);
     }
     let cargs: CwndArgs = cli::parse("cwnd", argv)?;
     let measured = Mutex::new(Vec::new());

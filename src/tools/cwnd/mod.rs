@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use libbpf_rs::{
     skel::{OpenSkel, Skel, SkelBuilder},
     Link, OpenObject,
@@ -19,7 +19,7 @@ use libbpf_rs::{
 use serde::Serialize;
 
 use crate::engine::{
-    attach::{recursion_misses, with_fallbacks, Mechanism},
+    attach::{self, recursion_misses, with_fallbacks, Mechanism, Mechanisms},
     chart::{Chart, Marker, Series},
     error::{env, usage},
     features,
@@ -30,6 +30,8 @@ use crate::engine::{
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
 };
+use crate::tools::doctor::{cannot, Caps};
+use serde_json::{json, Value};
 
 crate::skeleton!("cwnd");
 crate::pod!(types::cw_event);
@@ -40,30 +42,14 @@ const STAT_MAX: usize = 11;
 /// tcp_sock's ssthresh before the first loss: "infinite".
 const INFINITE_SSTHRESH: u32 = 0x7fff_ffff;
 
-/// Attach mechanisms `--mechanism` may force (default: the first that loads).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum CwndMechanism {
-    /// tp_btf tcp_probe + tp_btf tcp_sendmsg_locked, state in socket storage.
-    TpBtf,
-    /// tp_btf tcp_probe + fentry on tcp_sendmsg_locked (kernels without the tracepoint).
-    Fentry,
-    /// raw_tp tcp_probe + raw_tp tcp_sendmsg_locked, state in a hash map.
-    RawTp,
-    /// raw_tp tcp_probe + kprobe on tcp_sendmsg_locked, state in a hash map.
-    Kprobe,
-}
-
-impl CwndMechanism {
-    fn mechanism(self) -> Mechanism {
-        match self {
-            CwndMechanism::TpBtf => Mechanism::TpBtf,
-            CwndMechanism::Fentry => Mechanism::Fentry,
-            CwndMechanism::RawTp => Mechanism::RawTp,
-            CwndMechanism::Kprobe => Mechanism::Kprobe,
-        }
-    }
-}
+/// cwnd's mechanisms in fallback order (`--mechanism` forces one; doctor
+/// reports the first that loads).
+pub const MECHANISMS: &Mechanisms = &[
+    (Mechanism::TpBtf, "tp_btf tcp:tcp_probe + tp_btf tcp:tcp_sendmsg_locked, state in socket storage"),
+    (Mechanism::Fentry, "tp_btf tcp:tcp_probe + fentry tcp_sendmsg_locked (kernels without the tracepoint)"),
+    (Mechanism::RawTp, "raw_tp tcp:tcp_probe + raw_tp tcp:tcp_sendmsg_locked, state in a hash map"),
+    (Mechanism::Kprobe, "raw_tp tcp:tcp_probe + kprobe tcp_sendmsg_locked, state in a hash map"),
+];
 
 /// Congestion window per TCP connection over time, and slow-start restarts
 /// after idle (RFC 5681 4.1; seed 002): for every send after the connection
@@ -108,8 +94,8 @@ pub struct CwndArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Force one attach mechanism instead of the best available.
-    #[arg(long, value_enum)]
-    pub mechanism: Option<CwndMechanism>,
+    #[arg(long, value_parser = attach::parser(MECHANISMS))]
+    pub mechanism: Option<Mechanism>,
 }
 
 /// What `-o` asks for.
@@ -136,6 +122,35 @@ fn format_of(a: &CwndArgs) -> anyhow::Result<Format> {
         None => Format::Text,
         Some((_, f)) => f,
     })
+}
+
+/// How cwnd runs on this kernel (`sonde doctor`): tcp:tcp_probe for samples,
+/// the send path for idle restarts, by the first of [`MECHANISMS`] whose
+/// programs load here.
+pub fn doctor(cx: &Caps) -> Value {
+    let send_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
+    let probe_tp = features::tracepoint_exists("tcp", "tcp_probe") || features::btf_has_type("btf_trace_tcp_probe");
+    if !probe_tp {
+        return cannot("kernel has no tcp:tcp_probe tracepoint (added in 4.16)");
+    }
+    let loads = |m: Mechanism| match m {
+        Mechanism::TpBtf => send_tp && cx.ok("tp_btf"),
+        Mechanism::Fentry => cx.ok("tp_btf") && cx.ok("fentry"),
+        Mechanism::RawTp => send_tp && cx.ok("raw_tp"),
+        Mechanism::Kprobe => cx.ok("raw_tp") && cx.ok("kprobe"),
+        Mechanism::Tracepoint => false,
+    };
+    match MECHANISMS.iter().find(|(m, _)| loads(*m)) {
+        Some((m, detail)) => json!({"usable": true, "mechanism": m.to_string(), "detail": detail}),
+        None => cannot(format!(
+            "no way to see sends: {} and neither fentry nor kprobes attach (see above)",
+            if send_tp {
+                "tcp:tcp_sendmsg_locked loads by neither tp_btf nor raw_tp"
+            } else {
+                "no tcp:tcp_sendmsg_locked tracepoint"
+            }
+        )),
+    }
 }
 
 /// Jiffies per second of the running kernel (CONFIG_HZ), for idle times and
@@ -734,10 +749,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         }
         _ => Sink::open(a.run.path())?,
     };
-    let order: Vec<Mechanism> = match a.mechanism {
-        Some(m) => vec![m.mechanism()],
-        None => vec![Mechanism::TpBtf, Mechanism::Fentry, Mechanism::RawTp, Mechanism::Kprobe],
-    };
+    let order = attach::order(MECHANISMS, a.mechanism);
     let (loaded, mech, _fails) =
         with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
     ctl.start_clock();

@@ -9,7 +9,10 @@ use libbpf_rs::{
 };
 use serde_json::{json, Value};
 
-use crate::engine::{attach::Mechanism, features};
+use crate::engine::{
+    attach::{Mechanism, Mechanisms},
+    features,
+};
 
 crate::skeleton!("probe");
 use skel::ProbeSkelBuilder;
@@ -135,285 +138,249 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     if !a.unwind.is_empty() {
         return unwind_report(a);
     }
-    let privileged = features::can_trace();
-    let mut checks = vec![
-        yesno(
-            "privileges",
-            privileged,
-            "CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN",
-            "missing CAP_BPF/CAP_PERFMON (and CAP_SYS_ADMIN): run as root",
-        ),
-        yesno(
-            "btf",
-            features::has_btf(),
-            features::VMLINUX_BTF,
-            "no /sys/kernel/btf/vmlinux: CO-RE and tp_btf unavailable",
-        ),
-        check(
-            "tracefs",
-            features::tracefs().map(|p| p.display().to_string()).ok_or_else(|| "not mounted and cannot mount".into()),
-        ),
-        yesno(
-            "bpf_stats",
-            features::sysctl("kernel/bpf_stats_enabled").is_some(),
-            &format!("kernel.bpf_stats_enabled={}", features::sysctl("kernel/bpf_stats_enabled").unwrap_or_default()),
-            "no kernel.bpf_stats_enabled sysctl",
-        ),
-        // A failing check that does not stop anything: it says what every
-        // tracer on this kernel cannot see.
-        yesno(
-            "sees_pid1",
-            !features::init_hides_tracing(),
-            "tracing programs run whatever task is on the CPU",
-            "this kernel skips tracing programs while a thread of PID 1 is on the CPU (bpf_prog_aux.init_owned): \
-             softirq work that interrupts PID 1 reaches no tracer; retrans counts it afterwards as unseen_segs",
-        ),
-    ];
-    if privileged {
-        checks.push(check("tp_btf", try_probe(Probe::TpBtf)));
-        checks.push(check("raw_tp", try_probe(Probe::RawTp)));
-        checks.push(check("tracepoint", try_probe(Probe::Tracepoint)));
-        checks.push(check(
-            "kprobe",
-            if features::has_kprobes() {
-                try_probe(Probe::Kprobe)
-            } else {
-                Err("kernel built without CONFIG_KPROBES (no kprobe PMU, no kprobe_events)".into())
-            },
-        ));
-        checks.push(check("fentry", try_probe(Probe::Fentry)));
-        checks.push(check("uprobe", try_probe(Probe::Uprobe)));
-        checks.push(check("perf_event", try_probe(Probe::PerfEvent)));
-        checks.push(check("ringbuf", ringbuf_ok()));
-        checks.push(check(
-            "unwind",
-            crate::tools::profile::table_walk_loads()
-                .map(|()| {
-                    "user stacks walk .eh_frame tables in BPF (profile's program with the walk loads)".to_string()
-                })
-                .map_err(|e| format!("{e:#}; stack tools use frame pointers only (--unwind dwarf refused)")),
-        ));
-    }
-    let ok = |n: &str| checks.iter().any(|c| c.name == n && c.ok);
-    // How the stack tools walk user stacks here.
-    let unwind = if ok("unwind") {
-        json!({"mode": "tables", "detail": "unwind tables from each executable's .eh_frame/.debug_frame, frame pointers where a frame has none (--unwind auto)"})
+    let caps = Caps::probe();
+    let tools: Vec<(&str, Value)> = TOOLS
+        .iter()
+        .map(|(name, report)| (*name, if caps.privileged { report(&caps) } else { cannot("not privileged") }))
+        .collect();
+    let usable = caps.privileged && ["tp_btf", "raw_tp", "tracepoint"].iter().any(|n| caps.ok(n));
+    if a.json {
+        print_json(&caps, &tools, usable)?;
     } else {
-        json!({"mode": "frame_pointers", "detail": "frame pointers only: the table walk does not load here (see unwind above)"})
-    };
-    let with_unwind = |mut v: Value| {
-        if v["usable"] == json!(true) {
-            v["unwind"] = unwind["mode"].clone();
-            v["detail"] = json!(format!(
-                "{}; user stacks: {}",
-                v["detail"].as_str().unwrap_or(""),
-                unwind["detail"].as_str().unwrap_or("")
+        print_text(&caps, &tools)?;
+    }
+    Ok(if usable { 0 } else { 2 })
+}
+
+/// Each tool's report of how it runs on this kernel, in doctor's order. A
+/// tool's function reads the tool's own `MECHANISMS` list, so its fallback
+/// order is written once.
+const TOOLS: &[(&str, fn(&Caps) -> Value)] = &[
+    ("retrans", crate::tools::retrans::doctor),
+    ("cwnd", crate::tools::cwnd::doctor),
+    ("msglat", msglat_report),
+    ("profile", crate::tools::profile::doctor),
+    ("offcpu", crate::tools::offcpu::doctor),
+    ("wakeup", crate::tools::offcpu::doctor_wakeup),
+    ("funclatency", funclatency_report),
+    ("slow", slow_report),
+];
+
+/// What doctor found this kernel allows, handed to each tool's report.
+pub struct Caps {
+    /// Whether sonde may trace at all.
+    pub privileged: bool,
+    checks: Vec<Check>,
+}
+
+impl Caps {
+    /// Runs every check (the probes load real programs when privileged).
+    fn probe() -> Caps {
+        let privileged = features::can_trace();
+        let mut checks = vec![
+            yesno(
+                "privileges",
+                privileged,
+                "CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN",
+                "missing CAP_BPF/CAP_PERFMON (and CAP_SYS_ADMIN): run as root",
+            ),
+            yesno(
+                "btf",
+                features::has_btf(),
+                features::VMLINUX_BTF,
+                "no /sys/kernel/btf/vmlinux: CO-RE and tp_btf unavailable",
+            ),
+            check(
+                "tracefs",
+                features::tracefs()
+                    .map(|p| p.display().to_string())
+                    .ok_or_else(|| "not mounted and cannot mount".into()),
+            ),
+            yesno(
+                "bpf_stats",
+                features::sysctl("kernel/bpf_stats_enabled").is_some(),
+                &format!(
+                    "kernel.bpf_stats_enabled={}",
+                    features::sysctl("kernel/bpf_stats_enabled").unwrap_or_default()
+                ),
+                "no kernel.bpf_stats_enabled sysctl",
+            ),
+            // A failing check that does not stop anything: it says what every
+            // tracer on this kernel cannot see.
+            yesno(
+                "sees_pid1",
+                !features::init_hides_tracing(),
+                "tracing programs run whatever task is on the CPU",
+                "this kernel skips tracing programs while a thread of PID 1 is on the CPU (bpf_prog_aux.init_owned): \
+                 softirq work that interrupts PID 1 reaches no tracer; retrans counts it afterwards as unseen_segs",
+            ),
+        ];
+        if privileged {
+            checks.push(check("tp_btf", try_probe(Probe::TpBtf)));
+            checks.push(check("raw_tp", try_probe(Probe::RawTp)));
+            checks.push(check("tracepoint", try_probe(Probe::Tracepoint)));
+            checks.push(check(
+                "kprobe",
+                if features::has_kprobes() {
+                    try_probe(Probe::Kprobe)
+                } else {
+                    Err("kernel built without CONFIG_KPROBES (no kprobe PMU, no kprobe_events)".into())
+                },
+            ));
+            checks.push(check("fentry", try_probe(Probe::Fentry)));
+            checks.push(check("uprobe", try_probe(Probe::Uprobe)));
+            checks.push(check("perf_event", try_probe(Probe::PerfEvent)));
+            checks.push(check("ringbuf", ringbuf_ok()));
+            checks.push(check(
+                "unwind",
+                crate::tools::profile::table_walk_loads()
+                    .map(|()| {
+                        "user stacks walk .eh_frame tables in BPF (profile's program with the walk loads)".to_string()
+                    })
+                    .map_err(|e| format!("{e:#}; stack tools use frame pointers only (--unwind dwarf refused)")),
             ));
         }
-        v
-    };
-
-    // Per tool: the mechanism it will use here.
-    let mut tools: Vec<(String, Value)> = Vec::new();
-    let retrans_hooks = [
-        ("tcp:tcp_retransmit_skb", features::tracepoint_exists("tcp", "tcp_retransmit_skb")),
-        ("tcp:tcp_retransmit_synack", features::tracepoint_exists("tcp", "tcp_retransmit_synack")),
-        ("sock:inet_sock_set_state", features::tracepoint_exists("sock", "inet_sock_set_state")),
-        ("syscalls:sys_exit_accept4", features::tracepoint_exists("syscalls", "sys_exit_accept4")),
-    ];
-    let err_arg = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3)
-        || features::tracepoint_has_field("tcp", "tcp_retransmit_skb", "err");
-    let mech = [(Mechanism::TpBtf, "tp_btf"), (Mechanism::RawTp, "raw_tp"), (Mechanism::Tracepoint, "tracepoint")]
-        .into_iter()
-        .find(|(_, n)| ok(n))
-        .map(|(m, _)| m);
-    let retrans = match (privileged, retrans_hooks[0].1, mech) {
-        (false, _, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, false, _) => {
-            json!({"usable": false, "why": "kernel has no tcp:tcp_retransmit_skb tracepoint (added in 4.15)"})
-        }
-        (_, _, None) => json!({"usable": false, "why": "neither tp_btf, raw_tp nor classic tracepoints load"}),
-        (_, _, Some(m)) => json!({
-            "usable": true,
-            "mechanism": m.to_string(),
-            "failed_attempts": if err_arg { "reported (tracepoint has err)" } else { "not visible (tracepoint without err)" },
-            "detail": if err_arg { "failed attempts reported: the tracepoint has err" } else { "failed attempts not visible: the tracepoint has no err" },
-            "owner_hooks": retrans_hooks.iter().filter(|h| h.1).map(|h| h.0).collect::<Vec<_>>(),
-            "sendmsg_owner": features::btf_has_type("btf_trace_tcp_sendmsg_locked"),
-        }),
-    };
-    tools.push(("retrans".into(), retrans));
-
-    // cwnd: tcp:tcp_probe for samples; the send path for idle restarts.
-    let send_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
-    let probe_tp = features::tracepoint_exists("tcp", "tcp_probe") || features::btf_has_type("btf_trace_tcp_probe");
-    let send = [
-        (send_tp && ok("tp_btf"), "tp_btf", "tp_btf tcp:tcp_probe + tp_btf tcp:tcp_sendmsg_locked"),
-        (ok("tp_btf") && ok("fentry"), "fentry", "tp_btf tcp:tcp_probe + fentry tcp_sendmsg_locked"),
-        (send_tp && ok("raw_tp"), "raw_tp", "raw_tp tcp:tcp_probe + raw_tp tcp:tcp_sendmsg_locked"),
-        (ok("raw_tp") && ok("kprobe"), "kprobe", "raw_tp tcp:tcp_probe + kprobe tcp_sendmsg_locked"),
-    ]
-    .into_iter()
-    .find(|s| s.0);
-    let cwnd = match (privileged, probe_tp, send) {
-        (false, _, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, false, _) => json!({"usable": false, "why": "kernel has no tcp:tcp_probe tracepoint (added in 4.16)"}),
-        (_, _, None) => json!({"usable": false, "why": format!(
-            "no way to see sends: {} and neither fentry nor kprobes attach (see above)",
-            if send_tp { "tcp:tcp_sendmsg_locked loads by neither tp_btf nor raw_tp" } else { "no tcp:tcp_sendmsg_locked tracepoint" }
-        )}),
-        (_, _, Some((_, m, d))) => json!({"usable": true, "mechanism": m, "detail": d}),
-    };
-    tools.push(("cwnd".into(), cwnd));
-
-    // msglat: the socket tracepoints as BTF tracepoints where the kernel
-    // has them (the default hooks), else the syscall tracepoints.
-    let msglat = match (
-        privileged,
-        ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist(),
-        features::tracepoint_exists("syscalls", "sys_enter_write"),
-    ) {
-        (false, _, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, true, _) => {
-            json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"})
-        }
-        (_, false, true) => {
-            json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"})
-        }
-        _ => {
-            json!({"usable": false, "why": "neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available"})
-        }
-    };
-    tools.push(("msglat".into(), msglat));
-
-    // profile: a BPF program on a sampling perf event per CPU.
-    let cycles = crate::engine::perf::has_cycles();
-    let profile = match (privileged, ok("perf_event")) {
-        (false, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, false) => {
-            json!({"usable": false, "why": "BPF programs cannot attach to perf events here (see perf_event above)"})
-        }
-        _ => json!({
-            "usable": true,
-            "mechanism": "perf_event",
-            "detail": if cycles { "cpu-clock; --event cycles available" } else { "cpu-clock; no cycles PMU (--event cycles unavailable)" },
-            "cycles": cycles,
-        }),
-    };
-    tools.push(("profile".into(), with_unwind(profile)));
-
-    // offcpu: sched_switch through tp_btf, else raw_tp; periods end at
-    // sched_exit_tp where the kernel has it (found in BTF).
-    let sw = [
-        ("tp_btf", "start records in task storage where the kernel allocates it with bpf_mem_alloc, else a hash"),
-        ("raw_tp", "start records in a hash"),
-    ]
-    .into_iter()
-    .find(|(n, _)| ok(n));
-    let exit_hook = features::btf_has_type("btf_trace_sched_exit_tp");
-    let hook = if exit_hook {
-        "sched:sched_switch + sched_exit_tp (stacks walked only for kept periods; short ones sampled)"
-    } else {
-        "sched:sched_switch only, no sched_exit_tp here (stacks walked at every switch-out of a traced thread)"
-    };
-    let offcpu = match (privileged, sw) {
-        (false, _) => json!({"usable": false, "why": "not privileged"}),
-        (_, None) => json!({"usable": false, "why": "neither tp_btf nor raw_tp programs load"}),
-        (_, Some((m, d))) => {
-            json!({"usable": true, "mechanism": m, "exit_hook": exit_hook, "detail": format!("{hook}; {d}")})
-        }
-    };
-    tools.push(("offcpu".into(), with_unwind(offcpu.clone())));
-    // wakeup: the same, plus sched_waking.
-    let mut wakeup = offcpu;
-    if wakeup["usable"] == json!(true) {
-        wakeup["detail"] = json!(format!("{hook} + sched:sched_waking"));
+        Caps { privileged, checks }
     }
-    tools.push(("wakeup".into(), with_unwind(wakeup)));
 
-    // funclatency: uprobes for user functions, syscall tracepoints, softirq
-    // tracepoints; kernel functions need fentry or kprobes.
-    let funclatency = if !privileged {
-        json!({"usable": false, "why": "not privileged"})
-    } else {
-        let kernel_fn = if ok("fentry") {
-            "kernel:GLOB: fentry/fexit, else kprobe-multi, else a kprobe per function".to_string()
-        } else if ok("kprobe") {
-            "kernel:GLOB: kprobe-multi, else a kprobe/kretprobe per function (fentry refused)".to_string()
+    /// Whether the check of this name passed (tp_btf, raw_tp, tracepoint,
+    /// kprobe, fentry, uprobe, perf_event, ringbuf, unwind, ...).
+    pub fn ok(&self, name: &str) -> bool {
+        self.checks.iter().any(|c| c.name == name && c.ok)
+    }
+
+    /// The first of a tool's mechanisms whose probe program loads here.
+    pub fn first(&self, list: &Mechanisms) -> Option<(Mechanism, &'static str)> {
+        list.iter().copied().find(|(m, _)| self.ok(m.name()))
+    }
+
+    /// A stack tool's report with how user stacks are walked here.
+    pub fn with_unwind(&self, mut v: Value) -> Value {
+        let (mode, detail) = if self.ok("unwind") {
+            ("tables", "unwind tables from each executable's .eh_frame/.debug_frame, frame pointers where a frame has none (--unwind auto)")
         } else {
-            "kernel:GLOB unavailable: neither fentry nor kprobes here".to_string()
+            ("frame_pointers", "frame pointers only: the table walk does not load here (see unwind above)")
         };
-        json!({
-            "usable": ok("uprobe") || ok("tracepoint"),
-            "mechanism": "uprobe + tracepoint",
-            "user_functions": ok("uprobe"), "uprobe_multi": ok("uprobe") && features::btf_has_type("bpf_uprobe_multi_link"), "syscalls": ok("tracepoint") && features::tracepoint_exists("syscalls", "sys_enter_read"),
-            "softirqs": ok("tp_btf") || ok("raw_tp"), "kernel_functions": ok("fentry") || ok("kprobe"),
-            "detail": format!(
-                "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
-                match (ok("uprobe"), features::btf_has_type("bpf_uprobe_multi_link")) {
-                    (true, true) => "uprobe.multi links, one per binary",
-                    (true, false) => "a uprobe/uretprobe per function (no uprobe.multi here)",
-                    (false, _) => "no uprobes",
-                },
-                if features::tracepoint_exists("syscalls", "sys_enter_read") { "syscalls:sys_enter_*/sys_exit_*" } else { "no syscall tracepoints" },
-                if ok("tp_btf") { "tp_btf irq:softirq_entry/exit" } else if ok("raw_tp") { "raw_tp irq:softirq_entry/exit" } else { "unavailable" }
-            ),
-        })
+        if v["usable"] == json!(true) {
+            v["unwind"] = json!(mode);
+            v["detail"] = json!(format!("{}; user stacks: {detail}", v["detail"].as_str().unwrap_or("")));
+        }
+        v
+    }
+}
+
+/// A tool that cannot run here, and why.
+pub fn cannot(why: impl Into<String>) -> Value {
+    json!({"usable": false, "why": why.into()})
+}
+
+fn print_json(caps: &Caps, tools: &[(&str, Value)], usable: bool) -> anyhow::Result<()> {
+    let mut feats = serde_json::Map::new();
+    for c in &caps.checks {
+        feats.insert(c.name.into(), json!({"ok": c.ok, "detail": c.detail}));
+    }
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
+    let v = json!({
+        "type": "doctor",
+        "kernel": kernel,
+        "usable": usable,
+        "features": feats,
+        "tools": tools.iter().map(|(n, v)| (n.to_string(), v.clone())).collect::<serde_json::Map<_, _>>(),
+    });
+    crate::outln!("{v}")?;
+    Ok(())
+}
+
+fn print_text(caps: &Caps, tools: &[(&str, Value)]) -> anyhow::Result<()> {
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    crate::outln!("kernel {}", kernel.trim())?;
+    for c in &caps.checks {
+        crate::outln!("  {:<11} {:<4} {}", c.name, if c.ok { "yes" } else { "NO" }, c.detail)?;
+    }
+    crate::outln!("tools:")?;
+    for (t, v) in tools {
+        if v["usable"] == json!(true) {
+            crate::outln!(
+                "  {t:<11} uses {} ({})",
+                v["mechanism"].as_str().unwrap_or("?"),
+                v["detail"].as_str().unwrap_or("")
+            )?;
+        } else {
+            crate::outln!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"))?;
+        }
+    }
+    match crate::engine::cgroup::cgroup2_root() {
+        Some(r) => crate::outln!("cgroup v2 at {r} (--cgroup paths are relative to it)")?,
+        None => crate::outln!("note: no cgroup v2 mounted; --cgroup filters will not resolve")?,
+    }
+
+    Ok(())
+}
+
+/// msglat: the socket tracepoints as BTF tracepoints where the kernel has
+/// them (the default hooks), else the syscall tracepoints.
+fn msglat_report(cx: &Caps) -> Value {
+    if cx.ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist() {
+        json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"})
+    } else if features::tracepoint_exists("syscalls", "sys_enter_write") {
+        json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"})
+    } else {
+        cannot("neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available")
+    }
+}
+/// funclatency: uprobes for user functions, syscall tracepoints, softirq
+/// tracepoints; kernel functions need fentry or kprobes.
+fn funclatency_report(cx: &Caps) -> Value {
+    let ok = |n: &str| cx.ok(n);
+    let kernel_fn = if ok("fentry") {
+        "kernel:GLOB: fentry/fexit, else kprobe-multi, else a kprobe per function"
+    } else if ok("kprobe") {
+        "kernel:GLOB: kprobe-multi, else a kprobe/kretprobe per function (fentry refused)"
+    } else {
+        "kernel:GLOB unavailable: neither fentry nor kprobes here"
     };
-    tools.push(("funclatency".into(), funclatency.clone()));
-    // slow: funclatency's probes plus a perf-event sampler.
-    let mut slow = funclatency;
+    let multi = features::btf_has_type("bpf_uprobe_multi_link");
+    let syscalls = features::tracepoint_exists("syscalls", "sys_enter_read");
+    json!({
+        "usable": ok("uprobe") || ok("tracepoint"),
+        "mechanism": "uprobe + tracepoint",
+        "user_functions": ok("uprobe"),
+        "uprobe_multi": ok("uprobe") && multi,
+        "syscalls": ok("tracepoint") && syscalls,
+        "softirqs": ok("tp_btf") || ok("raw_tp"),
+        "kernel_functions": ok("fentry") || ok("kprobe"),
+        "detail": format!(
+            "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
+            match (ok("uprobe"), multi) {
+                (true, true) => "uprobe.multi links, one per binary",
+                (true, false) => "a uprobe/uretprobe per function (no uprobe.multi here)",
+                (false, _) => "no uprobes",
+            },
+            if syscalls { "syscalls:sys_enter_*/sys_exit_*" } else { "no syscall tracepoints" },
+            if ok("tp_btf") {
+                "tp_btf irq:softirq_entry/exit"
+            } else if ok("raw_tp") {
+                "raw_tp irq:softirq_entry/exit"
+            } else {
+                "unavailable"
+            }
+        ),
+    })
+}
+
+/// slow: funclatency's probes plus a perf-event sampler.
+fn slow_report(cx: &Caps) -> Value {
+    let mut slow = funclatency_report(cx);
     if slow["usable"] == json!(true) {
-        let sampler = if ok("perf_event") {
+        let sampler = if cx.ok("perf_event") {
             "; sampler: perf_event cpu-clock"
         } else {
             "; no perf_event sampling: no flame graph of slow calls"
         };
         slow["detail"] = json!(format!("{}{sampler}", slow["detail"].as_str().unwrap_or("")));
     }
-    tools.push(("slow".into(), with_unwind(slow)));
-
-    let usable = privileged && checks.iter().any(|c| c.ok && ["tp_btf", "raw_tp", "tracepoint"].contains(&c.name));
-    if a.json {
-        let mut feats = serde_json::Map::new();
-        for c in &checks {
-            feats.insert(c.name.into(), json!({"ok": c.ok, "detail": c.detail}));
-        }
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
-        let v = json!({
-            "type": "doctor",
-            "kernel": kernel,
-            "usable": usable,
-            "features": feats,
-            "tools": tools.iter().cloned().collect::<serde_json::Map<_, _>>(),
-        });
-        crate::outln!("{v}")?;
-    } else {
-        let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-        crate::outln!("kernel {}", kernel.trim())?;
-        for c in &checks {
-            crate::outln!("  {:<11} {:<4} {}", c.name, if c.ok { "yes" } else { "NO" }, c.detail)?;
-        }
-        crate::outln!("tools:")?;
-        for (t, v) in &tools {
-            if v["usable"] == json!(true) {
-                crate::outln!(
-                    "  {t:<11} uses {} ({})",
-                    v["mechanism"].as_str().unwrap_or("?"),
-                    v["detail"].as_str().unwrap_or("")
-                )?;
-            } else {
-                crate::outln!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"))?;
-            }
-        }
-        match crate::engine::cgroup::cgroup2_root() {
-            Some(r) => crate::outln!("cgroup v2 at {r} (--cgroup paths are relative to it)")?,
-            None => crate::outln!("note: no cgroup v2 mounted; --cgroup filters will not resolve")?,
-        }
-    }
-    Ok(if usable { 0 } else { 2 })
+    cx.with_unwind(slow)
 }
-
 /// `doctor --unwind FILE...`: each file's unwind table.
 fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
     use crate::engine::unwind::{cache, elf, kernel, table};

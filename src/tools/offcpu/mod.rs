@@ -11,7 +11,7 @@ use libbpf_rs::{
 };
 
 use crate::engine::{
-    attach::{with_fallbacks, Mechanism},
+    attach::{self, with_fallbacks, Mechanism, Mechanisms},
     error::usage,
     features,
     output::RunArgs,
@@ -24,6 +24,8 @@ use crate::engine::{
     taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
+use crate::tools::doctor::{cannot, Caps};
+use serde_json::{json, Value};
 
 crate::skeleton!("offcpu");
 use skel::{OffcpuSkel, OffcpuSkelBuilder};
@@ -109,8 +111,8 @@ pub struct OffcpuArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// Force one attach mechanism instead of the best available.
-    #[arg(long, value_enum)]
-    pub mechanism: Option<OffcpuMechanism>,
+    #[arg(long, value_parser = attach::parser(MECHANISMS))]
+    pub mechanism: Option<Mechanism>,
     /// Take the stacks at sched_switch, as on kernels without the
     /// sched_exit_tp hook (every block's stacks, no sampling), to compare.
     #[arg(long)]
@@ -120,16 +122,15 @@ pub struct OffcpuArgs {
     pub unwind: UnwindArgs,
 }
 
-/// Attach mechanisms offcpu and wakeup can use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OffcpuMechanism {
-    /// BTF-typed tracepoints; start records in task storage.
-    #[value(name = "tp_btf")]
-    TpBtf,
-    /// Raw tracepoints; start records in a hash by thread id.
-    #[value(name = "raw_tp")]
-    RawTp,
-}
+/// offcpu's and wakeup's mechanisms in fallback order (`--mechanism` forces
+/// one; doctor reports the first that loads).
+pub const MECHANISMS: &Mechanisms = &[
+    (
+        Mechanism::TpBtf,
+        "BTF-typed tracepoints; start records in task storage where the kernel allocates it with bpf_mem_alloc, else a hash",
+    ),
+    (Mechanism::RawTp, "raw tracepoints; start records in a hash by thread id"),
+];
 
 /// What a finished run saw.
 pub struct Outcome {
@@ -234,11 +235,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     features::require_tracing_privileges()?;
     let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();
-    let order: &[Mechanism] = match a.mechanism {
-        None => &[Mechanism::TpBtf, Mechanism::RawTp],
-        Some(OffcpuMechanism::TpBtf) => &[Mechanism::TpBtf],
-        Some(OffcpuMechanism::RawTp) => &[Mechanism::RawTp],
-    };
+    let order = &attach::order(MECHANISMS, a.mechanism);
     // Best: sched_exit_tp, right after the switch in the context of the
     // thread that runs again; else everything at sched_switch.
     let exit = if a.switch_only {
@@ -333,6 +330,32 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         stacktool::sym_summary(&f, "us", Some(&unwind))
     );
     Ok(Outcome { stacks: f.stacks, summary, text, stop })
+}
+
+/// How offcpu runs on this kernel (`sonde doctor`): sched_switch by the first
+/// of [`MECHANISMS`] that loads; periods end at sched_exit_tp where the kernel
+/// has it (found in BTF).
+pub fn doctor(cx: &Caps) -> Value {
+    cx.with_unwind(report(cx, ""))
+}
+
+/// How wakeup runs on this kernel (`sonde doctor`): offcpu's hooks plus
+/// sched_waking.
+pub fn doctor_wakeup(cx: &Caps) -> Value {
+    cx.with_unwind(report(cx, " + sched:sched_waking"))
+}
+
+fn report(cx: &Caps, extra: &str) -> Value {
+    let Some((m, detail)) = cx.first(MECHANISMS) else {
+        return cannot("neither tp_btf nor raw_tp programs load");
+    };
+    let exit_hook = features::btf_has_type("btf_trace_sched_exit_tp");
+    let hook = if exit_hook {
+        "sched:sched_switch + sched_exit_tp (stacks walked only for kept periods; short ones sampled)"
+    } else {
+        "sched:sched_switch only, no sched_exit_tp here (stacks walked at every switch-out of a traced thread)"
+    };
+    json!({"usable": true, "mechanism": m.to_string(), "exit_hook": exit_hook, "detail": format!("{hook}{extra}; {detail}")})
 }
 
 /// Entry point for the CLI; returns the exit status.

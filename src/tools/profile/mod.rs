@@ -24,6 +24,8 @@ use crate::engine::{
     taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
+use crate::tools::doctor::{cannot, Caps};
+use serde_json::{json, Value};
 
 crate::skeleton!("profile");
 use skel::{ProfileSkel, ProfileSkelBuilder};
@@ -282,6 +284,21 @@ fn summary(t: &Totals, hz: u64, sym_line: &str) -> String {
         s.push_str("\nhint: many unique stacks; profile a shorter time or fewer processes");
     }
     s
+}
+
+/// How profile runs on this kernel (`sonde doctor`): a BPF program on a
+/// sampling perf event per CPU.
+pub fn doctor(cx: &Caps) -> Value {
+    if !cx.ok("perf_event") {
+        return cannot("BPF programs cannot attach to perf events here (see perf_event above)");
+    }
+    let cycles = crate::engine::perf::has_cycles();
+    cx.with_unwind(json!({
+        "usable": true,
+        "mechanism": "perf_event",
+        "detail": if cycles { "cpu-clock; --event cycles available" } else { "cpu-clock; no cycles PMU (--event cycles unavailable)" },
+        "cycles": cycles,
+    }))
 }
 
 /// Entry point for the CLI; returns the exit status.

@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 pub use names::KINDS;
 
 use crate::engine::{
-    attach::{recursion_misses, with_fallbacks, Mechanism},
+    attach::{self, recursion_misses, with_fallbacks, Mechanism, Mechanisms},
     error::usage,
     features,
     flowfilter::{
@@ -36,6 +36,7 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
 };
+use crate::tools::doctor::{cannot, Caps};
 
 crate::skeleton!("retrans");
 crate::pod!(types::rt_event, types::rt_flow, types::rt_flow_stats);
@@ -75,17 +76,13 @@ pub enum Kind {
     Failed,
 }
 
-/// Mechanisms `--mechanism` may force (default: the best that loads).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum RetransMechanism {
-    /// BTF-typed tracepoint.
-    TpBtf,
-    /// Raw tracepoint.
-    RawTp,
-    /// Classic tracepoint.
-    Tracepoint,
-}
+/// retrans's mechanisms in fallback order (`--mechanism` forces one; doctor
+/// reports the first that loads).
+pub const MECHANISMS: &Mechanisms = &[
+    (Mechanism::TpBtf, "BTF-typed tracepoints"),
+    (Mechanism::RawTp, "raw tracepoints"),
+    (Mechanism::Tracepoint, "classic tracepoints (reads the trace record)"),
+];
 
 /// Trace TCP retransmissions with their cause (RTO, TLP, fast/RACK, loss
 /// recovery, SYN, SYN-ACK), flow, state and owning process.
@@ -132,8 +129,8 @@ pub struct RetransArgs {
     #[arg(long)]
     pub failed: bool,
     /// Force one attach mechanism instead of the best available.
-    #[arg(long, value_enum)]
-    pub mechanism: Option<RetransMechanism>,
+    #[arg(long, value_parser = attach::parser(MECHANISMS))]
+    pub mechanism: Option<Mechanism>,
     /// Ring buffer size per CPU in KiB (power of two; default: 8 MiB shared
     /// out over the CPUs, 256 KiB to 2 MiB each).
     #[arg(long, hide = true)]
@@ -626,6 +623,32 @@ impl Totals {
     }
 }
 
+/// How retrans runs on this kernel (`sonde doctor`).
+pub fn doctor(cx: &Caps) -> Value {
+    let hooks = [
+        ("tcp:tcp_retransmit_skb", features::tracepoint_exists("tcp", "tcp_retransmit_skb")),
+        ("tcp:tcp_retransmit_synack", features::tracepoint_exists("tcp", "tcp_retransmit_synack")),
+        ("sock:inet_sock_set_state", features::tracepoint_exists("sock", "inet_sock_set_state")),
+        ("syscalls:sys_exit_accept4", features::tracepoint_exists("syscalls", "sys_exit_accept4")),
+    ];
+    if !hooks[0].1 {
+        return cannot("kernel has no tcp:tcp_retransmit_skb tracepoint (added in 4.15)");
+    }
+    let Some((m, _)) = cx.first(MECHANISMS) else {
+        return cannot("neither tp_btf, raw_tp nor classic tracepoints load");
+    };
+    let err_arg = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3)
+        || features::tracepoint_has_field("tcp", "tcp_retransmit_skb", "err");
+    json!({
+        "usable": true,
+        "mechanism": m.to_string(),
+        "failed_attempts": if err_arg { "reported (tracepoint has err)" } else { "not visible (tracepoint without err)" },
+        "detail": if err_arg { "failed attempts reported: the tracepoint has err" } else { "failed attempts not visible: the tracepoint has no err" },
+        "owner_hooks": hooks.iter().filter(|h| h.1).map(|h| h.0).collect::<Vec<_>>(),
+        "sendmsg_owner": features::btf_has_type("btf_trace_tcp_sendmsg_locked"),
+    })
+}
+
 /// Runs `sonde retrans`; `ready` is called once everything is attached.
 pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let cfg = validate(a)?;
@@ -634,12 +657,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     features::require_tracing_privileges()?;
     let sink = Sink::open(a.run.path())?;
 
-    let order: Vec<Mechanism> = match a.mechanism {
-        Some(RetransMechanism::TpBtf) => vec![Mechanism::TpBtf],
-        Some(RetransMechanism::RawTp) => vec![Mechanism::RawTp],
-        Some(RetransMechanism::Tracepoint) => vec![Mechanism::Tracepoint],
-        None => vec![Mechanism::TpBtf, Mechanism::RawTp, Mechanism::Tracepoint],
-    };
+    let order = attach::order(MECHANISMS, a.mechanism);
     let (mut loaded, mech, _fails) = with_fallbacks("tcp:tcp_retransmit_skb", &order, |m| load(a, &cfg, m))?;
     let start = Instant::now();
     ready();
