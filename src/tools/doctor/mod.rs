@@ -155,7 +155,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
 /// Each tool's report of how it runs on this kernel, in doctor's order. A
 /// tool's function reads the tool's own `MECHANISMS` list, so its fallback
 /// order is written once.
-const TOOLS: &[(&str, fn(&Caps) -> Value)] = &[
+const TOOLS: &[(&str, Report)] = &[
     ("retrans", crate::tools::retrans::doctor),
     ("cwnd", crate::tools::cwnd::doctor),
     ("msglat", msglat_report),
@@ -165,6 +165,9 @@ const TOOLS: &[(&str, fn(&Caps) -> Value)] = &[
     ("funclatency", funclatency_report),
     ("slow", slow_report),
 ];
+
+/// A tool's report of how it runs on this kernel, from what doctor found.
+type Report = fn(&Caps) -> Value;
 
 /// What doctor found this kernel allows, handed to each tool's report.
 pub struct Caps {
