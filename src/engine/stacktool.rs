@@ -22,13 +22,15 @@ use super::{
 
 /// What the kernel half (`src/bpf/stacks.h`) counts about stacks it could not
 /// keep: `enum stk_stat`, the slots from `base` on in a tool's per-CPU stats.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct StackLoss {
     /// Stacks that lost their hash bucket to another stack.
     pub collisions: u64,
     /// Kernel stacks not captured.
+    #[serde(rename = "kernel_stack_errors")]
     pub kernel_errors: u64,
     /// User stacks not captured.
+    #[serde(rename = "user_stack_errors")]
     pub user_errors: u64,
     /// Counts lost because the count map was full.
     pub counts_full: u64,
@@ -300,12 +302,39 @@ pub fn print_top(stacks: &[Stack], n: usize, weight_header: &str, fmt: impl Fn(u
 }
 
 /// Stack lines and then `summary` as JSON lines on stdout.
-pub fn print_json(stacks: &[Stack], summary: &serde_json::Value) -> anyhow::Result<()> {
+pub fn print_json(stacks: &[Stack], summary: &impl serde::Serialize) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     render::json_lines(&mut out, stacks)?;
-    writeln!(out, "{summary}")?;
+    serde_json::to_writer(&mut out, summary)?;
+    writeln!(out)?;
     out.flush()?;
     Ok(())
+}
+
+/// What every stack tool's summary says about how its stacks were symbolized
+/// and walked (flattened into the tool's summary).
+#[derive(Debug, serde::Serialize)]
+pub struct StackSummary {
+    /// Stacks cut short.
+    pub truncated_stacks: u64,
+    /// Frames no symbol was found for.
+    pub unknown_frames: u64,
+    /// Samples (or weight) of cut stacks, by reason.
+    pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
+    /// How user stacks were walked.
+    pub unwind: unwind::Report,
+}
+
+impl StackSummary {
+    /// The figures of a finished run.
+    pub fn of(f: &Finished, unw: &unwind::Report) -> Self {
+        StackSummary {
+            truncated_stacks: f.sym.truncated_stacks,
+            unknown_frames: f.sym.unknown_frames,
+            truncated_by: f.sym.truncated_by.clone(),
+            unwind: unw.clone(),
+        }
+    }
 }
 
 /// The summary lines every stack tool prints about symbolization and, with

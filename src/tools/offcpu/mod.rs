@@ -20,11 +20,12 @@ use crate::engine::{
     render::Format,
     run::{duration_arg, duration_or_zero_arg, RunControl, Stop},
     stacks::{Stack, StackMaps},
-    stacktool::{self, StackLoss},
+    stacktool::{self, StackLoss, StackSummary},
     taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
 use crate::tools::doctor::{cannot, Caps};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 crate::skeleton!("offcpu");
@@ -136,8 +137,8 @@ pub const MECHANISMS: &Mechanisms = &[
 pub struct Outcome {
     /// Stacks weighted by blocked microseconds.
     pub stacks: Vec<Stack>,
-    /// Summary JSON.
-    pub summary: serde_json::Value,
+    /// The summary.
+    pub summary: Summary,
     /// Summary text.
     pub text: String,
     /// Why it stopped.
@@ -288,28 +289,88 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
             relabel: None,
         },
     )?;
-    let total_us: u64 = f.stacks.iter().map(|s| s.count).sum();
-    let mut lost = loss.json_fields();
-    lost.insert("starts_full".into(), full.into());
-    let mut summary = serde_json::json!({
-        "type": "summary", "mechanism": mech.to_string(), "hook": hook, "duration_s": elapsed.as_secs_f64(),
-        "switches": switches, "blocked_periods": recorded,
-        "sample_below_us": sample_below_us, "sampled_periods": sampled, "sampled_out": sampled_out,
-        "blocked_us": total_us, "shorter_than_min": short, "longer_than_max": long,
-        "unique_stacks": f.unique,
-        "lost": lost,
-        "truncated_stacks": f.sym.truncated_stacks, "unknown_frames": f.sym.unknown_frames,
-    });
-    if let (Some(o), serde_json::Value::Object(u)) = (summary.as_object_mut(), stacktool::unwind_json(&f, &unwind)) {
-        o.extend(u);
-    }
-    if wake {
-        summary["waker_not_walked"] = not_walked.into();
-    }
-    let text = format!(
+    let summary = Summary {
+        kind: "summary",
+        mechanism: mech,
+        hook,
+        duration_s: elapsed.as_secs_f64(),
+        switches,
+        blocked_periods: recorded,
+        sample_below_us,
+        sampled_periods: sampled,
+        sampled_out,
+        blocked_us: f.stacks.iter().map(|s| s.count).sum(),
+        shorter_than_min: short,
+        longer_than_max: long,
+        unique_stacks: f.unique,
+        lost: Lost { stacks: loss, starts_full: full },
+        stacks: StackSummary::of(&f, &unwind),
+        waker_not_walked: wake.then_some(not_walked),
+    };
+    let text = summary_text(&summary, &stacktool::sym_summary(&f, "us", Some(&unwind)));
+    Ok(Outcome { stacks: f.stacks, summary, text, stop })
+}
+
+/// offcpu's and wakeup's `{"type":"summary",...}` line (schema in the README).
+#[derive(Debug, Serialize)]
+pub struct Summary {
+    /// Always "summary".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// How sched_switch was reached.
+    pub mechanism: Mechanism,
+    /// Where periods end: sched_exit_tp or sched_switch.
+    pub hook: &'static str,
+    /// Length of the run.
+    pub duration_s: f64,
+    /// Context switches seen.
+    pub switches: u64,
+    /// Blocked periods recorded.
+    pub blocked_periods: u64,
+    /// Periods shorter than this were sampled (0: none).
+    pub sample_below_us: u64,
+    /// Sampled periods kept (and weighted up).
+    pub sampled_periods: u64,
+    /// Sampled periods left out.
+    pub sampled_out: u64,
+    /// Blocked time in all stacks.
+    pub blocked_us: u64,
+    /// Periods under --min-block.
+    pub shorter_than_min: u64,
+    /// Periods over --max-block.
+    pub longer_than_max: u64,
+    /// Distinct stacks.
+    pub unique_stacks: u64,
+    /// What the kernel half could not keep.
+    pub lost: Lost,
+    /// Symbolization and unwinding.
+    #[serde(flatten)]
+    pub stacks: StackSummary,
+    /// wakeup only: periods counted without the waker's stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waker_not_walked: Option<u64>,
+}
+
+/// The summary's `"lost"` object.
+#[derive(Debug, Serialize)]
+pub struct Lost {
+    /// Stacks lost (collisions, capture errors, count map full).
+    #[serde(flatten)]
+    pub stacks: StackLoss,
+    /// Periods lost because the start map was full.
+    pub starts_full: u64,
+}
+
+/// The text summary, from the typed one (`sym` is the stack tools' shared lines).
+fn summary_text(s: &Summary, sym: &str) -> String {
+    let (recorded, mech, hook, switches) = (s.blocked_periods, s.mechanism, s.hook, s.switches);
+    let (short, long, full) = (s.shorter_than_min, s.longer_than_max, s.lost.starts_full);
+    let (sampled, sampled_out, not_walked) = (s.sampled_periods, s.sampled_out, s.waker_not_walked.unwrap_or(0));
+    let (sample_below_us, loss) = (s.sample_below_us, &s.lost.stacks);
+    format!(
         "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}, {hook}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\n{}lost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
-        us(total_us),
-        f.unique,
+        us(s.blocked_us),
+        s.unique_stacks,
         if sampled + sampled_out > 0 {
             format!(
                 "sampled (blocks under {}): {sampled} kept and weighted up, {sampled_out} left out; totals are estimates\n{}",
@@ -327,9 +388,8 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         loss.kernel_errors,
         loss.user_errors,
         loss.counts_full,
-        stacktool::sym_summary(&f, "us", Some(&unwind))
-    );
-    Ok(Outcome { stacks: f.stacks, summary, text, stop })
+        sym
+    )
 }
 
 /// How offcpu runs on this kernel (`sonde doctor`): sched_switch by the first

@@ -20,11 +20,12 @@ use crate::engine::{
     run::{RunControl, Stop},
     stacks::StackMaps,
     stacks::SymStats,
-    stacktool::{self, StackLoss},
+    stacktool::{self, StackLoss, StackSummary},
     taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
 use crate::tools::doctor::{cannot, Caps};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 crate::skeleton!("profile");
@@ -116,8 +117,8 @@ pub struct Outcome {
     pub sym_line: String,
     /// How user stacks were walked.
     pub unwind: unwind::Report,
-    /// The summary's JSON fields about truncation and unwinding.
-    pub unwind_json: serde_json::Value,
+    /// The summary's figures about truncation and unwinding.
+    pub stack_summary: StackSummary,
 }
 
 /// Summary numbers of a run.
@@ -258,11 +259,11 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         },
     )?;
     let sym_line = stacktool::sym_summary(&f, "samples", Some(&unwind));
-    let unwind_json = stacktool::unwind_json(&f, &unwind);
+    let stack_summary = StackSummary::of(&f, &unwind);
     totals.unique_stacks = f.unique;
     totals.sym = f.sym;
     totals.render_time = f.render_time;
-    Ok(Outcome { stacks: f.stacks, totals, stop, sym_line, unwind, unwind_json })
+    Ok(Outcome { stacks: f.stacks, totals, stop, sym_line, unwind, stack_summary })
 }
 
 fn summary(t: &Totals, hz: u64, sym_line: &str) -> String {
@@ -301,6 +302,31 @@ pub fn doctor(cx: &Caps) -> Value {
     }))
 }
 
+/// profile's `{"type":"summary",...}` line (schema in the README).
+#[derive(Debug, Serialize)]
+pub struct Summary<'a> {
+    /// Always "summary".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Samples counted.
+    pub samples: u64,
+    /// Samples per second per CPU asked for.
+    pub frequency_hz: u64,
+    /// Samples of idle CPUs left out.
+    pub idle: u64,
+    /// Samples of tasks the filters left out.
+    pub filtered: u64,
+    /// Distinct stacks.
+    pub unique_stacks: u64,
+    /// Stacks the kernel half could not keep.
+    pub lost: StackLoss,
+    /// Samples whose stack was cut short.
+    pub truncated_samples: u64,
+    /// Symbolization and unwinding.
+    #[serde(flatten)]
+    pub stacks: &'a StackSummary,
+}
+
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.run.duration)?;
@@ -309,15 +335,18 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
     })?;
     let t = &out.totals;
     if a.run.json {
-        let v = serde_json::json!({
-            "type": "summary", "samples": t.samples, "frequency_hz": a.frequency,
-            "idle": t.idle, "filtered": t.filtered, "unique_stacks": t.unique_stacks,
-            "lost": t.loss.json_fields(),
-            "truncated_stacks": t.sym.truncated_stacks, "truncated_samples": t.sym.truncated_samples,
-            "unknown_frames": t.sym.unknown_frames,
-            "truncated_by": out.unwind_json["truncated_by"], "unwind": out.unwind_json["unwind"],
-        });
-        stacktool::print_json(&out.stacks, &v)?;
+        let summary = Summary {
+            kind: "summary",
+            samples: t.samples,
+            frequency_hz: a.frequency,
+            idle: t.idle,
+            filtered: t.filtered,
+            unique_stacks: t.unique_stacks,
+            lost: t.loss,
+            truncated_samples: t.sym.truncated_samples,
+            stacks: &out.stack_summary,
+        };
+        stacktool::print_json(&out.stacks, &summary)?;
         return Ok(out.stop.exit_code());
     }
     if a.run.output.is_empty() {
