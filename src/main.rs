@@ -52,26 +52,40 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            // One line: the problem, then where to look for the fix.
-            let text = e.render().to_string();
-            let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
-            let mut first = lines.next().unwrap_or("bad usage").trim_start_matches("error: ").to_string();
-            if first.ends_with(':') {
-                // "the following required arguments were not provided:" + the arguments.
-                let what: Vec<&str> =
-                    lines.take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")).collect();
-                first = format!("{} {}", first, what.join(", "));
-            }
-            let tip =
-                text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
-            match tip {
-                Some(t) => eprintln!("sonde: {first}; {t}"),
-                None => eprintln!("sonde: {first}; see `sonde --help`"),
-            }
+            eprintln!("{}", usage_line(&e));
             return ExitCode::from(2);
         }
     };
-    let r = match &cli.cmd {
+    match dispatch(&cli.cmd) {
+        Ok(code) => ExitCode::from(code as u8),
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sonde: {e:#}");
+            ExitCode::from(exit_code(&e) as u8)
+        }
+    }
+}
+
+/// A clap error as sonde's one line: the problem, then where to look for the fix.
+fn usage_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let mut first = lines.next().unwrap_or("bad usage").trim_start_matches("error: ").to_string();
+    if first.ends_with(':') {
+        // "the following required arguments were not provided:" + the arguments.
+        let what: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")).collect();
+        first = format!("{} {}", first, what.join(", "));
+    }
+    let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
+    match tip {
+        Some(t) => format!("sonde: {first}; {t}"),
+        None => format!("sonde: {first}; see `sonde --help`"),
+    }
+}
+
+/// Runs the tool or lab the command line names; its exit status.
+fn dispatch(cmd: &Cmd) -> anyhow::Result<i32> {
+    match cmd {
         Cmd::Doctor(a) => tools::doctor::run(a),
         Cmd::Retrans(a) => tools::retrans::run(a),
         Cmd::Cwnd(a) => tools::cwnd::run(a),
@@ -82,13 +96,86 @@ fn main() -> ExitCode {
         Cmd::Slow(a) => tools::funclatency::slow::run(a),
         Cmd::Msglat(a) => tools::msglat::run(a),
         Cmd::Lab(a) => lab::run(a),
-    };
-    match r {
-        Ok(code) => ExitCode::from(code as u8),
-        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sonde: {e:#}");
-            ExitCode::from(exit_code(&e) as u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How sonde refuses `args`: the one line it prints (exit status 2 asserted).
+    fn refusal(args: &[&str]) -> String {
+        match Cli::try_parse_from(std::iter::once("sonde").chain(args.iter().copied())) {
+            Err(e) => usage_line(&e),
+            Ok(cli) => {
+                let e = dispatch(&cli.cmd).expect_err("bad input must be refused");
+                assert_eq!(exit_code(&e), 2, "{args:?}: {e:#}");
+                format!("sonde: {e:#}")
+            }
         }
+    }
+
+    /// Usage errors are refused by parsing or validation, before anything
+    /// needs privileges or attaches: no root needed. Each names the problem.
+    /// (tests/integration/cli.rs runs these and the kernel-dependent ones
+    /// as root, checking nothing is left attached.)
+    #[test]
+    fn usage_errors_are_one_line_naming_the_problem() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["retrans", "--bogus"], "--bogus"),
+            (&["retrans", "--port", "0"], "0"),
+            (&["retrans", "--port", "http"], "http"),
+            (&["retrans", "--addr", "10.0.0.0/33"], "10.0.0.0/33"),
+            (&["retrans", "--addr", "not-an-ip"], "not-an-ip"),
+            (&["retrans", "--kind", "lost"], "lost"),
+            (&["retrans", "-d", "-5s"], "-5"),
+            (&["retrans", "-d", "soon"], "soon"),
+            (&["retrans", "--cgroup", "/nonexistent/cgroup"], "/nonexistent/cgroup"),
+            (&["retrans", "--netns", "no-such-namespace"], "no-such-namespace"),
+            (&["retrans", "-p", "999999999"], "999999999"),
+            (&["retrans", "-o", "out.svg"], "out.svg: retrans cannot write that format; use a .json, .txt or .log file name"),
+            (&["retrans", "-i", "5s"], "--count"),
+            (&["lab", "retrans", "--loss", "90"], "--loss"),
+            (&["lab", "dns", "-d", "0s"], "0s"),
+            (&["lab", "dns", "--delay", "200ms-100ms"], "--delay"),
+            (&["lab", "dns", "--workers", "0"], "--workers"),
+            (&["profile", "-F", "0"], "-F"),
+            (&["profile", "-p", "999999999"], "999999999"),
+            (&["profile", "-o", "p.png"], "p.png: the stack tools cannot write that format; use a .folded, .svg, .html, .json or .pb.gz file name"),
+            (&["profile", "--user-only", "--kernel-only"], "--kernel-only"),
+            (&["profile", "--unwind", "lbr"], "lbr"),
+            (&["offcpu", "--unwind", "frame-pointers"], "frame-pointers"),
+            (&["offcpu", "-p", "999999999"], "999999999"),
+            (&["offcpu", "--min-block", "soon"], "soon"),
+            (&["offcpu", "--min-block", "10ms", "--max-block", "1ms"], "--max-block"),
+            (&["offcpu", "--state", "asleep"], "asleep"),
+            (&["offcpu", "--mechanism", "kprobe"], "kprobe"),
+            (&["wakeup", "-p", "999999999"], "999999999"),
+            (&["funclatency"], "required"),
+            (&["funclatency", "nocolon"], "nocolon"),
+            (&["funclatency", "softirq:BOGUS"], "BOGUS"),
+            (&["slow", "syscall:read"], "--over"),
+            (&["slow", "syscall:read", "--over", "0"], "0"),
+            (&["cwnd", "--every", "soon"], "soon"),
+            (&["cwnd", "-o", "out.png"], "out.png: cwnd cannot write that format; use a .json, .txt, .log, .svg or .html file name"),
+            (&["cwnd", "-o", "a.json", "-o", "b.json"], "-o given 2 times"),
+            (&["cwnd", "--port", "0"], "0"),
+            (&["cwnd", "--mechanism", "bpftrace"], "bpftrace"),
+            (&["lab", "idle-restart", "--responses", "1"], "--responses"),
+            (&["lab", "idle-restart", "-o", "chart.png"], "chart.png"),
+            (&["msglat", "-p", "999999999"], "999999999"),
+            (&["msglat", "-p", "1", "--id", "abc"], "abc"),
+            (&["msglat", "-p", "1", "--id", "0:8", "--fifo"], "--fifo"),
+            (&["msglat"], "-p"),
+            (&["frobnicate"], "frobnicate"),
+        ];
+        let mut wrong = Vec::new();
+        for (args, names) in cases {
+            let line = refusal(args);
+            if line.lines().count() != 1 || !line.starts_with("sonde: ") || !line.contains(names) {
+                wrong.push(format!("{args:?} must name {names:?} in one line: {line}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
     }
 }

@@ -75,7 +75,7 @@ pub fn pick<F: Copy>(path: &Path, tool: &str, formats: &Formats<F>) -> anyhow::R
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
         _ => ends.join(""),
     };
-    Err(usage(format!("-o {}: {tool} writes {list}; pick one of those extensions", path.display())))
+    Err(usage(format!("-o {}: {tool} cannot write that format; use a {list} file name", path.display())))
 }
 
 /// `println!` that returns an `io::Result` instead of panicking on a closed stdout.
@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(pick(Path::new("a.pb.gz"), "t", formats).unwrap(), F::Pprof);
         assert_eq!(pick(Path::new("/x/y.json"), "t", formats).unwrap(), F::Json);
         let e = pick(Path::new("out.svg"), "t", formats).unwrap_err().to_string();
-        assert_eq!(e, "-o out.svg: t writes .json, .pb.gz, .txt or .log; pick one of those extensions");
+        assert_eq!(e, "-o out.svg: t cannot write that format; use a .json, .pb.gz, .txt or .log file name");
         let two = RunArgs { output: vec!["a.json".into(), "b.json".into()], ..Default::default() };
         assert!(two.output("t", formats).is_err());
         assert_eq!(two.outputs("t", formats).unwrap().len(), 2);
