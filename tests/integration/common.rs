@@ -249,12 +249,13 @@ pub(crate) fn build_workload(name: &str, flags: &[&str]) -> std::path::PathBuf {
     if let Some((_, p)) = built.iter().find(|(k, _)| *k == key) {
         return p.clone();
     }
-    let p = build_workload_now(name, flags);
+    let p = build_fresh(name, flags);
     built.push((key, p.clone()));
     p
 }
 
-pub(crate) fn build_workload_now(name: &str, flags: &[&str]) -> std::path::PathBuf {
+/// Compiles `tests/workloads/NAME.c` with `flags` into a directory of its own.
+fn build_fresh(name: &str, flags: &[&str]) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
         "sonde-wl-{}-{name}-{}",
         std::process::id(),

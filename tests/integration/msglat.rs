@@ -2,16 +2,11 @@
 //! built in.
 use super::common::*;
 
-/// The broker of seed 004's harness (tests/workloads/msgbench.c) in a fresh
-/// namespace of its own, listening on 7400 and relaying to 7401, with
-/// `extra` broker arguments (LOG EVERY DELAY_US DROP_AT); returns the
+/// The broker of seed 004's harness (tests/workloads/msgbench.c) for
+/// messages of `size` bytes in a fresh namespace of its own, listening on
+/// 7400 and relaying to 7401, with `extra` broker arguments (LOG EVERY DELAY_US DROP_AT); returns the
 /// namespace, the harness binary and the broker.
-fn msg_broker(extra: &[&str]) -> (sonde::engine::netns::Netns, std::path::PathBuf, Child) {
-    msg_broker_sized(64, extra)
-}
-
-/// msg_broker for messages of `size` bytes.
-fn msg_broker_sized(size: usize, extra: &[&str]) -> (sonde::engine::netns::Netns, std::path::PathBuf, Child) {
+fn msg_broker(size: usize, extra: &[&str]) -> (sonde::engine::netns::Netns, std::path::PathBuf, Child) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let bin = build_workload("msgbench", &["-O2", "-pthread"]);
     let ns = sonde::engine::netns::Netns::create(&format!(
@@ -36,21 +31,10 @@ fn msg_broker_sized(size: usize, extra: &[&str]) -> (sonde::engine::netns::Netns
 }
 
 /// `sonde msglat -p BROKER ARGS --json` while the harness sends `count`
-/// messages `spacing_us` apart; sonde ends by itself when the broker exits.
+/// messages of `size` bytes `spacing_us` apart; sonde ends by itself when the broker exits.
 /// Its exit code, JSON lines and stderr.
-fn msglat_run(extra: &[&str], args: &[&str], count: u32, spacing_us: u32) -> (i32, Vec<Value>, String) {
-    msglat_run_sized(64, extra, args, count, spacing_us)
-}
-
-/// msglat_run with messages of `size` bytes.
-fn msglat_run_sized(
-    size: usize,
-    extra: &[&str],
-    args: &[&str],
-    count: u32,
-    spacing_us: u32,
-) -> (i32, Vec<Value>, String) {
-    let (ns, bin, mut broker) = msg_broker_sized(size, extra);
+fn msglat_run(size: usize, extra: &[&str], args: &[&str], count: u32, spacing_us: u32) -> (i32, Vec<Value>, String) {
+    let (ns, bin, mut broker) = msg_broker(size, extra);
     let pid = broker.id().to_string();
     let mut s = Command::new(SONDE)
         .args(["msglat", "-p", &pid, "--json"])
@@ -90,7 +74,7 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
         &["--per-message", "--hooks", "syscalls"][..],
         &["--per-message", "--hooks", "raw"][..],
     ] {
-        let (code, out, err) = msglat_run(&["none", "10", "300"], mode, 3000, 400);
+        let (code, out, err) = msglat_run(64, &["none", "10", "300"], mode, 3000, 400);
         assert_eq!(code, 0, "sonde ends by itself when the broker exits: {err}");
         let s = summary(&out);
         let hooks = mode.iter().position(|a| *a == "--hooks").map(|i| mode[i + 1]).unwrap_or("sockets");
@@ -144,7 +128,7 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
         assert_eq!(flows[0]["count"], 3000);
     }
     // A dropped message is one receive never sent.
-    let (code, out, _) = msglat_run(&["none", "0", "0", "100"], &[], 1000, 200);
+    let (code, out, _) = msglat_run(64, &["none", "0", "0", "100"], &[], 1000, 200);
     let s = summary(&out);
     assert_eq!(
         (code, s["count"].as_u64(), s["unmatched_recv"].as_u64(), s["unmatched_send"].as_u64()),
@@ -156,7 +140,7 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
     // partial, and the reads after a message's first carry no id (receives
     // never sent, as documented), yet every message pairs with its first.
     for hooks in ["sockets", "syscalls"] {
-        let (code, out, _) = msglat_run_sized(200_000, &[], &["--hooks", hooks], 300, 2000);
+        let (code, out, _) = msglat_run(200_000, &[], &["--hooks", hooks], 300, 2000);
         let s = summary(&out);
         assert_eq!(
             (code, s["count"].as_u64(), s["unmatched_send"].as_u64(), s["sends"].as_u64()),
@@ -165,7 +149,7 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
         );
     }
     // An id beyond every message: one line, exit 2.
-    let (code, _, err) = msglat_run(&[], &["--id", "100:8"], 200, 200);
+    let (code, _, err) = msglat_run(64, &[], &["--id", "100:8"], 200, 200);
     assert_eq!(code, 2, "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("--id 100:8") && err.contains("longest 64 bytes"), "{err}");
@@ -180,7 +164,7 @@ fn msglat_refuses_a_process_without_sockets_and_sigkill_leaves_nothing() {
     assert!(err.contains("no sockets") && err.trim_end().lines().count() == 1, "{err}");
     let _ = sleeper.kill();
     let _ = sleeper.wait();
-    let (_ns, _bin, mut broker) = msg_broker(&[]);
+    let (_ns, _bin, mut broker) = msg_broker(64, &[]);
     let mut p = Command::new(SONDE)
         .args(["msglat", "-p", &broker.id().to_string()])
         .stderr(Stdio::piped())
