@@ -14,7 +14,7 @@ pub const MAX_PORTS: usize = 8;
 /// See [`MAX_PORTS`].
 pub const MAX_CIDRS: usize = 8;
 /// See [`MAX_PORTS`].
-pub const MAX_PIDS: usize = 16;
+pub const FLOW_MAX_PIDS: usize = 16;
 /// See [`MAX_PORTS`].
 pub const MAX_NETNS: usize = 8;
 
@@ -92,8 +92,8 @@ impl FlowArgs {
         if self.addr.len() > MAX_CIDRS {
             return Err(usage(format!("at most {MAX_CIDRS} --addr filters; merge them into wider CIDRs")));
         }
-        if self.pid.len() > MAX_PIDS {
-            return Err(usage(format!("at most {MAX_PIDS} --pid filters; use --cgroup for a group of processes")));
+        if self.pid.len() > FLOW_MAX_PIDS {
+            return Err(usage(format!("at most {FLOW_MAX_PIDS} --pid filters; use --cgroup for a group of processes")));
         }
         for p in &self.pid {
             if !super::pid_exists(*p) {
@@ -190,13 +190,6 @@ pub fn endpoint(family: u16, a: &[u8; 16], port: u16) -> String {
     }
 }
 
-/// A NUL-terminated C char array (a task's comm, a congestion control's
-/// name) as a string.
-pub fn cstr(c: &[i8]) -> String {
-    let bytes: Vec<u8> = c.iter().take_while(|&&b| b != 0).map(|&b| b as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 /// TCP state names (include/net/tcp_states.h).
 pub fn tcp_state(s: u8) -> &'static str {
     match s {
@@ -226,32 +219,6 @@ pub fn ca_state(s: u8) -> &'static str {
         4 => "loss",
         _ => "unknown",
     }
-}
-
-/// Wall-clock seconds, to the microsecond, of a bpf_ktime_get_ns()
-/// (CLOCK_MONOTONIC) time; `mono_to_epoch` from [`mono_to_epoch`].
-pub fn epoch_secs(mono_ns: u64, mono_to_epoch: i128) -> f64 {
-    ((mono_ns as i128 + mono_to_epoch) as f64 / 1e3).round() / 1e6
-}
-
-/// `HH:MM:SS.mmm` (UTC) of nanoseconds since the epoch.
-pub fn hms(epoch_ns: u64) -> String {
-    let s = epoch_ns / 1_000_000_000;
-    let ms = (epoch_ns / 1_000_000) % 1000;
-    format!("{:02}:{:02}:{:02}.{ms:03}", (s / 3600) % 24, (s / 60) % 60, s % 60)
-}
-
-/// A clock's time in nanoseconds.
-pub fn clock_ns(clock: libc::clockid_t) -> i128 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: ts is a valid out-parameter.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
-}
-
-/// What to add to bpf_ktime_get_ns() (CLOCK_MONOTONIC) to get wall-clock ns.
-pub fn mono_to_epoch() -> i128 {
-    clock_ns(libc::CLOCK_REALTIME) - clock_ns(libc::CLOCK_MONOTONIC)
 }
 
 /// A flow and its owner as the socket tools print them in JSON (flattened
@@ -300,7 +267,7 @@ impl FlowJson {
             dport,
             netns,
             pid: owner.map(|o| o.0),
-            comm: owner.map(|o| cstr(o.1)),
+            comm: owner.map(|o| super::record::cstr(o.1)),
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod stacks;
 pub mod stacktool;
 pub mod symbols;
 pub mod taskfilter;
+pub mod time;
 pub mod unwind;
 
 /// Declares `mod skel`: the libbpf-rs skeleton that build.rs generated from

@@ -49,6 +49,13 @@ pub fn decode_prefix<T: Pod>(bytes: &[u8], min: usize) -> Option<T> {
     decode(&buf)
 }
 
+/// A NUL-terminated C char array (a task's comm, a congestion control's
+/// name) as a string.
+pub fn cstr(c: &[i8]) -> String {
+    let bytes: Vec<u8> = c.iter().take_while(|&&b| b != 0).map(|&b| b as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

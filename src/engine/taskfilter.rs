@@ -5,9 +5,9 @@ use libbpf_rs::{MapCore, MapFlags};
 use super::{cgroup::cgroup_dir, error::usage};
 
 /// Most processes `-p` takes (TF_MAX_PIDS).
-pub const MAX_PIDS: usize = 64;
+pub const TASK_MAX_PIDS: usize = 64;
 /// Most threads `--tid` takes (TF_MAX_TIDS).
-pub const MAX_TIDS: usize = 16;
+pub const TASK_MAX_TIDS: usize = 16;
 
 /// `-p`, `--tid`, `--cgroup`, `--comm` as every task-sampling tool takes them
 /// (flattened into profile, offcpu and wakeup).
@@ -52,11 +52,11 @@ pub struct TaskFilter {
 impl TaskFilter {
     /// Checks the filters as given on the command line (usage errors, exit 2).
     pub fn new(pids: &[u32], tids: &[u32], cgroup: Option<&str>, comm: Option<&str>) -> anyhow::Result<Self> {
-        if pids.len() > MAX_PIDS {
-            return Err(usage(format!("at most {MAX_PIDS} -p; use --cgroup for a group of processes")));
+        if pids.len() > TASK_MAX_PIDS {
+            return Err(usage(format!("at most {TASK_MAX_PIDS} -p; use --cgroup for a group of processes")));
         }
-        if tids.len() > MAX_TIDS {
-            return Err(usage(format!("at most {MAX_TIDS} --tid; use -p for whole processes")));
+        if tids.len() > TASK_MAX_TIDS {
+            return Err(usage(format!("at most {TASK_MAX_TIDS} --tid; use -p for whole processes")));
         }
         for p in pids {
             if !super::pid_exists(*p) {

@@ -23,12 +23,13 @@ use crate::engine::{
     chart::{Chart, Marker, Series},
     error::{env, usage},
     features,
-    flowfilter::{ca_state, cstr, endpoint, epoch_secs, hms, mono_to_epoch, FlowArgs, FlowFilter, FlowJson},
+    flowfilter::{ca_state, endpoint, FlowArgs, FlowFilter, FlowJson},
     output::{table, Formats, RunArgs, Sink},
     perf::percpu_sum,
-    record,
+    record::{self, cstr},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
+    time::{clock_ns, epoch_secs, hms, mono_to_epoch},
 };
 use crate::tools::doctor::{cannot, Caps};
 use serde_json::{json, Value};
@@ -754,7 +755,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
     ctl.start_clock();
     let start = Instant::now();
-    let start_mono_ns = (crate::engine::flowfilter::clock_ns(libc::CLOCK_MONOTONIC)) as u64;
+    let start_mono_ns = (clock_ns(libc::CLOCK_MONOTONIC)) as u64;
     ready();
 
     let printer = Rc::new(RefCell::new(Printer {

@@ -23,12 +23,12 @@ use crate::engine::{
     attach::run_stats,
     error::usage,
     features,
-    flowfilter::{epoch_secs, mono_to_epoch},
     hist::{human, read_percpu, Hist},
     output::{table, Sink},
     perf::percpu_sum,
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
+    time::{epoch_secs, mono_to_epoch},
 };
 
 crate::skeleton!("msglat");

@@ -26,15 +26,14 @@ use crate::engine::{
     attach::{self, recursion_misses, with_fallbacks, Mechanism, Mechanisms},
     error::usage,
     features,
-    flowfilter::{
-        addr, ca_state, clock_ns, cstr, endpoint, epoch_secs, hms, mono_to_epoch, tcp_state, FlowArgs, FlowFilter,
-    },
+    flowfilter::{addr, ca_state, endpoint, tcp_state, FlowArgs, FlowFilter},
     output::{table, RunArgs, Sink},
     perf::percpu_sum,
-    record,
+    record::{self, cstr},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
+    time::{clock_ns, epoch_secs, hms, mono_to_epoch},
 };
 use crate::tools::doctor::{cannot, Caps};
 
