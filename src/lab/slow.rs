@@ -152,8 +152,8 @@ fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, St
         crate::engine::render::top(&out.stacks).0.into_iter().take(3).map(|r| r.name).collect::<Vec<_>>().join(", ");
     Ok((
         Phase {
-            calls: s["calls"].as_u64().unwrap_or(0),
-            slow_calls: s["slow_calls"].as_u64().unwrap_or(0),
+            calls: s.calls,
+            slow_calls: s.slow_calls,
             connects_ok: churn.ok.load(Ordering::Relaxed) - ok0,
             connects_failed: churn.failed.load(Ordering::Relaxed) - f0,
             seconds: t0.elapsed().as_secs_f64(),

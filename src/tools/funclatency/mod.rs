@@ -1,5 +1,11 @@
 //! `sonde funclatency`: latency histograms of user functions, syscalls and
 //! softirqs (kernel functions where the kernel allows fentry or kprobes).
+//!
+//! [`run_with`] goes through the lifecycle in order: `validate` the arguments
+//! into probes, `load` (load and attach, by the first way the kernel allows),
+//! `poll` until the stop (printing each `-i` interval), `read_at_stop` before
+//! anything is detached, then `detach` and build the typed [`Summary`]. [`run`]
+//! prints the results with `print_json` or `print_text`, both from typed data.
 pub mod slow;
 pub mod targets;
 
@@ -27,10 +33,11 @@ use crate::engine::{
     stacktool,
     taskfilter::TaskFilter,
 };
+use serde::Serialize;
 use targets::{Probe, ProbeKind};
 
 crate::skeleton!("funclatency");
-use skel::{FunclatencySkel, FunclatencySkelBuilder};
+use skel::{FunclatencySkel, FunclatencySkelBuilder, OpenFunclatencySkel};
 
 const FL_TOO_DEEP: u32 = 0;
 const FL_THREADS_FULL: u32 = 1;
@@ -154,27 +161,114 @@ pub struct TargetResult {
     pub oldest_in_flight_ns: u64,
 }
 
+/// Calls that were not timed, counted at the stop (struct fl_stack has
+/// `DEPTH` slots per thread; the thread map has a fixed size).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct NotTimed {
+    /// Calls nested deeper than the per-thread stack holds.
+    pub too_deep: u64,
+    /// Calls entered while the thread map was full.
+    pub threads_full: u64,
+    /// Returns whose entry was not seen.
+    pub unmatched_returns: u64,
+}
+
+/// The last `--json` line of a run; the text summary is printed from it too.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    /// Time from attaching to the stop.
+    pub duration_s: f64,
+    /// Targets timed.
+    pub targets: usize,
+    /// Calls timed, over every target.
+    pub calls: u64,
+    /// Calls still running at the stop, over every target.
+    pub in_flight: u64,
+    /// Calls that were not timed.
+    pub not_timed: NotTimed,
+    /// "uprobe-multi" or "uprobe" when there are user functions (else null).
+    pub uprobe_mechanism: Option<&'static str>,
+    /// "fentry", "kprobe-multi" or "kprobe" when there are kernel functions (else null).
+    pub kernel_mechanism: Option<&'static str>,
+    /// Functions the kernel refused a probe on, not traced.
+    pub unprobeable: Vec<String>,
+}
+
 /// What a run saw.
 pub struct Outcome {
     /// Per target, in target order.
     pub targets: Vec<TargetResult>,
-    /// Summary JSON.
-    pub summary: serde_json::Value,
+    /// The summary.
+    pub summary: Summary,
     /// Why it stopped.
     pub stop: Stop,
 }
 
+/// A target's `--json` line: its calls overall, or in one `-i` interval.
+#[derive(Serialize)]
+struct LatencyLine<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    target: &'a str,
+    count: u64,
+    in_flight: u64,
+    oldest_in_flight_ns: u64,
+    buckets: Vec<serde_json::Value>,
+    avg_ns: u64,
+    p50_ns: u64,
+    p90_ns: u64,
+    p99_ns: u64,
+    max_ns: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    interval: Option<u64>,
+}
+
+impl<'a> LatencyLine<'a> {
+    fn new(r: &'a TargetResult, interval: Option<u64>) -> Self {
+        let h = &r.hist;
+        LatencyLine {
+            ty: "latency",
+            target: &r.probe.name,
+            count: h.count,
+            in_flight: r.in_flight,
+            oldest_in_flight_ns: r.oldest_in_flight_ns,
+            buckets: h.json_buckets(),
+            avg_ns: h.avg_ns(),
+            p50_ns: h.quantile_ns(0.5),
+            p90_ns: h.quantile_ns(0.9),
+            p99_ns: h.quantile_ns(0.99),
+            max_ns: h.max_ns,
+            interval,
+        }
+    }
+}
+
+/// Writes one JSON line to stdout.
+fn json_line(v: &impl Serialize) -> anyhow::Result<()> {
+    crate::outln!("{}", serde_json::to_string(v)?)?;
+    Ok(())
+}
+
+/// A loaded and attached kernel half.
 struct Loaded {
     skel: FunclatencySkel<'static>,
     links: Vec<Attachment>,
+    /// How the targets were probed.
+    probing: Probing,
+    /// slow: the unwinder of its stacks.
+    session: crate::engine::unwind::Session,
+}
+
+/// How the targets were probed, for the summary.
+struct Probing {
     /// How kernel functions were probed, if there were any.
     kernel: Option<KernelMechanism>,
     /// User functions: by uprobe.multi links (else a uprobe per function).
     umulti: bool,
-    /// Functions the kernel refused a uprobe on (ENOTSUPP), not traced.
+    /// Functions the kernel refused a probe on, not traced.
     unprobeable: Vec<String>,
-    /// slow: the unwinder of its stacks.
-    session: crate::engine::unwind::Session,
 }
 
 /// `slow`'s additions to the kernel half.
@@ -195,20 +289,108 @@ struct Way {
     umulti: bool,
 }
 
-fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<&SlowCfg>) -> anyhow::Result<Loaded> {
-    let Way { typed, kmech, umulti } = way;
-    let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
-    let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
+/// The kernel-function targets: (cookie = target index, function name).
+fn kernel_functions(probes: &[Probe]) -> Vec<(u64, &str)> {
+    probes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| if let ProbeKind::Kernel(f) = &p.kind { Some((i as u64, f.as_str())) } else { None })
+        .collect()
+}
+
+/// Loads the kernel half one way and attaches every probe: returns first,
+/// then entries (so no call is entered without its return being caught: it
+/// would sit in its thread's stack for ever), then softirqs, then slow's
+/// sampler.
+fn load_way(
+    pids: &[u32],
+    tf: &TaskFilter,
+    probes: &[Probe],
+    way: Way,
+    slow: Option<&SlowCfg>,
+) -> anyhow::Result<Loaded> {
     let fp = crate::engine::unwind::Plan::fp();
     let plan = slow.map(|c| &c.unwind).unwrap_or(&fp);
+    let kfuncs = kernel_functions(probes);
+    let (open, btf) = open_configured(tf, probes, way, slow, plan, &kfuncs)?;
+    let skel = open.load().context("loading BPF programs")?;
+    tf.fill_pids(&skel.maps.tf_pids)?;
+    let session = crate::engine::unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
+    let mut links = Vec::new();
+    if plan.tables {
+        links.push(Attachment::Lib(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?));
+    }
+    // Processes user-function probes are placed in (-1: every process).
+    let upids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
+    let unprobeable = attach_calls(&skel, &upids, probes, way, btf.as_ref(), &kfuncs, &mut links)?;
+    if probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_))) {
+        attach_softirqs(&skel, way.typed, &mut links)?;
+    }
+    if let Some(c) = slow {
+        attach_sampler(&skel, c.hz, &mut links)?;
+    }
+    check_refusals(probes, &kfuncs, &unprobeable)?;
+    let unprobeable = unprobeable.into_iter().map(|i| probes[i].name.clone()).collect();
+    let probing = Probing { kernel: way.kmech.filter(|_| !kfuncs.is_empty()), umulti: way.umulti, unprobeable };
+    Ok(Loaded { skel, links, probing, session })
+}
+
+/// Attaches the return probes of every user function, syscall and kernel
+/// function, then their entry probes, in target order within each kind of
+/// link. Returns the targets the kernel refused a probe on.
+fn attach_calls(
+    skel: &FunclatencySkel<'_>,
+    upids: &[i32],
+    probes: &[Probe],
+    way: Way,
+    btf: Option<&VmlinuxBtf>,
+    kfuncs: &[(u64, &str)],
+    links: &mut Vec<Attachment>,
+) -> anyhow::Result<Vec<usize>> {
+    let mut unprobeable: Vec<usize> = Vec::new();
+    for ret in [true, false] {
+        if way.umulti {
+            attach_user_multi(skel, upids, probes, ret, links)?;
+        }
+        for (i, p) in probes.iter().enumerate() {
+            match &p.kind {
+                ProbeKind::User { .. } if way.umulti || unprobeable.contains(&i) => {}
+                ProbeKind::User { .. } => {
+                    if !attach_uprobe(skel, upids, i, p, ret, links)? {
+                        unprobeable.push(i);
+                    }
+                }
+                ProbeKind::Syscall(name) => links.push(attach_syscall(skel, i, name, ret)?),
+                ProbeKind::Softirq(_) | ProbeKind::Kernel(_) => {}
+            }
+        }
+        if !kfuncs.is_empty() {
+            attach_kernel(skel, way.kmech, btf, kfuncs, ret, links, &mut unprobeable)?;
+        }
+    }
+    Ok(unprobeable)
+}
+
+/// Opens the BPF object and sets what must be set before loading: the
+/// unwinder, task filter, softirq targets and slow's settings in rodata, map
+/// sizes, which programs load (`set_autoload`), and fentry's template.
+/// Returns the kernel's BTF when kernel functions go by fentry.
+fn open_configured(
+    tf: &TaskFilter,
+    probes: &[Probe],
+    way: Way,
+    slow: Option<&SlowCfg>,
+    plan: &crate::engine::unwind::Plan,
+    kfuncs: &[(u64, &str)],
+) -> anyhow::Result<(OpenFunclatencySkel<'static>, Option<VmlinuxBtf>)> {
+    let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+    let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     crate::set_task_filter!(&mut *ro, tf);
-    let mut softirq = false;
     for (i, p) in probes.iter().enumerate() {
         if let ProbeKind::Softirq(v) = p.kind {
             ro.softirq_target[v as usize] = i as u32 + 1;
-            softirq = true;
         }
     }
     if let Some(c) = slow {
@@ -218,9 +400,29 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     }
     open.progs.fl_sample.set_autoload(slow.is_some());
     open.maps.hists.set_max_entries(probes.len().max(1) as u32)?;
+    set_autoload(&mut open, probes, way, kfuncs);
+    // fentry: the kernel's BTF, read once, names each function's prototype.
+    let fentry = way.kmech == Some(KernelMechanism::Fentry) && !kfuncs.is_empty();
+    let btf = if fentry { Some(VmlinuxBtf::load()?) } else { None };
+    if let Some(btf) = &btf {
+        // The template is verified against one function, the one with the
+        // fewest arguments (any trampoline takes it); the others get copies
+        // of its instructions (kfunc::fentry_clone).
+        let template =
+            kfuncs.iter().filter_map(|f| Some((btf.func_args(f.1)?, f.1))).min().map(|(_, n)| n).unwrap_or(kfuncs[0].1);
+        open.progs.fl_kentry.set_attach_target(0, Some(template.to_string()))?;
+        open.progs.fl_kexit.set_attach_target(0, Some(template.to_string()))?;
+    }
+    Ok((open, btf))
+}
+
+/// Loads only the programs this run's targets and way need.
+fn set_autoload(open: &mut OpenFunclatencySkel<'_>, probes: &[Probe], way: Way, kfuncs: &[(u64, &str)]) {
+    let Way { typed, kmech, umulti } = way;
     let has = |f: fn(&ProbeKind) -> bool| probes.iter().any(|p| f(&p.kind));
     let user = has(|k| matches!(k, ProbeKind::User { .. }));
     let sys = has(|k| matches!(k, ProbeKind::Syscall(_)));
+    let softirq = has(|k| matches!(k, ProbeKind::Softirq(_)));
     open.progs.fl_uentry.set_autoload(user && !umulti);
     open.progs.fl_ureturn.set_autoload(user && !umulti);
     open.progs.fl_umentry.set_autoload(umulti);
@@ -231,11 +433,6 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     open.progs.fl_btf_softirq_exit.set_autoload(softirq && typed);
     open.progs.fl_raw_softirq_entry.set_autoload(softirq && !typed);
     open.progs.fl_raw_softirq_exit.set_autoload(softirq && !typed);
-    let kfuncs: Vec<(u64, &str)> = probes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, p)| if let ProbeKind::Kernel(f) = &p.kind { Some((i as u64, f.as_str())) } else { None })
-        .collect();
     let km = |m| kmech == Some(m) && !kfuncs.is_empty();
     open.progs.fl_kentry.set_autoload(km(KernelMechanism::Fentry));
     open.progs.fl_kexit.set_autoload(km(KernelMechanism::Fentry));
@@ -243,98 +440,83 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     open.progs.fl_kmexit.set_autoload(km(KernelMechanism::KprobeMulti));
     open.progs.fl_kpentry.set_autoload(km(KernelMechanism::Kprobe));
     open.progs.fl_kpexit.set_autoload(km(KernelMechanism::Kprobe));
-    // fentry: the kernel's BTF, read once, names each function's prototype.
-    let btf = if km(KernelMechanism::Fentry) { Some(VmlinuxBtf::load()?) } else { None };
-    if let Some(btf) = &btf {
-        // The template is verified against one function, the one with the
-        // fewest arguments (any trampoline takes it); the others get copies
-        // of its instructions (kfunc::fentry_clone).
-        let template =
-            kfuncs.iter().filter_map(|f| Some((btf.func_args(f.1)?, f.1))).min().map(|(_, n)| n).unwrap_or(kfuncs[0].1);
-        open.progs.fl_kentry.set_attach_target(0, Some(template.to_string()))?;
-        open.progs.fl_kexit.set_attach_target(0, Some(template.to_string()))?;
-    }
-    let skel = open.load().context("loading BPF programs")?;
-    tf.fill_pids(&skel.maps.tf_pids)?;
-    let session = crate::engine::unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
-    let mut links = Vec::new();
-    if plan.tables {
-        links.push(Attachment::Lib(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?));
-    }
-    let mut unprobeable: Vec<usize> = Vec::new();
-    // Processes user-function probes are placed in (-1: every process).
-    let upids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
-    // Returns before entries, so no call is entered without its return
-    // being caught (it would sit in its thread's stack for ever).
-    for ret in [true, false] {
-        if umulti {
-            attach_user_multi(&skel, &upids, probes, ret, &mut links)?;
-        }
-        for (i, p) in probes.iter().enumerate() {
-            let cookie = i as u64;
-            match &p.kind {
-                ProbeKind::User { .. } if umulti => {}
-                ProbeKind::User { .. } if unprobeable.contains(&i) => {}
-                ProbeKind::User { path, offset } => {
-                    let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
-                    for &pid in &upids {
-                        let opts = UprobeOpts { cookie, retprobe: ret, ..Default::default() };
-                        match prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts) {
-                            Ok(l) => links.push(Attachment::Lib(l)),
-                            // ENOTSUPP: the kernel cannot place a uprobe on this
-                            // function's first instruction. Skipped and reported
-                            // when other functions remain.
-                            Err(e) if ret && format!("{e:#}").contains("(os error 524)") => {
-                                unprobeable.push(i);
-                                break;
-                            }
-                            Err(e) => {
-                                return Err(anyhow::Error::new(e).context(format!(
-                                    "attaching a uprobe to {} ({} at {offset:#x})",
-                                    p.name,
-                                    path.display()
-                                )))
-                            }
-                        }
-                    }
-                }
-                ProbeKind::Syscall(name) => {
-                    let (prog, tp) = if ret {
-                        (&skel.progs.fl_sys_exit, format!("sys_exit_{name}"))
-                    } else {
-                        (&skel.progs.fl_sys_enter, format!("sys_enter_{name}"))
-                    };
-                    let opts = TracepointOpts { cookie, ..Default::default() };
-                    links.push(Attachment::Lib(
-                        prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts)
-                            .with_context(|| format!("attaching syscalls:{tp}"))?,
-                    ));
-                }
-                ProbeKind::Softirq(_) | ProbeKind::Kernel(_) => {}
+}
+
+/// A uprobe (or uretprobe: `ret`) on user function `p` (target `i`), in each
+/// process of `pids`. Returns false when the kernel refuses the uretprobe
+/// with ENOTSUPP (it cannot place a uprobe on the function's first
+/// instruction): the function is then skipped, and reported when other
+/// functions remain.
+fn attach_uprobe(
+    skel: &FunclatencySkel<'_>,
+    pids: &[i32],
+    i: usize,
+    p: &Probe,
+    ret: bool,
+    links: &mut Vec<Attachment>,
+) -> anyhow::Result<bool> {
+    let ProbeKind::User { path, offset } = &p.kind else { return Ok(true) };
+    let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
+    for &pid in pids {
+        let opts = UprobeOpts { cookie: i as u64, retprobe: ret, ..Default::default() };
+        match prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts) {
+            Ok(l) => links.push(Attachment::Lib(l)),
+            Err(e) if ret && format!("{e:#}").contains("(os error 524)") => return Ok(false),
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "attaching a uprobe to {} ({} at {offset:#x})",
+                    p.name,
+                    path.display()
+                )))
             }
         }
-        if !kfuncs.is_empty() {
-            attach_kernel(&skel, kmech, btf.as_ref(), &kfuncs, ret, &mut links, &mut unprobeable)?;
-        }
     }
-    if softirq {
-        let (entry, exit) = if typed {
-            (&skel.progs.fl_btf_softirq_entry, &skel.progs.fl_btf_softirq_exit)
-        } else {
-            (&skel.progs.fl_raw_softirq_entry, &skel.progs.fl_raw_softirq_exit)
-        };
-        links.push(Attachment::Lib(exit.attach().context("attaching irq:softirq_exit")?));
-        links.push(Attachment::Lib(entry.attach().context("attaching irq:softirq_entry")?));
-    }
-    if let Some(c) = slow {
-        let samplers = crate::engine::perf::attach_sampling(
-            &skel.progs.fl_sample,
-            crate::engine::perf::Counter::CpuClock,
-            c.hz,
-            |cpu, e| anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
-        )?;
-        links.extend(samplers.into_iter().map(Attachment::Lib));
-    }
+    Ok(true)
+}
+
+/// The syscalls:sys_exit_NAME (`ret`) or sys_enter_NAME tracepoint of
+/// target `i`.
+fn attach_syscall(skel: &FunclatencySkel<'_>, i: usize, name: &str, ret: bool) -> anyhow::Result<Attachment> {
+    let (prog, tp) = if ret {
+        (&skel.progs.fl_sys_exit, format!("sys_exit_{name}"))
+    } else {
+        (&skel.progs.fl_sys_enter, format!("sys_enter_{name}"))
+    };
+    let opts = TracepointOpts { cookie: i as u64, ..Default::default() };
+    Ok(Attachment::Lib(
+        prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts)
+            .with_context(|| format!("attaching syscalls:{tp}"))?,
+    ))
+}
+
+/// irq:softirq_exit, then irq:softirq_entry, by tp_btf (`typed`) or raw_tp.
+fn attach_softirqs(skel: &FunclatencySkel<'_>, typed: bool, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+    let (entry, exit) = if typed {
+        (&skel.progs.fl_btf_softirq_entry, &skel.progs.fl_btf_softirq_exit)
+    } else {
+        (&skel.progs.fl_raw_softirq_entry, &skel.progs.fl_raw_softirq_exit)
+    };
+    links.push(Attachment::Lib(exit.attach().context("attaching irq:softirq_exit")?));
+    links.push(Attachment::Lib(entry.attach().context("attaching irq:softirq_entry")?));
+    Ok(())
+}
+
+/// slow's timer: a perf event per CPU at `hz` samples per second.
+fn attach_sampler(skel: &FunclatencySkel<'_>, hz: u64, links: &mut Vec<Attachment>) -> anyhow::Result<()> {
+    let samplers = crate::engine::perf::attach_sampling(
+        &skel.progs.fl_sample,
+        crate::engine::perf::Counter::CpuClock,
+        hz,
+        |cpu, e| anyhow::Error::new(e).context(format!("opening a perf event on CPU {cpu}")),
+    )?;
+    links.extend(samplers.into_iter().map(Attachment::Lib));
+    Ok(())
+}
+
+/// Fails when the kernel refused every user function, or every kernel
+/// function (target indexes in `unprobeable`): then nothing of that kind
+/// would be timed.
+fn check_refusals(probes: &[Probe], kfuncs: &[(u64, &str)], unprobeable: &[usize]) -> anyhow::Result<()> {
     let n_user = probes.iter().filter(|p| matches!(p.kind, ProbeKind::User { .. })).count();
     let user_refused = unprobeable.iter().filter(|&&i| matches!(probes[i].kind, ProbeKind::User { .. })).count();
     if n_user > 0 && user_refused == n_user {
@@ -346,8 +528,7 @@ fn load(pids: &[u32], tf: &TaskFilter, probes: &[Probe], way: Way, slow: Option<
     if !kfuncs.is_empty() && unprobeable.len() - user_refused == kfuncs.len() {
         anyhow::bail!("the kernel refuses every one of the {} kernel functions by this mechanism", kfuncs.len());
     }
-    let unprobeable = unprobeable.into_iter().map(|i| probes[i].name.clone()).collect();
-    Ok(Loaded { skel, links, kernel: kmech.filter(|_| !kfuncs.is_empty()), umulti, unprobeable, session })
+    Ok(())
 }
 
 /// One uprobe.multi link per binary (and per -p process) for the entries or
@@ -390,9 +571,6 @@ fn attach_user_multi(
 
 /// Attaches the entry (`ret` false) or return probes of kernel functions
 /// `kfuncs` (cookie = target index, name) by `kmech`.
-/// With fentry, a function the kernel will not trampoline (ENOTSUPP: e.g.
-/// more arguments than registers; or no BTF prototype) is skipped and its
-/// target index put in `unprobeable`, when other functions remain.
 fn attach_kernel(
     skel: &FunclatencySkel<'_>,
     kmech: Option<KernelMechanism>,
@@ -402,56 +580,97 @@ fn attach_kernel(
     links: &mut Vec<Attachment>,
     unprobeable: &mut Vec<usize>,
 ) -> anyhow::Result<()> {
-    let dir = if ret { "return" } else { "entry" };
     match kmech {
         Some(KernelMechanism::Fentry) => {
             let btf = btf.context("fentry without the kernel's BTF")?;
-            let template = if ret { &skel.progs.fl_kexit } else { &skel.progs.fl_kentry };
-            for &(cookie, name) in kfuncs {
-                if unprobeable.contains(&(cookie as usize)) {
-                    continue;
-                }
-                let attached = match btf.func_id(name) {
-                    Some(id) => fentry_clone(template, ret, id, cookie),
-                    None => Err(anyhow::anyhow!("{name}: not in the kernel's BTF (a module function?), so no fentry")),
-                };
-                match attached {
-                    Ok(a) => links.push(a),
-                    // Returns are attached first: a refusal there skips the function.
-                    Err(e) if ret && kfuncs.len() > 1 => {
-                        if std::env::var_os("SONDE_DEBUG").is_some() {
-                            eprintln!("sonde: kernel:{name}: {e:#}");
-                        }
-                        unprobeable.push(cookie as usize);
-                    }
-                    Err(e) => return Err(e.context(format!("kernel:{name} ({dir})"))),
-                }
-            }
+            attach_fentry(skel, btf, kfuncs, ret, links, unprobeable)
         }
-        Some(KernelMechanism::KprobeMulti) => {
-            let prog = if ret { &skel.progs.fl_kmexit } else { &skel.progs.fl_kmentry };
-            let opts = KprobeMultiOpts {
-                symbols: kfuncs.iter().map(|f| f.1.to_string()).collect(),
-                cookies: kfuncs.iter().map(|f| f.0).collect(),
-                retprobe: ret,
-                ..Default::default()
-            };
-            links.push(Attachment::Lib(
-                prog.attach_kprobe_multi_with_opts(opts)
-                    .with_context(|| format!("attaching kprobe.multi ({dir}) to {} functions", kfuncs.len()))?,
-            ));
-        }
-        Some(KernelMechanism::Kprobe) => {
-            let prog = if ret { &skel.progs.fl_kpexit } else { &skel.progs.fl_kpentry };
-            for &(cookie, name) in kfuncs {
-                let opts = KprobeOpts { cookie, ..Default::default() };
-                links.push(Attachment::Lib(
-                    prog.attach_kprobe_with_opts(ret, name, opts)
-                        .with_context(|| format!("kprobe on kernel:{name} ({dir})"))?,
-                ));
-            }
-        }
+        Some(KernelMechanism::KprobeMulti) => attach_kprobe_multi(skel, kfuncs, ret, links),
+        Some(KernelMechanism::Kprobe) => attach_kprobes(skel, kfuncs, ret, links),
         None => anyhow::bail!("kernel functions without a mechanism"),
+    }
+}
+
+fn direction(ret: bool) -> &'static str {
+    if ret {
+        "return"
+    } else {
+        "entry"
+    }
+}
+
+/// fentry (or fexit: `ret`) on each kernel function, a copy of the loaded
+/// template per function. A function the kernel will not trampoline
+/// (ENOTSUPP: e.g. more arguments than registers; or no BTF prototype) is
+/// skipped and its target index put in `unprobeable`, when other functions
+/// remain.
+fn attach_fentry(
+    skel: &FunclatencySkel<'_>,
+    btf: &VmlinuxBtf,
+    kfuncs: &[(u64, &str)],
+    ret: bool,
+    links: &mut Vec<Attachment>,
+    unprobeable: &mut Vec<usize>,
+) -> anyhow::Result<()> {
+    let template = if ret { &skel.progs.fl_kexit } else { &skel.progs.fl_kentry };
+    for &(cookie, name) in kfuncs {
+        if unprobeable.contains(&(cookie as usize)) {
+            continue;
+        }
+        let attached = match btf.func_id(name) {
+            Some(id) => fentry_clone(template, ret, id, cookie),
+            None => Err(anyhow::anyhow!("{name}: not in the kernel's BTF (a module function?), so no fentry")),
+        };
+        match attached {
+            Ok(a) => links.push(a),
+            // Returns are attached first: a refusal there skips the function.
+            Err(e) if ret && kfuncs.len() > 1 => {
+                if std::env::var_os("SONDE_DEBUG").is_some() {
+                    eprintln!("sonde: kernel:{name}: {e:#}");
+                }
+                unprobeable.push(cookie as usize);
+            }
+            Err(e) => return Err(e.context(format!("kernel:{name} ({})", direction(ret)))),
+        }
+    }
+    Ok(())
+}
+
+/// One kprobe.multi (or kretprobe.multi: `ret`) link for every kernel function.
+fn attach_kprobe_multi(
+    skel: &FunclatencySkel<'_>,
+    kfuncs: &[(u64, &str)],
+    ret: bool,
+    links: &mut Vec<Attachment>,
+) -> anyhow::Result<()> {
+    let prog = if ret { &skel.progs.fl_kmexit } else { &skel.progs.fl_kmentry };
+    let opts = KprobeMultiOpts {
+        symbols: kfuncs.iter().map(|f| f.1.to_string()).collect(),
+        cookies: kfuncs.iter().map(|f| f.0).collect(),
+        retprobe: ret,
+        ..Default::default()
+    };
+    links.push(Attachment::Lib(
+        prog.attach_kprobe_multi_with_opts(opts)
+            .with_context(|| format!("attaching kprobe.multi ({}) to {} functions", direction(ret), kfuncs.len()))?,
+    ));
+    Ok(())
+}
+
+/// A kprobe (or kretprobe: `ret`) per kernel function.
+fn attach_kprobes(
+    skel: &FunclatencySkel<'_>,
+    kfuncs: &[(u64, &str)],
+    ret: bool,
+    links: &mut Vec<Attachment>,
+) -> anyhow::Result<()> {
+    let prog = if ret { &skel.progs.fl_kpexit } else { &skel.progs.fl_kpentry };
+    for &(cookie, name) in kfuncs {
+        let opts = KprobeOpts { cookie, ..Default::default() };
+        links.push(Attachment::Lib(
+            prog.attach_kprobe_with_opts(ret, name, opts)
+                .with_context(|| format!("kprobe on kernel:{name} ({})", direction(ret)))?,
+        ));
     }
     Ok(())
 }
@@ -501,7 +720,7 @@ fn load_with_fallback(
         }
         let mut errs: Vec<anyhow::Error> = Vec::new();
         for way in ways {
-            match load(pids, tf, probes, way, slow) {
+            match load_way(pids, tf, probes, way, slow) {
                 Ok(l) => return Ok(l),
                 Err(e) => errs.push(e),
             }
@@ -524,7 +743,6 @@ fn load_with_fallback(
     )))
 }
 
-/// Every target's histogram, summed over CPUs.
 /// Calls in flight per target and the oldest start, from the per-thread
 /// stacks (struct fl_stack) and the per-CPU softirq starts.
 fn in_flight(skel: &FunclatencySkel<'_>, probes: &[Probe]) -> anyhow::Result<Vec<(u64, u64)>> {
@@ -576,30 +794,6 @@ fn prune_dead_threads(map: &dyn MapCore) {
     }
 }
 
-/// Says which functions the kernel refused a uprobe on, if any.
-fn unprobeable_note(summary: &serde_json::Value) {
-    let names: Vec<&str> =
-        summary["unprobeable"].as_array().map(|a| a.iter().filter_map(|v| v.as_str()).collect()).unwrap_or_default();
-    if !names.is_empty() {
-        let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };
-        eprintln!("not traced: the kernel refused a probe on {}{more} (a uprobe: ENOTSUPP; fentry: no trampoline or BTF for it)", names[..names.len().min(5)].join(", "));
-    }
-}
-
-fn target_json(r: &TargetResult, interval: Option<u64>) -> serde_json::Value {
-    let h = &r.hist;
-    let mut v = serde_json::json!({
-        "type": "latency", "target": r.probe.name, "count": h.count, "in_flight": r.in_flight,
-        "buckets": h.json_buckets(),
-        "avg_ns": h.avg_ns(), "p50_ns": h.quantile_ns(0.5), "p90_ns": h.quantile_ns(0.9), "p99_ns": h.quantile_ns(0.99), "max_ns": h.max_ns,
-        "oldest_in_flight_ns": r.oldest_in_flight_ns,
-    });
-    if let Some(i) = interval {
-        v["interval"] = i.into();
-    }
-    v
-}
-
 fn target_text(r: &TargetResult) -> String {
     let h = &r.hist;
     let mut s = format!(
@@ -622,24 +816,69 @@ fn target_text(r: &TargetResult) -> String {
     s
 }
 
-/// Runs funclatency; `ready` is called once every probe is attached.
-pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+/// Says which functions the kernel refused a probe on, if any.
+fn unprobeable_note(names: &[String]) {
+    if !names.is_empty() {
+        let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };
+        eprintln!("not traced: the kernel refused a probe on {}{more} (a uprobe: ENOTSUPP; fentry: no trampoline or BTF for it)", names[..names.len().min(5)].join(", "));
+    }
+}
+
+/// What the maps held when tracing stopped, read before anything is
+/// detached (detaching makes returns without entries of their own).
+struct AtStop {
+    /// Every target's histogram, summed over CPUs.
+    hists: Vec<Hist>,
+    /// Per target: calls in flight and the oldest one's age.
+    flight: Vec<(u64, u64)>,
+    not_timed: NotTimed,
+    /// From attaching to the stop.
+    elapsed: Duration,
+}
+
+/// Reads the calls in flight, the histograms and the not-timed counts.
+fn read_at_stop(skel: &FunclatencySkel<'_>, probes: &[Probe], attached: Instant) -> anyhow::Result<AtStop> {
+    let flight = in_flight(skel, probes)?;
+    let hists = crate::engine::hist::read_percpu(&skel.maps.hists, probes.len())?;
+    let elapsed = attached.elapsed();
+    let st = |slot| percpu_sum(&skel.maps.stats, slot);
+    let not_timed = NotTimed {
+        too_deep: st(FL_TOO_DEEP)?,
+        threads_full: st(FL_THREADS_FULL)?,
+        unmatched_returns: st(FL_UNMATCHED)?,
+    };
+    Ok(AtStop { hists, flight, not_timed, elapsed })
+}
+
+/// Step 1: checks the arguments and resolves the targets into probes.
+fn validate(a: &FunclatencyArgs) -> anyhow::Result<(TaskFilter, Vec<Probe>)> {
     if a.interval.is_some_and(|i| i < Duration::from_millis(100)) {
         return Err(usage("-i: at least 100ms"));
     }
-    let (tf, probes) = a.scope.resolve()?;
+    a.scope.resolve()
+}
+
+/// Step 2: loads and attaches, by the first way the kernel allows.
+fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe]) -> anyhow::Result<Loaded> {
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, None)?;
-    ctl.start_clock();
-    let attached = Instant::now();
-    let skel = &loaded.skel;
-    ready();
+    load_with_fallback(&a.scope.pid, tf, probes, &a.scope, None)
+}
+
+/// Step 3: waits for the stop, pruning dead threads' stacks every second
+/// and, with -i, printing each interval's calls.
+fn poll(
+    a: &FunclatencyArgs,
+    ctl: &RunControl,
+    skel: &FunclatencySkel<'_>,
+    probes: &[Probe],
+    attached: Instant,
+) -> anyhow::Result<Stop> {
     let n = probes.len();
     let mut last = vec![Hist::default(); n];
     let mut next_prune = attached + Duration::from_secs(1);
     let mut interval_no = 0u64;
-    let stop = poll_until_stop(None, ctl, a.interval, |due| {
+    poll_until_stop(None, ctl, a.interval, |due| {
         if Instant::now() >= next_prune {
             prune_dead_threads(&skel.maps.stacks);
             next_prune = Instant::now() + Duration::from_secs(1);
@@ -647,37 +886,38 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
         let Some(iv) = a.interval.filter(|_| due) else { return Ok(()) };
         interval_no += 1;
         let now = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
-        for (i, p) in probes.iter().enumerate() {
-            let r =
-                TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
-            if a.json {
-                crate::outln!("{}", target_json(&r, Some(interval_no)))?;
-            } else if r.hist.count > 0 {
-                crate::out!("{}", target_text(&r))?;
-            }
-        }
-        if !a.json {
-            crate::outln!("-- interval {interval_no} ({} s)", iv.as_secs_f64())?;
-        }
+        print_interval(a.json, probes, &now, &last, interval_no, iv)?;
         last = now;
         Ok(())
-    })?;
-    // Calls in flight now, before anything is detached.
-    let flight = in_flight(skel, &probes)?;
-    let hists = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
-    let elapsed = attached.elapsed();
-    // Counted at the stop, like the histograms: detaching makes returns
-    // without entries of its own.
-    let st = |slot| percpu_sum(&skel.maps.stats, slot);
-    let (too_deep, threads_full, unmatched) = (st(FL_TOO_DEEP)?, st(FL_THREADS_FULL)?, st(FL_UNMATCHED)?);
-    let kernel_mechanism = loaded.kernel.map(KernelMechanism::name);
-    let unprobeable = std::mem::take(&mut loaded.unprobeable);
-    let uprobe_mechanism = probes
-        .iter()
-        .any(|p| matches!(p.kind, ProbeKind::User { .. }))
-        .then_some(if loaded.umulti { "uprobe-multi" } else { "uprobe" });
-    detach(loaded.links);
-    let targets: Vec<TargetResult> = probes
+    })
+}
+
+/// Prints the calls of interval `no` (histograms `now` less `last`).
+fn print_interval(
+    json: bool,
+    probes: &[Probe],
+    now: &[Hist],
+    last: &[Hist],
+    no: u64,
+    iv: Duration,
+) -> anyhow::Result<()> {
+    for (i, p) in probes.iter().enumerate() {
+        let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
+        if json {
+            json_line(&LatencyLine::new(&r, Some(no)))?;
+        } else if r.hist.count > 0 {
+            crate::out!("{}", target_text(&r))?;
+        }
+    }
+    if !json {
+        crate::outln!("-- interval {no} ({} s)", iv.as_secs_f64())?;
+    }
+    Ok(())
+}
+
+/// Each probe with its histogram and calls in flight.
+fn target_results(probes: Vec<Probe>, hists: Vec<Hist>, flight: Vec<(u64, u64)>) -> Vec<TargetResult> {
+    probes
         .into_iter()
         .zip(hists)
         .zip(flight)
@@ -687,13 +927,37 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
             in_flight,
             oldest_in_flight_ns: oldest,
         })
-        .collect();
-    let calls: u64 = targets.iter().map(|t| t.hist.count).sum();
-    let summary = serde_json::json!({
-        "type": "summary", "duration_s": elapsed.as_secs_f64(), "targets": targets.len(), "calls": calls, "kernel_mechanism": kernel_mechanism, "uprobe_mechanism": uprobe_mechanism, "unprobeable": unprobeable,
-        "in_flight": targets.iter().map(|t| t.in_flight).sum::<u64>(),
-        "not_timed": {"too_deep": too_deep, "threads_full": threads_full, "unmatched_returns": unmatched},
-    });
+        .collect()
+}
+
+/// Step 4: the summary of the targets' results.
+fn summary(targets: &[TargetResult], elapsed: Duration, not_timed: NotTimed, probing: Probing) -> Summary {
+    let user = targets.iter().any(|t| matches!(t.probe.kind, ProbeKind::User { .. }));
+    Summary {
+        ty: "summary",
+        duration_s: elapsed.as_secs_f64(),
+        targets: targets.len(),
+        calls: targets.iter().map(|t| t.hist.count).sum(),
+        in_flight: targets.iter().map(|t| t.in_flight).sum(),
+        not_timed,
+        uprobe_mechanism: user.then_some(if probing.umulti { "uprobe-multi" } else { "uprobe" }),
+        kernel_mechanism: probing.kernel.map(KernelMechanism::name),
+        unprobeable: probing.unprobeable,
+    }
+}
+
+/// Runs funclatency; `ready` is called once every probe is attached.
+pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+    let (tf, probes) = validate(a)?;
+    let loaded = load(a, &tf, &probes)?;
+    ctl.start_clock();
+    let attached = Instant::now();
+    ready();
+    let stop = poll(a, ctl, &loaded.skel, &probes, attached)?;
+    let at_stop = read_at_stop(&loaded.skel, &probes, attached)?;
+    detach(loaded.links);
+    let targets = target_results(probes, at_stop.hists, at_stop.flight);
+    let summary = summary(&targets, at_stop.elapsed, at_stop.not_timed, loaded.probing);
     Ok(Outcome { targets, summary, stop })
 }
 
@@ -702,21 +966,32 @@ pub fn run(a: &FunclatencyArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.scope.duration)?;
     let out = run_with(a, &ctl, || eprintln!("sonde: timing calls; Ctrl-C ends and prints the histograms"))?;
     if a.json {
-        for t in &out.targets {
-            crate::outln!("{}", target_json(t, None))?;
-        }
-        crate::outln!("{}", out.summary)?;
+        print_json(&out)?;
     } else {
-        for t in &out.targets {
-            crate::out!("{}", target_text(t))?;
-        }
-        let s = &out.summary;
-        let nt = &s["not_timed"];
-        eprintln!(
-            "{} calls in {} targets over {:.1} s; {} in flight at the end; not timed: {} nested deeper than {DEPTH}, {} with the thread map full, {} returns whose entry was not seen",
-            s["calls"], s["targets"], s["duration_s"].as_f64().unwrap_or(0.0), s["in_flight"], nt["too_deep"], nt["threads_full"], nt["unmatched_returns"]
-        );
-        unprobeable_note(s);
+        print_text(&out)?;
     }
     Ok(out.stop.exit_code())
+}
+
+/// A line per target, then the summary.
+fn print_json(out: &Outcome) -> anyhow::Result<()> {
+    for t in &out.targets {
+        json_line(&LatencyLine::new(t, None))?;
+    }
+    json_line(&out.summary)
+}
+
+/// Each target's histogram; the totals and what was not timed to stderr.
+fn print_text(out: &Outcome) -> anyhow::Result<()> {
+    for t in &out.targets {
+        crate::out!("{}", target_text(t))?;
+    }
+    let s = &out.summary;
+    let nt = &s.not_timed;
+    eprintln!(
+        "{} calls in {} targets over {:.1} s; {} in flight at the end; not timed: {} nested deeper than {DEPTH}, {} with the thread map full, {} returns whose entry was not seen",
+        s.calls, s.targets, s.duration_s, s.in_flight, nt.too_deep, nt.threads_full, nt.unmatched_returns
+    );
+    unprobeable_note(&s.unprobeable);
+    Ok(())
 }

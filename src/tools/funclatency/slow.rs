@@ -1,15 +1,27 @@
 //! `sonde slow`: calls over a threshold with their callers' stacks, and a
 //! flame graph of what they were doing while already slow. Shares its kernel
 //! half (funclatency.bpf.c) and target syntax with `funclatency`.
-use std::{cell::RefCell, path::PathBuf, rc::Rc, time::Duration};
+//!
+//! [`run_with`] goes through the lifecycle in order: `validate`, `load`,
+//! `drain` the ring buffer of slow calls until the stop, `read_at_stop`
+//! before anything is detached, then `detach`, `slow_calls` (their callers'
+//! stacks), `flame_graph` (the samples, written to -o) and the typed
+//! [`Summary`]. [`run`] prints with `print_json` or `print_text`.
+use std::{
+    cell::RefCell,
+    path::PathBuf,
+    rc::Rc,
+    time::{Duration, Instant},
+};
 
 use anyhow::Context;
 use clap::Args;
-use libbpf_rs::RingBufferBuilder;
+use libbpf_rs::{RingBuffer, RingBufferBuilder};
+use serde::Serialize;
 
 use super::{
-    in_flight, load_with_fallback, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS,
-    FL_THREADS_FULL, FL_TOO_DEEP, FL_UNMATCHED,
+    detach, load_with_fallback, read_at_stop, skel::FunclatencySkel, targets::Probe, AtStop, KernelMechanism, Loaded,
+    NotTimed, Probing, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS,
 };
 use crate::engine::hist::human;
 use crate::engine::{
@@ -17,10 +29,12 @@ use crate::engine::{
     features,
     perf::percpu_sum,
     pprof::Weight,
+    render::Format,
     run::{duration_arg, RunControl, Stop},
-    stacks::{read_stack, read_walked, RawSample, Stack, StackMaps, SymStats, Symbols},
-    stacktool::{self, StackLoss},
-    unwind::{self, UnwindArgs},
+    stacks::{read_stack, read_walked, Images, RawSample, Stack, StackMaps, SymStats, Symbols},
+    stacktool::{self, Finished, StackLoss},
+    taskfilter::TaskFilter,
+    unwind::{self, UnwMaps, UnwindArgs},
 };
 
 /// Most slow calls kept for the list (all are counted).
@@ -91,16 +105,79 @@ pub struct SlowCall {
     pub stack: Stack,
 }
 
+/// What was lost: stacks (the fields of [`StackLoss::json_fields`]) and slow
+/// calls.
+#[derive(Debug, Clone, Serialize)]
+pub struct Lost {
+    /// Stack counters, by their summary names.
+    #[serde(flatten)]
+    pub stacks: serde_json::Map<String, serde_json::Value>,
+    /// Slow calls dropped because the ring buffer was full.
+    pub slow_calls: u64,
+}
+
+/// The last `--json` line of a run; the text summary is printed from it too.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    /// Time from attaching to the stop.
+    pub duration_s: f64,
+    /// The threshold.
+    pub over_ns: u64,
+    /// Calls timed, over every target.
+    pub calls: u64,
+    /// Calls over the threshold (all counted; up to 100,000 kept).
+    pub slow_calls: u64,
+    /// Calls still running at the stop.
+    pub in_flight: u64,
+    /// Those of them already past the threshold.
+    pub in_flight_over: u64,
+    /// Timer samples inside slow calls.
+    pub samples: u64,
+    /// Timer samples of threads not inside a slow call.
+    pub samples_outside_slow_calls: u64,
+    /// Unique stacks read from the kernel.
+    pub unique_stacks: u64,
+    /// What was lost.
+    pub lost: Lost,
+    /// Calls that were not timed.
+    pub not_timed: NotTimed,
+    /// Stacks truncated, over the slow calls' and the samples'.
+    pub truncated_stacks: u64,
+    /// `truncated_by` and `unwind`, as every stack tool reports them
+    /// ([`stacktool::unwind_json`]).
+    #[serde(flatten)]
+    pub unwind: serde_json::Value,
+    /// "fentry", "kprobe-multi" or "kprobe" when there are kernel functions (else null).
+    pub kernel_mechanism: Option<&'static str>,
+    /// Functions the kernel refused a probe on, not traced.
+    pub unprobeable: Vec<String>,
+}
+
 /// What a run saw.
 pub struct Outcome {
     /// The slowest calls kept, slowest first.
     pub calls: Vec<SlowCall>,
     /// Samples inside slow calls, rooted at `TARGET [process]`.
     pub stacks: Vec<Stack>,
-    /// Summary JSON.
-    pub summary: serde_json::Value,
+    /// The summary.
+    pub summary: Summary,
     /// Why it stopped.
     pub stop: Stop,
+}
+
+/// A slow call's `--json` line.
+#[derive(Serialize)]
+struct SlowCallLine<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    target: &'a str,
+    latency_ns: u64,
+    pid: u32,
+    tid: u32,
+    comm: &'a str,
+    stack: Vec<String>,
 }
 
 struct Event {
@@ -133,78 +210,96 @@ fn parse(d: &[u8]) -> Option<Event> {
     })
 }
 
-/// Runs slow; `ready` is called once everything is attached.
-pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+/// Slow calls from the ring buffer: the first [`KEEP`], and how many there were.
+#[derive(Default)]
+struct Seen {
+    kept: Vec<Event>,
+    total: u64,
+}
+
+/// The -o files and their formats.
+type Outs = Vec<(PathBuf, Format)>;
+
+/// Step 1: checks the arguments and the -o files, and resolves the targets.
+fn validate(a: &SlowArgs) -> anyhow::Result<(Outs, TaskFilter, Vec<Probe>)> {
     if a.frequency == 0 || a.frequency > 10_000 {
         return Err(usage(format!("-F {}: pick 1 to 10000 samples per second", a.frequency)));
     }
     let outs = stacktool::check_outputs(&a.output)?;
     let (tf, probes) = a.scope.resolve()?;
+    Ok((outs, tf, probes))
+}
+
+/// Step 2: loads and attaches funclatency's kernel half with the sampler,
+/// by the first way the kernel allows.
+fn load(a: &SlowArgs, tf: &TaskFilter, probes: &[Probe]) -> anyhow::Result<Loaded> {
     features::require_tracing_privileges()?;
     stacktool::raise_open_files();
-    let plan = unwind::Plan::new(&a.unwind)?;
     let cfg = SlowCfg {
         over_ns: a.over.as_nanos() as u64,
         hz: a.frequency,
         want_kernel: !a.user_only,
         want_user: !a.kernel_only,
-        unwind: plan,
+        unwind: unwind::Plan::new(&a.unwind)?,
     };
-    let mut loaded = load_with_fallback(&a.scope.pid, &tf, &probes, &a.scope, Some(&cfg))?;
-    ctl.start_clock();
-    let attached = std::time::Instant::now();
-    let skel = &loaded.skel;
-    let um = crate::unw_maps!(skel);
-    let events: Rc<RefCell<(Vec<Event>, u64)>> = Rc::default();
-    let sink = events.clone();
+    load_with_fallback(&a.scope.pid, tf, probes, &a.scope, Some(&cfg))
+}
+
+/// The ring buffer of slow calls, gathered into the returned [`Seen`].
+fn ring<'a>(skel: &'a FunclatencySkel<'_>) -> anyhow::Result<(Rc<RefCell<Seen>>, RingBuffer<'a>)> {
+    let seen: Rc<RefCell<Seen>> = Rc::default();
+    let sink = seen.clone();
     let mut rb = RingBufferBuilder::new();
     rb.add(&skel.maps.slow_events, move |d: &[u8]| {
         if let Some(e) = parse(d) {
             let mut s = sink.borrow_mut();
-            s.1 += 1;
-            if s.0.len() < KEEP {
-                s.0.push(e);
+            s.total += 1;
+            if s.kept.len() < KEEP {
+                s.kept.push(e);
             }
         }
         0
     })?;
-    let rb = rb.build().context("setting up the ring buffer")?;
-    ready();
-    let seen = events.clone();
+    Ok((seen, rb.build().context("setting up the ring buffer")?))
+}
+
+/// Step 3: drains the ring buffer until the stop, noting the processes
+/// whose stacks will be symbolized.
+fn drain(
+    a: &SlowArgs,
+    ctl: &RunControl,
+    skel: &FunclatencySkel<'_>,
+    unw: (&mut unwind::Session, &UnwMaps<'_>),
+    rb: &RingBuffer<'_>,
+    seen: &RefCell<Seen>,
+) -> anyhow::Result<(Stop, Images)> {
     let mut observed = 0usize;
-    let (stop, mut images) = stacktool::run_until_stop(
+    stacktool::run_until_stop(
         &skel.maps.stk_counts,
         ctl,
         a.scope.duration,
-        Some(&rb),
-        (&mut loaded.session, &um),
+        Some(rb),
+        unw,
         || {
             // As in funclatency: a thread that exits inside a call would keep
             // it in flight, old enough to look slow to the sampler.
             super::prune_dead_threads(&skel.maps.stacks);
             let s = seen.borrow();
-            let pids: Vec<u32> = s.0[observed.min(s.0.len())..].iter().map(|e| e.pid).collect();
-            observed = s.0.len();
+            let pids: Vec<u32> = s.kept[observed.min(s.kept.len())..].iter().map(|e| e.pid).collect();
+            observed = s.kept.len();
             pids
         },
-        || Ok(format!("sonde slow: {} calls over {}", seen.borrow().1, human(a.over.as_nanos() as u64))),
-    )?;
-    let n = probes.len();
-    let flight = in_flight(skel, &probes)?;
-    let hists = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
-    let elapsed = attached.elapsed();
-    // Counted at the stop: detaching makes returns without entries.
-    let st = |slot| percpu_sum(&skel.maps.stats, slot);
-    let not_timed = serde_json::json!({"too_deep": st(FL_TOO_DEEP)?, "threads_full": st(FL_THREADS_FULL)?, "unmatched_returns": st(FL_UNMATCHED)?});
-    let kernel_mechanism = loaded.kernel.map(super::KernelMechanism::name);
-    let unprobeable = std::mem::take(&mut loaded.unprobeable);
-    super::detach(loaded.links);
-    let _ = rb.consume();
-    let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
-    let unwind = loaded.session.report(&um)?;
+        || Ok(format!("sonde slow: {} calls over {}", seen.borrow().total, human(a.over.as_nanos() as u64))),
+    )
+}
 
-    // The slow calls, slowest first, with their callers' stacks.
-    let (mut evs, slow_total) = std::mem::take(&mut *events.borrow_mut());
+/// Step 4: the slow calls, slowest first, with their callers' stacks.
+fn slow_calls(
+    skel: &FunclatencySkel<'_>,
+    probes: &[Probe],
+    mut evs: Vec<Event>,
+    images: &mut Images,
+) -> anyhow::Result<(Vec<SlowCall>, SymStats)> {
     evs.sort_by_key(|e| std::cmp::Reverse(e.latency_ns));
     let raws: Vec<RawSample> = evs
         .iter()
@@ -228,33 +323,44 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         images.observe(e.pid);
     }
     let mut sym = SymStats::default();
-    let entry_stacks = Symbols::default().stacks(&raws, &mut images, &mut sym);
-    let calls: Vec<SlowCall> = evs
-        .iter()
+    let entry_stacks = Symbols::default().stacks(&raws, images, &mut sym);
+    let calls = evs
+        .into_iter()
         .zip(entry_stacks)
         .map(|(e, stack)| SlowCall {
             target: probes.get(e.idx as usize).map(|p| p.name.clone()).unwrap_or_default(),
             latency_ns: e.latency_ns,
             pid: e.pid,
             tid: e.tid,
-            comm: e.comm.clone(),
+            comm: e.comm,
             stack,
         })
         .collect();
+    Ok((calls, sym))
+}
 
-    // The samples, rooted at their target.
+/// Step 5: the samples inside slow calls, rooted at their target, written
+/// to the -o files.
+fn flame_graph(
+    a: &SlowArgs,
+    outs: &[(PathBuf, Format)],
+    skel: &FunclatencySkel<'_>,
+    probes: &[Probe],
+    images: Images,
+    elapsed: Duration,
+) -> anyhow::Result<Finished> {
     let names: Vec<String> = probes.iter().map(|p| p.name.clone()).collect();
     let relabel = |s: &mut Stack| {
         let t = names.get((s.tid as usize).wrapping_sub(1)).cloned().unwrap_or_else(|| "?".into());
         s.process = format!("{t} [{}]", s.process);
         s.tid = 0;
     };
-    let f = stacktool::finish(
+    stacktool::finish(
         &skel.maps.stk_counts,
         StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
         images,
         &stacktool::Outputs {
-            outs: &outs,
+            outs,
             title: format!("sonde slow --over {}, {:.1} s", human(a.over.as_nanos() as u64), elapsed.as_secs_f64()),
             count_name: "samples",
             divisor: 1,
@@ -263,24 +369,73 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
             comment: format!("sonde slow --over {:?} -F {}", a.over, a.frequency),
             relabel: Some(&relabel),
         },
-    )?;
+    )
+}
+
+/// Everything the summary is made of, read at the stop.
+struct Totals {
+    at_stop: AtStop,
+    slow_total: u64,
+    loss: StackLoss,
+    unwind: unwind::Report,
+    /// Stacks truncated among the slow calls'.
+    call_sym: SymStats,
+}
+
+/// Step 6: the summary, with the sample and lost counts read now (after
+/// detaching).
+fn summary(
+    a: &SlowArgs,
+    skel: &FunclatencySkel<'_>,
+    t: Totals,
+    f: &Finished,
+    probing: Probing,
+) -> anyhow::Result<Summary> {
+    let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let over_ns = a.over.as_nanos() as u64;
-    let in_flight_slow: u64 = flight.iter().filter(|(c, age)| *c > 0 && *age >= over_ns).map(|(c, _)| *c).sum();
-    let mut lost = loss.json_fields();
-    lost.insert("slow_calls".into(), st(FL_SLOW_LOST)?.into());
-    let summary = serde_json::json!({
-        "type": "summary", "duration_s": elapsed.as_secs_f64(), "over_ns": over_ns, "kernel_mechanism": kernel_mechanism, "unprobeable": unprobeable,
-        "calls": hists.iter().map(|h| h.count).sum::<u64>(), "slow_calls": slow_total,
-        "in_flight": flight.iter().map(|f| f.0).sum::<u64>(), "in_flight_over": in_flight_slow,
-        "samples": st(FL_SAMPLES)?, "samples_outside_slow_calls": st(FL_SAMPLES_OUTSIDE)?,
-        "unique_stacks": f.unique, "lost": lost,
-        "not_timed": not_timed,
-        "truncated_stacks": f.sym.truncated_stacks + sym.truncated_stacks,
-    });
-    let mut summary = summary;
-    if let (Some(o), serde_json::Value::Object(u)) = (summary.as_object_mut(), stacktool::unwind_json(&f, &unwind)) {
-        o.extend(u);
-    }
+    let flight = &t.at_stop.flight;
+    let lost = Lost { stacks: t.loss.json_fields(), slow_calls: st(FL_SLOW_LOST)? };
+    Ok(Summary {
+        ty: "summary",
+        duration_s: t.at_stop.elapsed.as_secs_f64(),
+        over_ns,
+        calls: t.at_stop.hists.iter().map(|h| h.count).sum(),
+        slow_calls: t.slow_total,
+        in_flight: flight.iter().map(|f| f.0).sum(),
+        in_flight_over: flight.iter().filter(|(c, age)| *c > 0 && *age >= over_ns).map(|(c, _)| *c).sum(),
+        samples: st(FL_SAMPLES)?,
+        samples_outside_slow_calls: st(FL_SAMPLES_OUTSIDE)?,
+        unique_stacks: f.unique,
+        lost,
+        not_timed: t.at_stop.not_timed,
+        truncated_stacks: f.sym.truncated_stacks + t.call_sym.truncated_stacks,
+        unwind: stacktool::unwind_json(f, &t.unwind),
+        kernel_mechanism: probing.kernel.map(KernelMechanism::name),
+        unprobeable: probing.unprobeable,
+    })
+}
+
+/// Runs slow; `ready` is called once everything is attached.
+pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+    let (outs, tf, probes) = validate(a)?;
+    let mut loaded = load(a, &tf, &probes)?;
+    ctl.start_clock();
+    let attached = Instant::now();
+    let skel = &loaded.skel;
+    let um = crate::unw_maps!(skel);
+    let (seen, rb) = ring(skel)?;
+    ready();
+    let (stop, mut images) = drain(a, ctl, skel, (&mut loaded.session, &um), &rb, &seen)?;
+    let at_stop = read_at_stop(skel, &probes, attached)?;
+    detach(loaded.links);
+    let _ = rb.consume();
+    let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
+    let unwind = loaded.session.report(&um)?;
+    let Seen { kept, total: slow_total } = std::mem::take(&mut *seen.borrow_mut());
+    let (calls, call_sym) = slow_calls(skel, &probes, kept, &mut images)?;
+    let f = flame_graph(a, &outs, skel, &probes, images, at_stop.elapsed)?;
+    let totals = Totals { at_stop, slow_total, loss, unwind, call_sym };
+    let summary = summary(a, skel, totals, &f, loaded.probing)?;
     Ok(Outcome { calls, stacks: f.stacks, summary, stop })
 }
 
@@ -294,40 +449,77 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
     let out = run_with(a, &ctl, || {
         eprintln!("sonde: watching for calls over {}; Ctrl-C ends and reports", human(a.over.as_nanos() as u64))
     })?;
-    let s = &out.summary;
     if a.json {
-        use std::io::Write;
-        let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-        for c in &out.calls {
-            let j = serde_json::json!({"type": "slow_call", "target": c.target, "latency_ns": c.latency_ns, "pid": c.pid, "tid": c.tid, "comm": c.comm, "stack": names(&c.stack)});
-            writeln!(w, "{j}")?;
-        }
-        crate::engine::render::json_lines(&mut w, &out.stacks)?;
-        writeln!(w, "{s}")?;
-        w.flush()?;
-        return Ok(out.stop.exit_code());
+        print_json(&out)?;
+    } else {
+        print_text(a, &out)?;
     }
-    super::unprobeable_note(s);
+    Ok(out.stop.exit_code())
+}
+
+/// A line per slow call, then the flame-graph stacks, then the summary.
+fn print_json(out: &Outcome) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut w = std::io::BufWriter::new(std::io::stdout().lock());
+    for c in &out.calls {
+        let line = SlowCallLine {
+            ty: "slow_call",
+            target: &c.target,
+            latency_ns: c.latency_ns,
+            pid: c.pid,
+            tid: c.tid,
+            comm: &c.comm,
+            stack: names(&c.stack),
+        };
+        serde_json::to_writer(&mut w, &line)?;
+        writeln!(w)?;
+    }
+    crate::engine::render::json_lines(&mut w, &out.stacks)?;
+    serde_json::to_writer(&mut w, &out.summary)?;
+    writeln!(w)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// The counts, the slowest call sites and the flame graph's top table; what
+/// was still running or lost to stderr.
+fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
+    let s = &out.summary;
+    super::unprobeable_note(&s.unprobeable);
     crate::outln!(
         "{} calls over {} of {} calls; {} samples inside them",
-        s["slow_calls"],
-        human(s["over_ns"].as_u64().unwrap_or(0)),
-        s["calls"],
-        s["samples"]
+        s.slow_calls,
+        human(s.over_ns),
+        s.calls,
+        s.samples
     )?;
-    // Grouped by target and call site, slowest first.
-    let mut sites: Vec<(String, Vec<String>, Vec<&SlowCall>)> = Vec::new();
-    for c in &out.calls {
+    print_sites(&out.calls, a.top)?;
+    if a.output.is_empty() && !out.stacks.is_empty() {
+        crate::outln!()?;
+        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |v| v.to_string())?;
+    }
+    eprintln!(
+        "{} still running past the threshold at the end; lost: {} slow calls (ring full); {} samples outside slow calls",
+        s.in_flight_over, s.lost.slow_calls, s.samples_outside_slow_calls
+    );
+    Ok(())
+}
+
+/// The `top` slowest call sites: calls grouped by target and the stack they
+/// were called from, slowest first.
+fn print_sites(calls: &[SlowCall], top: usize) -> anyhow::Result<()> {
+    let mut sites: Vec<(&str, Vec<String>, Vec<&SlowCall>)> = Vec::new();
+    for c in calls {
         let n = names(&c.stack);
         match sites.iter_mut().find(|x| x.0 == c.target && x.1 == n) {
             Some(x) => x.2.push(c),
-            None => sites.push((c.target.clone(), n, vec![c])),
+            None => sites.push((&c.target, n, vec![c])),
         }
     }
     if !sites.is_empty() {
         crate::outln!("{:>9} {:>9} {:>7}  TARGET  (slowest: pid/tid comm)  CALLED FROM", "MAX", "AVG", "CALLS")?;
     }
-    for (target, n, cs) in sites.iter().take(a.top) {
+    for (target, n, cs) in sites.iter().take(top) {
         let max = cs[0];
         let avg = cs.iter().map(|c| c.latency_ns).sum::<u64>() / cs.len() as u64;
         let tail = &n[n.len().saturating_sub(8)..];
@@ -343,13 +535,5 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
             tail.join(";")
         )?;
     }
-    if a.output.is_empty() && !out.stacks.is_empty() {
-        crate::outln!()?;
-        stacktool::print_top(&out.stacks, a.top, "SAMPLES", |v| v.to_string())?;
-    }
-    eprintln!(
-        "{} still running past the threshold at the end; lost: {} slow calls (ring full); {} samples outside slow calls",
-        s["in_flight_over"], s["lost"]["slow_calls"], s["samples_outside_slow_calls"]
-    );
-    Ok(out.stop.exit_code())
+    Ok(())
 }
