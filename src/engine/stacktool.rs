@@ -42,16 +42,6 @@ impl StackLoss {
         let st = |i: u32| super::perf::percpu_sum(stats, base + i);
         Ok(StackLoss { collisions: st(0)?, kernel_errors: st(1)?, user_errors: st(2)?, counts_full: st(3)? })
     }
-
-    /// The summary's `"lost"` fields for these counters.
-    pub fn json_fields(&self) -> serde_json::Map<String, serde_json::Value> {
-        let mut m = serde_json::Map::new();
-        m.insert("collisions".into(), self.collisions.into());
-        m.insert("kernel_stack_errors".into(), self.kernel_errors.into());
-        m.insert("user_stack_errors".into(), self.user_errors.into());
-        m.insert("counts_full".into(), self.counts_full.into());
-        m
-    }
 }
 
 /// Checks every `-o` before anything is attached: a known extension and a
@@ -368,12 +358,4 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
         }
     }
     s
-}
-
-/// The summary's JSON fields about truncation and unwinding.
-pub fn unwind_json(f: &Finished, unw: &unwind::Report) -> serde_json::Value {
-    serde_json::json!({
-        "truncated_by": f.sym.truncated_by,
-        "unwind": unw,
-    })
 }

@@ -162,8 +162,8 @@ const TOOLS: &[(&str, Report)] = &[
     ("profile", crate::tools::profile::doctor),
     ("offcpu", crate::tools::offcpu::doctor),
     ("wakeup", crate::tools::offcpu::doctor_wakeup),
-    ("funclatency", funclatency_report),
-    ("slow", slow_report),
+    ("funclatency", crate::tools::funclatency::doctor),
+    ("slow", crate::tools::funclatency::slow::doctor),
 ];
 
 /// A tool's report of how it runs on this kernel, from what doctor found.
@@ -330,59 +330,6 @@ fn msglat_report(cx: &Caps) -> Value {
     } else {
         cannot("neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available")
     }
-}
-/// funclatency: uprobes for user functions, syscall tracepoints, softirq
-/// tracepoints; kernel functions need fentry or kprobes.
-fn funclatency_report(cx: &Caps) -> Value {
-    let ok = |n: &str| cx.ok(n);
-    let kernel_fn = if ok("fentry") {
-        "kernel:GLOB: fentry/fexit, else kprobe-multi, else a kprobe per function"
-    } else if ok("kprobe") {
-        "kernel:GLOB: kprobe-multi, else a kprobe/kretprobe per function (fentry refused)"
-    } else {
-        "kernel:GLOB unavailable: neither fentry nor kprobes here"
-    };
-    let multi = features::btf_has_type("bpf_uprobe_multi_link");
-    let syscalls = features::tracepoint_exists("syscalls", "sys_enter_read");
-    json!({
-        "usable": ok("uprobe") || ok("tracepoint"),
-        "mechanism": "uprobe + tracepoint",
-        "user_functions": ok("uprobe"),
-        "uprobe_multi": ok("uprobe") && multi,
-        "syscalls": ok("tracepoint") && syscalls,
-        "softirqs": ok("tp_btf") || ok("raw_tp"),
-        "kernel_functions": ok("fentry") || ok("kprobe"),
-        "detail": format!(
-            "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
-            match (ok("uprobe"), multi) {
-                (true, true) => "uprobe.multi links, one per binary",
-                (true, false) => "a uprobe/uretprobe per function (no uprobe.multi here)",
-                (false, _) => "no uprobes",
-            },
-            if syscalls { "syscalls:sys_enter_*/sys_exit_*" } else { "no syscall tracepoints" },
-            if ok("tp_btf") {
-                "tp_btf irq:softirq_entry/exit"
-            } else if ok("raw_tp") {
-                "raw_tp irq:softirq_entry/exit"
-            } else {
-                "unavailable"
-            }
-        ),
-    })
-}
-
-/// slow: funclatency's probes plus a perf-event sampler.
-fn slow_report(cx: &Caps) -> Value {
-    let mut slow = funclatency_report(cx);
-    if slow["usable"] == json!(true) {
-        let sampler = if cx.ok("perf_event") {
-            "; sampler: perf_event cpu-clock"
-        } else {
-            "; no perf_event sampling: no flame graph of slow calls"
-        };
-        slow["detail"] = json!(format!("{}{sampler}", slow["detail"].as_str().unwrap_or("")));
-    }
-    cx.with_unwind(slow)
 }
 /// `doctor --unwind FILE...`: each file's unwind table.
 fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {

@@ -33,7 +33,9 @@ use crate::engine::{
     stacktool,
     taskfilter::TaskFilter,
 };
+use crate::tools::doctor::Caps;
 use serde::Serialize;
+use serde_json::{json, Value};
 use targets::{Probe, ProbeKind};
 
 crate::skeleton!("funclatency");
@@ -959,6 +961,46 @@ pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> 
     let targets = target_results(probes, at_stop.hists, at_stop.flight);
     let summary = summary(&targets, at_stop.elapsed, at_stop.not_timed, loaded.probing);
     Ok(Outcome { targets, summary, stop })
+}
+
+/// How funclatency runs on this kernel (`sonde doctor`): uprobes for user functions, syscall tracepoints, softirq
+/// tracepoints; kernel functions need fentry or kprobes.
+pub fn doctor(cx: &Caps) -> Value {
+    let ok = |n: &str| cx.ok(n);
+    let kernel_fn = if ok("fentry") {
+        "kernel:GLOB: fentry/fexit, else kprobe-multi, else a kprobe per function"
+    } else if ok("kprobe") {
+        "kernel:GLOB: kprobe-multi, else a kprobe/kretprobe per function (fentry refused)"
+    } else {
+        "kernel:GLOB unavailable: neither fentry nor kprobes here"
+    };
+    let multi = features::btf_has_type("bpf_uprobe_multi_link");
+    let syscalls = features::tracepoint_exists("syscalls", "sys_enter_read");
+    json!({
+        "usable": ok("uprobe") || ok("tracepoint"),
+        "mechanism": "uprobe + tracepoint",
+        "user_functions": ok("uprobe"),
+        "uprobe_multi": ok("uprobe") && multi,
+        "syscalls": ok("tracepoint") && syscalls,
+        "softirqs": ok("tp_btf") || ok("raw_tp"),
+        "kernel_functions": ok("fentry") || ok("kprobe"),
+        "detail": format!(
+            "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
+            match (ok("uprobe"), multi) {
+                (true, true) => "uprobe.multi links, one per binary",
+                (true, false) => "a uprobe/uretprobe per function (no uprobe.multi here)",
+                (false, _) => "no uprobes",
+            },
+            if syscalls { "syscalls:sys_enter_*/sys_exit_*" } else { "no syscall tracepoints" },
+            if ok("tp_btf") {
+                "tp_btf irq:softirq_entry/exit"
+            } else if ok("raw_tp") {
+                "raw_tp irq:softirq_entry/exit"
+            } else {
+                "unavailable"
+            }
+        ),
+    })
 }
 
 /// Entry point for the CLI; returns the exit status.

@@ -36,6 +36,8 @@ use crate::engine::{
     taskfilter::TaskFilter,
     unwind::{self, UnwMaps, UnwindArgs},
 };
+use crate::tools::doctor::Caps;
+use serde_json::{json, Value};
 
 /// Most slow calls kept for the list (all are counted).
 const KEEP: usize = 100_000;
@@ -105,13 +107,12 @@ pub struct SlowCall {
     pub stack: Stack,
 }
 
-/// What was lost: stacks (the fields of [`StackLoss::json_fields`]) and slow
-/// calls.
+/// What was lost: stacks (as every stack tool counts them) and slow calls.
 #[derive(Debug, Clone, Serialize)]
 pub struct Lost {
-    /// Stack counters, by their summary names.
+    /// Stack counters.
     #[serde(flatten)]
-    pub stacks: serde_json::Map<String, serde_json::Value>,
+    pub stacks: StackLoss,
     /// Slow calls dropped because the ring buffer was full.
     pub slow_calls: u64,
 }
@@ -145,10 +146,10 @@ pub struct Summary {
     pub not_timed: NotTimed,
     /// Stacks truncated, over the slow calls' and the samples'.
     pub truncated_stacks: u64,
-    /// `truncated_by` and `unwind`, as every stack tool reports them
-    /// ([`stacktool::unwind_json`]).
-    #[serde(flatten)]
-    pub unwind: serde_json::Value,
+    /// Samples of cut stacks, by reason, as every stack tool reports them.
+    pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
+    /// How user stacks were walked.
+    pub unwind: crate::engine::unwind::Report,
     /// "fentry", "kprobe-multi" or "kprobe" when there are kernel functions (else null).
     pub kernel_mechanism: Option<&'static str>,
     /// Functions the kernel refused a probe on, not traced.
@@ -394,7 +395,7 @@ fn summary(
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let over_ns = a.over.as_nanos() as u64;
     let flight = &t.at_stop.flight;
-    let lost = Lost { stacks: t.loss.json_fields(), slow_calls: st(FL_SLOW_LOST)? };
+    let lost = Lost { stacks: t.loss, slow_calls: st(FL_SLOW_LOST)? };
     Ok(Summary {
         ty: "summary",
         duration_s: t.at_stop.elapsed.as_secs_f64(),
@@ -409,7 +410,8 @@ fn summary(
         lost,
         not_timed: t.at_stop.not_timed,
         truncated_stacks: f.sym.truncated_stacks + t.call_sym.truncated_stacks,
-        unwind: stacktool::unwind_json(f, &t.unwind),
+        truncated_by: f.sym.truncated_by.clone(),
+        unwind: t.unwind.clone(),
         kernel_mechanism: probing.kernel.map(KernelMechanism::name),
         unprobeable: probing.unprobeable,
     })
@@ -441,6 +443,20 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
 
 fn names(s: &Stack) -> Vec<String> {
     s.frames.iter().map(|f| f.name.clone()).collect()
+}
+
+/// How slow runs on this kernel (`sonde doctor`): funclatency's probes plus a perf-event sampler.
+pub fn doctor(cx: &Caps) -> Value {
+    let mut slow = super::doctor(cx);
+    if slow["usable"] == json!(true) {
+        let sampler = if cx.ok("perf_event") {
+            "; sampler: perf_event cpu-clock"
+        } else {
+            "; no perf_event sampling: no flame graph of slow calls"
+        };
+        slow["detail"] = json!(format!("{}{sampler}", slow["detail"].as_str().unwrap_or("")));
+    }
+    cx.with_unwind(slow)
 }
 
 /// Entry point for the CLI; returns the exit status.
