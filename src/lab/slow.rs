@@ -21,16 +21,14 @@ use clap::Args;
 use super::traffic::Workers;
 use crate::{
     engine::{
+        cli,
         error::usage,
         features,
         netns::{remove_stale, Netns, PREFIX},
         run::{duration_arg, RunControl, Stop},
         stacks::weight_under,
     },
-    tools::funclatency::{
-        slow::{self, SlowArgs},
-        Scope,
-    },
+    tools::funclatency::slow::{self, SlowArgs},
 };
 
 /// Options of `sonde lab slow`.
@@ -120,28 +118,29 @@ struct Phase {
 }
 
 fn watch(a: &SlowLabArgs, churn: &Churn, tag: &str) -> anyhow::Result<(Phase, Stop)> {
-    let sargs = SlowArgs {
-        scope: Scope {
-            targets: vec!["syscall:connect".into()],
-            pid: vec![std::process::id()],
-            cgroup: None,
-            duration: Some(a.duration),
-            max_probes: 4,
-            kernel_mechanism: None,
-            single_uprobes: false,
-        },
-        over: a.over,
-        frequency: 999,
-        output: vec![
-            PathBuf::from(format!("{}-{tag}.html", a.prefix)),
-            PathBuf::from(format!("{}-{tag}.svg", a.prefix)),
+    let sargs: SlowArgs = cli::parse(
+        "slow",
+        [
+            "syscall:connect".to_string(),
+            "-p".into(),
+            std::process::id().to_string(),
+            "-d".into(),
+            format!("{}ns", a.duration.as_nanos()),
+            "--max-probes".into(),
+            "4".into(),
+            "--over".into(),
+            format!("{}ns", a.over.as_nanos()),
+            "-F".into(),
+            "999".into(),
+            "-o".into(),
+            format!("{}-{tag}.html", a.prefix),
+            "-o".into(),
+            format!("{}-{tag}.svg", a.prefix),
+            "--top".into(),
+            "10".into(),
+            "--kernel-only".into(),
         ],
-        top: 10,
-        user_only: false,
-        kernel_only: true,
-        json: false,
-        unwind: Default::default(),
-    };
+    )?;
     let ctl = RunControl::new(Some(a.duration))?;
     let (ok0, f0) = (churn.ok.load(Ordering::Relaxed), churn.failed.load(Ordering::Relaxed));
     let t0 = Instant::now();
