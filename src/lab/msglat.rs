@@ -232,6 +232,50 @@ fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, config: &
 
 /// Runs the lab; returns the exit status.
 pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
+    let (cpu, hooks) = check(a)?;
+    features::require_tracing_privileges()?;
+    // sonde's own threads (the tracer's user side, the lab) keep off the
+    // harness CPU; threads started from now on inherit this.
+    if let Some(c) = cpu {
+        let rest: Vec<usize> = allowed_cpus()?.into_iter().filter(|&x| x != c).collect();
+        if !rest.is_empty() {
+            set_affinity(&rest)?;
+        }
+    }
+    remove_stale();
+    let ns = Netns::create(&format!("{PREFIX}{}-msglat", std::process::id()))?;
+    let dir = std::env::temp_dir().join(format!("sonde-lab-msglat-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let _cleanup = super::RemoveDir(dir.clone());
+    let bin = install(&dir, "msgbench", MSGBENCH)?;
+    eprintln!(
+        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s); {}",
+        ns.name,
+        a.messages,
+        a.size,
+        a.spacing,
+        a.rounds,
+        match cpu {
+            Some(c) => format!("all three on CPU {c}"),
+            None => "placed by the scheduler".into(),
+        }
+    );
+    let configs: &[&str] = match (a.sonde_only, hooks) {
+        (true, _) => &["sonde"],
+        (false, Hooks::Sockets) => &["none", "mem", "file", "floor", "sonde"],
+        (false, _) => &["none", "mem", "file", "sonde"],
+    };
+    let m = measure(a, &Setup { ns: &ns, bin: &bin, dir: &dir, cpu, hooks }, configs)?;
+    if a.json {
+        print_json(configs, &m)?;
+    } else {
+        print_text(a, configs, &m)?;
+    }
+    Ok(0)
+}
+
+/// Checks the options; the CPU the harness runs on (None: spread) and the hooks.
+fn check(a: &MsglatLabArgs) -> anyhow::Result<(Option<usize>, Hooks)> {
     if a.messages == 0 || a.rounds == 0 {
         return Err(usage("--messages and --rounds must be at least 1"));
     }
@@ -256,46 +300,42 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         (false, None) => allowed.last().copied(),
     };
     let hooks = Hooks::pick(a.hooks)?;
-    features::require_tracing_privileges()?;
-    // sonde's own threads (the tracer's user side, the lab) keep off the
-    // harness CPU; threads started from now on inherit this.
-    if let Some(c) = cpu {
-        let rest: Vec<usize> = allowed.iter().copied().filter(|&x| x != c).collect();
-        if !rest.is_empty() {
-            set_affinity(&rest)?;
-        }
-    }
-    remove_stale();
-    let ns = Netns::create(&format!("{PREFIX}{}-msglat", std::process::id()))?;
-    let dir = std::env::temp_dir().join(format!("sonde-lab-msglat-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let _cleanup = super::RemoveDir(dir.clone());
-    let bin = install(&dir, "msgbench", MSGBENCH)?;
-    let logfile = dir.join("broker.log");
-    eprintln!(
-        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s); {}",
-        ns.name,
-        a.messages,
-        a.size,
-        a.spacing,
-        a.rounds,
-        match cpu {
-            Some(c) => format!("all three on CPU {c}"),
-            None => "placed by the scheduler".into(),
-        }
-    );
-    let configs: &[&str] = match (a.sonde_only, hooks) {
-        (true, _) => &["sonde"],
-        (false, Hooks::Sockets) => &["none", "mem", "file", "floor", "sonde"],
-        (false, _) => &["none", "mem", "file", "sonde"],
-    };
+    Ok((cpu, hooks))
+}
+
+/// Where the lab runs: its namespace, the harness binary, its directory, CPU and hooks.
+struct Setup<'a> {
+    ns: &'a Netns,
+    bin: &'a Path,
+    dir: &'a Path,
+    cpu: Option<usize>,
+    hooks: Hooks,
+}
+
+/// What the rounds measured.
+struct Measured {
+    /// Every untraced and traced run of the rounds.
+    runs: Vec<RunT>,
+    /// The last traced run's outcome.
+    sonde: crate::tools::msglat::Outcome,
+    /// In-kernel cost from the extra run with bpf_stats: ns and program runs in
+    /// all, messages matched, and an empty program's ns per run.
+    bpf_ns: u64,
+    bpf_runs: u64,
+    matched: u64,
+    null_per_run: f64,
+    /// The CPU the harness ran on (None: placed by the scheduler).
+    cpu: Option<usize>,
+}
+
+/// The rounds, then one more sonde run with kernel.bpf_stats_enabled=1 for
+/// the in-kernel cost (the statistics' own clock reads would inflate T, so
+/// the table's sonde rows run without them).
+fn measure(a: &MsglatLabArgs, at: &Setup, configs: &[&str]) -> anyhow::Result<Measured> {
+    let logfile = at.dir.join("broker.log");
     let mut runs: Vec<RunT> = Vec::new();
     let mut last_sonde = None;
-    let stats_was = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
     let (mut bpf_ns, mut bpf_runs, mut matched, mut null_per_run) = (0u64, 0u64, 0u64, 0.0);
-    // The rounds, then one more sonde run with kernel.bpf_stats_enabled=1
-    // for the in-kernel cost (the statistics' own clock reads would inflate
-    // T, so the table's sonde rows run without them).
     let plan: Vec<(u32, &str)> =
         (0..a.rounds).flat_map(|r| configs.iter().map(move |&c| (r, c))).chain([(a.rounds, "sonde-stats")]).collect();
     for &(round, c) in &plan {
@@ -303,46 +343,14 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         let stats = c == "sonde-stats";
         let traced = c.starts_with("sonde") || c == "floor";
         let log = if traced { "none" } else { c };
-        let mut b = broker(&ns, &bin, a, cpu, log, &logfile)?;
+        let mut b = broker(at.ns, at.bin, a, at.cpu, log, &logfile)?;
         if !traced {
-            let mut t = pair(&ns, &bin, a, cpu, c)?;
+            let mut t = pair(at.ns, at.bin, a, at.cpu, c)?;
             t.broker_cpu_ns = b.cpu_per_message()?;
             runs.push(t);
             continue;
         }
-        if stats {
-            let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
-        }
-        let ctl = RunControl::new(None)?;
-        let margs = MsglatArgs {
-            pid: vec![b.0.id()],
-            fifo: a.fifo,
-            hooks: Some(hooks),
-            output: Some(dir.join(format!("msglat-{c}-{round}.json"))),
-            calibrate: stats,
-            floor: c == "floor",
-            ..Default::default()
-        };
-        let (tx, rx) = std::sync::mpsc::channel::<()>();
-        let r = std::thread::scope(|s| {
-            let (ns, bin, ctl) = (&ns, &bin, &ctl);
-            let work = s.spawn(move || -> anyhow::Result<RunT> {
-                rx.recv().map_err(|_| anyhow::anyhow!("tracing did not start"))?;
-                let t = pair(ns, bin, a, cpu, c);
-                ctl.request_stop();
-                t
-            });
-            let out = run_with(&margs, ctl, || {
-                let _ = tx.send(());
-            });
-            ctl.request_stop();
-            let w = work.join().map_err(|_| anyhow::anyhow!("harness panicked"))?;
-            Ok::<_, anyhow::Error>((out?, w?))
-        });
-        if stats {
-            let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_was.trim());
-        }
-        let (out, mut t) = r?;
+        let (out, mut t) = traced_run(a, at, &b, round, c)?;
         t.broker_cpu_ns = b.cpu_per_message()?;
         if stats {
             bpf_ns = out.bpf_ns;
@@ -357,38 +365,129 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         }
     }
     let sonde = last_sonde.expect("the sonde configuration ran");
-    let med = |c: &str, f: fn(&RunT) -> f64| median(&runs.iter().filter(|r| r.config == c).map(f).collect::<Vec<_>>());
-    // Overhead: per round, a configuration's figure minus the baseline's in
-    // the same round (they ran back to back); the median over rounds and
-    // the range.
-    let diffs = |c: &str, f: fn(&RunT) -> f64| -> Vec<f64> {
-        let of = |cfg: &str| runs.iter().filter(|r| r.config == cfg).map(f).collect::<Vec<_>>();
-        of(c).iter().zip(&of("none")).map(|(x, b)| x - b).collect()
+    Ok(Measured { runs, sonde, bpf_ns, bpf_runs, matched, null_per_run, cpu: at.cpu })
+}
+
+/// One run of the harness through broker `b` while `sonde msglat` traces it
+/// (configuration `c`: "sonde", "floor" or "sonde-stats").
+fn traced_run(
+    a: &MsglatLabArgs,
+    at: &Setup,
+    b: &Broker,
+    round: u32,
+    c: &str,
+) -> anyhow::Result<(crate::tools::msglat::Outcome, RunT)> {
+    let stats = c == "sonde-stats";
+    let stats_was = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").unwrap_or_default();
+    if stats {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
+    }
+    let ctl = RunControl::new(None)?;
+    let margs = MsglatArgs {
+        pid: vec![b.0.id()],
+        fifo: a.fifo,
+        hooks: Some(at.hooks),
+        output: Some(at.dir.join(format!("msglat-{c}-{round}.json"))),
+        calibrate: stats,
+        floor: c == "floor",
+        ..Default::default()
     };
-    let t_of: fn(&RunT) -> f64 = |r| r.p50_ns;
-    let cpu_of: fn(&RunT) -> f64 = |r| r.broker_cpu_ns + r.pair_cpu_ns;
-    let over = |c: &str, f: fn(&RunT) -> f64| median(&diffs(c, f));
-    let spread = |c: &str, f: fn(&RunT) -> f64| -> String {
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let r = std::thread::scope(|s| {
+        let (ns, bin, ctl, cpu) = (at.ns, at.bin, &ctl, at.cpu);
+        let work = s.spawn(move || -> anyhow::Result<RunT> {
+            rx.recv().map_err(|_| anyhow::anyhow!("tracing did not start"))?;
+            let t = pair(ns, bin, a, cpu, c);
+            ctl.request_stop();
+            t
+        });
+        let out = run_with(&margs, ctl, || {
+            let _ = tx.send(());
+        });
+        ctl.request_stop();
+        let w = work.join().map_err(|_| anyhow::anyhow!("harness panicked"))?;
+        Ok::<_, anyhow::Error>((out?, w?))
+    });
+    if stats {
+        let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", stats_was.trim());
+    }
+    r
+}
+
+impl Measured {
+    /// The median over rounds of `f` for configuration `c`.
+    fn med(&self, c: &str, f: fn(&RunT) -> f64) -> f64 {
+        median(&self.runs.iter().filter(|r| r.config == c).map(f).collect::<Vec<_>>())
+    }
+
+    /// Per round, a configuration's figure minus the baseline's in the same
+    /// round (they ran back to back).
+    fn diffs(&self, c: &str, f: fn(&RunT) -> f64) -> Vec<f64> {
+        let of = |cfg: &str| self.runs.iter().filter(|r| r.config == cfg).map(f).collect::<Vec<_>>();
+        of(c).iter().zip(&of("none")).map(|(x, b)| x - b).collect()
+    }
+
+    /// The overhead: the median of [`Measured::diffs`].
+    fn over(&self, c: &str, f: fn(&RunT) -> f64) -> f64 {
+        median(&self.diffs(c, f))
+    }
+
+    /// The overhead with its range over rounds.
+    fn spread(&self, a: &MsglatLabArgs, c: &str, f: fn(&RunT) -> f64) -> String {
         if a.sonde_only {
             return "-".into();
         }
-        let d = diffs(c, f);
+        let d = self.diffs(c, f);
         let (lo, hi) =
             (d.iter().cloned().fold(f64::INFINITY, f64::min), d.iter().cloned().fold(f64::NEG_INFINITY, f64::max));
         format!("{:+.0} ({lo:+.0} .. {hi:+.0})", median(&d))
-    };
-    let vs_mem = |c: &str, f: fn(&RunT) -> f64| -> String {
-        let m = over("mem", f);
+    }
+
+    /// The overhead as a multiple of logging into memory.
+    fn vs_mem(&self, a: &MsglatLabArgs, c: &str, f: fn(&RunT) -> f64) -> String {
+        let m = self.over("mem", f);
         if a.sonde_only || c == "none" || m.abs() < 1.0 {
             "-".into()
         } else {
-            format!("{:.2}x", over(c, f) / m)
+            format!("{:.2}x", self.over(c, f) / m)
         }
-    };
-    let per_msg_bpf = if matched > 0 { bpf_ns as f64 / matched as f64 } else { 0.0 };
-    let runs_per_msg = if matched > 0 { bpf_runs as f64 / matched as f64 } else { 0.0 };
-    // What the programs cost without the statistics' own clock reads.
-    let per_msg_net = (per_msg_bpf - runs_per_msg * null_per_run).max(0.0);
+    }
+
+    /// In-kernel ns per message, program runs per message, and ns per message
+    /// without the statistics' own clock reads.
+    fn bpf_per_message(&self) -> (f64, f64, f64) {
+        let per_msg = if self.matched > 0 { self.bpf_ns as f64 / self.matched as f64 } else { 0.0 };
+        let runs = if self.matched > 0 { self.bpf_runs as f64 / self.matched as f64 } else { 0.0 };
+        (per_msg, runs, (per_msg - runs * self.null_per_run).max(0.0))
+    }
+}
+
+const T_OF: fn(&RunT) -> f64 = |r| r.p50_ns;
+const CPU_OF: fn(&RunT) -> f64 = |r| r.broker_cpu_ns + r.pair_cpu_ns;
+
+fn print_json(configs: &[&str], m: &Measured) -> anyhow::Result<()> {
+    let (per_msg_bpf, runs_per_msg, per_msg_net) = m.bpf_per_message();
+    let by =
+        |f: fn(&RunT) -> f64| configs.iter().map(|&c| (c, m.over(c, f))).collect::<std::collections::BTreeMap<_, _>>();
+    crate::outln!(
+        "{}",
+        serde_json::json!({
+            "type": "lab", "lab": "msglat", "runs": m.runs, "cpu": m.cpu,
+            "baseline_p50_ns": m.med("none", |r| r.p50_ns),
+            "overhead_p50_ns": by(T_OF),
+            "overhead_cpu_ns": by(CPU_OF),
+            "overhead_broker_cpu_ns": by(|r| r.broker_cpu_ns),
+            "sonde_bpf_ns_per_message": per_msg_bpf.round(),
+            "sonde_bpf_runs_per_message": runs_per_msg,
+            "bpf_stats_ns_per_run": m.null_per_run,
+            "sonde_bpf_net_ns_per_message": per_msg_net.round(),
+            "sonde": m.sonde.summary,
+        })
+    )?;
+    Ok(())
+}
+
+fn print_text(a: &MsglatLabArgs, configs: &[&str], m: &Measured) -> anyhow::Result<()> {
     let name = |c: &str| -> String {
         match c {
             "none" => "broker, no logging",
@@ -404,11 +503,11 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         .map(|&c| {
             vec![
                 name(c),
-                format!("{:.0}", med(c, |r| r.p50_ns)),
-                format!("{:.0}", med(c, |r| r.mean_ns)),
-                format!("{:.0}", med(c, |r| r.p99_ns)),
-                spread(c, t_of),
-                vs_mem(c, t_of),
+                format!("{:.0}", m.med(c, |r| r.p50_ns)),
+                format!("{:.0}", m.med(c, |r| r.mean_ns)),
+                format!("{:.0}", m.med(c, |r| r.p99_ns)),
+                m.spread(a, c, T_OF),
+                m.vs_mem(a, c, T_OF),
             ]
         })
         .collect();
@@ -417,87 +516,68 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         .map(|&c| {
             vec![
                 name(c),
-                format!("{:.0}", med(c, |r| r.broker_cpu_ns)),
-                spread(c, |r| r.broker_cpu_ns),
-                format!("{:.0}", med(c, |r| r.pair_cpu_ns)),
-                spread(c, |r| r.pair_cpu_ns),
-                spread(c, cpu_of),
-                vs_mem(c, cpu_of),
+                format!("{:.0}", m.med(c, |r| r.broker_cpu_ns)),
+                m.spread(a, c, |r| r.broker_cpu_ns),
+                format!("{:.0}", m.med(c, |r| r.pair_cpu_ns)),
+                m.spread(a, c, |r| r.pair_cpu_ns),
+                m.spread(a, c, CPU_OF),
+                m.vs_mem(a, c, CPU_OF),
             ]
         })
         .collect();
-    let hooks = sonde.summary["hooks"].as_str().unwrap_or("").to_string();
-    let h = &sonde.hist;
-    if a.json {
-        crate::outln!(
-            "{}",
-            serde_json::json!({
-                "type": "lab", "lab": "msglat", "runs": runs, "cpu": cpu,
-                "baseline_p50_ns": med("none", |r| r.p50_ns),
-                "overhead_p50_ns": configs.iter().map(|&c| (c, over(c, t_of))).collect::<std::collections::BTreeMap<_, _>>(),
-                "overhead_cpu_ns": configs.iter().map(|&c| (c, over(c, cpu_of))).collect::<std::collections::BTreeMap<_, _>>(),
-                "overhead_broker_cpu_ns": configs.iter().map(|&c| (c, over(c, |r| r.broker_cpu_ns))).collect::<std::collections::BTreeMap<_, _>>(),
-                "sonde_bpf_ns_per_message": per_msg_bpf.round(),
-                "sonde_bpf_runs_per_message": runs_per_msg,
-                "bpf_stats_ns_per_run": null_per_run,
-                "sonde_bpf_net_ns_per_message": per_msg_net.round(),
-                "sonde": sonde.summary,
-            })
-        )?;
-    } else {
-        crate::outln!(
-            "\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):",
-            a.rounds
-        )?;
-        crate::outln!(
-            "{}",
-            table(
-                &[
-                    "CONFIGURATION",
-                    "T p50 ns",
-                    "T mean ns",
-                    "T p99 ns",
-                    "OVERHEAD ns (p50; range over rounds)",
-                    "VS MEMORY LOG"
-                ],
-                &t_rows
-            )
-        )?;
-        crate::outln!("\nCPU time per message (each process's own exact clock), medians over {} round(s):", a.rounds)?;
-        crate::outln!(
-            "{}",
-            table(
-                &[
-                    "CONFIGURATION",
-                    "BROKER ns",
-                    "OVERHEAD (range)",
-                    "SENDER+RECEIVER ns",
-                    "OVERHEAD (range)",
-                    "TOTAL OVERHEAD ns (range)",
-                    "VS MEMORY LOG"
-                ],
-                &cpu_rows
-            )
-        )?;
-        crate::outln!(
-            "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks}: {})",
-            match hooks.as_str() {
-                "raw" => "every syscall on the host runs two; the broker's read and write do the work",
-                "sockets" => "socket calls only: the sender's send, the broker's receive and send, the receiver's receive",
-                _ => "the sender's write, the broker's read and write, the receiver's read",
-            }
-        )?;
-        crate::outln!(
-            "T2 (broker receive -> send) as sonde measured it, last run: {} messages, p50 {} p90 {} p99 {} max {}; unmatched: {} receives, {} sends",
-            h.count,
-            human(h.quantile_ns(0.5)),
-            human(h.quantile_ns(0.9)),
-            human(h.quantile_ns(0.99)),
-            human(h.max_ns),
-            sonde.unmatched_recv,
-            sonde.unmatched_send
-        )?;
-        crate::out!("{}", h.render())?;
-    }
-    Ok(0)
+    let (per_msg_bpf, runs_per_msg, per_msg_net) = m.bpf_per_message();
+    let null_per_run = m.null_per_run;
+    let hooks = m.sonde.summary["hooks"].as_str().unwrap_or("").to_string();
+    let h = &m.sonde.hist;
+    crate::outln!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds)?;
+    crate::outln!(
+        "{}",
+        table(
+            &[
+                "CONFIGURATION",
+                "T p50 ns",
+                "T mean ns",
+                "T p99 ns",
+                "OVERHEAD ns (p50; range over rounds)",
+                "VS MEMORY LOG"
+            ],
+            &t_rows
+        )
+    )?;
+    crate::outln!("\nCPU time per message (each process's own exact clock), medians over {} round(s):", a.rounds)?;
+    crate::outln!(
+        "{}",
+        table(
+            &[
+                "CONFIGURATION",
+                "BROKER ns",
+                "OVERHEAD (range)",
+                "SENDER+RECEIVER ns",
+                "OVERHEAD (range)",
+                "TOTAL OVERHEAD ns (range)",
+                "VS MEMORY LOG"
+            ],
+            &cpu_rows
+        )
+    )?;
+    crate::outln!(
+        "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks}: {})",
+        match hooks.as_str() {
+            "raw" => "every syscall on the host runs two; the broker's read and write do the work",
+            "sockets" => "socket calls only: the sender's send, the broker's receive and send, the receiver's receive",
+            _ => "the sender's write, the broker's read and write, the receiver's read",
+        }
+    )?;
+    crate::outln!(
+        "T2 (broker receive -> send) as sonde measured it, last run: {} messages, p50 {} p90 {} p99 {} max {}; unmatched: {} receives, {} sends",
+        h.count,
+        human(h.quantile_ns(0.5)),
+        human(h.quantile_ns(0.9)),
+        human(h.quantile_ns(0.99)),
+        human(h.max_ns),
+        m.sonde.unmatched_recv,
+        m.sonde.unmatched_send
+    )?;
+    crate::out!("{}", h.render())?;
+    Ok(())
 }
