@@ -435,18 +435,7 @@ fn udp_receive(frames: &[crate::engine::stacks::Frame]) -> bool {
 
 /// Runs the lab; returns the exit status.
 pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
-    if a.duration < Duration::from_secs(1) || a.duration > Duration::from_secs(600) {
-        return Err(usage(format!("-d {:?}: pick 1s to 600s", a.duration)));
-    }
-    if a.workers == 0 || a.workers > 64 || a.clients == 0 || a.clients > 1000 {
-        return Err(usage("--workers takes 1 to 64 and --clients 1 to 1000"));
-    }
-    let out = |tool: &str| {
-        vec![PathBuf::from(format!("{}-{tool}.html", a.prefix)), PathBuf::from(format!("{}-{tool}.svg", a.prefix))]
-    };
-    for tool in ["profile", "offcpu", "wakeup"] {
-        crate::engine::stacktool::check_outputs(&out(tool))?;
-    }
+    check(a)?;
     features::require_tracing_privileges()?;
     let pair = Pair::new()?;
     let dir = std::env::temp_dir().join(format!("sonde-lab-dns-{}", std::process::id()));
@@ -460,6 +449,55 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
         "lab: HTTP server pid {pid} ({} workers) logs each client's host name via getnameinfo(); its resolver answers after {:?}-{:?}; {} clients send requests",
         a.workers, a.delay.0, a.delay.1, a.clients
     );
+    let m = match measure(a, pid, &responder, &load)? {
+        Ok(m) => m,
+        Err(status) => return Ok(status),
+    };
+    let sample_log =
+        std::fs::read_to_string(dir.join("access.log")).ok().and_then(|l| l.lines().next().map(str::to_string));
+    drop(load);
+    drop(server);
+    drop(responder);
+    report(a, pid, &m, sample_log)
+}
+
+/// The flame graphs each tool writes.
+fn outputs(a: &DnsLabArgs, tool: &str) -> Vec<PathBuf> {
+    vec![PathBuf::from(format!("{}-{tool}.html", a.prefix)), PathBuf::from(format!("{}-{tool}.svg", a.prefix))]
+}
+
+/// Checks the options and the output paths (usage errors, before anything starts).
+fn check(a: &DnsLabArgs) -> anyhow::Result<()> {
+    if a.duration < Duration::from_secs(1) || a.duration > Duration::from_secs(600) {
+        return Err(usage(format!("-d {:?}: pick 1s to 600s", a.duration)));
+    }
+    if a.workers == 0 || a.workers > 64 || a.clients == 0 || a.clients > 1000 {
+        return Err(usage("--workers takes 1 to 64 and --clients 1 to 1000"));
+    }
+    for tool in ["profile", "offcpu", "wakeup"] {
+        crate::engine::stacktool::check_outputs(&outputs(a, tool))?;
+    }
+    Ok(())
+}
+
+/// What the three tools and the request counts measured.
+struct Measured {
+    p: profile::Outcome,
+    o: offcpu::Outcome,
+    o_held: u64,
+    w: offcpu::Outcome,
+    w_held: u64,
+    cpu_sampled: f64,
+    cpu_proc: f64,
+    slow_rate: f64,
+    fast_rate: f64,
+    failed: u64,
+    answered: u64,
+}
+
+/// profile, offcpu and wakeup on the server in turn, then the request rate
+/// once the resolver answers at once; Err(status) when interrupted.
+fn measure(a: &DnsLabArgs, pid: u32, responder: &Responder, load: &Load) -> anyhow::Result<Result<Measured, i32>> {
     std::thread::sleep(Duration::from_millis(500));
     let phase = || RunControl::new(Some(a.duration));
     let ticks0 = cpu_ticks(pid)?;
@@ -469,7 +507,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     // 1. profile: little CPU.
     let c = phase()?;
     let ms = format!("{}ms", a.duration.as_millis());
-    let outputs = |tool: &str| out(tool).into_iter().flat_map(|p| ["-o".into(), p.into_os_string()]);
+    let outputs = |tool: &str| outputs(a, tool).into_iter().flat_map(|p| ["-o".into(), p.into_os_string()]);
     let pargs: ProfileArgs = cli::parse(
         "profile",
         ["-p", &pid.to_string(), "-F", &a.frequency.to_string(), "-d", &ms, "--top", "10"]
@@ -480,7 +518,7 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     let p = profile::run_with(&pargs, &c, || {})?;
     let cpu_sampled = p.totals.samples as f64 / (a.frequency as f64 * a.duration.as_secs_f64());
     if let Some(s) = interrupted(&c) {
-        return Ok(s);
+        return Ok(Err(s));
     }
 
     // 2. offcpu: blocked in the resolver's poll().
@@ -496,18 +534,18 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     // offcpu, or with `wake` wakeup, and the responder's hold time over its window.
     let blocked_run = |wake: bool| -> anyhow::Result<(offcpu::Outcome, u64, RunControl)> {
         let c = phase()?;
-        let held = Held::new(&responder);
+        let held = Held::new(responder);
         let out = offcpu::run_with(&oargs(if wake { "wakeup" } else { "offcpu" })?, &c, wake, || held.start())?;
         Ok((out, held.in_window(a.duration), c))
     };
     let (o, o_held, c) = blocked_run(false)?;
     if let Some(s) = interrupted(&c) {
-        return Ok(s);
+        return Ok(Err(s));
     }
     // 3. wakeup: woken by the UDP receive path.
     let (w, w_held, c) = blocked_run(true)?;
     if let Some(s) = interrupted(&c) {
-        return Ok(s);
+        return Ok(Err(s));
     }
     let slow_elapsed = t0.elapsed().as_secs_f64();
     let slow_rate = (load.done.load(Ordering::Relaxed) - done0) as f64 / slow_elapsed;
@@ -519,12 +557,15 @@ pub fn run(a: &DnsLabArgs) -> anyhow::Result<i32> {
     let fast_rate = load.rate_over(a.duration);
     let failed = load.failed.load(Ordering::Relaxed);
     let answered = responder.answered.load(Ordering::Relaxed);
-    let sample_log =
-        std::fs::read_to_string(dir.join("access.log")).ok().and_then(|l| l.lines().next().map(str::to_string));
-    drop(load);
-    drop(server);
-    drop(responder);
+    Ok(Ok(Measured { p, o, o_held, w, w_held, cpu_sampled, cpu_proc, slow_rate, fast_rate, failed, answered }))
+}
 
+/// The findings from what was measured, checked and printed; 0 when every
+/// check passes.
+fn report(a: &DnsLabArgs, pid: u32, m: &Measured, sample_log: Option<String>) -> anyhow::Result<i32> {
+    let Measured { p, o, o_held, w, w_held, cpu_sampled, cpu_proc, slow_rate, fast_rate, failed, answered } = m;
+    let (o_held, w_held, cpu_sampled, cpu_proc, slow_rate, fast_rate, failed, answered) =
+        (*o_held, *w_held, *cpu_sampled, *cpu_proc, *slow_rate, *fast_rate, *failed, *answered);
     let blocked = weight_where(&o.stacks, |_| true);
     let rw = weight_where(&o.stacks, |s| resolver_wait(&s.frames));
     let chain = weight_where(&o.stacks, |s| resolver_wait(&s.frames) && through_resolver_chain(&s.frames));
