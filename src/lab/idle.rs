@@ -190,6 +190,31 @@ fn rounds(segs: u64, cwnd: u64) -> u32 {
 
 /// Runs the lab; returns the exit status.
 pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
+    check(a)?;
+    let pair = Pair::new()?;
+    let link = DelayLink::new(&pair.a, &pair.b, pair.subnet(), a.delay)?;
+    eprintln!(
+        "lab: namespaces {} (server) and {} (client), path {} <-> {} with {:?} each way; {} responses of {} bytes per setting, {:?} apart",
+        pair.a.name, pair.b.name, link.a_addr, link.b_addr, a.delay, a.responses, a.size, a.gap
+    );
+    let (result, measured) = trace(a, &pair, &link)?;
+    let results = settings(a, &result, measured);
+    let mss = result.idle_sends.iter().map(|i| i.mss).find(|m| *m > 0).unwrap_or(1448) as u64;
+    if a.json {
+        print_json(a, &result, &results, mss)?;
+    } else {
+        print_text(a, &results, mss)?;
+    }
+    let ok = results.iter().all(|r| r.ss_matches == r.ss_cwnd.len());
+    if !ok {
+        eprintln!("lab: sonde's cwnd before a response differs from `ss -ti` in the gap before it");
+        return Ok(1);
+    }
+    Ok(result.stop.exit_code())
+}
+
+/// Checks the options and what the lab needs (exit 2 otherwise).
+fn check(a: &IdleLabArgs) -> anyhow::Result<()> {
     if a.responses < 2 {
         return Err(usage("--responses must be at least 2: the first opens the connection, the rest follow idle gaps"));
     }
@@ -201,12 +226,14 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
     if sh("which", &["ss"]).is_err() {
         return Err(env("`ss` is missing; install iproute2"));
     }
-    let pair = Pair::new()?;
-    let link = DelayLink::new(&pair.a, &pair.b, pair.subnet(), a.delay)?;
-    eprintln!(
-        "lab: namespaces {} (server) and {} (client), path {} <-> {} with {:?} each way; {} responses of {} bytes per setting, {:?} apart",
-        pair.a.name, pair.b.name, link.a_addr, link.b_addr, a.delay, a.responses, a.size, a.gap
-    );
+    Ok(())
+}
+
+/// What `ss -ti` showed in each gap, and each response's time, per setting.
+type Measured = Vec<(Vec<Option<u32>>, Vec<f64>)>;
+
+/// `sonde cwnd` on the server's namespace while each setting runs.
+fn trace(a: &IdleLabArgs, pair: &Pair, link: &DelayLink) -> anyhow::Result<(crate::tools::cwnd::Outcome, Measured)> {
     let ctl = RunControl::new(None)?;
     let mut argv: Vec<std::ffi::OsString> = vec!["--netns".into(), pair.a.name.clone().into(), "--idle-only".into()];
     argv.extend(SETTINGS.iter().flat_map(|s| ["--port".into(), s.port.to_string().into()]));
@@ -244,8 +271,11 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
         w?;
         out
     })?;
-    let measured = measured.into_inner().unwrap();
+    Ok((result, measured.into_inner().unwrap()))
+}
 
+/// Each setting's idle sends, checks against `ss -ti`, and response times.
+fn settings(a: &IdleLabArgs, result: &crate::tools::cwnd::Outcome, measured: Measured) -> Vec<SettingResult> {
     let mut results = Vec::new();
     for (st, (ss, times)) in SETTINGS.iter().zip(measured) {
         // The server's socket: local port is the setting's port.
@@ -271,74 +301,83 @@ pub fn run(a: &IdleLabArgs) -> anyhow::Result<i32> {
             round_trips: (med / rtt_ms * 10.0).round() / 10.0,
         });
     }
-    let baseline = results.iter().find(|r| r.cc == "cubic" && r.sysctl == 0).map(|r| r.round_trips).unwrap_or(0.0);
-    let mss = result.idle_sends.iter().map(|i| i.mss).find(|m| *m > 0).unwrap_or(1448) as u64;
-    let segs = (a.size as u64).div_ceil(mss);
+    results
+}
 
-    if a.json {
-        crate::outln!(
-            "{}",
-            serde_json::json!({
-                "type": "lab",
-                "lab": "idle-restart",
-                "settings": results,
-                "baseline_round_trips": baseline,
-                "segments_per_response": segs,
-                "chart": a.output,
-                "mechanism": result.mechanism.to_string(),
-                "lost": result.totals.lost,
-                "missed": result.totals.missed,
-            })
-        )?;
-    } else {
-        let rows: Vec<Vec<String>> = results
-            .iter()
-            .map(|r| {
-                let gaps = r.ss_cwnd.len();
-                let restarts = r.idle_sends.iter().filter(|i| i.restart).count();
-                let reasons: std::collections::BTreeSet<&str> = r.idle_sends.iter().map(|i| i.reason).collect();
-                let last = r.idle_sends.last();
-                vec![
-                    r.name.clone(),
-                    format!("{}/{}", restarts, gaps),
-                    reasons.into_iter().collect::<Vec<_>>().join(","),
-                    last.map(|i| format!("{} -> {}", i.cwnd_before, i.cwnd_after)).unwrap_or_else(|| "-".into()),
-                    format!("{}/{}", r.ss_matches, gaps),
-                    format!("{:.1}", r.median_after_idle_ms),
-                    format!("{:.1}", r.round_trips),
-                    last.map(|i| rounds(segs, i.cwnd_after as u64).to_string()).unwrap_or_else(|| "-".into()),
-                    format!("{:+.1}", r.round_trips - baseline),
-                ]
-            })
-            .collect();
-        crate::outln!(
-            "\nEach response: {} bytes = {segs} segments of {mss}; path RTT ~{:.0} ms. Responses after an idle gap:",
-            a.size,
-            2.0 * a.delay.as_secs_f64() * 1000.0
-        )?;
-        crate::outln!(
-            "{}",
-            table(
-                &[
-                    "SETTING",
-                    "RESTARTS",
-                    "REASON",
-                    "CWND BEFORE -> AFTER (last)",
-                    "SS -TI CWND AGREES",
-                    "RESPONSE ms (median)",
-                    "ROUND TRIPS",
-                    "SLOW-START ROUNDS",
-                    "EXTRA RTTs vs sysctl=0"
-                ],
-                &rows
-            )
-        )?;
-        crate::outln!("\nchart: {} (cwnd over time, restarts marked)", a.output.display())?;
-    }
-    let ok = results.iter().all(|r| r.ss_matches == r.ss_cwnd.len());
-    if !ok {
-        eprintln!("lab: sonde's cwnd before a response differs from `ss -ti` in the gap before it");
-        return Ok(1);
-    }
-    Ok(result.stop.exit_code())
+/// The median round trips of CUBIC with the sysctl at 0: no restart.
+fn baseline(results: &[SettingResult]) -> f64 {
+    results.iter().find(|r| r.cc == "cubic" && r.sysctl == 0).map(|r| r.round_trips).unwrap_or(0.0)
+}
+
+fn print_json(
+    a: &IdleLabArgs,
+    result: &crate::tools::cwnd::Outcome,
+    results: &[SettingResult],
+    mss: u64,
+) -> anyhow::Result<()> {
+    let (baseline, segs) = (baseline(results), (a.size as u64).div_ceil(mss));
+    crate::outln!(
+        "{}",
+        serde_json::json!({
+            "type": "lab",
+            "lab": "idle-restart",
+            "settings": results,
+            "baseline_round_trips": baseline,
+            "segments_per_response": segs,
+            "chart": a.output,
+            "mechanism": result.mechanism.to_string(),
+            "lost": result.totals.lost,
+            "missed": result.totals.missed,
+        })
+    )?;
+    Ok(())
+}
+
+fn print_text(a: &IdleLabArgs, results: &[SettingResult], mss: u64) -> anyhow::Result<()> {
+    let (baseline, segs) = (baseline(results), (a.size as u64).div_ceil(mss));
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|r| {
+            let gaps = r.ss_cwnd.len();
+            let restarts = r.idle_sends.iter().filter(|i| i.restart).count();
+            let reasons: std::collections::BTreeSet<&str> = r.idle_sends.iter().map(|i| i.reason).collect();
+            let last = r.idle_sends.last();
+            vec![
+                r.name.clone(),
+                format!("{}/{}", restarts, gaps),
+                reasons.into_iter().collect::<Vec<_>>().join(","),
+                last.map(|i| format!("{} -> {}", i.cwnd_before, i.cwnd_after)).unwrap_or_else(|| "-".into()),
+                format!("{}/{}", r.ss_matches, gaps),
+                format!("{:.1}", r.median_after_idle_ms),
+                format!("{:.1}", r.round_trips),
+                last.map(|i| rounds(segs, i.cwnd_after as u64).to_string()).unwrap_or_else(|| "-".into()),
+                format!("{:+.1}", r.round_trips - baseline),
+            ]
+        })
+        .collect();
+    crate::outln!(
+        "\nEach response: {} bytes = {segs} segments of {mss}; path RTT ~{:.0} ms. Responses after an idle gap:",
+        a.size,
+        2.0 * a.delay.as_secs_f64() * 1000.0
+    )?;
+    crate::outln!(
+        "{}",
+        table(
+            &[
+                "SETTING",
+                "RESTARTS",
+                "REASON",
+                "CWND BEFORE -> AFTER (last)",
+                "SS -TI CWND AGREES",
+                "RESPONSE ms (median)",
+                "ROUND TRIPS",
+                "SLOW-START ROUNDS",
+                "EXTRA RTTs vs sysctl=0"
+            ],
+            &rows
+        )
+    )?;
+    crate::outln!("\nchart: {} (cwnd over time, restarts marked)", a.output.display())?;
+
+    Ok(())
 }
