@@ -20,6 +20,10 @@ use super::{
     unwind,
 };
 
+/// Slots of `enum stk_stat` (`src/bpf/stacks.h`, STK_STAT_MAX) at the end of
+/// every stack tool's stats map.
+pub const STACK_STATS: u32 = 4;
+
 /// What the kernel half (`src/bpf/stacks.h`) counts about stacks it could not
 /// keep: `enum stk_stat`, the slots from `base` on in a tool's per-CPU stats.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]

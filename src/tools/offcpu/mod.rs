@@ -442,3 +442,22 @@ fn run_tool(a: &OffcpuArgs, wake: bool) -> anyhow::Result<i32> {
     eprintln!("{}", out.text);
     Ok(out.stop.exit_code())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use libbpf_rs::skel::SkelBuilder;
+
+    use super::*;
+
+    /// The stats map ends with the stack slots right after the tool's own,
+    /// as the slot constants copied from the C header say (no root needed:
+    /// the object is opened, not loaded).
+    #[test]
+    fn stats_map_size_matches_the_slot_constants() {
+        let mut storage = MaybeUninit::uninit();
+        let open = skel::OffcpuSkelBuilder::default().open(&mut storage).expect("open the object");
+        assert_eq!(open.maps.stats.max_entries(), OS_STACKS + crate::engine::stacktool::STACK_STATS);
+    }
+}

@@ -355,3 +355,22 @@ pub fn run(a: &ProfileArgs) -> anyhow::Result<i32> {
     eprintln!("{}", summary(t, a.frequency, &out.sym_line));
     Ok(out.stop.exit_code())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use libbpf_rs::skel::SkelBuilder;
+
+    use super::*;
+
+    /// The stats map ends with the stack slots right after the tool's own,
+    /// as the slot constants copied from the C header say (no root needed:
+    /// the object is opened, not loaded).
+    #[test]
+    fn stats_map_size_matches_the_slot_constants() {
+        let mut storage = MaybeUninit::uninit();
+        let open = skel::ProfileSkelBuilder::default().open(&mut storage).expect("open the object");
+        assert_eq!(open.maps.stats.max_entries(), PS_STACKS + crate::engine::stacktool::STACK_STATS);
+    }
+}
