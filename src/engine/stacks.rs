@@ -583,10 +583,14 @@ impl Symbols {
     /// Symbolizes every sample into a [`Stack`]. `images` must hold the
     /// processes' snapshots (taken while they lived).
     pub fn stacks(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Stack> {
-        // Return addresses point after the call: look up addr-1 for every
-        // frame but the leaf so the line is the call's.
-        let adj = |i: usize, a: u64| if i == 0 { a } else { a.saturating_sub(1) };
+        self.symbolize_kernel(samples, stats);
+        let placed = self.symbolize_user(samples, images, stats);
+        samples.iter().zip(&placed).map(|(s, places)| self.stack(s, places, images, stats)).collect()
+    }
 
+    /// Kernel frames: every address not seen before, in one call.
+    fn symbolize_kernel(&mut self, samples: &[RawSample], stats: &mut SymStats) {
+        let adj = |i: usize, a: u64| if i == 0 { a } else { a.saturating_sub(1) };
         // Kernel: every new address in one call.
         let mut kaddrs: Vec<u64> = samples
             .iter()
@@ -613,9 +617,13 @@ impl Symbols {
                 }
             }
         }
+    }
 
-        // User: refresh snapshots that miss an address (code loaded later),
-        // then group new offsets per file and symbolize each file once.
+    /// User frames: refreshes snapshots that miss an address (code loaded
+    /// later), then groups new offsets per file and symbolizes each file
+    /// once. Where each sample's addresses lie, leaf first like its ustack.
+    fn symbolize_user(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Vec<Place>> {
+        let adj = |i: usize, a: u64| if i == 0 { a } else { a.saturating_sub(1) };
         let mut refreshed = std::collections::HashSet::new();
         for s in samples {
             images.observe(s.pid);
@@ -664,77 +672,80 @@ impl Symbols {
                 }
             }
         }
+        placed
+    }
 
-        let mut out = Vec::with_capacity(samples.len());
-        for (s, places) in samples.iter().zip(&placed) {
-            let mut frames: Vec<Frame> = Vec::new();
-            // User part, outermost first.
-            let mut user: Vec<Frame> = Vec::new();
-            let sigframe = s.walk.map_or(0, |w| w.sigframe as usize);
-            for (i, place) in places.iter().enumerate().rev() {
-                match place {
-                    Place::Elf { file, offset } => {
-                        let id = Rc::as_ptr(file) as usize;
-                        let mut fr = self.user.get(&(id, *offset)).cloned().unwrap_or_default();
-                        // The trampoline a signal handler returns through
-                        // (glibc's __restore_rt has no exported symbol).
-                        if i + 1 == sigframe && fr.len() == 1 && fr[0].kind == FrameKind::Unknown {
-                            fr[0].name = "[signal trampoline]".into();
-                            fr[0].kind = FrameKind::User;
-                        }
-                        user.extend(fr);
+    /// One sample's stack, root first: its user frames (cut short ones
+    /// marked and counted), then its kernel frames without the tracing
+    /// program's own.
+    fn stack(&self, s: &RawSample, places: &[Place], images: &Images, stats: &mut SymStats) -> Stack {
+        let adj = |i: usize, a: u64| if i == 0 { a } else { a.saturating_sub(1) };
+        let mut frames: Vec<Frame> = Vec::new();
+        // User part, outermost first.
+        let mut user: Vec<Frame> = Vec::new();
+        let sigframe = s.walk.map_or(0, |w| w.sigframe as usize);
+        for (i, place) in places.iter().enumerate().rev() {
+            match place {
+                Place::Elf { file, offset } => {
+                    let id = Rc::as_ptr(file) as usize;
+                    let mut fr = self.user.get(&(id, *offset)).cloned().unwrap_or_default();
+                    // The trampoline a signal handler returns through
+                    // (glibc's __restore_rt has no exported symbol).
+                    if i + 1 == sigframe && fr.len() == 1 && fr[0].kind == FrameKind::Unknown {
+                        fr[0].name = "[signal trampoline]".into();
+                        fr[0].kind = FrameKind::User;
                     }
-                    Place::Jit(name) => user.push(Frame::simple(name, FrameKind::Jit, self.jitmod.clone())),
-                    Place::Unknown => user.push(Frame::simple("[unknown]", FrameKind::Unknown, self.unknown.clone())),
+                    user.extend(fr);
                 }
+                Place::Jit(name) => user.push(Frame::simple(name, FrameKind::Jit, self.jitmod.clone())),
+                Place::Unknown => user.push(Frame::simple("[unknown]", FrameKind::Unknown, self.unknown.clone())),
             }
-            if !user.is_empty() {
-                // A walk that reached a frame whose unwind row says it has
-                // no caller is complete. Otherwise: frames outside the
-                // outermost known root are leftovers of a frame-pointer walk
-                // past it; a stack with no root (or as deep as the kernel
-                // records) was cut short.
-                let cut = match s.walk.map(|w| w.end) {
-                    Some(crate::engine::unwind::END_ROOT) => None,
-                    Some(end) if end != crate::engine::unwind::END_FP_CHAIN => {
-                        Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk"))
-                    }
-                    _ => match user.iter().position(|f| is_stack_root(&f.name)) {
-                        Some(r) if s.ustack.len() < MAX_DEPTH => {
-                            user.drain(..r);
-                            None
-                        }
-                        _ if s.ustack.len() >= MAX_DEPTH => Some("depth"),
-                        _ if s.walk.is_some() => Some("fp_chain"),
-                        _ => Some("frame_pointers"),
-                    },
-                };
-                if let Some(why) = cut {
-                    stats.truncated_samples += s.count;
-                    stats.truncated_stacks += 1;
-                    *stats.truncated_by.entry(why).or_default() += s.count;
-                    user.insert(0, Frame::simple("[truncated]", FrameKind::Truncated, self.unknown.clone()));
-                }
-            }
-            frames.extend(user);
-            // The leaf kernel frames of a stack taken inside a tracing program
-            // are the program and its dispatch: not the traced code.
-            let own = |f: &Frame| {
-                ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"].iter().any(|p| f.name.starts_with(p))
-            };
-            let skip = s
-                .kstack
-                .iter()
-                .enumerate()
-                .take_while(|(i, &a)| self.kernel.get(&adj(*i, a)).is_some_and(|fr| fr.iter().all(own)))
-                .count();
-            for (i, &a) in s.kstack.iter().enumerate().skip(skip).rev() {
-                frames.extend(self.kernel.get(&adj(i, a)).cloned().unwrap_or_default());
-            }
-            stats.unknown_frames += frames.iter().filter(|f| f.kind == FrameKind::Unknown).count() as u64;
-            let process = images.name(s.pid).map(str::to_string).unwrap_or_else(|| s.comm.clone());
-            out.push(Stack { pid: s.pid, tid: s.tid, process, frames, count: s.count });
         }
-        out
+        if !user.is_empty() {
+            // A walk that reached a frame whose unwind row says it has
+            // no caller is complete. Otherwise: frames outside the
+            // outermost known root are leftovers of a frame-pointer walk
+            // past it; a stack with no root (or as deep as the kernel
+            // records) was cut short.
+            let cut = match s.walk.map(|w| w.end) {
+                Some(crate::engine::unwind::END_ROOT) => None,
+                Some(end) if end != crate::engine::unwind::END_FP_CHAIN => {
+                    Some(crate::engine::unwind::CutReasons::name(end).unwrap_or("walk"))
+                }
+                _ => match user.iter().position(|f| is_stack_root(&f.name)) {
+                    Some(r) if s.ustack.len() < MAX_DEPTH => {
+                        user.drain(..r);
+                        None
+                    }
+                    _ if s.ustack.len() >= MAX_DEPTH => Some("depth"),
+                    _ if s.walk.is_some() => Some("fp_chain"),
+                    _ => Some("frame_pointers"),
+                },
+            };
+            if let Some(why) = cut {
+                stats.truncated_samples += s.count;
+                stats.truncated_stacks += 1;
+                *stats.truncated_by.entry(why).or_default() += s.count;
+                user.insert(0, Frame::simple("[truncated]", FrameKind::Truncated, self.unknown.clone()));
+            }
+        }
+        frames.extend(user);
+        // The leaf kernel frames of a stack taken inside a tracing program
+        // are the program and its dispatch: not the traced code.
+        let own = |f: &Frame| {
+            ["bpf_prog_", "bpf_trace_run", "__bpf_trace_", "__traceiter_"].iter().any(|p| f.name.starts_with(p))
+        };
+        let skip = s
+            .kstack
+            .iter()
+            .enumerate()
+            .take_while(|(i, &a)| self.kernel.get(&adj(*i, a)).is_some_and(|fr| fr.iter().all(own)))
+            .count();
+        for (i, &a) in s.kstack.iter().enumerate().skip(skip).rev() {
+            frames.extend(self.kernel.get(&adj(i, a)).cloned().unwrap_or_default());
+        }
+        stats.unknown_frames += frames.iter().filter(|f| f.kind == FrameKind::Unknown).count() as u64;
+        let process = images.name(s.pid).map(str::to_string).unwrap_or_else(|| s.comm.clone());
+        Stack { pid: s.pid, tid: s.tid, process, frames, count: s.count }
     }
 }
