@@ -19,7 +19,7 @@ use std::{
 
 use anyhow::{bail, Context};
 
-use crate::engine::netns::Netns;
+use super::netns::Netns;
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const IFF_TUN: libc::c_short = 0x0001;

@@ -24,13 +24,13 @@ use std::{
 use anyhow::{bail, Context};
 use clap::Args;
 
+use super::netns::{Netns, Pair};
 use super::traffic::Workers;
 use crate::{
     engine::{
         cli,
         error::usage,
         features,
-        netns::{Netns, Pair},
         run::{duration_arg, RunControl, Stop},
         stacks::{weight_where, Stack},
     },

@@ -23,13 +23,13 @@ use std::{
 use clap::Args;
 use serde::Serialize;
 
+use super::netns::{sh, Netns, Pair};
 use super::{delay::DelayLink, median};
 use crate::{
     engine::{
         cli,
         error::{env, usage},
         features,
-        netns::{sh, Netns, Pair},
         output::table,
         run::{duration_arg, RunControl},
     },

@@ -4,6 +4,7 @@ pub mod delay;
 pub mod dns;
 pub mod idle;
 pub mod msglat;
+pub mod netns;
 pub mod profile;
 pub mod retrans;
 pub mod slow;

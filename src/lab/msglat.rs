@@ -21,13 +21,13 @@ use std::{
 use clap::Args;
 use serde::Serialize;
 
+use super::netns::{remove_stale, Netns, PREFIX};
 use super::{install, median};
 use crate::{
     engine::{
         error::usage,
         features,
         hist::human,
-        netns::{remove_stale, Netns, PREFIX},
         output::table,
         run::{duration_arg, RunControl},
     },

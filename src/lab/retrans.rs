@@ -10,16 +10,10 @@ use std::{
 
 use clap::Args;
 
+use super::netns::{Mib, Netns, Pair};
 use super::traffic::{bulk, connect_attempt, request_response, Mode, Server};
 use crate::{
-    engine::{
-        cli,
-        error::usage,
-        features,
-        netns::{Mib, Netns, Pair},
-        output::table,
-        run::RunControl,
-    },
+    engine::{cli, error::usage, features, output::table, run::RunControl},
     tools::retrans::{run_with, RetransArgs, Totals, KINDS},
 };
 
@@ -315,7 +309,7 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
     }
     features::require_tracing_privileges()?;
     for tool in ["ip", "nft"] {
-        if crate::engine::netns::sh("which", &[tool]).is_err() {
+        if super::netns::sh("which", &[tool]).is_err() {
             return Err(crate::engine::error::env(format!("`{tool}` is missing; install iproute2 and nftables")));
         }
     }

@@ -18,13 +18,13 @@ use std::{
 
 use clap::Args;
 
+use super::netns::{remove_stale, Netns, PREFIX};
 use super::traffic::Workers;
 use crate::{
     engine::{
         cli,
         error::usage,
         features,
-        netns::{remove_stale, Netns, PREFIX},
         run::{duration_arg, RunControl, Stop},
         stacks::weight_under,
     },

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::engine::netns::Netns;
+use super::netns::Netns;
 
 /// Threads that run until this is dropped: each polls the shared stop flag;
 /// dropping sets it and joins them all (the labs' responders, clients and

@@ -3,7 +3,7 @@
 #![allow(unused_imports)]
 pub(crate) use serde_json::Value;
 pub(crate) use sonde::{
-    engine::netns::{Mib, Pair},
+    lab::netns::{Mib, Pair},
     lab::{
         retrans::{drop_all, hidden_synack_allowance, settled_mib, undrop, workload, PORT_SYN},
         traffic::{connect_attempt, Mode, Server},

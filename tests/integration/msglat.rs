@@ -6,10 +6,10 @@ use super::common::*;
 /// messages of `size` bytes in a fresh namespace of its own, listening on
 /// 7400 and relaying to 7401, with `extra` broker arguments (LOG EVERY DELAY_US DROP_AT); returns the
 /// namespace, the harness binary and the broker.
-fn msg_broker(size: usize, extra: &[&str]) -> (sonde::engine::netns::Netns, std::path::PathBuf, Child) {
+fn msg_broker(size: usize, extra: &[&str]) -> (sonde::lab::netns::Netns, std::path::PathBuf, Child) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let bin = build_workload("msgbench", &["-O2", "-pthread"]);
-    let ns = sonde::engine::netns::Netns::create(&format!(
+    let ns = sonde::lab::netns::Netns::create(&format!(
         "sonde-{}-t{}-ml",
         std::process::id(),
         N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
