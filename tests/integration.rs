@@ -21,6 +21,8 @@ use sonde::{
 
 const SONDE: &str = env!("CARGO_BIN_EXE_sonde");
 
+#[path = "integration/msglat_relay.rs"]
+mod msglat_relay;
 #[path = "integration/unwind.rs"]
 mod unwind;
 
