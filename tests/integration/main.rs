@@ -16,6 +16,8 @@ mod funclatency;
 mod labs;
 /// `sonde msglat`.
 mod msglat;
+/// `sonde msglat` on a relay that reuses its listener's fd for the onward connection.
+mod msglat_relay;
 /// `sonde offcpu` and `sonde wakeup`.
 mod offcpu;
 /// `sonde profile`.

@@ -188,6 +188,24 @@ pub struct SockFd {
     pub lport: u16,
     /// Remote port.
     pub rport: u16,
+    /// Inode number (socket:[N]): the kernel half's id of the socket with
+    /// the syscall hooks.
+    pub ino: u32,
+    /// Cookie (SO_COOKIE; 0: unknown): its low half is the kernel half's id
+    /// of the socket with the socket hooks.
+    pub cookie: u64,
+}
+
+impl SockFd {
+    /// The id under which the kernel half counts this socket's flows (see
+    /// ml_flow_key in msglat.h).
+    fn id(&self, hooks: Hooks) -> u32 {
+        if hooks == Hooks::Sockets {
+            self.cookie as u32
+        } else {
+            self.ino
+        }
+    }
 }
 
 fn sockaddr_str(ss: &libc::sockaddr_storage) -> Option<(String, u16)> {
@@ -207,9 +225,9 @@ fn sockaddr_str(ss: &libc::sockaddr_storage) -> Option<(String, u16)> {
     Some((sa.to_string(), sa.port()))
 }
 
-/// The ends of a process's socket `fd`, from a duplicate taken with
-/// pidfd_getfd (the socket itself is not touched).
-fn sock_ends(pidfd: &OwnedFd, fd: u32) -> Option<(String, u16, String, u16)> {
+/// The ends of a process's socket `fd` and its cookie, from a duplicate
+/// taken with pidfd_getfd (the socket itself is not touched).
+fn sock_ends(pidfd: &OwnedFd, fd: u32) -> Option<(String, u16, String, u16, u64)> {
     // SAFETY: plain syscalls; the duplicate is owned and closed here.
     let dup = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd as libc::c_int, 0) };
     if dup < 0 {
@@ -234,7 +252,12 @@ fn sock_ends(pidfd: &OwnedFd, fd: u32) -> Option<(String, u16, String, u16)> {
     };
     let (l, lp) = name(false).unwrap_or_else(|| ("unix".into(), 0));
     let (r, rp) = name(true).unwrap_or_else(|| ("-".into(), 0));
-    Some((l, lp, r, rp))
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    let (opt, p) = (libc::SO_COOKIE, (&mut cookie as *mut u64).cast());
+    // SAFETY: a u64 and its length, what SO_COOKIE writes.
+    let got = unsafe { libc::getsockopt(dup.as_raw_fd(), libc::SOL_SOCKET, opt, p, &mut len) } == 0;
+    Some((l, lp, r, rp, if got { cookie } else { 0 }))
 }
 
 fn pidfd(pid: u32) -> Option<OwnedFd> {
@@ -251,12 +274,13 @@ pub fn sockets_of(pid: u32) -> Vec<SockFd> {
     for e in rd.flatten() {
         let Ok(fd) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(target) = std::fs::read_link(e.path()) else { continue };
-        if !target.to_string_lossy().starts_with("socket:") {
+        let Some(ino) = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        else {
             continue;
-        }
+        };
         let ends = pfd.as_ref().and_then(|p| sock_ends(p, fd));
-        let (local, lport, remote, rport) = ends.unwrap_or_else(|| ("?".into(), 0, "?".into(), 0));
-        out.push(SockFd { pid, fd, local, remote, lport, rport });
+        let (local, lport, remote, rport, cookie) = ends.unwrap_or_else(|| ("?".into(), 0, "?".into(), 0, 0));
+        out.push(SockFd { pid, fd, local, remote, lport, rport, ino, cookie });
     }
     out.sort_by_key(|s| s.fd);
     out
@@ -325,7 +349,7 @@ fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded
             }
             skel.maps
                 .fds
-                .update(&(slot * MAX_FD + s.fd).to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .update(&(slot * MAX_FD + s.fd).to_ne_bytes(), &s.ino.to_ne_bytes(), MapFlags::ANY)
                 .context("filling the socket table")?;
         }
     }
@@ -363,8 +387,10 @@ pub struct Outcome {
     pub stop: Stop,
 }
 
-fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32) -> String {
-    match socks.get(&(pid, fd)) {
+/// The label of descriptor `fd` of a flow, whose socket is `sock` (its id in
+/// the kernel half); `socks` by (pid, id).
+fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32, sock: u32) -> String {
+    match socks.get(&(pid, sock)) {
         _ if fd == NO_FD => "? (not a write or send call)".into(),
         Some(s) => format!("fd {fd} {} <- {}", s.local, s.remote),
         None => format!("fd {fd}"),
@@ -415,7 +441,8 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
     let hooks = Hooks::pick(a.hooks)?;
     let mut sink = Sink::open(a.output.as_deref())?;
     let loaded = load(a, hooks, &socks)?;
-    let mut labels: BTreeMap<(u32, u32), SockFd> = socks.iter().map(|s| ((s.pid, s.fd), s.clone())).collect();
+    // Labels by socket, not descriptor: a descriptor may be another socket by the end.
+    let mut labels: BTreeMap<(u32, u32), SockFd> = socks.iter().map(|s| ((s.pid, s.id(hooks)), s.clone())).collect();
     ctl.start_clock();
     let start = Instant::now();
     ready();
@@ -537,23 +564,29 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             continue;
         }
         let pslot = i as usize / (FLOW_WAYS * FLOW_WAYS);
-        let (in_fd, out_fd) = (((f.key1 - 1) >> 32) as u32, (f.key1 - 1) as u32);
-        let key =
-            types::ml_flow_key { tgid: a.pid.get(pslot).copied().unwrap_or(0), in_fd, out_fd, ..Default::default() };
+        let (in_sock, out_sock) = (((f.key1 - 1) >> 32) as u32, (f.key1 - 1) as u32);
+        let fds = match skel.maps.flow_fds.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
+            Some(v) => u64::from_ne_bytes(v[..8].try_into().unwrap()),
+            None => 0,
+        };
+        let key = types::ml_flow_key {
+            tgid: a.pid.get(pslot).copied().unwrap_or(0),
+            in_sock,
+            out_sock,
+            in_fd: (fds >> 32) as u32,
+            out_fd: fds as u32,
+            ..Default::default()
+        };
         flows.push((key, f.count, f.sum_ns, f.max_ns));
     }
     flows.sort_by_key(|f| std::cmp::Reverse(f.1));
-    // Sockets opened after the start: their ends now, if still open (one
-    // pidfd per process).
-    let mut pidfds: BTreeMap<u32, Option<OwnedFd>> = BTreeMap::new();
-    for (k, ..) in &flows {
-        for fd in [k.in_fd, k.out_fd] {
-            if fd != NO_FD && !labels.contains_key(&(k.tgid, fd)) {
-                let pfd = pidfds.entry(k.tgid).or_insert_with(|| pidfd(k.tgid));
-                if let Some((local, lport, remote, rport)) = pfd.as_ref().and_then(|p| sock_ends(p, fd)) {
-                    labels.insert((k.tgid, fd), SockFd { pid: k.tgid, fd, local, remote, lport, rport });
-                }
-            }
+    // The sockets of the flows' processes now: the ends of those opened
+    // after the start, and of those connected since, while still open.
+    // Closed ones keep their ends from the start, if open then.
+    let pids: std::collections::BTreeSet<u32> = flows.iter().map(|(k, ..)| k.tgid).collect();
+    for pid in pids {
+        for s in sockets_of(pid).into_iter().filter(|s| s.id(hooks) != 0) {
+            labels.insert((pid, s.id(hooks)), s);
         }
     }
 
@@ -585,7 +618,7 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         "calls_without_buffer": st[OTHER_CALL],
         "flows": flows.iter().map(|(k, c, s, m)| json!({
             "pid": k.tgid, "in_fd": k.in_fd, "out_fd": k.out_fd,
-            "in": label(&labels, k.tgid, k.in_fd), "out": label(&labels, k.tgid, k.out_fd),
+            "in": label(&labels, k.tgid, k.in_fd, k.in_sock), "out": label(&labels, k.tgid, k.out_fd, k.out_sock),
             "count": c, "avg_ns": s.checked_div(*c).unwrap_or(0), "max_ns": m,
         })).collect::<Vec<_>>(),
         "process_exited": gone,
@@ -614,8 +647,8 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             .map(|(k, c, sum, m)| {
                 vec![
                     k.tgid.to_string(),
-                    label(&labels, k.tgid, k.in_fd),
-                    label(&labels, k.tgid, k.out_fd),
+                    label(&labels, k.tgid, k.in_fd, k.in_sock),
+                    label(&labels, k.tgid, k.out_fd, k.out_sock),
                     c.to_string(),
                     human(sum.checked_div(*c).unwrap_or(0)),
                     human(*m),

@@ -12,8 +12,9 @@
  *    send, before anything is queued). No syscall tracepoint is enabled, so
  *    the host's other syscalls pay nothing and only socket calls run a
  *    program. Whether a socket counts is read from the socket itself at each
- *    call (ports filter), so new connections need no accept/connect/close
- *    hooks and a reused descriptor cannot mislead.
+ *    call (ports filter), and so is its id (its cookie), so new connections
+ *    need no accept/connect/close hooks and a reused descriptor cannot
+ *    mislead.
  *  - syscalls: the message syscalls' own tracepoints (sends at entry of
  *    write, writev, sendto, sendmsg; receives at exit of read, readv,
  *    recvfrom, recvmsg).
@@ -23,7 +24,13 @@
  * syscall still name. With the syscall hooks only sockets in the socket
  * table count: user space fills it with the process's sockets at start;
  * accept/accept4/connect add new ones (ports checked here), close removes
- * them.
+ * them. The table holds each socket's id (its inode number), so a
+ * descriptor's id is known at no cost beyond the check.
+ *
+ * Flows (receiving socket -> sending socket) are keyed by the sockets' ids,
+ * not by descriptor numbers: a relay that closes a descriptor and gets the
+ * same number for another socket (its listener's, for an onward connection)
+ * has two flows, each labelled with its own socket's ends.
  *
  * Pairing: by a message id at a byte offset in the payload (default), or
  * FIFO per process (each send takes the oldest waiting receive).
@@ -55,13 +62,14 @@ const volatile __u32 id_len = 8;
 const volatile bool fifo = false;
 const volatile bool per_message = false;
 
-/* The socket table: one flag per (process slot, descriptor), an array so
- * that the check on every read and write is a bounds check and a load. */
+/* The socket table: per (process slot, descriptor) the socket's id (its
+ * inode number; 0: not traced), an array so that the check on every read
+ * and write is a bounds check and a load. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, ML_MAX_PIDS *ML_MAX_FD);
 	__type(key, __u32);
-	__type(value, __u8);
+	__type(value, __u32);
 } fds SEC(".maps");
 
 struct {
@@ -92,15 +100,25 @@ struct {
 	__type(value, struct sonde_hist);
 } hist SEC(".maps");
 
-/* Per-flow totals: a slot per (process, in fd, out fd) low bits, shared
- * by the CPUs (atomic adds), one cache line touched per message; flows that
- * find their slot taken go to the per-CPU hash below. */
+/* Per-flow totals: a slot per (process, in fd, out fd) low bits, claimed
+ * by the first flow (socket pair) to come and shared by the CPUs (atomic
+ * adds), one cache line touched per message; flows that find their slot
+ * taken (by another pair of sockets) go to the per-CPU hash below. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, ML_MAX_PIDS *ML_FLOW_WAYS *ML_FLOW_WAYS);
 	__type(key, __u32);
 	__type(value, struct ml_flow_slot);
 } flow_slots SEC(".maps");
+
+/* The descriptors of each claimed slot's flow (in_fd << 32 | out_fd),
+ * written once by the claimer, read by user space only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, ML_MAX_PIDS *ML_FLOW_WAYS *ML_FLOW_WAYS);
+	__type(key, __u32);
+	__type(value, __u64);
+} flow_fds SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -142,48 +160,56 @@ static __always_inline int fd_key(int slot, __u32 fd)
 	return slot * ML_MAX_FD + fd;
 }
 
-static __always_inline void set_fd(int slot, __u32 fd, __u8 on)
+/* Sets descriptor fd's socket id (0: not traced). */
+static __always_inline void set_fd(int slot, __u32 fd, __u32 sock)
 {
 	int k = fd_key(slot, fd);
 	if (k < 0) {
-		if (on)
+		if (sock)
 			stat_add(ML_FDS_FULL);
 		return;
 	}
 	__u32 key = k;
-	bpf_map_update_elem(&fds, &key, &on, BPF_ANY);
-	if (on)
+	bpf_map_update_elem(&fds, &key, &sock, BPF_ANY);
+	if (sock)
 		stat_add(ML_NEW_FDS);
 }
 
-/* A new socket of a traced process (accept/connect): its ports from the
- * file table, once per connection. */
+/* A new socket of a traced process (accept/connect): its ports and its id
+ * (inode number) from the file table, once per connection. */
 static __always_inline void add_fd(int slot, long fd)
 {
-	if (fd < 0)
+	struct sock *sk = sock_of_fd(fd);
+	if (!sk)
 		return;
 	if (n_ports) {
-		struct sock *sk = sock_of_fd(fd);
-		__u16 lport = 0, rport = 0;
-		if (sk) {
-			lport = BPF_CORE_READ(sk, __sk_common.skc_num);
-			rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-		}
+		__u16 lport = BPF_CORE_READ(sk, __sk_common.skc_num);
+		__u16 rport = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
 		if (!IN_LIST(ports, n_ports, ML_MAX_PORTS, lport) &&
 		    !IN_LIST(ports, n_ports, ML_MAX_PORTS, rport))
 			return;
 	}
-	set_fd(slot, fd, 1);
+	set_fd(slot, fd, BPF_CORE_READ(sk, sk_socket, file, f_inode, i_ino));
 }
 
-static __always_inline bool traced_fd(int slot, __u32 fd)
+/* The id of the socket behind a traced descriptor, 0 if not traced. */
+static __always_inline __u32 fd_sock(int slot, __u32 fd)
 {
 	int k = fd_key(slot, fd);
 	if (k < 0)
-		return false;
+		return 0;
 	__u32 key = k;
-	__u8 *on = bpf_map_lookup_elem(&fds, &key);
-	return on && *on;
+	__u32 *sock = bpf_map_lookup_elem(&fds, &key);
+	return sock ? *sock : 0;
+}
+
+/* --hooks sockets: a socket's id, the low half of its cookie: one load from
+ * sock_common (beside sk_flags), no helper call once the cookie exists; the
+ * helper makes it at the socket's first call if nothing made it before. */
+static __always_inline __u32 sk_id(struct sock *sk)
+{
+	__u64 cookie = sk->__sk_common.skc_cookie.counter;
+	return cookie ? cookie : bpf_get_socket_cookie(sk);
 }
 
 /* The id table's slot for an id: its bits folded onto the table's index
@@ -240,9 +266,9 @@ static __always_inline bool msg_iov(__u64 msg_ptr, __u64 *base, __u64 *len)
 	return first_iov((__u64)m.msg_iov, base, len);
 }
 
-static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, long ret)
+static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u32 sock, __u64 buf, long ret)
 {
-	struct ml_pending p = {.ts = bpf_ktime_get_ns(), .fd = fd};
+	struct ml_pending p = {.ts = bpf_ktime_get_ns(), .fd = fd, .sock = sock};
 	if (fifo) {
 		__u32 s = slot;
 		struct ml_fifo_pos *pos = bpf_map_lookup_elem(&fifo_pos, &s);
@@ -272,24 +298,31 @@ static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u64 buf, l
 	w->id = id;
 	w->ts = p.ts;
 	w->fd = fd;
+	w->sock = sock;
 	w->tgid1 = tgid + 1;
 }
 
-/* A message from in_fd to out_fd: into its slot of the flow table (indexed
- * by the descriptors' low bits, claimed by the first flow to come), or the
- * per-CPU hash when another flow holds the slot. */
-static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 out_fd, __u64 t2)
+/* A message from socket in_sock (descriptor in_fd) to out_sock (out_fd):
+ * into its slot of the flow table (indexed by the descriptors' low bits,
+ * claimed by the first pair of sockets to come), or the per-CPU hash when
+ * another pair holds the slot. */
+static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 in_sock,
+                                       __u32 out_fd, __u32 out_sock, __u64 t2)
 {
 	__u32 idx = (slot * ML_FLOW_WAYS + (in_fd & (ML_FLOW_WAYS - 1))) * ML_FLOW_WAYS +
 	            (out_fd & (ML_FLOW_WAYS - 1));
-	__u64 key1 = ((__u64)in_fd << 32 | out_fd) + 1;
+	__u64 key1 = ((__u64)in_sock << 32 | out_sock) + 1;
 	struct ml_flow_slot *f = bpf_map_lookup_elem(&flow_slots, &idx);
 	if (f) {
 		__u64 k = f->key1;
 		if (!k) {
 			k = __sync_val_compare_and_swap(&f->key1, 0, key1);
-			if (!k)
+			if (!k) {
 				k = key1;
+				__u64 *fds = bpf_map_lookup_elem(&flow_fds, &idx);
+				if (fds)
+					*fds = (__u64)in_fd << 32 | out_fd;
+			}
 		}
 		if (k == key1) {
 			__sync_fetch_and_add(&f->count, 1);
@@ -304,7 +337,11 @@ static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 
 			return;
 		}
 	}
-	struct ml_flow_key fk = {.tgid = tgid, .in_fd = in_fd, .out_fd = out_fd};
+	struct ml_flow_key fk = {.tgid = tgid,
+	                         .in_sock = in_sock,
+	                         .out_sock = out_sock,
+	                         .in_fd = in_fd,
+	                         .out_fd = out_fd};
 	struct ml_flow *fl = bpf_map_lookup_elem(&flows, &fk);
 	if (!fl) {
 		struct ml_flow zero = {};
@@ -321,8 +358,9 @@ static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 
 	}
 }
 
-/* A send on a traced socket (the caller checked). */
-static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, __u64 len)
+/* A send on traced socket sock (the caller checked). */
+static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u32 sock, __u64 buf,
+                                    __u64 len)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct ml_pending p;
@@ -354,13 +392,14 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u64 buf, _
 		}
 		p.ts = w->ts;
 		p.fd = w->fd;
+		p.sock = w->sock;
 		w->tgid1 = 0;
 	}
 	__u64 t2 = now - p.ts;
 	struct sonde_hist *h = bpf_map_lookup_elem(&hist, &(__u32){0});
 	if (h)
 		hist_add(h, t2);
-	count_flow(tgid, slot, p.fd, fd, t2);
+	count_flow(tgid, slot, p.fd, p.sock, fd, sock, t2);
 	if (!per_message)
 		return;
 	void *rb = rb_this_cpu();
@@ -411,22 +450,26 @@ static __always_inline int recv_buf(long nr, __u64 a1, long ret, __u64 *base, __
 static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, __u64 a1, __u64 a2)
 {
 	__u64 base = 0, len = 0;
+	__u32 sock;
 	switch (nr) {
 	case NR_write:
 	case NR_sendto:
-		if (traced_fd(slot, fd))
-			on_send(tgid, slot, fd, a1, a2);
+		sock = fd_sock(slot, fd);
+		if (sock)
+			on_send(tgid, slot, fd, sock, a1, a2);
 		return 0;
 	case NR_writev:
-		if (traced_fd(slot, fd) && first_iov(a1, &base, &len))
-			on_send(tgid, slot, fd, base, len);
+		sock = fd_sock(slot, fd);
+		if (sock && first_iov(a1, &base, &len))
+			on_send(tgid, slot, fd, sock, base, len);
 		return 0;
 	case NR_sendmsg:
-		if (traced_fd(slot, fd) && msg_iov(a1, &base, &len))
-			on_send(tgid, slot, fd, base, len);
+		sock = fd_sock(slot, fd);
+		if (sock && msg_iov(a1, &base, &len))
+			on_send(tgid, slot, fd, sock, base, len);
 		return 0;
 	case NR_close:
-		if (traced_fd(slot, fd))
+		if (fd_sock(slot, fd))
 			set_fd(slot, fd, 0);
 		return 0;
 	default:
@@ -457,11 +500,12 @@ static __always_inline int exit_call(__u32 tgid, int slot, long nr, __u32 fd, __
 	default:
 		return 0;
 	}
-	if (ret <= 0 || !traced_fd(slot, fd))
+	if (ret <= 0)
 		return 0;
+	__u32 sock = fd_sock(slot, fd);
 	__u64 base, got;
-	if (recv_buf(nr, a1, ret, &base, &got) > 0)
-		on_recv(tgid, slot, fd, base, got);
+	if (sock && recv_buf(nr, a1, ret, &base, &got) > 0)
+		on_recv(tgid, slot, fd, sock, base, got);
 	return 0;
 }
 
@@ -549,7 +593,7 @@ int BPF_PROG(ml_sock_recv, struct sock *sk, int ret, int flags)
 	if (found < 0)
 		stat_add(ML_OTHER_CALL); /* recvmmsg, io_uring, splice: no buffer known */
 	if (found > 0)
-		on_recv(tgid, slot, regs->di, base, got);
+		on_recv(tgid, slot, regs->di, sk_id(sk), base, got);
 	return 0;
 }
 
@@ -608,7 +652,7 @@ int BPF_PROG(ml_tcp_send, struct sock *sk, struct msghdr *msg, struct sk_buff *s
 	__u32 fd = (nr == NR_write || nr == NR_writev || nr == NR_sendto || nr == NR_sendmsg)
 	                   ? regs->di
 	                   : ML_NO_FD;
-	on_send(tgid, slot, fd, base, len);
+	on_send(tgid, slot, fd, sk_id(sk), base, len);
 	return 0;
 }
 

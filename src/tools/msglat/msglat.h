@@ -31,6 +31,8 @@ struct ml_waiting {
 	__u64 ts;
 	__u32 fd;
 	__u32 tgid1; /* tgid + 1; 0: empty */
+	__u32 sock;  /* the receiving socket's id (see ml_flow_key) */
+	__u32 pad;
 };
 
 #define ML_NO_FD 0xffffffff /* a send not made by write/writev/sendto/sendmsg */
@@ -47,7 +49,7 @@ struct ml_send_call {
 struct ml_pending {
 	__u64 ts;
 	__u32 fd;
-	__u32 pad;
+	__u32 sock;
 };
 
 struct ml_fifo_pos {
@@ -55,9 +57,17 @@ struct ml_fifo_pos {
 	__u64 tail;
 };
 
-/* Messages from one receiving socket to one sending socket. */
+/* Messages from one receiving socket to one sending socket. A flow is its
+ * sockets, not their descriptor numbers (a descriptor closed and reused is
+ * another socket): each socket by a 32-bit id that user space reads too:
+ * with the socket hooks the low half of the socket's cookie (SO_COOKIE),
+ * with the syscall hooks its inode number (socket:[N] in /proc/PID/fd; 0
+ * in the socket table: not traced). A flow's descriptors are those its
+ * messages came and went on (in the flow table: its first message's). */
 struct ml_flow_key {
 	__u32 tgid;
+	__u32 in_sock;
+	__u32 out_sock;
 	__u32 in_fd;
 	__u32 out_fd;
 	__u32 pad;
@@ -66,7 +76,7 @@ struct ml_flow_key {
 #define ML_FLOW_WAYS 32 /* flow table: slots per process per descriptor end (a power of two) */
 
 struct ml_flow_slot {
-	__u64 key1; /* (in_fd << 32 | out_fd) + 1; 0: free */
+	__u64 key1; /* (in_sock << 32 | out_sock) + 1; 0: free */
 	__u64 count;
 	__u64 sum_ns;
 	__u64 max_ns;
