@@ -26,6 +26,13 @@ macro_rules! pod {
     };
 }
 
+// SAFETY: integers are valid for any bit pattern.
+unsafe impl Pod for u8 {}
+// SAFETY: as above.
+unsafe impl Pod for u32 {}
+// SAFETY: as above.
+unsafe impl Pod for u64 {}
+
 /// The record at the start of `bytes`, or None when `bytes` is shorter than it.
 pub fn decode<T: Pod>(bytes: &[u8]) -> Option<T> {
     if bytes.len() < std::mem::size_of::<T>() {

@@ -387,7 +387,10 @@ fn traced_run(
         pid: vec![b.0.id()],
         fifo: a.fifo,
         hooks: Some(at.hooks),
-        output: Some(at.dir.join(format!("msglat-{c}-{round}.json"))),
+        run: crate::engine::output::RunArgs {
+            output: vec![at.dir.join(format!("msglat-{c}-{round}.json"))],
+            ..Default::default()
+        },
         calibrate: stats,
         floor: c == "floor",
         ..Default::default()
@@ -527,7 +530,8 @@ fn print_text(a: &MsglatLabArgs, configs: &[&str], m: &Measured) -> anyhow::Resu
         .collect();
     let (per_msg_bpf, runs_per_msg, per_msg_net) = m.bpf_per_message();
     let null_per_run = m.null_per_run;
-    let hooks = m.sonde.summary["hooks"].as_str().unwrap_or("").to_string();
+    let hooks = m.sonde.summary.hooks;
+    let hooks_name = clap::ValueEnum::to_possible_value(&hooks).map(|v| v.get_name().to_string()).unwrap_or_default();
     let h = &m.sonde.hist;
     crate::outln!("\nEnd-to-end T per message (sender -> broker -> receiver), medians over {} round(s):", a.rounds)?;
     crate::outln!(
@@ -561,11 +565,11 @@ fn print_text(a: &MsglatLabArgs, configs: &[&str], m: &Measured) -> anyhow::Resu
         )
     )?;
     crate::outln!(
-        "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks}: {})",
-        match hooks.as_str() {
-            "raw" => "every syscall on the host runs two; the broker's read and write do the work",
-            "sockets" => "socket calls only: the sender's send, the broker's receive and send, the receiver's receive",
-            _ => "the sender's write, the broker's read and write, the receiver's read",
+        "\nsonde in the kernel (a separate run with bpf_stats): {per_msg_bpf:.0} ns per message over {runs_per_msg:.1} program runs per message; {per_msg_net:.0} ns without the statistics' own cost ({null_per_run:.0} ns per run, an empty program's) (--hooks {hooks_name}: {})",
+        match hooks {
+            Hooks::Raw => "every syscall on the host runs two; the broker's read and write do the work",
+            Hooks::Sockets => "socket calls only: the sender's send, the broker's receive and send, the receiver's receive",
+            Hooks::Syscalls => "the sender's write, the broker's read and write, the receiver's read",
         }
     )?;
     crate::outln!(

@@ -16,12 +16,15 @@ fn field<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
+/// A socket of the relay: its descriptor and "local <- remote".
+type Socket = (u64, String);
+
 /// One run: `sonde msglat --hooks HOOKS` on the relay for `rounds` onward
 /// connections. sonde attaches while the listener is open, and stops (SIGINT)
 /// while the relay still holds its last sockets. Returns the summary, the
 /// listener's descriptor, the inbound socket's (fd, "local <- remote") and
 /// each round's onward socket's the same way.
-fn relay_run(hooks: &str, rounds: u32) -> (Value, u64, (u64, String), Vec<(u64, String)>) {
+fn relay_run(hooks: &str, rounds: u32) -> (Value, u64, Socket, Vec<Socket>) {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let bin = build_workload("relay", &["-O2"]);
     let ns = sonde::lab::netns::Netns::create(&format!(

@@ -6,7 +6,6 @@ use std::{
     collections::BTreeMap,
     mem::MaybeUninit,
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    path::PathBuf,
     rc::Rc,
     time::{Duration, Instant},
 };
@@ -17,24 +16,26 @@ use libbpf_rs::{
     skel::{OpenSkel, Skel, SkelBuilder},
     Link, MapCore, MapFlags, OpenObject,
 };
-use serde_json::json;
+use serde::Serialize;
 
 use crate::engine::{
     attach::run_stats,
     error::usage,
     features,
     hist::{human, read_percpu, Hist},
-    output::{table, Sink},
+    output::{table, RunArgs, Sink},
     perf::percpu_sum,
+    record,
     ringbuf::{self, poll_until_stop, PerCpuRings},
-    run::{duration_arg, RunControl, Stop},
+    run::{RunControl, Stop},
     time::{epoch_secs, mono_to_epoch},
 };
 
 crate::skeleton!("msglat");
+crate::pod!(types::ml_event, types::ml_waiting, types::ml_flow, types::ml_flow_key, types::ml_flow_slot);
 use skel::{types, MsglatSkel, MsglatSkelBuilder};
 
-const MAX_PIDS: usize = 8;
+const MSGLAT_MAX_PIDS: usize = 8;
 const MAX_PORTS: usize = 8;
 const MAX_FD: u32 = 65536;
 const FLOW_WAYS: usize = 32;
@@ -83,6 +84,9 @@ const NO_FD: u32 = u32::MAX;
 /// the receiver's receive); logging times into memory +60..+67, to a file
 /// +518..+564.
 #[derive(Debug, Args, Clone, Default)]
+#[command(mut_arg("duration", |a| a.help("Stop after this long (e.g. 10s); default: until Ctrl-C or the process exits")))]
+#[command(mut_arg("json", |a| a.help("One JSON object per line (messages with --per-message, then a summary)")))]
+#[command(mut_arg("output", |a| a.help("Write to this file: .json (JSON lines; implies --json) or .txt")))]
 pub struct MsglatArgs {
     /// The process to trace (repeatable, up to 8).
     #[arg(short = 'p', long = "pid", required = true)]
@@ -110,15 +114,9 @@ pub struct MsglatArgs {
     /// Also one JSON record (or line) per message.
     #[arg(long)]
     pub per_message: bool,
-    /// Stop after this long (e.g. 10s); default: until Ctrl-C or the process exits.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
-    /// One JSON object per line (messages with --per-message, then a summary).
-    #[arg(long)]
-    pub json: bool,
-    /// Write to this file (.json implies --json; or .txt).
-    #[arg(short = 'o', long)]
-    pub output: Option<PathBuf>,
+    /// -d, --json, -o.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// The lab's bpf_stats run: also an empty program on a message
     /// tracepoint, to take the statistics' own cost out.
     #[arg(skip)]
@@ -233,10 +231,13 @@ fn sock_ends(pidfd: &OwnedFd, fd: u32) -> Option<(String, u16, String, u16, u64)
     if dup < 0 {
         return None;
     }
+    // SAFETY: pidfd_getfd returned a new descriptor that nothing else owns.
     let dup = unsafe { OwnedFd::from_raw_fd(dup as i32) };
     let name = |peer: bool| {
+        // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        // SAFETY: ss and len are a buffer and its length, as both calls take them.
         let r = unsafe {
             if peer {
                 libc::getpeername(dup.as_raw_fd(), &mut ss as *mut _ as *mut libc::sockaddr, &mut len)
@@ -263,6 +264,7 @@ fn sock_ends(pidfd: &OwnedFd, fd: u32) -> Option<(String, u16, String, u16, u64)
 fn pidfd(pid: u32) -> Option<OwnedFd> {
     // SAFETY: plain syscall.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
     (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
@@ -373,7 +375,7 @@ pub struct Outcome {
     /// Sends with no receive waiting.
     pub unmatched_send: u64,
     /// The summary line as printed with --json.
-    pub summary: serde_json::Value,
+    pub summary: Summary,
     /// In-kernel time of the programs and their runs (with
     /// kernel.bpf_stats_enabled=1; else zeros).
     pub bpf_ns: u64,
@@ -387,6 +389,122 @@ pub struct Outcome {
     pub stop: Stop,
 }
 
+/// msglat's `{"type":"summary",...}` line (schema in the README); the text
+/// summary is printed from it too.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// Always "summary".
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Messages paired.
+    pub count: u64,
+    /// Receives never sent.
+    pub unmatched_recv: u64,
+    /// Sends with no receive waiting.
+    pub unmatched_send: u64,
+    /// T2 quantiles, maximum and mean.
+    pub p50_ns: u64,
+    /// See p50_ns.
+    pub p90_ns: u64,
+    /// See p50_ns.
+    pub p99_ns: u64,
+    /// See p50_ns.
+    pub max_ns: u64,
+    /// See p50_ns.
+    pub avg_ns: u64,
+    /// The histogram's non-empty range of buckets.
+    pub buckets: Vec<serde_json::Value>,
+    /// Records lost with the ring full.
+    pub lost: u64,
+    /// "fifo" or "id OFFSET:LEN".
+    pub pairing: String,
+    /// The hooks used.
+    pub hooks: Hooks,
+    /// Receives recorded.
+    pub received: u64,
+    /// Sends seen.
+    pub sends: u64,
+    /// Receives still waiting at the end.
+    pub waiting_at_end: u64,
+    /// Receives replaced by a later one with their id (or table slot).
+    pub replaced: u64,
+    /// Receives dropped from a full FIFO.
+    pub fifo_overflow: u64,
+    /// Receives shorter than the id's end.
+    pub short_recv: u64,
+    /// Sends shorter than the id's end.
+    pub short_send: u64,
+    /// Ids that could not be read.
+    pub id_fault: u64,
+    /// Tables that filled up.
+    pub map_full: MapFull,
+    /// Sockets traced.
+    pub sockets: Sockets,
+    /// Message calls without a buffer to read the id from.
+    pub calls_without_buffer: u64,
+    /// Per flow (received-on socket, sent-on socket), busiest first.
+    pub flows: Vec<FlowLine>,
+    /// Whether every traced process exited (the run ended with them).
+    pub process_exited: bool,
+    /// Length of the run.
+    pub duration_s: f64,
+}
+
+/// The summary's `"map_full"` object.
+#[derive(Debug, Clone, Serialize)]
+pub struct MapFull {
+    /// Flows not counted: the flow table was full.
+    pub flows: u64,
+    /// Sockets not traced: their descriptor was past the table's end.
+    pub sockets_past_fd_limit: u64,
+}
+
+/// The summary's `"sockets"` object.
+#[derive(Debug, Clone, Serialize)]
+pub struct Sockets {
+    /// Sockets found at the start.
+    pub at_start: usize,
+    /// Sockets opened (accepted, connected) during the run.
+    pub added: u64,
+}
+
+/// One flow of the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct FlowLine {
+    /// The process.
+    pub pid: u32,
+    /// Descriptor received on.
+    pub in_fd: u32,
+    /// Descriptor sent on.
+    pub out_fd: u32,
+    /// The receiving socket's label.
+    #[serde(rename = "in")]
+    pub input: String,
+    /// The sending socket's label.
+    pub out: String,
+    /// Messages.
+    pub count: u64,
+    /// Mean T2.
+    pub avg_ns: u64,
+    /// Largest T2.
+    pub max_ns: u64,
+}
+
+/// A `--per-message --json` line.
+#[derive(Serialize)]
+struct MessageLine {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    id: u64,
+    t2_ns: u64,
+    recv_time: f64,
+    send_time: f64,
+    pid: u32,
+    tid: u32,
+    in_fd: u32,
+    out_fd: u32,
+}
+
 /// The label of descriptor `fd` of a flow, whose socket is `sock` (its id in
 /// the kernel half); `socks` by (pid, id).
 fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32, sock: u32) -> String {
@@ -397,19 +515,47 @@ fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32, sock: u32) -> 
     }
 }
 
-/// A value of a layout mirrored from msglat.h out of a map value or ring
-/// record at least its size (the callers check or the map guarantees it).
-fn pod<T: Copy>(bytes: &[u8]) -> T {
-    assert!(bytes.len() >= std::mem::size_of::<T>(), "short record");
-    // SAFETY: T is plain old data generated from msglat.h (any bit pattern
-    // is valid), and the length was checked.
-    unsafe { std::ptr::read_unaligned(bytes.as_ptr() as *const T) }
-}
-
 /// Runs `sonde msglat`; `ready` is called once everything is attached.
 pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    if a.pid.len() > MAX_PIDS {
-        return Err(usage(format!("at most {MAX_PIDS} --pid; trace the processes in groups")));
+    let json_out = validate(a)?;
+    features::require_tracing_privileges()?;
+    let socks = sockets(a)?;
+    let hooks = Hooks::pick(a.hooks)?;
+    let mut sink = Sink::open(a.run.path())?;
+    let loaded = load(a, hooks, &socks)?;
+    ctl.start_clock();
+    let start = Instant::now();
+    ready();
+    let (stop, gone) = stream(a, &loaded, ctl, &mut sink, json_out)?;
+    let elapsed = start.elapsed();
+    let counts = read_counts(a, &loaded.skel)?;
+    let labels = labels(&socks, hooks, &counts.flows);
+    let summary = summarize(a, hooks, &counts, &labels, socks.len(), gone, elapsed);
+    if json_out {
+        sink.json(&summary)?;
+    } else {
+        sink.line(&summary_text(&summary, &counts.hist))?;
+    }
+    sink.flush()?;
+    check_id_reach(a, &counts)?;
+    Ok(Outcome {
+        hist: counts.hist,
+        unmatched_recv: summary.unmatched_recv,
+        unmatched_send: summary.unmatched_send,
+        summary,
+        bpf_ns: counts.bpf_ns,
+        bpf_runs: counts.bpf_runs,
+        null_ns: counts.null_ns,
+        null_runs: counts.null_runs,
+        stop: if gone { Stop::Done } else { stop },
+    })
+}
+
+/// Checks the options (usage errors, before anything needs privileges);
+/// whether output is JSON.
+fn validate(a: &MsglatArgs) -> anyhow::Result<bool> {
+    if a.pid.len() > MSGLAT_MAX_PIDS {
+        return Err(usage(format!("at most {MSGLAT_MAX_PIDS} --pid; trace the processes in groups")));
     }
     if a.port.len() > MAX_PORTS {
         return Err(usage(format!("at most {MAX_PORTS} --port filters")));
@@ -419,13 +565,12 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             return Err(usage(format!("--pid {p}: no such process; check the pid with `pgrep`")));
         }
     }
-    if let Some(p) = &a.output {
-        if !p.extension().is_some_and(|e| e == "json" || e == "txt") {
-            return Err(usage(format!("-o {}: msglat writes .json (JSON lines) or .txt", p.display())));
-        }
-    }
-    let json_out = a.json || a.output.as_ref().is_some_and(|p| p.extension().is_some_and(|e| e == "json"));
-    features::require_tracing_privileges()?;
+    let out = a.run.output("msglat", &[(".json", true), (".txt", false)])?;
+    Ok(a.run.json || out.is_some_and(|(_, json)| json))
+}
+
+/// The sockets of the traced processes now, by `--port`.
+fn sockets(a: &MsglatArgs) -> anyhow::Result<Vec<SockFd>> {
     let mut socks = Vec::new();
     for &p in &a.pid {
         let mine = sockets_of(p);
@@ -438,16 +583,19 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             mine.into_iter().filter(|s| a.port.is_empty() || a.port.contains(&s.lport) || a.port.contains(&s.rport)),
         );
     }
-    let hooks = Hooks::pick(a.hooks)?;
-    let mut sink = Sink::open(a.output.as_deref())?;
-    let loaded = load(a, hooks, &socks)?;
-    // Labels by socket, not descriptor: a descriptor may be another socket by the end.
-    let mut labels: BTreeMap<(u32, u32), SockFd> = socks.iter().map(|s| ((s.pid, s.id(hooks)), s.clone())).collect();
-    ctl.start_clock();
-    let start = Instant::now();
-    ready();
+    Ok(socks)
+}
 
-    // --per-message records, written after every drain of the rings.
+/// Polls until the stop (or every traced process exited), writing the
+/// `--per-message` records after every drain; why it stopped and whether
+/// the processes exited.
+fn stream(
+    a: &MsglatArgs,
+    loaded: &Loaded,
+    ctl: &RunControl,
+    sink: &mut Sink,
+    json_out: bool,
+) -> anyhow::Result<(Stop, bool)> {
     let mono_epoch = mono_to_epoch();
     let pending: Rc<RefCell<Vec<types::ml_event>>> = Rc::default();
     let flush = |sink: &mut Sink| -> std::io::Result<()> {
@@ -456,12 +604,17 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         for e in evs.drain(..) {
             let t2 = e.send_ns.saturating_sub(e.recv_ns);
             if json_out {
-                sink.json(&json!({
-                    "type": "message", "id": e.id, "t2_ns": t2,
-                    "recv_time": epoch_secs(e.recv_ns, mono_epoch),
-                    "send_time": epoch_secs(e.send_ns, mono_epoch),
-                    "pid": e.tgid, "tid": e.tid, "in_fd": e.in_fd, "out_fd": e.out_fd,
-                }))?;
+                sink.json(&MessageLine {
+                    kind: "message",
+                    id: e.id,
+                    t2_ns: t2,
+                    recv_time: epoch_secs(e.recv_ns, mono_epoch),
+                    send_time: epoch_secs(e.send_ns, mono_epoch),
+                    pid: e.tgid,
+                    tid: e.tid,
+                    in_fd: e.in_fd,
+                    out_fd: e.out_fd,
+                })?;
             } else {
                 sink.line(&format!(
                     "id {:<12} T2 {:>10}  pid {} fd {} -> fd {}",
@@ -479,8 +632,8 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         Some(r) => {
             let p = pending.clone();
             Some(r.reader(move |d: &[u8]| {
-                if d.len() >= std::mem::size_of::<types::ml_event>() {
-                    p.borrow_mut().push(pod::<types::ml_event>(d));
+                if let Some(e) = record::decode::<types::ml_event>(d) {
+                    p.borrow_mut().push(e);
                 }
             })?)
         }
@@ -492,14 +645,34 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
             gone = true;
             ctl.request_stop();
         }
-        flush(&mut sink)?;
+        flush(sink)?;
         Ok(())
     })?;
     drop(rb);
-    flush(&mut sink)?;
-    let elapsed = start.elapsed();
+    flush(sink)?;
+    Ok((stop, gone))
+}
 
-    let skel = &loaded.skel;
+/// A flow: its key, messages, sum and maximum of T2.
+type Flow = (types::ml_flow_key, u64, u64, u64);
+
+/// What the maps hold at the end.
+struct Counts {
+    st: [u64; STAT_MAX],
+    hist: Hist,
+    /// The longest receive seen (for the --id error).
+    max_recv: u64,
+    /// Receives still waiting to be sent.
+    waiting: u64,
+    flows: Vec<Flow>,
+    bpf_ns: u64,
+    bpf_runs: u64,
+    null_ns: u64,
+    null_runs: u64,
+}
+
+/// Reads every counter, the histogram and the flows.
+fn read_counts(a: &MsglatArgs, skel: &MsglatSkel<'static>) -> anyhow::Result<Counts> {
     let (mut bpf_ns, mut bpf_runs, mut null_ns, mut null_runs) = (0, 0, 0, 0);
     for p in skel.object().progs() {
         let (ns, n) = run_stats(&p);
@@ -521,52 +694,53 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)?
         .unwrap_or_default()
         .iter()
-        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap()))
+        .filter_map(|v| record::decode::<u64>(v))
         .max()
         .unwrap_or(0);
     // Every receive recorded was paired, replaced (its id or table slot
     // taken by a later one), dropped from a full FIFO, or is still waiting:
     // in the id table (counted here, so the receive path counts nothing),
     // or in the FIFO (the receives it counted less the others).
-    let matched = hist.count;
     let waiting = if a.fifo {
-        st[RECVS].saturating_sub(matched + st[FIFO_OVERFLOW])
+        st[RECVS].saturating_sub(hist.count + st[FIFO_OVERFLOW])
     } else {
         let mut n = 0;
         for i in 0..skel.maps.waiting.max_entries() {
             if let Some(v) = skel.maps.waiting.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
-                n += (pod::<types::ml_waiting>(&v).tgid1 != 0) as u64;
+                n += record::decode::<types::ml_waiting>(&v).is_some_and(|w| w.tgid1 != 0) as u64;
             }
         }
         n
     };
-    let received = if a.fifo { st[RECVS] } else { matched + st[REPLACED] + waiting };
-    let sends = matched + st[UNMATCHED_SEND] + st[SHORT_SEND] + st[SEND_ID_FAULT];
-    let unmatched_recv = waiting + st[REPLACED] + st[FIFO_OVERFLOW];
-    let mut flows: Vec<(types::ml_flow_key, u64, u64, u64)> = Vec::new();
+    let flows = read_flows(a, skel)?;
+    Ok(Counts { st, hist, max_recv, waiting, flows, bpf_ns, bpf_runs, null_ns, null_runs })
+}
+
+/// Every flow, busiest first: those in the hash (their slot was taken) and
+/// those holding a slot of the flow table (never in the hash).
+fn read_flows(a: &MsglatArgs, skel: &MsglatSkel<'static>) -> anyhow::Result<Vec<Flow>> {
+    let mut flows: Vec<Flow> = Vec::new();
     for k in skel.maps.flows.keys() {
         let Some(per_cpu) = skel.maps.flows.lookup_percpu(&k, MapFlags::ANY)? else { continue };
+        let Some(key) = record::decode::<types::ml_flow_key>(&k) else { continue };
         let (mut c, mut s, mut m) = (0, 0, 0);
-        for v in per_cpu {
-            let f = pod::<types::ml_flow>(&v);
+        for f in per_cpu.iter().filter_map(|v| record::decode::<types::ml_flow>(v)) {
             c += f.count;
             s += f.sum_ns;
             m = m.max(f.max_ns);
         }
-        flows.push((pod::<types::ml_flow_key>(&k), c, s, m));
+        flows.push((key, c, s, m));
     }
-    // The flow table's claimed slots (a flow holding a slot is never in the
-    // hash: only flows that find their slot taken go there).
     for i in 0..skel.maps.flow_slots.max_entries() {
         let Some(v) = skel.maps.flow_slots.lookup(&i.to_ne_bytes(), MapFlags::ANY)? else { continue };
-        let f = pod::<types::ml_flow_slot>(&v);
+        let Some(f) = record::decode::<types::ml_flow_slot>(&v) else { continue };
         if f.key1 == 0 || f.count == 0 {
             continue;
         }
         let pslot = i as usize / (FLOW_WAYS * FLOW_WAYS);
         let (in_sock, out_sock) = (((f.key1 - 1) >> 32) as u32, (f.key1 - 1) as u32);
         let fds = match skel.maps.flow_fds.lookup(&i.to_ne_bytes(), MapFlags::ANY)? {
-            Some(v) => u64::from_ne_bytes(v[..8].try_into().unwrap()),
+            Some(v) => record::decode::<u64>(&v).unwrap_or(0),
             None => 0,
         };
         let key = types::ml_flow_key {
@@ -580,121 +754,157 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         flows.push((key, f.count, f.sum_ns, f.max_ns));
     }
     flows.sort_by_key(|f| std::cmp::Reverse(f.1));
-    // The sockets of the flows' processes now: the ends of those opened
-    // after the start, and of those connected since, while still open.
-    // Closed ones keep their ends from the start, if open then.
+    Ok(flows)
+}
+
+/// Labels by socket, not descriptor (a descriptor may be another socket by
+/// the end): the sockets at the start, overwritten by those of the flows'
+/// processes now (the ends of those opened after the start, and of those
+/// connected since, while still open). Closed ones keep their ends from the
+/// start, if open then.
+fn labels(socks: &[SockFd], hooks: Hooks, flows: &[Flow]) -> BTreeMap<(u32, u32), SockFd> {
+    let mut labels: BTreeMap<(u32, u32), SockFd> = socks.iter().map(|s| ((s.pid, s.id(hooks)), s.clone())).collect();
     let pids: std::collections::BTreeSet<u32> = flows.iter().map(|(k, ..)| k.tgid).collect();
     for pid in pids {
         for s in sockets_of(pid).into_iter().filter(|s| s.id(hooks) != 0) {
             labels.insert((pid, s.id(hooks)), s);
         }
     }
+    labels
+}
 
+/// The summary from what the maps hold.
+fn summarize(
+    a: &MsglatArgs,
+    hooks: Hooks,
+    c: &Counts,
+    labels: &BTreeMap<(u32, u32), SockFd>,
+    at_start: usize,
+    gone: bool,
+    elapsed: Duration,
+) -> Summary {
+    let (st, hist) = (&c.st, &c.hist);
     let (off, len) = a.id.unwrap_or((0, 8));
-    let summary = json!({
-        "type": "summary",
-        "count": hist.count,
-        "unmatched_recv": unmatched_recv,
-        "unmatched_send": st[UNMATCHED_SEND],
-        "p50_ns": hist.quantile_ns(0.5),
-        "p90_ns": hist.quantile_ns(0.9),
-        "p99_ns": hist.quantile_ns(0.99),
-        "max_ns": hist.max_ns,
-        "avg_ns": hist.avg_ns(),
-        "buckets": hist.json_buckets(),
-        "lost": st[LOST],
-        "pairing": if a.fifo { "fifo".to_string() } else { format!("id {off}:{len}") },
-        "hooks": hooks,
-        "received": received,
-        "sends": sends,
-        "waiting_at_end": waiting,
-        "replaced": st[REPLACED],
-        "fifo_overflow": st[FIFO_OVERFLOW],
-        "short_recv": st[SHORT_RECV],
-        "short_send": st[SHORT_SEND],
-        "id_fault": st[ID_FAULT] + st[SEND_ID_FAULT],
-        "map_full": {"flows": st[FLOW_FULL], "sockets_past_fd_limit": st[FDS_FULL]},
-        "sockets": {"at_start": socks.len(), "added": st[NEW_FDS]},
-        "calls_without_buffer": st[OTHER_CALL],
-        "flows": flows.iter().map(|(k, c, s, m)| json!({
-            "pid": k.tgid, "in_fd": k.in_fd, "out_fd": k.out_fd,
-            "in": label(&labels, k.tgid, k.in_fd, k.in_sock), "out": label(&labels, k.tgid, k.out_fd, k.out_sock),
-            "count": c, "avg_ns": s.checked_div(*c).unwrap_or(0), "max_ns": m,
-        })).collect::<Vec<_>>(),
-        "process_exited": gone,
-        "duration_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
-    });
-    if json_out {
-        sink.json(&summary)?;
-    } else {
-        let mut s = format!(
-            "\nT2, receive to send ({:.1}s, {} messages, pairing {}):\n",
-            elapsed.as_secs_f64(),
-            hist.count,
-            summary["pairing"].as_str().unwrap_or("")
-        );
-        s.push_str(&hist.render());
-        s.push_str(&format!(
-            "p50 {}  p90 {}  p99 {}  max {}  avg {}\n",
-            human(hist.quantile_ns(0.5)),
-            human(hist.quantile_ns(0.9)),
-            human(hist.quantile_ns(0.99)),
-            human(hist.max_ns),
-            human(hist.avg_ns())
-        ));
-        let rows: Vec<Vec<String>> = flows
+    Summary {
+        kind: "summary",
+        count: hist.count,
+        unmatched_recv: c.waiting + st[REPLACED] + st[FIFO_OVERFLOW],
+        unmatched_send: st[UNMATCHED_SEND],
+        p50_ns: hist.quantile_ns(0.5),
+        p90_ns: hist.quantile_ns(0.9),
+        p99_ns: hist.quantile_ns(0.99),
+        max_ns: hist.max_ns,
+        avg_ns: hist.avg_ns(),
+        buckets: hist.json_buckets(),
+        lost: st[LOST],
+        pairing: if a.fifo { "fifo".to_string() } else { format!("id {off}:{len}") },
+        hooks,
+        received: if a.fifo { st[RECVS] } else { hist.count + st[REPLACED] + c.waiting },
+        sends: hist.count + st[UNMATCHED_SEND] + st[SHORT_SEND] + st[SEND_ID_FAULT],
+        waiting_at_end: c.waiting,
+        replaced: st[REPLACED],
+        fifo_overflow: st[FIFO_OVERFLOW],
+        short_recv: st[SHORT_RECV],
+        short_send: st[SHORT_SEND],
+        id_fault: st[ID_FAULT] + st[SEND_ID_FAULT],
+        map_full: MapFull { flows: st[FLOW_FULL], sockets_past_fd_limit: st[FDS_FULL] },
+        sockets: Sockets { at_start, added: st[NEW_FDS] },
+        calls_without_buffer: st[OTHER_CALL],
+        flows: c
+            .flows
             .iter()
-            .map(|(k, c, sum, m)| {
-                vec![
-                    k.tgid.to_string(),
-                    label(&labels, k.tgid, k.in_fd, k.in_sock),
-                    label(&labels, k.tgid, k.out_fd, k.out_sock),
-                    c.to_string(),
-                    human(sum.checked_div(*c).unwrap_or(0)),
-                    human(*m),
-                ]
+            .map(|(k, n, sum, max)| FlowLine {
+                pid: k.tgid,
+                in_fd: k.in_fd,
+                out_fd: k.out_fd,
+                input: label(labels, k.tgid, k.in_fd, k.in_sock),
+                out: label(labels, k.tgid, k.out_fd, k.out_sock),
+                count: *n,
+                avg_ns: sum.checked_div(*n).unwrap_or(0),
+                max_ns: *max,
             })
-            .collect();
-        s.push_str(&format!(
-            "\nper flow:\n{}\n",
-            table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)
-        ));
-        s.push_str(&format!(
-            "unmatched: {unmatched_recv} receives never sent ({waiting} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}",
-            st[REPLACED], st[FIFO_OVERFLOW], st[UNMATCHED_SEND], st[SHORT_RECV], st[SHORT_SEND], st[ID_FAULT] + st[SEND_ID_FAULT], st[LOST], st[FLOW_FULL], st[FDS_FULL],
-            if gone { "\nthe process exited" } else { "" }
-        ));
-        if hooks == Hooks::Sockets && sends == 0 && received > 0 {
-            s.push_str("\nno TCP send seen: if the process sends over UDP or another protocol, use --hooks syscalls");
-        }
-        sink.line(&s)?;
+            .collect(),
+        process_exited: gone,
+        duration_s: (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
     }
-    sink.flush()?;
-    // Every receive too short for the id: the offset is wrong for this protocol.
-    if !a.fifo && received == 0 && st[SHORT_RECV] > 0 {
+}
+
+/// The text summary, from the typed one (and the histogram it summarizes).
+fn summary_text(s: &Summary, hist: &Hist) -> String {
+    let mut t = format!("\nT2, receive to send ({:.1}s, {} messages, pairing {}):\n", s.duration_s, s.count, s.pairing);
+    t.push_str(&hist.render());
+    t.push_str(&format!(
+        "p50 {}  p90 {}  p99 {}  max {}  avg {}\n",
+        human(s.p50_ns),
+        human(s.p90_ns),
+        human(s.p99_ns),
+        human(s.max_ns),
+        human(s.avg_ns)
+    ));
+    let rows: Vec<Vec<String>> = s
+        .flows
+        .iter()
+        .map(|f| {
+            vec![
+                f.pid.to_string(),
+                f.input.clone(),
+                f.out.clone(),
+                f.count.to_string(),
+                human(f.avg_ns),
+                human(f.max_ns),
+            ]
+        })
+        .collect();
+    t.push_str(&format!(
+        "\nper flow:\n{}\n",
+        table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)
+    ));
+    t.push_str(&format!(
+        "unmatched: {} receives never sent ({} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}",
+        s.unmatched_recv, s.waiting_at_end, s.replaced, s.fifo_overflow, s.unmatched_send, s.short_recv, s.short_send, s.id_fault, s.lost, s.map_full.flows, s.map_full.sockets_past_fd_limit,
+        if s.process_exited { "\nthe process exited" } else { "" }
+    ));
+    if s.hooks == Hooks::Sockets && s.sends == 0 && s.received > 0 {
+        t.push_str("\nno TCP send seen: if the process sends over UDP or another protocol, use --hooks syscalls");
+    }
+    t
+}
+
+/// Every receive too short for the id: the offset is wrong for this
+/// protocol (a usage error, after the summary).
+fn check_id_reach(a: &MsglatArgs, c: &Counts) -> anyhow::Result<()> {
+    let received = if a.fifo { c.st[RECVS] } else { c.hist.count + c.st[REPLACED] + c.waiting };
+    if !a.fifo && received == 0 && c.st[SHORT_RECV] > 0 {
+        let (off, len) = a.id.unwrap_or((0, 8));
         return Err(usage(format!(
-            "--id {off}:{len} lies beyond every message received ({} receives, the longest {max_recv} bytes); give an offset inside the message, or --fifo",
-            st[SHORT_RECV]
+            "--id {off}:{len} lies beyond every message received ({} receives, the longest {} bytes); give an offset inside the message, or --fifo",
+            c.st[SHORT_RECV], c.max_recv
         )));
     }
-    Ok(Outcome {
-        hist,
-        unmatched_recv,
-        unmatched_send: st[UNMATCHED_SEND],
-        summary,
-        bpf_ns,
-        bpf_runs,
-        null_ns,
-        null_runs,
-        stop: if gone { Stop::Done } else { stop },
-    })
+    Ok(())
 }
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &MsglatArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.duration)?;
+    let ctl = RunControl::new(a.run.duration)?;
     let out = run_with(a, &ctl, || {
         eprintln!("sonde: timing messages from receive to send; Ctrl-C ends with a summary");
     })?;
     Ok(out.stop.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use libbpf_rs::skel::SkelBuilder;
+
+    use super::*;
+
+    /// The stats map has exactly the slots the constants copied from
+    /// msglat.h name (no root needed: the object is opened, not loaded).
+    #[test]
+    fn stats_map_size_matches_the_slot_constants() {
+        let mut storage = MaybeUninit::uninit();
+        let open = MsglatSkelBuilder::default().open(&mut storage).expect("open the object");
+        assert_eq!(open.maps.stats.max_entries() as usize, STAT_MAX);
+    }
 }
