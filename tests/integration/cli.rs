@@ -162,18 +162,7 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         assert_eq!(err.trim_end().lines().count(), 1, "{c:?} must print one line: {err}");
         assert!(err.starts_with("sonde: "), "{c:?}: {err}");
     }
-    // New programs held by a live process belong to tests running alongside;
-    // one nobody holds that does not go away was left attached.
-    let mut left: Vec<u64> = Vec::new();
-    for _ in 0..20 {
-        let held = held_prog_ids();
-        left = our_prog_ids().into_iter().filter(|id| !before.contains(id) && !held.contains(id)).collect();
-        if left.is_empty() {
-            break;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    assert!(left.is_empty(), "bad input left programs attached: {left:?}");
+    assert_none_left(&before, "bad input");
 }
 
 #[test]
@@ -202,16 +191,7 @@ fn closed_stdout_ends_quietly_with_status_0_and_attaches_nothing() {
         assert_eq!(out.status.code(), Some(0), "{c:?}: {err}");
         assert!(!err.contains("pipe") && !err.contains("panicked") && !err.contains("error"), "{c:?}: {err}");
     }
-    let mut left: Vec<u64> = Vec::new();
-    for _ in 0..20 {
-        let held = held_prog_ids();
-        left = our_prog_ids().into_iter().filter(|id| !before.contains(id) && !held.contains(id)).collect();
-        if left.is_empty() {
-            break;
-        }
-        thread::sleep(Duration::from_millis(100));
-    }
-    assert!(left.is_empty(), "a closed stdout left programs attached: {left:?}");
+    assert_none_left(&before, "a closed stdout");
 }
 
 #[test]
@@ -267,4 +247,20 @@ fn every_tool_help_has_an_overhead_paragraph() {
     let out = Command::new(SONDE).args(["slow", "syscall:read"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code() == Some(2) && err.contains("--over"), "{err}");
+}
+
+/// No program of ours that was not there `before` stays without a holder:
+/// new programs held by a live process belong to tests running alongside,
+/// one nobody holds that does not go away was left attached by `what`.
+fn assert_none_left(before: &[u64], what: &str) {
+    let mut left: Vec<u64> = Vec::new();
+    for _ in 0..20 {
+        let held = held_prog_ids();
+        left = our_prog_ids().into_iter().filter(|id| !before.contains(id) && !held.contains(id)).collect();
+        if left.is_empty() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(left.is_empty(), "{what} left programs attached: {left:?}");
 }
