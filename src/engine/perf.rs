@@ -1,6 +1,4 @@
-//! Sampling perf events (for `profile` and doctor's probe) and per-CPU
-//! counter maps, shared by the tools.
-use libbpf_rs::{MapCore, MapFlags};
+//! Sampling perf events (for `profile`, `slow` and doctor's probe).
 
 /// What a sampling perf event counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,12 +70,6 @@ pub fn online_cpus() -> anyhow::Result<Vec<u32>> {
         }
     }
     Ok(v)
-}
-
-/// The sum over CPUs of a per-CPU array's u64 slot `key`.
-pub fn percpu_sum(map: &dyn MapCore, key: u32) -> anyhow::Result<u64> {
-    let vals = map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
-    Ok(vals.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap())).sum())
 }
 
 /// Opens a sampling event on every online CPU and attaches `prog` to each;

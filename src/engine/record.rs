@@ -56,6 +56,13 @@ pub fn decode_prefix<T: Pod>(bytes: &[u8], min: usize) -> Option<T> {
     decode(&buf)
 }
 
+/// The sum over CPUs of a per-CPU array's u64 slot `key` (the tools' stats
+/// maps; a value too short to hold a u64 counts 0).
+pub fn percpu_sum(map: &dyn libbpf_rs::MapCore, key: u32) -> anyhow::Result<u64> {
+    let vals = map.lookup_percpu(&key.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.unwrap_or_default();
+    Ok(vals.iter().filter_map(|v| decode::<u64>(v)).sum())
+}
+
 /// A NUL-terminated C char array (a task's comm, a congestion control's
 /// name) as a string.
 pub fn cstr(c: &[i8]) -> String {

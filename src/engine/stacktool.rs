@@ -43,7 +43,7 @@ pub struct StackLoss {
 impl StackLoss {
     /// Reads the four slots from `base` of the per-CPU array `stats`.
     pub fn read(stats: &dyn MapCore, base: u32) -> anyhow::Result<Self> {
-        let st = |i: u32| super::perf::percpu_sum(stats, base + i);
+        let st = |i: u32| super::record::percpu_sum(stats, base + i);
         Ok(StackLoss { collisions: st(0)?, kernel_errors: st(1)?, user_errors: st(2)?, counts_full: st(3)? })
     }
 }

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{error::env, perf::percpu_sum, taskfilter::TaskFilter};
+use super::{error::env, record::percpu_sum, taskfilter::TaskFilter};
 
 /// How user stacks are walked (`--unwind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]

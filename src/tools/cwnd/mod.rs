@@ -25,7 +25,7 @@ use crate::engine::{
     features,
     flowfilter::{ca_state, endpoint, FlowArgs, FlowFilter, FlowJson},
     output::{table, Formats, RunArgs, Sink},
-    perf::percpu_sum,
+    record::percpu_sum,
     record::{self, cstr},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},

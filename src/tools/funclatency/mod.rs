@@ -27,7 +27,7 @@ use crate::engine::{
     error::usage,
     features,
     kfunc::{fentry_clone, Attachment, VmlinuxBtf},
-    perf::percpu_sum,
+    record::percpu_sum,
     ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
     stacktool,

@@ -27,8 +27,8 @@ use crate::engine::hist::human;
 use crate::engine::{
     error::usage,
     features,
-    perf::percpu_sum,
     pprof::Weight,
+    record::percpu_sum,
     render::Format,
     run::{duration_arg, RunControl, Stop},
     stacks::{read_stack, read_walked, Images, RawSample, Stack, StackMaps, SymStats, Symbols},

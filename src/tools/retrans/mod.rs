@@ -28,7 +28,7 @@ use crate::engine::{
     features,
     flowfilter::{addr, ca_state, endpoint, tcp_state, FlowArgs, FlowFilter},
     output::{table, RunArgs, Sink},
-    perf::percpu_sum,
+    record::percpu_sum,
     record::{self, cstr},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
