@@ -142,6 +142,7 @@ mod tests {
             (&["funclatency"], "required"),
             (&["funclatency", "nocolon"], "nocolon"),
             (&["funclatency", "softirq:BOGUS"], "BOGUS"),
+            (&["funclatency", "syscall:read", "-o", "x.svg"], "x.svg: funclatency cannot write that format"),
             (&["slow", "syscall:read"], "--over"),
             (&["slow", "syscall:read", "--over", "0"], "0"),
             (&["cwnd", "--every", "soon"], "soon"),

@@ -213,3 +213,25 @@ fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
     assert_eq!(s["lost"]["slow_calls"], 0, "{s}");
     assert!(s["not_timed"]["too_deep"] == 0 && s["not_timed"]["unmatched_returns"] == 0, "{s}");
 }
+
+#[test]
+fn funclatency_writes_json_lines_to_an_o_file() {
+    // A sleeper whose nanosleep calls the file must count, as --json would.
+    let mut sleeper = KillOnDrop(Command::new("sh").args(["-c", "while :; do sleep 0.05; done"]).spawn().unwrap());
+    let path = std::env::temp_dir().join(format!("sonde-fl-{}.json", std::process::id()));
+    let out = Command::new(SONDE)
+        .args(["funclatency", "syscall:*nanosleep", "-d", "1s", "-o", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let _ = sleeper.0.kill();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stdout.is_empty(), "results go to the file, not stdout");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let calls: u64 = lines.iter().filter(|l| l["type"] == "latency").map(|l| l["count"].as_u64().unwrap()).sum();
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary", "{text}");
+    assert_eq!(summary["calls"].as_u64(), Some(calls), "{text}");
+    assert!(calls >= 5, "the sleeper slept about 20 times: {text}");
+}

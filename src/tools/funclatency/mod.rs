@@ -27,6 +27,7 @@ use crate::engine::{
     error::usage,
     features,
     kfunc::{fentry_clone, Attachment, VmlinuxBtf},
+    output::{RunArgs, Sink},
     record::percpu_sum,
     ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
@@ -77,6 +78,8 @@ const DEPTH: usize = 32;
 /// Trace hot user functions with -p, for short periods. Kernel functions:
 /// not measured (refused on the machine we benchmark on).
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("One JSON object per target and interval, then a summary line")))]
+#[command(mut_arg("output", |a| a.help("Write to this file instead of stdout: .json (JSON lines; implies --json) or .txt")))]
 pub struct FunclatencyArgs {
     /// Targets, filters and duration.
     #[command(flatten)]
@@ -84,9 +87,6 @@ pub struct FunclatencyArgs {
     /// Also print each interval's histograms this often (e.g. 5s).
     #[arg(short = 'i', long, value_parser = duration_arg)]
     pub interval: Option<Duration>,
-    /// One JSON object per target and interval, then a summary line.
-    #[arg(long)]
-    pub json: bool,
 }
 
 /// What to time, whose calls and for how long: shared by funclatency and slow.
@@ -102,9 +102,9 @@ pub struct Scope {
     /// Only tasks in this cgroup (v2 path).
     #[arg(long)]
     pub cgroup: Option<String>,
-    /// Stop after this long (e.g. 10s); default: until Ctrl-C.
-    #[arg(short = 'd', long, value_parser = duration_arg)]
-    pub duration: Option<Duration>,
+    /// -d, --json, -o.
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Most functions a glob may expand to.
     #[arg(long, default_value_t = 64)]
     pub max_probes: usize,
@@ -247,10 +247,19 @@ impl<'a> LatencyLine<'a> {
     }
 }
 
-/// Writes one JSON line to stdout.
-fn json_line(v: &impl Serialize) -> anyhow::Result<()> {
-    crate::outln!("{}", serde_json::to_string(v)?)?;
-    Ok(())
+/// Where funclatency writes (stdout or `-o`) and whether as JSON lines.
+pub struct Output {
+    sink: Sink,
+    json: bool,
+}
+
+impl Output {
+    /// stdout, or the `-o` file: .json (JSON lines, as --json) or .txt.
+    pub fn open(a: &FunclatencyArgs) -> anyhow::Result<Output> {
+        let run = &a.scope.run;
+        let out = run.output("funclatency", &[(".json", true), (".txt", false)])?;
+        Ok(Output { sink: Sink::open(run.path())?, json: run.json || out.is_some_and(|(_, json)| json) })
+    }
 }
 
 /// A loaded and attached kernel half.
@@ -870,6 +879,7 @@ fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe]) -> anyhow::Resul
 /// Step 3: waits for the stop, pruning dead threads' stacks every second
 /// and, with -i, printing each interval's calls.
 fn poll(
+    out: &mut Output,
     a: &FunclatencyArgs,
     ctl: &RunControl,
     skel: &FunclatencySkel<'_>,
@@ -888,7 +898,8 @@ fn poll(
         let Some(iv) = a.interval.filter(|_| due) else { return Ok(()) };
         interval_no += 1;
         let now = crate::engine::hist::read_percpu(&skel.maps.hists, n)?;
-        print_interval(a.json, probes, &now, &last, interval_no, iv)?;
+        print_interval(out, probes, &now, &last, interval_no, iv)?;
+        out.sink.flush()?;
         last = now;
         Ok(())
     })
@@ -896,7 +907,7 @@ fn poll(
 
 /// Prints the calls of interval `no` (histograms `now` less `last`).
 fn print_interval(
-    json: bool,
+    out: &mut Output,
     probes: &[Probe],
     now: &[Hist],
     last: &[Hist],
@@ -905,14 +916,15 @@ fn print_interval(
 ) -> anyhow::Result<()> {
     for (i, p) in probes.iter().enumerate() {
         let r = TargetResult { probe: p.clone(), hist: now[i].since(&last[i]), in_flight: 0, oldest_in_flight_ns: 0 };
-        if json {
-            json_line(&LatencyLine::new(&r, Some(no)))?;
+        if out.json {
+            out.sink.json(&LatencyLine::new(&r, Some(no)))?;
         } else if r.hist.count > 0 {
-            crate::out!("{}", target_text(&r))?;
+            let t = target_text(&r);
+            out.sink.line(t.strip_suffix('\n').unwrap_or(&t))?;
         }
     }
-    if !json {
-        crate::outln!("-- interval {no} ({} s)", iv.as_secs_f64())?;
+    if !out.json {
+        out.sink.line(&format!("-- interval {no} ({} s)", iv.as_secs_f64()))?;
     }
     Ok(())
 }
@@ -949,13 +961,18 @@ fn summary(targets: &[TargetResult], elapsed: Duration, not_timed: NotTimed, pro
 }
 
 /// Runs funclatency; `ready` is called once every probe is attached.
-pub fn run_with(a: &FunclatencyArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+pub fn run_with(
+    a: &FunclatencyArgs,
+    ctl: &RunControl,
+    out: &mut Output,
+    ready: impl FnOnce(),
+) -> anyhow::Result<Outcome> {
     let (tf, probes) = validate(a)?;
     let loaded = load(a, &tf, &probes)?;
     ctl.start_clock();
     let attached = Instant::now();
     ready();
-    let stop = poll(a, ctl, &loaded.skel, &probes, attached)?;
+    let stop = poll(out, a, ctl, &loaded.skel, &probes, attached)?;
     let at_stop = read_at_stop(&loaded.skel, &probes, attached)?;
     detach(loaded.links);
     let targets = target_results(probes, at_stop.hists, at_stop.flight);
@@ -1005,28 +1022,32 @@ pub fn doctor(cx: &Caps) -> Value {
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &FunclatencyArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.scope.duration)?;
-    let out = run_with(a, &ctl, || eprintln!("sonde: timing calls; Ctrl-C ends and prints the histograms"))?;
-    if a.json {
-        print_json(&out)?;
+    let ctl = RunControl::new(a.scope.run.duration)?;
+    let mut out = Output::open(a)?;
+    let res = run_with(a, &ctl, &mut out, || eprintln!("sonde: timing calls; Ctrl-C ends and prints the histograms"))?;
+    if out.json {
+        print_json(&mut out.sink, &res)?;
     } else {
-        print_text(&out)?;
+        print_text(&mut out.sink, &res)?;
     }
-    Ok(out.stop.exit_code())
+    out.sink.flush()?;
+    Ok(res.stop.exit_code())
 }
 
 /// A line per target, then the summary.
-fn print_json(out: &Outcome) -> anyhow::Result<()> {
+fn print_json(sink: &mut Sink, out: &Outcome) -> anyhow::Result<()> {
     for t in &out.targets {
-        json_line(&LatencyLine::new(t, None))?;
+        sink.json(&LatencyLine::new(t, None))?;
     }
-    json_line(&out.summary)
+    sink.json(&out.summary)?;
+    Ok(())
 }
 
 /// Each target's histogram; the totals and what was not timed to stderr.
-fn print_text(out: &Outcome) -> anyhow::Result<()> {
+fn print_text(sink: &mut Sink, out: &Outcome) -> anyhow::Result<()> {
     for t in &out.targets {
-        crate::out!("{}", target_text(t))?;
+        let text = target_text(t);
+        sink.line(text.strip_suffix('\n').unwrap_or(&text))?;
     }
     let s = &out.summary;
     let nt = &s.not_timed;

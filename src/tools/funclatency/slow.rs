@@ -61,6 +61,8 @@ const KEEP: usize = 100_000;
 /// and a stack walk per sample inside a slow call (walked from unwind tables
 /// by default: ~3 us for 35 frames in BPF, see `sonde profile --help`).
 #[derive(Debug, Args)]
+#[command(mut_arg("json", |a| a.help("JSON lines: each slow call, each flame-graph stack, then a summary")))]
+#[command(mut_arg("output", |a| a.help("Write the flame graph of slow calls here, repeatable; the extension picks the format: .folded, .svg, .html (interactive), .json or .pb.gz (pprof)")))]
 pub struct SlowArgs {
     /// Targets, filters and duration.
     #[command(flatten)]
@@ -71,9 +73,6 @@ pub struct SlowArgs {
     /// Samples per second per CPU while a call is slow.
     #[arg(short = 'F', long = "frequency", default_value_t = 999)]
     pub frequency: u64,
-    /// Write the flame graph of slow calls here (repeatable).
-    #[arg(short = 'o', long = "output")]
-    pub output: Vec<PathBuf>,
     /// Slowest calls listed (and rows of the top table).
     #[arg(long, default_value_t = 10)]
     pub top: usize,
@@ -83,9 +82,6 @@ pub struct SlowArgs {
     /// Sample kernel stacks only.
     #[arg(long)]
     pub kernel_only: bool,
-    /// JSON lines: each slow call, each flame-graph stack, then a summary.
-    #[arg(long)]
-    pub json: bool,
     /// How user stacks are walked.
     #[command(flatten)]
     pub unwind: UnwindArgs,
@@ -226,7 +222,7 @@ fn validate(a: &SlowArgs) -> anyhow::Result<(Outs, TaskFilter, Vec<Probe>)> {
     if a.frequency == 0 || a.frequency > 10_000 {
         return Err(usage(format!("-F {}: pick 1 to 10000 samples per second", a.frequency)));
     }
-    let outs = stacktool::check_outputs(&a.output)?;
+    let outs = stacktool::check_outputs(&a.scope.run.output)?;
     let (tf, probes) = a.scope.resolve()?;
     Ok((outs, tf, probes))
 }
@@ -278,7 +274,7 @@ fn drain(
     stacktool::run_until_stop(
         &skel.maps.stk_counts,
         ctl,
-        a.scope.duration,
+        a.scope.run.duration,
         Some(rb),
         unw,
         || {
@@ -461,11 +457,11 @@ pub fn doctor(cx: &Caps) -> Value {
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
-    let ctl = RunControl::new(a.scope.duration)?;
+    let ctl = RunControl::new(a.scope.run.duration)?;
     let out = run_with(a, &ctl, || {
         eprintln!("sonde: watching for calls over {}; Ctrl-C ends and reports", human(a.over.as_nanos() as u64))
     })?;
-    if a.json {
+    if a.scope.run.json {
         print_json(&out)?;
     } else {
         print_text(a, &out)?;
@@ -510,7 +506,7 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
         s.samples
     )?;
     print_sites(&out.calls, a.top)?;
-    if a.output.is_empty() && !out.stacks.is_empty() {
+    if a.scope.run.output.is_empty() && !out.stacks.is_empty() {
         crate::outln!()?;
         stacktool::print_top(&out.stacks, a.top, "SAMPLES", |v| v.to_string())?;
     }
