@@ -25,6 +25,7 @@ use super::netns::{remove_stale, Netns, PREFIX};
 use super::{install, median};
 use crate::{
     engine::{
+        cli,
         error::usage,
         features,
         hist::human,
@@ -383,18 +384,16 @@ fn traced_run(
         let _ = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", "1");
     }
     let ctl = RunControl::new(None)?;
-    let margs = MsglatArgs {
-        pid: vec![b.0.id()],
-        fifo: a.fifo,
-        hooks: Some(at.hooks),
-        run: crate::engine::output::RunArgs {
-            output: vec![at.dir.join(format!("msglat-{c}-{round}.json"))],
-            ..Default::default()
-        },
-        calibrate: stats,
-        floor: c == "floor",
-        ..Default::default()
-    };
+    let hooks = clap::ValueEnum::to_possible_value(&at.hooks).map(|v| v.get_name().to_string()).unwrap_or_default();
+    let output = at.dir.join(format!("msglat-{c}-{round}.json"));
+    let mut argv = vec!["-p".to_string(), b.0.id().to_string(), "--hooks".into(), hooks, "-o".into()];
+    argv.push(output.to_string_lossy().into_owned());
+    for (on, flag) in [(a.fifo, "--fifo"), (stats, "--calibrate"), (c == "floor", "--floor")] {
+        if on {
+            argv.push(flag.into());
+        }
+    }
+    let margs: MsglatArgs = cli::parse("msglat", argv)?;
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let r = std::thread::scope(|s| {
         let (ns, bin, ctl, cpu) = (at.ns, at.bin, &ctl, at.cpu);

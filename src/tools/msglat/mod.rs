@@ -119,11 +119,11 @@ pub struct MsglatArgs {
     pub run: RunArgs,
     /// The lab's bpf_stats run: also an empty program on a message
     /// tracepoint, to take the statistics' own cost out.
-    #[arg(skip)]
+    #[arg(long, hide = true)]
     pub calibrate: bool,
     /// The lab's floor row: empty programs on the socket hooks'
     /// tracepoints in place of msglat's (what reaching a program costs).
-    #[arg(skip)]
+    #[arg(long, hide = true)]
     pub floor: bool,
 }
 
