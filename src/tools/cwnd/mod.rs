@@ -739,17 +739,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let format = format_of(a)?;
     features::require_tracing_privileges()?;
     let hz = kernel_hz()?;
-    // Charts are written at the end; text and JSON stream to the sink.
-    let sink = match format {
-        Format::Svg | Format::Html => {
-            if let Some(p) = a.run.path() {
-                std::fs::File::create(p)
-                    .map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
-            }
-            Sink::open(None)?
-        }
-        _ => Sink::open(a.run.path())?,
-    };
+    let sink = open_sink(a, format)?;
     let order = attach::order(MECHANISMS, a.mechanism);
     let (loaded, mech, _fails) =
         with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
@@ -790,39 +780,77 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         return Err(anyhow::Error::new(e).context("writing events"));
     }
     let mut conns: Vec<ConnSummary> = std::mem::take(&mut p.conns).into_values().collect();
+    let dropped = p.points_dropped;
+    let summary = Summary {
+        kind: "summary",
+        connections: &conns,
+        totals: &totals,
+        observations: totals.observations,
+        samples: totals.samples,
+        idle_sends: totals.idle_sends,
+        restarts: totals.restarts,
+        lost: totals.lost,
+        missed: totals.missed,
+        map_full: MapFull { conns: totals.conn_full },
+        chart_points_dropped: dropped,
+        mechanism: mech,
+        hz,
+        duration_s: (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+    };
     match format {
-        Format::Json => {
-            let dropped = p.points_dropped;
-            p.sink.json(&serde_json::json!({
-                "type": "summary",
-                "connections": conns,
-                "totals": totals,
-                "observations": totals.observations,
-                "samples": totals.samples,
-                "idle_sends": totals.idle_sends,
-                "restarts": totals.restarts,
-                "lost": totals.lost,
-                "missed": totals.missed,
-                "map_full": {"conns": totals.conn_full},
-                "chart_points_dropped": dropped,
-                "mechanism": mech.to_string(),
-                "hz": hz,
-                "duration_s": (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
-            }))?;
-        }
-        Format::Text => {
-            let s = summary_text(&totals, &conns, mech, elapsed, p.points_dropped);
-            p.sink.line(&s)?;
-        }
+        Format::Json => p.sink.json(&summary)?,
+        Format::Text => p.sink.line(&summary_text(&totals, &conns, mech, elapsed, dropped))?,
         Format::Svg | Format::Html => {
             let path = a.run.path().expect("chart formats come from -o");
             write_chart(path, format, &mut conns, &totals, elapsed)?;
-            let s = summary_text(&totals, &conns, mech, elapsed, p.points_dropped);
+            let s = summary_text(&totals, &conns, mech, elapsed, dropped);
             eprintln!("{s}\nsonde: wrote {}", path.display());
         }
     }
     p.sink.flush()?;
     Ok(Outcome { idle_sends: std::mem::take(&mut p.idle_sends), conns, totals, mechanism: mech, stop })
+}
+
+/// Where cwnd writes: the `-o` file or stdout for text and JSON (they
+/// stream); a chart is written at the end, so its file is only created now
+/// (an unwritable path fails before anything is attached) and the sink is stdout.
+fn open_sink(a: &CwndArgs, format: Format) -> anyhow::Result<Sink> {
+    match format {
+        Format::Svg | Format::Html => {
+            if let Some(p) = a.run.path() {
+                std::fs::File::create(p)
+                    .map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
+            }
+            Sink::open(None)
+        }
+        _ => Sink::open(a.run.path()),
+    }
+}
+
+/// cwnd's `{"type":"summary",...}` line (schema in the README).
+#[derive(Serialize)]
+struct Summary<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    connections: &'a [ConnSummary],
+    totals: &'a Totals,
+    observations: u64,
+    samples: u64,
+    idle_sends: u64,
+    restarts: u64,
+    lost: u64,
+    missed: u64,
+    map_full: MapFull,
+    chart_points_dropped: u64,
+    mechanism: Mechanism,
+    hz: u32,
+    duration_s: f64,
+}
+
+/// The summary's `"map_full"` object.
+#[derive(Serialize)]
+struct MapFull {
+    conns: u64,
 }
 
 /// Entry point for the CLI; returns the exit status.
