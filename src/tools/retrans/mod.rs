@@ -419,6 +419,20 @@ struct Printer {
 }
 
 impl Printer {
+    fn new(sink: Sink, json: bool, stacks: bool) -> Self {
+        Printer {
+            sink,
+            json,
+            mono_to_epoch: mono_to_epoch(),
+            ksyms: stacks.then(KernelSymbols::default),
+            header_done: false,
+            error: None,
+            pending: Vec::new(),
+            read_counts: [0; KIND_MAX],
+            read_segs: [0; KIND_MAX],
+        }
+    }
+
     fn event(&mut self, data: &[u8]) {
         // The stack at the end is sent only with --stack.
         let base = std::mem::size_of::<types::rt_event>() - 32 * 8;
@@ -661,17 +675,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     let start = Instant::now();
     ready();
 
-    let printer = Rc::new(RefCell::new(Printer {
-        sink,
-        json: json_out,
-        mono_to_epoch: mono_to_epoch(),
-        ksyms: a.stack.then(KernelSymbols::default),
-        header_done: false,
-        error: None,
-        pending: Vec::new(),
-        read_counts: [0; KIND_MAX],
-        read_segs: [0; KIND_MAX],
-    }));
+    let printer = Rc::new(RefCell::new(Printer::new(sink, json_out, a.stack)));
 
     let rb = match &loaded.rings {
         Some(r) => {
@@ -708,17 +712,28 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         rb.consume().context("reading the ring buffers")?;
     }
     drop(rb);
-    let skel = &loaded.skel;
     let mut p = printer.borrow_mut();
     p.print_pending();
+    let totals = report(a, &loaded.skel, &mut p, missed, mech, start.elapsed())?;
+    Ok(Outcome { totals, stop })
+}
 
+/// The totals (the kernel's counts plus the events user space read) and
+/// what ends a run: the `--count` table and the summary.
+fn report(
+    a: &RetransArgs,
+    skel: &RetransSkel<'_>,
+    p: &mut Printer,
+    missed: u64,
+    mech: Mechanism,
+    elapsed: Duration,
+) -> anyhow::Result<Totals> {
     let mut totals = read_totals(skel)?;
     for k in 0..KIND_MAX {
         totals.counts[k] += p.read_counts[k];
         totals.segs[k] += p.read_segs[k];
     }
     totals.missed = missed;
-    let elapsed = start.elapsed();
     if let Some(e) = p.error.take() {
         return Err(anyhow::Error::new(e).context("writing events"));
     }
@@ -733,7 +748,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         p.sink.line(&summary_text(&totals, mech, elapsed))?;
     }
     p.sink.flush()?;
-    Ok(Outcome { totals, stop })
+    Ok(totals)
 }
 
 /// Entry point for the CLI; returns the exit status.
