@@ -129,7 +129,24 @@ pub enum KernelMechanism {
     Kprobe,
 }
 
+/// How kernel functions are probed, in fallback order, with what each
+/// attaches: loading tries them in turn (`--kernel-mechanism` forces one) and
+/// doctor reports the ones this kernel allows from the same list.
+pub const KERNEL_MECHANISMS: &[(KernelMechanism, &str)] = &[
+    (KernelMechanism::Fentry, "fentry/fexit"),
+    (KernelMechanism::KprobeMulti, "kprobe-multi"),
+    (KernelMechanism::Kprobe, "a kprobe/kretprobe per function"),
+];
+
 impl KernelMechanism {
+    /// Which of doctor's probes says this kernel allows it.
+    fn needs(self) -> &'static str {
+        match self {
+            KernelMechanism::Fentry => "fentry",
+            KernelMechanism::KprobeMulti | KernelMechanism::Kprobe => "kprobe",
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             KernelMechanism::Fentry => "fentry",
@@ -712,9 +729,7 @@ fn load_with_fallback(
     let korder: Vec<Option<KernelMechanism>> = match (kernel, scope.kernel_mechanism) {
         (false, _) => vec![None],
         (true, Some(m)) => vec![Some(m)],
-        (true, None) => {
-            vec![Some(KernelMechanism::Fentry), Some(KernelMechanism::KprobeMulti), Some(KernelMechanism::Kprobe)]
-        }
+        (true, None) => KERNEL_MECHANISMS.iter().map(|(m, _)| Some(*m)).collect(),
     };
     let umulti = user && !scope.single_uprobes && features::btf_has_type("bpf_uprobe_multi_link");
     let mut failures = Vec::new();
@@ -984,12 +999,11 @@ pub fn run_with(
 /// tracepoints; kernel functions need fentry or kprobes.
 pub fn doctor(cx: &Caps) -> Value {
     let ok = |n: &str| cx.ok(n);
-    let kernel_fn = if ok("fentry") {
-        "kernel:GLOB: fentry/fexit, else kprobe-multi, else a kprobe per function"
-    } else if ok("kprobe") {
-        "kernel:GLOB: kprobe-multi, else a kprobe/kretprobe per function (fentry refused)"
+    let allowed: Vec<&str> = KERNEL_MECHANISMS.iter().filter(|(m, _)| ok(m.needs())).map(|(_, d)| *d).collect();
+    let kernel_fn = if allowed.is_empty() {
+        "kernel:GLOB unavailable: neither fentry nor kprobes here".to_string()
     } else {
-        "kernel:GLOB unavailable: neither fentry nor kprobes here"
+        format!("kernel:GLOB: {}", allowed.join(", else "))
     };
     let multi = features::btf_has_type("bpf_uprobe_multi_link");
     let syscalls = features::tracepoint_exists("syscalls", "sys_enter_read");
