@@ -50,10 +50,13 @@ pub fn decode_prefix<T: Pod>(bytes: &[u8], min: usize) -> Option<T> {
     if bytes.len() < min.min(size) {
         return None;
     }
-    let mut buf = vec![0u8; size];
+    // SAFETY: T: Pod, so all-zero bytes are a valid T.
+    let mut t: T = unsafe { std::mem::zeroed() };
     let n = bytes.len().min(size);
-    buf[..n].copy_from_slice(&bytes[..n]);
-    decode(&buf)
+    // SAFETY: n <= size_of::<T>() bytes are copied from bytes (at least n
+    // long) into t, which does not overlap it; any bytes are a valid T.
+    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), (&mut t as *mut T).cast::<u8>(), n) };
+    Some(t)
 }
 
 /// The sum over CPUs of a per-CPU array's u64 slot `key` (the tools' stats
