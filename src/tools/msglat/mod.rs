@@ -537,7 +537,7 @@ pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyho
         sink.line(&summary_text(&summary, &counts.hist))?;
     }
     sink.flush()?;
-    check_id_reach(a, &counts)?;
+    check_id_reach(a, &summary, counts.max_recv)?;
     Ok(Outcome {
         hist: counts.hist,
         unmatched_recv: summary.unmatched_recv,
@@ -872,13 +872,12 @@ fn summary_text(s: &Summary, hist: &Hist) -> String {
 
 /// Every receive too short for the id: the offset is wrong for this
 /// protocol (a usage error, after the summary).
-fn check_id_reach(a: &MsglatArgs, c: &Counts) -> anyhow::Result<()> {
-    let received = if a.fifo { c.st[RECVS] } else { c.hist.count + c.st[REPLACED] + c.waiting };
-    if !a.fifo && received == 0 && c.st[SHORT_RECV] > 0 {
+fn check_id_reach(a: &MsglatArgs, s: &Summary, max_recv: u64) -> anyhow::Result<()> {
+    if !a.fifo && s.received == 0 && s.short_recv > 0 {
         let (off, len) = a.id.unwrap_or((0, 8));
         return Err(usage(format!(
-            "--id {off}:{len} lies beyond every message received ({} receives, the longest {} bytes); give an offset inside the message, or --fifo",
-            c.st[SHORT_RECV], c.max_recv
+            "--id {off}:{len} lies beyond every message received ({} receives, the longest {max_recv} bytes); give an offset inside the message, or --fifo",
+            s.short_recv
         )));
     }
     Ok(())
