@@ -507,13 +507,13 @@ fn measure(a: &DnsLabArgs, pid: u32, responder: &Responder, load: &Load) -> anyh
     // 1. profile: little CPU.
     let c = phase()?;
     let ms = format!("{}ms", a.duration.as_millis());
-    let outputs = |tool: &str| outputs(a, tool).into_iter().flat_map(|p| ["-o".into(), p.into_os_string()]);
+    let o_flags = |tool: &str| outputs(a, tool).into_iter().flat_map(|p| ["-o".into(), p.into_os_string()]);
     let pargs: ProfileArgs = cli::parse(
         "profile",
         ["-p", &pid.to_string(), "-F", &a.frequency.to_string(), "-d", &ms, "--top", "10"]
             .map(std::ffi::OsString::from)
             .into_iter()
-            .chain(outputs("profile")),
+            .chain(o_flags("profile")),
     )?;
     let p = profile::run_with(&pargs, &c, || {})?;
     let cpu_sampled = p.totals.samples as f64 / (a.frequency as f64 * a.duration.as_secs_f64());
@@ -528,7 +528,7 @@ fn measure(a: &DnsLabArgs, pid: u32, responder: &Responder, load: &Load) -> anyh
             ["-p", &pid.to_string(), "-d", &ms, "--per-process", "--top", "10"]
                 .map(std::ffi::OsString::from)
                 .into_iter()
-                .chain(outputs(tool)),
+                .chain(o_flags(tool)),
         )
     };
     // offcpu, or with `wake` wakeup, and the responder's hold time over its window.
