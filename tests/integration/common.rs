@@ -90,6 +90,22 @@ pub(crate) fn wait_for_stderr_line(r: &mut BufReader<std::process::ChildStderr>,
     }
 }
 
+/// Every line of `--json` output (stdout bytes or a file's text), parsed.
+pub(crate) fn json_lines(out: impl AsRef<[u8]>) -> Vec<Value> {
+    String::from_utf8_lossy(out.as_ref()).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// Messages a summary's histogram holds in the buckets above `ns`.
+pub(crate) fn count_above(summary: &Value, ns: u64) -> u64 {
+    summary["buckets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["le_ns"].as_u64().unwrap() > ns)
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum()
+}
+
 pub(crate) fn summary(v: &[Value]) -> &Value {
     let s = v.last().expect("no output");
     assert_eq!(s["type"], "summary", "last line must be the summary: {s}");

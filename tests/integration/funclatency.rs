@@ -4,7 +4,7 @@ use super::common::*;
 
 /// `--json` latency lines of a funclatency run, by target.
 fn latency_lines(stdout: &[u8]) -> (std::collections::HashMap<String, Value>, Value) {
-    let lines: Vec<Value> = String::from_utf8_lossy(stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = json_lines(stdout);
     let s = summary(&lines).clone();
     let by = lines
         .iter()
@@ -186,8 +186,7 @@ fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = json_lines(&out.stdout);
     let s = summary(&lines);
     // Built in: one call in ten spends 5 ms in inner_slow(), the rest 50 us.
     // Every via_slow() call is slow; a via_fast() one only if preempted for
@@ -228,7 +227,7 @@ fn funclatency_writes_json_lines_to_an_o_file() {
     assert!(out.stdout.is_empty(), "results go to the file, not stdout");
     let text = std::fs::read_to_string(&path).unwrap();
     let _ = std::fs::remove_file(&path);
-    let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = json_lines(&text);
     let calls: u64 = lines.iter().filter(|l| l["type"] == "latency").map(|l| l["count"].as_u64().unwrap()).sum();
     let summary = lines.last().unwrap();
     assert_eq!(summary["type"], "summary", "{text}");

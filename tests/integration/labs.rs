@@ -220,12 +220,6 @@ fn lab_msglat_runs_each_configuration_on_one_cpu_and_finds_the_held_messages() {
         (Some(2000), Some(0), Some(0)),
         "{s}"
     );
-    let held: u64 = s["buckets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|b| b["le_ns"].as_u64().unwrap() > 300_000)
-        .map(|b| b["count"].as_u64().unwrap())
-        .sum();
+    let held: u64 = count_above(s, 300_000);
     assert!((200..=203).contains(&held), "{held} messages from 300 us up: {s}");
 }

@@ -58,7 +58,7 @@ fn msglat_run(size: usize, extra: &[&str], args: &[&str], count: u32, spacing_us
     let out = s.wait_with_output().unwrap();
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut err, &mut rest);
-    let vals = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let vals = json_lines(&out.stdout);
     (out.status.code().unwrap_or(-1), vals, rest)
 }
 
@@ -103,13 +103,7 @@ fn msglat_finds_the_delayed_messages_by_id_and_in_fifo_order() {
         );
         assert!(slow.len() - delayed.len() <= 3, "{mode:?}: {} slow messages not delayed", slow.len() - delayed.len());
         // The histogram agrees: 300 messages in the buckets from 300 us up.
-        let from_300us: u64 = s["buckets"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|b| b["le_ns"].as_u64().unwrap() > 300_000)
-            .map(|b| b["count"].as_u64().unwrap())
-            .sum();
+        let from_300us: u64 = count_above(s, 300_000);
         assert_eq!(
             from_300us as usize,
             slow.len()

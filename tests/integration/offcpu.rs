@@ -118,8 +118,7 @@ fn offcpu_sampled_short_blocks_match_the_kernels_own_blocked_time() {
             .unwrap();
         let (b1, t1) = offcpu_ns(pid, tid);
         assert_eq!(out.status.code(), Some(0), "{tool} {extra:?}: {}", String::from_utf8_lossy(&out.stderr));
-        let lines: Vec<Value> =
-            String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = json_lines(&out.stdout);
         let s = summary(&lines);
         // The kernel's share of time off CPU over the run against sonde's
         // estimate over its traced window.

@@ -199,8 +199,7 @@ fn profile_json_and_top_table_agree_with_the_workload() {
     // SAFETY: sysconf takes no pointers.
     let cpu = (cpu_ticks(w.0.id()) - t0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     assert_eq!(out.status.code(), Some(0));
-    let lines: Vec<Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = json_lines(&out.stdout);
     let s = summary(&lines);
     let counted: u64 = lines.iter().filter(|v| v["type"] == "stack").map(|v| v["count"].as_u64().unwrap()).sum();
     assert_eq!(Some(counted), s["samples"].as_u64(), "{s}");

@@ -56,8 +56,7 @@ fn profile_user(pid: u32, mode: &str, dir: &std::path::Path, tag: &str) -> (Vec<
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = json_lines(&out.stdout);
     (read_folded(&folded), summary(&lines).clone())
 }
 
@@ -366,8 +365,7 @@ fn edges(mode: &[&str]) -> (Vec<(Vec<String>, u64)>, Value) {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> =
-        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<Value> = json_lines(&out.stdout);
     (read_folded(&folded), summary(&lines).clone())
 }
 
