@@ -85,6 +85,70 @@ pub enum Attachment {
     Fd(OwnedFd),
 }
 
+/// A loaded program's BTF and one function record per subprogram, with the
+/// offsets of its instructions as libbpf hands them over (`insns()`), so that a
+/// copy is verified as the original was: each global function once.
+struct FuncInfo {
+    btf: OwnedFd,
+    recs: Vec<libbpf_sys::bpf_func_info>,
+}
+
+impl FuncInfo {
+    /// The kernel keeps the program's function records (their type ids in
+    /// order) but reports them at offsets in its rewritten code; the
+    /// subprograms start, in the same order, at instruction 0 and at every
+    /// target of a call or function reference in `insns`. None when the
+    /// program has no BTF or the counts disagree.
+    fn of(prog: &Program, insns: &[libbpf_sys::bpf_insn]) -> Option<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let fd = prog.as_fd().as_raw_fd();
+        let mut info = libbpf_sys::bpf_prog_info::default();
+        let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+        // SAFETY: info is sized by len and owned here.
+        if unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) } != 0 || info.nr_func_info == 0 {
+            return None;
+        }
+        let n = info.nr_func_info as usize;
+        let mut recs = vec![libbpf_sys::bpf_func_info::default(); n];
+        let mut again = libbpf_sys::bpf_prog_info {
+            nr_func_info: n as u32,
+            func_info_rec_size: std::mem::size_of::<libbpf_sys::bpf_func_info>() as u32,
+            func_info: recs.as_mut_ptr() as u64,
+            ..Default::default()
+        };
+        let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+        // SAFETY: the kernel writes at most nr_func_info records of the given size into recs.
+        if unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut again, &mut len) } != 0 {
+            return None;
+        }
+        let mut starts = vec![0u32];
+        let mut i = 0usize;
+        while i < insns.len() {
+            let ins = &insns[i];
+            let call = ins.code == (libbpf_sys::BPF_JMP | libbpf_sys::BPF_CALL) as u8
+                && ins.src_reg() == libbpf_sys::BPF_PSEUDO_CALL as u8;
+            let ld_func = ins.code == (libbpf_sys::BPF_LD | libbpf_sys::BPF_IMM | libbpf_sys::BPF_DW) as u8
+                && ins.src_reg() == libbpf_sys::BPF_PSEUDO_FUNC as u8;
+            if call || ld_func {
+                starts.push((i as i64 + ins.imm as i64 + 1) as u32);
+            }
+            i += if ins.code == (libbpf_sys::BPF_LD | libbpf_sys::BPF_IMM | libbpf_sys::BPF_DW) as u8 { 2 } else { 1 };
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        if starts.len() != n {
+            return None;
+        }
+        for (r, s) in recs.iter_mut().zip(starts) {
+            r.insn_off = s;
+        }
+        // SAFETY: returns a new fd we own, or a negative error.
+        let btf = unsafe { libbpf_sys::bpf_btf_get_fd_by_id(info.btf_id) };
+        // SAFETY: a new fd we own.
+        (btf >= 0).then(|| Self { btf: unsafe { OwnedFd::from_raw_fd(btf) }, recs })
+    }
+}
+
 /// Loads `template` (a loaded fentry or fexit program) again for function
 /// `btf_id` and links it with `cookie`. The program fd is closed once the
 /// link holds it.
@@ -103,6 +167,16 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
         log_level: 0,
         ..Default::default()
     };
+    // The template's function records: without them every global function
+    // (the stack walk) would be verified inline at each call, which takes
+    // minutes and then exceeds the verifier's budget.
+    let funcs = FuncInfo::of(template, insns);
+    if let Some(f) = &funcs {
+        opts.prog_btf_fd = f.btf.as_raw_fd() as u32;
+        opts.func_info = f.recs.as_ptr().cast();
+        opts.func_info_cnt = f.recs.len() as u32;
+        opts.func_info_rec_size = std::mem::size_of::<libbpf_sys::bpf_func_info>() as u32;
+    }
     let name = CString::new(if exit { "fl_kexit" } else { "fl_kentry" }).unwrap();
     // SAFETY: insns outlive the call; opts is sized and its buffer valid.
     let fd = unsafe {
