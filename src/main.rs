@@ -27,6 +27,7 @@ enum Cmd {
     Funclatency(tools::funclatency::FunclatencyArgs),
     Slow(tools::funclatency::slow::SlowArgs),
     Msglat(tools::msglat::MsglatArgs),
+    Serve(tools::serve::ServeArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
 }
@@ -83,6 +84,7 @@ fn dispatch(cmd: &Cmd) -> anyhow::Result<i32> {
         Cmd::Funclatency(a) => tools::funclatency::run(a),
         Cmd::Slow(a) => tools::funclatency::slow::run(a),
         Cmd::Msglat(a) => tools::msglat::run(a),
+        Cmd::Serve(a) => tools::serve::run(a),
         Cmd::Lab(a) => lab::run(a),
     }
 }

@@ -50,6 +50,16 @@ impl RunControl {
         Ok(Self { signal, duration, deadline: Arc::new(std::sync::Mutex::new(duration.map(|d| Instant::now() + d))) })
     }
 
+    /// A control for a run inside this process's (sonde serve's profiles):
+    /// the same signals stop it, with its own `duration`.
+    pub fn with_duration(&self, duration: Duration) -> Self {
+        Self {
+            signal: self.signal.clone(),
+            duration: Some(duration),
+            deadline: Arc::new(std::sync::Mutex::new(Some(Instant::now() + duration))),
+        }
+    }
+
     /// Starts the duration over from now: tools call it once attached, so
     /// that a long attach (hundreds of probes) does not eat into `-d`.
     pub fn start_clock(&self) {

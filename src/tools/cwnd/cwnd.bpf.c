@@ -45,6 +45,16 @@ const volatile __u64 every_ns = 0;
 /* Also report sends after at least this many jiffies with nothing in
  * flight (--min-idle); 0: only sends idle longer than the RTO. */
 const volatile __u32 min_idle_j = 0;
+/* sonde serve: count idle sends per congestion control and reason in
+ * `idle_counts`; no events. */
+const volatile bool count_only = false;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, struct cw_idle_key);
+	__type(value, __u64);
+} idle_counts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -63,6 +73,7 @@ struct {
 
 /* Referenced so that the skeleton generates a Rust mirror of the layout. */
 struct cw_event _cw_event = {};
+struct cw_idle_key _cw_idle_key = {};
 
 /* What we read from a tcp_sock. */
 struct tcpvals {
@@ -206,6 +217,8 @@ static __always_inline void emit_idle(struct cw_conn *c, const struct tcpvals *v
 	stat_add(STAT_IDLE_SENDS);
 	if (c->idle.reason == REASON_RESTART)
 		stat_add(STAT_RESTARTS);
+	if (count_only)
+		return;
 	void *rb;
 	struct cw_event *e = reserve(&rb);
 	if (!e)
@@ -342,6 +355,17 @@ static __always_inline int on_send(const struct sock *sk, bool typed)
 	c->idle.reason = reason;
 	c->idle.sysctl = sysctl;
 	c->idle.cong_control = cong_control;
+	if (count_only) {
+		/* Counted at the decision: nothing waits for the cwnd after it. */
+		struct cw_idle_key k = { .reason = reason };
+		__builtin_memcpy(k.cc, c->cc, sizeof(k.cc));
+		__u64 one = 1, *n = bpf_map_lookup_elem(&idle_counts, &k);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else if (bpf_map_update_elem(&idle_counts, &k, &one, BPF_NOEXIST))
+			stat_add(STAT_CONN_FULL);
+		return 0;
+	}
 	c->pending = 1;
 	return 0;
 }

@@ -26,6 +26,12 @@ enum cw_confirm {
 	BY_CLOSE = 2, /* the socket was destroyed first */
 };
 
+/* serve: idle sends per congestion control and reason. */
+struct cw_idle_key {
+	char cc[CC_NAME_LEN];
+	__u32 reason;
+};
+
 struct cw_flow {
 	__u8 saddr[16];
 	__u8 daddr[16];

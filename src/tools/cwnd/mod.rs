@@ -35,7 +35,9 @@ use crate::tools::doctor::{cannot, Caps};
 use serde_json::{json, Value};
 
 crate::skeleton!("cwnd");
-crate::pod!(types::cw_event);
+crate::pod!(types::cw_event, types::cw_idle_key);
+
+pub mod collect;
 use skel::{types, CwndSkel, CwndSkelBuilder};
 
 const CW_IDLE_SEND: u8 = 1;
@@ -204,7 +206,9 @@ fn programs(m: Mechanism) -> [&'static str; 3] {
     }
 }
 
-fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism) -> anyhow::Result<Loaded> {
+/// `count_only` (serve): idle sends counted per congestion control and
+/// reason in the kernel, no events, and no tcp_probe program.
+fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism, count_only: bool) -> anyhow::Result<Loaded> {
     let has_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
     if matches!(mech, Mechanism::TpBtf | Mechanism::RawTp) && !has_tp {
         anyhow::bail!("this kernel has no tcp:tcp_sendmsg_locked tracepoint");
@@ -223,10 +227,14 @@ fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism) -> anyhow::Re
     ro.every_ns = a.every.map(|d| d.as_nanos() as u64).unwrap_or(0);
     ro.min_idle_j = a.min_idle.map(|d| ((d.as_nanos() * hz as u128) / 1_000_000_000).max(1) as u32).unwrap_or(0);
     ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
+    ro.count_only = count_only;
     if !hashed {
         open.maps.conns.set_max_entries(1)?;
     }
-    let wanted = programs(mech);
+    let mut wanted = programs(mech);
+    if count_only {
+        wanted[0] = "";
+    }
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
         prog.set_autoload(wanted.contains(&name.as_str()));
@@ -742,7 +750,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let sink = open_sink(a, format)?;
     let order = attach::order(MECHANISMS, a.mechanism);
     let (loaded, mech, _fails) =
-        with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m))?;
+        with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m, false))?;
     ctl.start_clock();
     let start = Instant::now();
     let start_mono_ns = (clock_ns(libc::CLOCK_MONOTONIC)) as u64;

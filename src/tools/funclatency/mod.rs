@@ -6,6 +6,7 @@
 //! `poll` until the stop (printing each `-i` interval), `read_at_stop` before
 //! anything is detached, then `detach` and build the typed [`Summary`]. [`run`]
 //! prints the results with `print_json` or `print_text`, both from typed data.
+pub mod collect;
 pub mod slow;
 pub mod targets;
 

@@ -1,6 +1,7 @@
 //! `sonde retrans`: every TCP retransmission with its cause, flow, state and
 //! owning process; per event or counted in the kernel.
 mod baseline;
+pub mod collect;
 mod names;
 
 use std::{
@@ -38,7 +39,7 @@ use crate::engine::{
 use crate::tools::doctor::{cannot, Caps};
 
 crate::skeleton!("retrans");
-crate::pod!(types::rt_event, types::rt_flow, types::rt_flow_stats);
+crate::pod!(types::rt_event, types::rt_flow, types::rt_flow_stats, types::rt_group, types::rt_group_stats);
 use skel::{types, RetransSkel, RetransSkelBuilder};
 
 const KIND_MAX: usize = 7;
@@ -50,7 +51,8 @@ const STAT_FILTERED: usize = STAT_LOST + 3;
 const STAT_UNREADABLE: usize = STAT_LOST + 4;
 const STAT_FILTERED_SEGS: usize = STAT_LOST + 5;
 const STAT_UNSEEN_SEGS: usize = STAT_LOST + 6;
-const STAT_MAX: usize = STAT_LOST + 7;
+const STAT_GROUP_FULL: usize = STAT_LOST + 7;
+const STAT_MAX: usize = STAT_LOST + 8;
 const MAX_ERRNO: u32 = 256;
 /// Slots of the failed-attempt map: errnos, then positive verdicts (retrans.h).
 const ERR_SLOTS: u32 = MAX_ERRNO + 8;
@@ -143,6 +145,10 @@ pub struct RetransArgs {
 struct Config {
     flow: FlowFilter,
     kind_mask: u32,
+    /// serve: no per-flow table, only the totals.
+    flows_off: bool,
+    /// serve: counts per owner cgroup and kind too.
+    by_cgroup: bool,
 }
 
 fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
@@ -154,7 +160,7 @@ fn validate(a: &RetransArgs) -> anyhow::Result<Config> {
     if a.kind.contains(&Kind::Failed) && !a.failed {
         return Err(usage("--kind failed needs --failed (failed attempts are not retransmissions)"));
     }
-    Ok(Config { flow, kind_mask })
+    Ok(Config { flow, kind_mask, flows_off: false, by_cgroup: false })
 }
 
 /// Loaded and attached BPF state; links detach when dropped (fd-based).
@@ -224,7 +230,15 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     ro.count_mode = a.count;
     ro.want_failed = a.failed;
     ro.kind_mask = cfg.kind_mask;
+    ro.flows_off = cfg.flows_off;
+    ro.by_cgroup = cfg.by_cgroup;
     crate::set_flow_rodata!(&mut *ro, &cfg.flow);
+    if cfg.flows_off {
+        open.maps.flows.set_max_entries(1)?;
+    }
+    if !cfg.by_cgroup {
+        open.maps.groups.set_max_entries(1)?;
+    }
 
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
     let ring_bytes = ringbuf::ring_bytes_per_cpu(ncpus, a.ringbuf_kib);

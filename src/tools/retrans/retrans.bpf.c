@@ -54,6 +54,10 @@ const volatile bool want_stack = false;
 const volatile bool count_mode = false;
 const volatile bool want_failed = false;
 const volatile __u32 kind_mask = 0;
+/* sonde serve: totals only (no per-flow table); `by_cgroup` adds per owner
+ * cgroup and kind counts in `groups`. */
+const volatile bool flows_off = false;
+const volatile bool by_cgroup = false;
 
 /* Failed attempts by -err (errnos), or MAX_ERRNO + err (transmit verdicts), per CPU. */
 struct {
@@ -95,9 +99,20 @@ struct {
 	__type(value, struct rt_sock);
 } owner_store SEC(".maps"); /* tp_btf */
 
+/* sonde serve --labels cgroup: events and segments per owner cgroup (0: no
+ * owner known) and kind. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct rt_group);
+	__type(value, struct rt_group_stats);
+} groups SEC(".maps");
+
 /* Referenced so that the skeleton generates Rust mirrors of these layouts. */
 struct rt_event _rt_event = {};
 struct rt_flow_stats _rt_flow_stats = {};
+struct rt_group _rt_group = {};
+struct rt_group_stats _rt_group_stats = {};
 
 /* ---- per-socket records: owner and retransmit accounting ---- */
 
@@ -318,6 +333,24 @@ static __always_inline void unread_total(__u8 kind, __u32 segs)
 	stat_add_n(STAT_SEGS + kind, segs);
 }
 
+/* Adds an event to its owner cgroup's counts (serve's cgroup labels). */
+static __always_inline void count_group(const struct sonde_owner *o, __u8 kind, __u32 segs)
+{
+	struct rt_group g = { .cgroup = o ? o->cgroup : 0, .kind = kind };
+	struct rt_group_stats *gs = bpf_map_lookup_elem(&groups, &g);
+	if (!gs) {
+		struct rt_group_stats init = {};
+		bpf_map_update_elem(&groups, &g, &init, BPF_NOEXIST);
+		gs = bpf_map_lookup_elem(&groups, &g);
+		if (!gs) {
+			stat_add(STAT_GROUP_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&gs->count, 1);
+	__sync_fetch_and_add(&gs->segs, segs);
+}
+
 /* Filters the event, counts it, and sends it or adds it to its --count
  * flow. `sk` owns the flow (the listener for a SYN-ACK); `acct`: the event
  * is the socket's own retransmit (not a SYN-ACK of one of its requests), so
@@ -368,6 +401,10 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 
 	if (count_mode) {
 		unread_total(f->kind, segs);
+		if (by_cgroup)
+			count_group(o, f->kind, segs);
+		if (flows_off)
+			return;
 		struct rt_flow_stats *fs = bpf_map_lookup_elem(&flows, f);
 		if (!fs) {
 			struct rt_flow_stats init = {};

@@ -71,6 +71,18 @@ struct rt_flow_stats {
 	__u8 pad[6];
 };
 
+/* serve: counts per owner cgroup and kind. */
+struct rt_group {
+	__u64 cgroup;
+	__u32 kind;
+	__u32 pad;
+};
+
+struct rt_group_stats {
+	__u64 count;
+	__u64 segs;
+};
+
 /* Totals kept in a per-CPU array, indexed by these slots. */
 enum stat_slot {
 	STAT_COUNT = 0,           /* + kind: events per kind (KIND_MAX slots) */
@@ -82,6 +94,7 @@ enum stat_slot {
 	STAT_UNREADABLE,          /* socket not readable as a tcp_sock (never seen) */
 	STAT_FILTERED_SEGS,       /* segments of the events dropped by filters */
 	STAT_UNSEEN_SEGS,         /* retransmitted segments no tracepoint run saw */
+	STAT_GROUP_FULL,          /* per-cgroup count map full (serve) */
 	STAT_MAX,
 };
 
