@@ -105,6 +105,9 @@ pub fn run_until_stop(
     mut tick: impl FnMut() -> Vec<u32>,
     mut status: impl FnMut() -> anyhow::Result<String>,
 ) -> anyhow::Result<(Stop, Images)> {
+    // -d counts from here, once everything is attached: loading can take
+    // seconds (hundreds of probes, or a slow machine), and must not eat the run.
+    ctl.start_clock();
     let start = Instant::now();
     let mut images = Images::default();
     let tty = std::io::stderr().is_terminal();

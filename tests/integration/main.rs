@@ -24,6 +24,8 @@ mod offcpu;
 mod profile;
 /// `sonde retrans`.
 mod retrans;
+/// `sonde serve`: a real Prometheus, go tool pprof, a push receiver, bad input.
+mod serve;
 /// User stacks without frame pointers (`--unwind`).
 mod unwind;
 /// What a person sees of the HTML flame graph (a browser's screenshot).

@@ -9,6 +9,7 @@
 //! [retrans]                         # on by default
 //! enabled = true
 //! port = [443, 8080]                # filters as `sonde retrans` takes them
+//! addr = ["10.0.0.0/8"]
 //! netns = []
 //! cgroup = ""
 //!
@@ -83,6 +84,9 @@ pub struct NetCollector {
     /// Local or remote ports.
     #[serde(default)]
     pub port: Vec<u16>,
+    /// Local or remote addresses or networks (CIDR).
+    #[serde(default)]
+    pub addr: Vec<String>,
     /// Network namespaces.
     #[serde(default)]
     pub netns: Vec<String>,
@@ -93,7 +97,7 @@ pub struct NetCollector {
 
 impl Default for NetCollector {
     fn default() -> Self {
-        Self { enabled: true, port: Vec::new(), netns: Vec::new(), cgroup: String::new() }
+        Self { enabled: true, port: Vec::new(), addr: Vec::new(), netns: Vec::new(), cgroup: String::new() }
     }
 }
 
@@ -103,6 +107,9 @@ impl NetCollector {
         let mut v = Vec::new();
         for p in &self.port {
             v.extend(["--port".to_string(), p.to_string()]);
+        }
+        for a in &self.addr {
+            v.extend(["--addr".to_string(), a.clone()]);
         }
         for n in &self.netns {
             v.extend(["--netns".to_string(), n.clone()]);
