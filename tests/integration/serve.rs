@@ -478,3 +478,76 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
     serve.child.wait().unwrap();
     assert_gone(pid, &ours);
 }
+
+#[test]
+fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    const UID: &str = "5a1f7c2e-93d4-4b8a-a6e1-0c2d3e4f5a6b";
+    const ID: &str = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
+    let root = sonde::engine::cgroup::cgroup2_root().expect("cgroup v2");
+    // The kubelet's systemd-driver layout (pod UID with underscores).
+    let pod = std::path::Path::new(&root)
+        .join("kubepods.slice/kubepods-besteffort.slice")
+        .join(format!("kubepods-besteffort-pod{}.slice", UID.replace('-', "_")));
+    let scope = pod.join(format!("cri-containerd-{ID}.scope"));
+    std::fs::create_dir_all(&scope).unwrap();
+    let ns = Netns::create(&format!("sonde-cg-{}", std::process::id())).unwrap();
+    let serve = Serve::start(
+        None,
+        &["--listen", "127.0.0.1:0", "--disable", "cwnd", "--labels", "cgroup", "--netns", &ns.name],
+    );
+    let before = ns.mib().unwrap();
+    let overflow = build_workload("overflow", &["-O2"]);
+    // The workload joins the pod's container cgroup, then its namespace.
+    let st = Command::new("sh")
+        .args([
+            "-c",
+            &format!(
+                "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} 7000 4",
+                scope.display(),
+                ns.name,
+                overflow.display()
+            ),
+        ])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    thread::sleep(Duration::from_millis(500));
+    let d = ns.mib().unwrap().delta(&before);
+    let (_, body) = curl(None, &[&format!("http://{}/metrics", serve.addr)]);
+    let text = String::from_utf8_lossy(&body).into_owned();
+    let series: Vec<(&str, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with("sonde_tcp_retransmit_segments_total{"))
+        .map(|l| {
+            let (k, v) = l.rsplit_once(' ').unwrap();
+            (k, v.parse().unwrap())
+        })
+        .collect();
+    let total: f64 = series.iter().map(|s| s.1).sum();
+    let in_pod: f64 = series
+        .iter()
+        .filter(|(k, _)| {
+            k.contains(&format!("pod_uid=\"{UID}\""))
+                && k.contains(&format!("container_id=\"containerd://{ID}\""))
+                && k.contains("cri-containerd-")
+        })
+        .map(|s| s.1)
+        .sum();
+    let unseen: f64 =
+        text.lines().find_map(|l| l.strip_prefix("sonde_tcp_retransmit_unseen_segments_total ")?.parse().ok()).unwrap();
+    let sent = (d.get("TcpRetransSegs") - d.get("TcpExtTCPRetransFail")) as f64;
+    eprintln!("cgroup labels: {series:?}; unseen {unseen}; MIB {d:?}");
+    assert!(in_pod > 0.0, "the pod's series: {text}");
+    assert_eq!(in_pod, total, "every retransmit in the namespace is the pod's: {series:?}");
+    assert!(
+        in_pod + unseen <= sent && sent - (in_pod + unseen) <= hidden_synack_allowance() as f64,
+        "{in_pod} + {unseen} vs {sent}"
+    );
+    assert_eq!(serve.stop(), 0);
+    let _ = std::fs::remove_dir(&scope);
+    let _ = std::fs::remove_dir(&pod);
+    let _ = std::fs::remove_dir(pod.parent().unwrap());
+    let _ = std::fs::remove_dir(pod.parent().unwrap().parent().unwrap());
+}
