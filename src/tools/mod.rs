@@ -6,3 +6,4 @@ pub mod msglat;
 pub mod offcpu;
 pub mod profile;
 pub mod retrans;
+pub mod serve;
