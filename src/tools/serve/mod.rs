@@ -1,4 +1,5 @@
 //! `sonde serve`: a long-running process that exposes Prometheus `/metrics`
-//! and pprof endpoints. `webconfig` reads exporter-toolkit's
-//! `--web.config.file` (TLS, basic auth).
+//! and pprof endpoints. `http` is its GET-only HTTP/1.1 server; `webconfig`
+//! reads exporter-toolkit's `--web.config.file` (TLS, basic auth).
+pub mod http;
 pub mod webconfig;
