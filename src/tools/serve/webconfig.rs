@@ -777,6 +777,16 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_loads() {
+        let (cert, key) = self_signed();
+        let example = include_str!("../../../deploy/web-config.example.yml");
+        let files = [("sonde.crt", cert.as_str()), ("sonde.key", key.as_str())];
+        let web = load("example", example, &files).0.unwrap();
+        assert!(web.tls() && web.basic_auth());
+        assert_eq!(web.headers().len(), 2);
+    }
+
+    #[test]
     fn bad_bcrypt_hashes_and_rate_limits_are_refused() {
         let msg = error("hash", "basic_auth_users:\n  alice: plaintext\n", &[]);
         assert!(msg.contains("alice") && msg.contains("htpasswd"), "{msg}");
