@@ -1287,7 +1287,10 @@ mod tests {
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
         dir.write("ca.pem", &ca.pem());
-        for (name, sans) in [("server", vec!["localhost".to_string(), "127.0.0.1".into()]), ("client", vec![])] {
+        for (name, sans) in [
+            ("server", vec!["localhost".to_string(), "127.0.0.1".into()]),
+            ("client", vec!["client.example".to_string()]),
+        ] {
             let key = KeyPair::generate().unwrap();
             let cert = CertificateParams::new(sans).unwrap().signed_by(&key, &ca).unwrap();
             dir.write(&format!("{name}.pem"), &cert.pem());
@@ -1342,7 +1345,7 @@ mod tests {
         junk.write_all(&[22, 3, 1, 0, 5, 1, 2, 3, 4, 5]).unwrap();
         let _ = junk.shutdown(Shutdown::Write);
         let _ = junk.read_to_end(&mut Vec::new());
-        assert_eq!(s.stats.rejected(Reject::Tls), 2);
+        wait_for("two TLS rejections", || s.stats.rejected(Reject::Tls) == 2);
         assert_eq!(status(&tls_get(s.addr, &dir, "/", false).unwrap()), 200);
     }
 
@@ -1359,6 +1362,27 @@ mod tests {
         assert!(tls_get(s.addr, &dir, "/", false).is_err());
         let r = tls_get(s.addr, &dir, "/", true).unwrap();
         assert_eq!(status(&r), 200, "{r}");
-        assert_eq!(s.stats.rejected(Reject::Tls), 1);
+        wait_for("the TLS rejection", || s.stats.rejected(Reject::Tls) == 1);
+    }
+
+    #[test]
+    fn tls_client_allowed_sans_must_match_the_client_certificate() {
+        let dir = TempDir::new("sans");
+        certificates(&dir);
+        for (allowed, ok) in [("[client.example, 10.0.0.1]", true), ("[other.example]", false)] {
+            let path = dir.write(
+                "web.yml",
+                &format!(
+                    "tls_server_config:\n  cert_file: server.pem\n  key_file: server.key\n  \
+                     client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.pem\n  \
+                     client_allowed_sans: {allowed}\n"
+                ),
+            );
+            let s = start(Some(WebConfig::load(&path).unwrap()));
+            let r = tls_get(s.addr, &dir, "/", true);
+            assert_eq!(r.is_ok(), ok, "{allowed}: {r:?}");
+            let want = u64::from(!ok);
+            wait_for("the TLS rejection count", || s.stats.rejected(Reject::Tls) == want);
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! it per request), except that certificate and key files are re-read when
 //! their modification time changes, so a rotated certificate is picked up on
 //! the next handshake; TLS is rustls with the `ring` provider, which speaks
-//! TLS 1.2 and 1.3 only (`min_version: TLS10`/`TLS11` act as `TLS12`).
+//! TLS 1.2 and 1.3 only (`min_version: TLS10`/`TLS11` act as `TLS12`), and
+//! `client_allowed_sans` matches DNS names and IP addresses only.
 use std::{
     collections::{BTreeMap, VecDeque},
     fs,
@@ -21,7 +22,7 @@ use anyhow::Result;
 use base64::Engine;
 use rustls::{
     crypto::{ring, verify_tls12_signature, verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms},
-    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, UnixTime},
+    pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
     server::{
         danger::{ClientCertVerified, ClientCertVerifier},
         ClientHello, ResolvesServerCert, WebPkiClientVerifier,
@@ -495,11 +496,6 @@ fn tls_config(t: RawTls, dir: &Path) -> Result<Arc<ServerConfig>, String> {
 
     let resolver = Arc::new(CertReloader::new(cert, key, provider.clone())?);
     let auth = t.client_auth_type.unwrap_or(ClientAuth::NoClientCert);
-    if t.client_allowed_sans.is_some_and(|s| !s.is_empty()) {
-        return Err("tls_server_config.client_allowed_sans is not supported by sonde yet; \
-                    remove it and rely on client_ca_file with RequireAndVerifyClientCert"
-            .into());
-    }
     let algorithms = provider.signature_verification_algorithms;
     let verifier: Option<Arc<dyn ClientCertVerifier>> = match (auth, &client_ca) {
         (ClientAuth::NoClientCert, None) => None,
@@ -523,6 +519,20 @@ fn tls_config(t: RawTls, dir: &Path) -> Result<Arc<ServerConfig>, String> {
             let builder =
                 if auth == ClientAuth::VerifyClientCertIfGiven { builder.allow_unauthenticated() } else { builder };
             Some(builder.build().map_err(|e| format!("{}: {e}", ca.name()))?)
+        }
+    };
+
+    let verifier: Option<Arc<dyn ClientCertVerifier>> = match t.client_allowed_sans.filter(|s| !s.is_empty()) {
+        None => verifier,
+        Some(sans) => {
+            let (Some(inner), ClientAuth::RequireAnyClientCert | ClientAuth::RequireAndVerifyClientCert) =
+                (verifier, auth)
+            else {
+                return Err("tls_server_config.client_allowed_sans needs client_auth_type RequireAndVerifyClientCert \
+                            (or RequireAnyClientCert): with the others a client may send no certificate"
+                    .into());
+            };
+            Some(Arc::new(AllowedSans { inner, sans: allowed_sans(&sans)? }))
         }
     };
 
@@ -613,6 +623,83 @@ impl ResolvesServerCert for CertReloader {
             }
         }
         Some(current.1.clone())
+    }
+}
+
+/// `client_allowed_sans` entries as names a certificate can be checked
+/// against: DNS names and IP addresses (webpki checks no e-mail or URI SANs).
+fn allowed_sans(sans: &[String]) -> Result<Vec<ServerName<'static>>, String> {
+    sans.iter()
+        .map(|san| {
+            ServerName::try_from(san.as_str()).map(|n| n.to_owned()).map_err(|_| {
+                format!(
+                    "tls_server_config.client_allowed_sans: {san:?} is not a DNS name or IP address \
+                     (sonde cannot match e-mail or URI SANs)"
+                )
+            })
+        })
+        .collect()
+}
+
+/// Verifies as `inner`, then requires the client certificate to carry one
+/// of `sans` as a subject alternative name (exporter-toolkit's
+/// `VerifyPeerCertificate`; a wildcard DNS SAN in the certificate matches
+/// too, as webpki matches names).
+#[derive(Debug)]
+struct AllowedSans {
+    inner: Arc<dyn ClientCertVerifier>,
+    sans: Vec<ServerName<'static>>,
+}
+
+impl ClientCertVerifier for AllowedSans {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now)?;
+        let cert = webpki::EndEntityCert::try_from(end_entity)
+            .map_err(|_| rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding))?;
+        if self.sans.iter().any(|name| cert.verify_is_valid_for_subject_name(name).is_ok()) {
+            Ok(verified)
+        } else {
+            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -753,6 +840,11 @@ mod tests {
         assert!(msg.contains("TLS_RSA_WITH_RC4_128_SHA") && msg.contains("choose from"), "{msg}");
         let msg = error("curve", &format!("{base}  curve_preferences: [CurveP521]\n"), &files);
         assert!(msg.contains("CurveP521"), "{msg}");
+        let msg = error("sans", &format!("{base}  client_allowed_sans: [a.example]\n"), &files);
+        assert!(msg.contains("RequireAndVerifyClientCert"), "{msg}");
+        let sans = "  client_auth_type: RequireAnyClientCert\n  client_allowed_sans: [ops@example.com]\n";
+        let msg = error("email", &format!("{base}{sans}"), &files);
+        assert!(msg.contains("ops@example.com") && msg.contains("e-mail"), "{msg}");
         let msg = error("both", &format!("{base}  cert: |\n    x\n"), &files);
         assert!(msg.contains("not both"), "{msg}");
     }
