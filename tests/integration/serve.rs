@@ -165,7 +165,7 @@ fn prometheus_scrapes_retransmits_that_match_the_mib_and_latencies_the_workload_
     std::fs::write(
         &cfg,
         format!(
-            "listen = \"127.0.0.1:9436\"\n[retrans]\naddr = [\"{}\", \"{}\"]\n[cwnd]\nenabled = false\n[funclatency]\ntargets = [\"{l}:one_ms\", \"{l}:ten_ms\"]\nmin = \"1us\"\nmax = \"1s\"\n",
+            "listen = \"127.0.0.1:9632\"\n[retrans]\naddr = [\"{}\", \"{}\"]\n[cwnd]\nenabled = false\n[funclatency]\ntargets = [\"{l}:one_ms\", \"{l}:ten_ms\"]\nmin = \"1us\"\nmax = \"1s\"\n",
             pair.net4,
             pair.net6,
             l = lat.display()

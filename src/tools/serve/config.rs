@@ -2,7 +2,7 @@
 //! every key has a flag of the same name; flags win over the file.
 //!
 //! ```toml
-//! listen = "127.0.0.1:9436"        # loopback by default
+//! listen = "127.0.0.1:9632"        # loopback by default
 //! web_config = "/etc/sonde/web.yml" # exporter-toolkit format: TLS, basic auth
 //! labels = ["cgroup"]               # per-cgroup series (pod UID, container ID)
 //!
@@ -42,9 +42,9 @@ use serde::Deserialize;
 
 use crate::engine::{error::usage, run::parse_duration};
 
-/// The default port: next to ebpf_exporter's 9435 in Prometheus' default
-/// port allocations.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9436";
+/// The default port: free in Prometheus' default port allocations (9435 is
+/// ebpf_exporter, 9436 mikrotik-exporter), and used by no known exporter.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9632";
 
 /// The whole file.
 #[derive(Debug, Default, Deserialize)]

@@ -52,7 +52,7 @@ use crate::{
 /// profiles at `/debug/pprof/profile?seconds=N` (CPU), `/debug/pprof/offcpu`
 /// and `/debug/pprof/wakeup` (filters: `comm`, `cgroup`), and `/-/healthy`.
 /// With no config and no flags: the retrans and cwnd collectors system-wide
-/// and the profile endpoints, on 127.0.0.1:9436. A config file (TOML, see
+/// and the profile endpoints, on 127.0.0.1:9632. A config file (TOML, see
 /// the README) sets everything; each flag below overrides its key.
 ///
 /// OVERHEAD: see the README's serve section (bench/serve/run).
@@ -64,7 +64,7 @@ pub struct ServeArgs {
     /// Check this config file (and the web config it names) and exit.
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     pub check_config: Option<PathBuf>,
-    /// Address to listen on (default 127.0.0.1:9436: loopback only).
+    /// Address to listen on (default 127.0.0.1:9632: loopback only).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// TLS and basic auth, in the exporter-toolkit web config format
@@ -285,7 +285,23 @@ impl State {
             e.sample("", &[("result", "ok")], p.pushed.load(Ordering::Relaxed) as f64);
             e.sample("", &[("result", "failed")], p.failed.load(Ordering::Relaxed) as f64);
         }
-        self.http.expose(e);
+        let h = &self.http;
+        e.single(
+            "sonde_http_requests_total",
+            Type::Counter,
+            "HTTP requests passed to the handlers",
+            h.requests.load(Ordering::Relaxed) as f64,
+        );
+        e.family("sonde_http_rejected_total", Type::Counter, "HTTP requests or connections refused, by reason");
+        for r in http::Reject::ALL {
+            e.sample("", &[("reason", r.name())], h.rejected(r) as f64);
+        }
+        e.single(
+            "sonde_http_open_connections",
+            Type::Gauge,
+            "HTTP connections being served",
+            h.open.load(Ordering::Relaxed) as f64,
+        );
         if !self.labels_unused() {
             e.single(
                 "sonde_cgroup_walks_total",
@@ -315,10 +331,12 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     features::require_tracing_privileges()?;
     let listen = c.listen.clone().unwrap_or_else(|| config::DEFAULT_LISTEN.to_string());
     // Bound first: a port in use is reported before anything is loaded.
-    let server = Server::bind(&listen, web.clone())?;
+    let guarded = web.as_ref().is_some_and(|w| w.tls() || w.basic_auth());
+    let server = Server::bind(&listen, web)?;
     let addr = server.local_addr();
-    if !addr.ip().is_loopback() && web.is_none() {
-        eprintln!("sonde serve: warning: listening on {addr} without --web-config: anyone who reaches it can read the metrics and take profiles");
+    let scheme = server.scheme();
+    if !addr.ip().is_loopback() && !guarded {
+        eprintln!("sonde serve: warning: listening on {addr} without TLS or basic auth (--web-config): anyone who reaches it can read the metrics and take profiles");
     }
     let ctl = RunControl::new(a.duration)?;
     let slots = start_collectors(&c)?;
@@ -361,8 +379,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     let up: Vec<String> =
         state.slots.iter().map(|s| format!("{}{}", s.name, if s.running.is_some() { "" } else { " (down)" })).collect();
     eprintln!(
-        "sonde serve: listening on {}://{addr}: /metrics ({}){}; SIGTERM or Ctrl-C ends",
-        if web.as_ref().is_some_and(|w| w.tls()) { "https" } else { "http" },
+        "sonde serve: listening on {scheme}://{addr}: /metrics ({}){}; SIGTERM or Ctrl-C ends",
         up.join(", "),
         if profiler.is_some() { ", /debug/pprof/{profile,offcpu,wakeup}" } else { "" },
     );
@@ -423,6 +440,8 @@ fn route(req: &Request, scrape: &Mutex<mpsc::Sender<ScrapeReq>>, prof: Option<&P
                 _ => return Response::text(404, "not found; see / for the endpoints\n"),
             };
             match prof {
+                // HEAD asks whether the endpoint is there, not for a profile.
+                Some(_) if req.method == "HEAD" => Response::bytes(200, "application/octet-stream", Vec::new()),
                 Some(pr) => pr.handle(kind, req),
                 None => Response::text(404, "profiles are disabled in this sonde serve\n"),
             }
