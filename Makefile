@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab lint test static vmtest bench clean
+.PHONY: setup build lab lint deny test static vmtest bench clean
 
 setup:
 	@scripts/setup
@@ -18,11 +18,19 @@ build: setup
 lab: build
 	$(SUDO) ./target/release/sonde lab retrans
 
-# Format and lints: rustfmt.toml, Cargo.toml [lints], .clang-format for the BPF C.
+# Format and lints: rustfmt.toml, Cargo.toml [lints], .clang-format for the BPF C;
+# licences (LICENSE, deny.toml).
 lint: setup
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	clang-format --dry-run -Werror $$(git ls-files '*.c' '*.h' | grep -v vmlinux.h)
+	@$(MAKE) --no-print-directory deny
+
+# Licences of the BPF C files, and of every crate in the graph (deny.toml):
+# also bans and sources. Advisories need the network: `cargo deny check advisories`.
+deny:
+	scripts/license-check
+	$(CARGO) deny --locked check licenses bans sources
 
 # The full test suite (privileged: runs real traffic in namespaces).
 test: setup lint
