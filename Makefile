@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab lint test static vmtest bench clean
+.PHONY: setup build lab lint deny deploy-check test static image vmtest bench clean
 
 setup:
 	@scripts/setup
@@ -18,11 +18,24 @@ build: setup
 lab: build
 	$(SUDO) ./target/release/sonde lab retrans
 
-# Format and lints: rustfmt.toml, Cargo.toml [lints], .clang-format for the BPF C.
+# Format and lints: rustfmt.toml, Cargo.toml [lints], .clang-format for the BPF C;
+# licences (LICENSE, deny.toml) and the Kubernetes manifests (deploy/).
 lint: setup
 	$(CARGO) fmt --check
 	$(CARGO) clippy --all-targets -- -D warnings
 	clang-format --dry-run -Werror $$(git ls-files '*.c' '*.h' | grep -v vmlinux.h)
+	@$(MAKE) --no-print-directory deny deploy-check
+
+# Licences of the BPF C files, and of every crate in the graph (deny.toml):
+# also bans and sources. Advisories need the network: `cargo deny check advisories`.
+deny:
+	scripts/license-check
+	$(CARGO) deny --locked check licenses bans sources
+
+# deploy/*.yaml: strict schemas (kubernetes-validate, offline once installed
+# in /tmp) and the least-privilege policy (deploy/policy.py).
+deploy-check:
+	deploy/check
 
 # The full test suite (privileged: runs real traffic in namespaces).
 test: setup lint
@@ -42,6 +55,11 @@ static: setup
 	  $(CARGO) build --release --features static --target $(TARGET)
 	@file target/$(TARGET)/release/sonde
 	@ls -l target/$(TARGET)/release/sonde
+
+# The container image (deploy/Containerfile, FROM scratch) of the static binary,
+# built offline with podman, buildah or docker: about 13.5 MB.
+image: static
+	deploy/build-image
 
 # Every bench/NAME/run (a new tool's bench needs no edit here).
 bench: build

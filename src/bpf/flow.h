@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * TCP flows for the socket tools (retrans, cwnd): the addresses of a
  * socket, who owns it, and the filters (--port, --addr, -4/-6, -p,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * Latency histograms the tools fill in the kernel (funclatency, msglat):
  * four buckets per power of two, each a quarter of it (so within 25%).

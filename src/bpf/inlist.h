@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Whether `v` is among the first `n` (at most `max`) items of a read-only
  * filter list set by user space. Bounded for the verifier. */
 #ifndef SONDE_INLIST_H

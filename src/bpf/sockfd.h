@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* The socket behind a descriptor of the current process (NULL if none):
  * task -> files -> fdt -> fd[fd] -> file -> socket -> sock, by probe reads.
  * For hooks that see a new descriptor once (accept, connect), not per

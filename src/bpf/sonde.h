@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Helpers shared by every sonde BPF program. Include after the libbpf headers. */
 #ifndef SONDE_H
 #define SONDE_H

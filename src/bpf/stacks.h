@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * The stack engine's kernel half, shared by profile, offcpu, wakeup and slow:
  * stacks go to a stack-trace map (deduplicated by the kernel), samples are

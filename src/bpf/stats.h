@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * The per-CPU counters a tool reports in its summary (lost, skipped, not
  * timed...); the user half sums them with engine::perf::percpu_sum. Define

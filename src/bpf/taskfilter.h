@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * Which tasks a tool looks at: -p (processes, a hash of tgids), --tid,
  * --cgroup and --comm, set by user space before load (the Rust half is

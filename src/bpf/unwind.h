@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * User stacks walked in the kernel from unwind tables, for programs built
  * without frame pointers. The tables are built in user space from each

@@ -183,7 +183,7 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
         libbpf_sys::bpf_prog_load(
             libbpf_sys::BPF_PROG_TYPE_TRACING,
             name.as_ptr(),
-            c"GPL".as_ptr(),
+            c"Dual BSD/GPL".as_ptr(), // as funclatency.bpf.c declares
             insns.as_ptr(),
             insns.len() as _,
             &mut opts,

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * sonde cwnd: the congestion window of each sending TCP connection over
  * time, and whether a send after idle restarted slow start.
@@ -37,7 +37,7 @@
 #define SONDE_STATS_MAX STAT_MAX
 #include "stats.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Set by user space before load. */
 const volatile bool use_hash = false;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Shared between cwnd.bpf.c and src/tools/cwnd/mod.rs (which mirrors these layouts). */
 #ifndef SONDE_CWND_H
 #define SONDE_CWND_H

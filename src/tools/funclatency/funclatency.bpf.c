@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * sonde funclatency and sonde slow: per-target latency histograms. Targets are user
  * functions (uprobe + uretprobe), syscalls (syscalls:sys_enter_X / sys_exit_X)
@@ -23,7 +23,7 @@
 #define SONDE_STATS_MAX FL_STAT_MAX
 #include "stats.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* softirq vector -> target index + 1 (0: not traced). */
 const volatile __u32 softirq_target[16] = {};

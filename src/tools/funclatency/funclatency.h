@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Shared between funclatency.bpf.c and src/tools/funclatency/mod.rs. */
 #ifndef SONDE_FUNCLATENCY_H
 #define SONDE_FUNCLATENCY_H

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * sonde msglat: per-message latency through an unmodified process (seed
  * 004's T2): the time from a message's receive (its syscall's return) to its
@@ -48,7 +48,7 @@
 #define SONDE_STATS_MAX ML_STAT_MAX
 #include "stats.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define EINPROGRESS 115
 #define MSG_PEEK    2

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Shared between msglat.bpf.c and src/tools/msglat/mod.rs (which mirrors these layouts). */
 #ifndef SONDE_MSGLAT_H
 #define SONDE_MSGLAT_H

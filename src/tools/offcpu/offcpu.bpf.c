@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * sonde offcpu: time threads spend off CPU, per (thread, kernel + user stack
  * where it blocked), in nanoseconds. At sched_switch the filters run first
@@ -19,7 +19,7 @@
 #define SONDE_STATS_MAX OS_MAX
 #include "stats.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile bool want_kernel = true;
 const volatile bool want_user = true;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Shared between offcpu.bpf.c and src/tools/offcpu/mod.rs. */
 #ifndef SONDE_OFFCPU_H
 #define SONDE_OFFCPU_H

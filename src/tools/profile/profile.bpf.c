@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * sonde profile: CPU samples from a perf event on every CPU, counted in the
  * kernel per (process, thread, comm, kernel stack, user stack).
@@ -11,7 +11,7 @@
 #define SONDE_STATS_MAX PS_MAX
 #include "stats.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile bool include_idle = false;
 const volatile bool want_kernel = true;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Shared between profile.bpf.c and src/tools/profile/mod.rs. */
 #ifndef SONDE_PROFILE_H
 #define SONDE_PROFILE_H

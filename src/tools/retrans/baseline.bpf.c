@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * Bench baselines for sonde retrans (bench/retrans/run, hidden flag
  * `sonde retrans --bench-baseline NAME`): programs on the same tracepoint
@@ -29,7 +29,7 @@
 #include "retrans.h"
 #include "read.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define SLOTS 64
 

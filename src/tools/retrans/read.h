@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * What a tcp_retransmit_skb event reads from the socket and the skb, and
  * its cause: shared by retrans.bpf.c and the bench baselines

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * sonde retrans: every TCP retransmission with its cause.
  *
@@ -37,7 +37,7 @@
 #define SONDE_STATS_MAX STAT_MAX
 #include "stats.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Errors __tcp_retransmit_skb returns before it adds to the counters: the
  * original still in a host queue, window closed, trimming or splitting out of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /* Shared between retrans.bpf.c and src/tools/retrans/mod.rs (which mirrors these layouts). */
 #ifndef SONDE_RETRANS_H
 #define SONDE_RETRANS_H
