@@ -551,3 +551,57 @@ fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted() {
     let _ = std::fs::remove_dir(pod.parent().unwrap());
     let _ = std::fs::remove_dir(pod.parent().unwrap().parent().unwrap());
 }
+
+#[test]
+fn tls_and_basic_auth_from_a_node_exporter_web_config_refuse_plain_http_and_wrong_passwords() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir("tls");
+    let sh = |cmd: &str| {
+        let out = Command::new("sh").arg("-c").arg(cmd).current_dir(&dir).output().unwrap();
+        assert!(out.status.success(), "{cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    // A CA and a server certificate for 127.0.0.1 signed by it (openssl).
+    sh("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -days 2 -subj /CN=test-ca 2>/dev/null");
+    sh("openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout sonde.key -out sonde.csr -subj /CN=sonde 2>/dev/null");
+    sh("printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && openssl x509 -req -in sonde.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out sonde.crt -days 2 -extfile san.ext 2>/dev/null");
+    let hash = bcrypt::hash("s3cret", 6).unwrap();
+    std::fs::write(
+        dir.join("web.yml"),
+        format!(
+            "tls_server_config:\n  cert_file: sonde.crt\n  key_file: sonde.key\nbasic_auth_users:\n  prom: '{hash}'\n"
+        ),
+    )
+    .unwrap();
+    let web = dir.join("web.yml");
+    let out = Command::new(SONDE)
+        .args(["serve", "--check-config", "/dev/null", "--web-config", web.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let serve =
+        Serve::start(None, &["--listen", "127.0.0.1:0", "--disable", "cwnd", "--web-config", web.to_str().unwrap()]);
+    let url = format!("https://{}/metrics", serve.addr);
+    let ca = dir.join("ca.crt");
+    let ca = ca.to_str().unwrap();
+    // Plain HTTP to the TLS port: refused.
+    assert_ne!(curl(None, &[&format!("http://{}/metrics", serve.addr)]).0, 200);
+    // TLS without trusting the CA: the handshake fails (no status).
+    assert_eq!(curl(None, &[&url]).0, 0);
+    // Trusted, but no password or a wrong one: 401.
+    assert_eq!(curl(None, &["--cacert", ca, &url]).0, 401);
+    assert_eq!(curl(None, &["--cacert", ca, "-u", "prom:wrong", &url]).0, 401);
+    assert_eq!(curl(None, &["--cacert", ca, "-u", "nobody:s3cret", &url]).0, 401);
+    // The CA and the password: the metrics.
+    let (code, body) = curl(None, &["--cacert", ca, "-u", "prom:s3cret", &url]);
+    assert_eq!(code, 200);
+    let text = String::from_utf8_lossy(&body);
+    assert!(text.contains("sonde_http_rejected_total{reason=\"unauthorized\"} 3"), "{text}");
+    // A bad web config: one line naming the file and the key, exit 2.
+    std::fs::write(dir.join("bad.yml"), "tls_server_config:\n  cert_fiel: sonde.crt\n").unwrap();
+    let out =
+        Command::new(SONDE).args(["serve", "--web-config", dir.join("bad.yml").to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.trim().lines().count() == 1 && err.contains("bad.yml") && err.contains("cert_fiel"), "{err}");
+    assert_eq!(serve.stop(), 0);
+}
