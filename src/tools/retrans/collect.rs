@@ -3,7 +3,7 @@
 //! time; per owner cgroup with `labels = ["cgroup"]`.
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{load, read_totals, validate, Loaded, RetransArgs, KINDS, KIND_MAX, MECHANISMS};
+use super::{load, read_totals, read_totals_with, validate, Loaded, RetransArgs, KINDS, KIND_MAX, MECHANISMS};
 use crate::{
     engine::{
         attach::{self, with_fallbacks, Mechanism},
@@ -21,6 +21,8 @@ pub struct RetransCollector {
     loaded: Loaded,
     mech: Mechanism,
     by_cgroup: bool,
+    /// This scrape's totals (read once per scrape: ~300 map lookups).
+    last: Option<super::Totals>,
 }
 
 impl RetransCollector {
@@ -35,7 +37,7 @@ impl RetransCollector {
         cfg.by_cgroup = by_cgroup;
         let order = attach::order(MECHANISMS, a.mechanism);
         let (loaded, mech, _) = with_fallbacks("tcp:tcp_retransmit_skb", &order, |m| load(&a, &cfg, m))?;
-        Ok(Self { loaded, mech, by_cgroup })
+        Ok(Self { loaded, mech, by_cgroup, last: None })
     }
 
     /// (cgroup id, kind) -> segments, from the per-cgroup map.
@@ -62,7 +64,8 @@ impl Collector for RetransCollector {
     }
 
     fn collect(&mut self, e: &mut Expo, labels: &mut CgroupLabels) -> anyhow::Result<()> {
-        let t = read_totals(&self.loaded.skel)?;
+        let t = read_totals_with(&self.loaded.skel, false)?;
+        self.last = Some(t.clone());
         e.family(
             "sonde_tcp_retransmit_segments_total",
             Type::Counter,
@@ -103,7 +106,10 @@ impl Collector for RetransCollector {
     }
 
     fn lost(&self) -> anyhow::Result<u64> {
-        let t = read_totals(&self.loaded.skel)?;
+        let t = match &self.last {
+            Some(t) => t.clone(),
+            None => read_totals(&self.loaded.skel)?,
+        };
         Ok(t.owner_full + t.unreadable + super::missed(&self.loaded) + group_full(&self.loaded)?)
     }
 

@@ -291,6 +291,13 @@ pub struct Totals {
 }
 
 fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
+    read_totals_with(skel, true)
+}
+
+/// `all_errs` false: the per-error map (264 per-CPU lookups) is read only
+/// when the kernel counted failed attempts itself (count mode without
+/// --failed, as serve runs: every failure is in the FAILED slot then).
+fn read_totals_with(skel: &RetransSkel<'_>, all_errs: bool) -> anyhow::Result<Totals> {
     let mut t = Totals::default();
     let mut stat = [0u64; STAT_MAX];
     for (i, s) in stat.iter_mut().enumerate() {
@@ -313,7 +320,7 @@ fn read_totals(skel: &RetransSkel<'_>) -> anyhow::Result<Totals> {
     }
     t.unreadable = stat[STAT_UNREADABLE];
     t.unseen_segs = stat[STAT_UNSEEN_SEGS];
-    for e in 1..ERR_SLOTS {
+    for e in (1..ERR_SLOTS).filter(|_| all_errs || t.counts[KIND_MAX - 1] > 0) {
         let n = percpu_sum(&skel.maps.errs, e)?;
         if n > 0 {
             let err = if e < MAX_ERRNO { -(e as i32) } else { (e - MAX_ERRNO) as i32 };

@@ -206,7 +206,6 @@ struct State {
     http: Arc<http::HttpStats>,
     profiler: Option<Arc<Profiler>>,
     pusher: Option<Arc<Pusher>>,
-    bpf_stats: bool,
 }
 
 impl State {
@@ -256,7 +255,8 @@ impl State {
                 e.sample("", &[("collector", s.name)], c.lost().unwrap_or(0) as f64);
             }
         }
-        if self.bpf_stats {
+        // Read each scrape: an operator may turn bpf_stats on for a while.
+        if features::sysctl("kernel/bpf_stats_enabled").as_deref() == Some("1") {
             e.family(
                 "sonde_bpf_run_seconds_total",
                 Type::Counter,
@@ -364,7 +364,6 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
         http: server.stats(),
         profiler: profiler.clone(),
         pusher: pusher.clone(),
-        bpf_stats: std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1"),
     };
     let (tx, rx) = mpsc::channel::<ScrapeReq>();
     let tx = Mutex::new(tx);
