@@ -357,7 +357,7 @@ static __always_inline int on_send(const struct sock *sk, bool typed)
 	c->idle.cong_control = cong_control;
 	if (count_only) {
 		/* Counted at the decision: nothing waits for the cwnd after it. */
-		struct cw_idle_key k = { .reason = reason };
+		struct cw_idle_key k = {.reason = reason};
 		__builtin_memcpy(k.cc, c->cc, sizeof(k.cc));
 		__u64 one = 1, *n = bpf_map_lookup_elem(&idle_counts, &k);
 		if (n)

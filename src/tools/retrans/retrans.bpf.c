@@ -336,7 +336,7 @@ static __always_inline void unread_total(__u8 kind, __u32 segs)
 /* Adds an event to its owner cgroup's counts (serve's cgroup labels). */
 static __always_inline void count_group(const struct sonde_owner *o, __u8 kind, __u32 segs)
 {
-	struct rt_group g = { .cgroup = o ? o->cgroup : 0, .kind = kind };
+	struct rt_group g = {.cgroup = o ? o->cgroup : 0, .kind = kind};
 	struct rt_group_stats *gs = bpf_map_lookup_elem(&groups, &g);
 	if (!gs) {
 		struct rt_group_stats init = {};
