@@ -441,13 +441,20 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
     // A port in use: refused before anything is loaded.
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = held.local_addr().unwrap().to_string();
-    let before = our_prog_ids();
-    let out = Command::new(SONDE).args(["serve", "--listen", &port]).output().unwrap();
+    // strace sees every bpf() call: none may load a program or create a map.
+    let trace = dir.join("bpf.strace");
+    let out = Command::new("strace")
+        .args(["-f", "-e", "trace=bpf", "-o", trace.to_str().unwrap(), SONDE, "serve", "--listen", &port])
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains(&port), "{err}");
-    assert!(our_prog_ids().iter().all(|id| before.contains(id)), "nothing loaded");
-
+    let calls = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        !calls.contains("BPF_PROG_LOAD") && !calls.contains("BPF_MAP_CREATE"),
+        "loaded before the bind failed: {calls}"
+    );
     // Garbage, a slow client that never finishes its request, then a scrape.
     let serve = Serve::start(None, &["--listen", "127.0.0.1:0", "--disable", "cwnd"]);
     use std::io::{Read, Write};
