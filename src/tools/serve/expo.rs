@@ -164,7 +164,8 @@ impl Range {
     /// holding each); `quarters` exposes all four buckets of each octave.
     pub fn new(min_ns: u64, max_ns: u64, quarters: bool) -> Self {
         let first = hist::bucket(min_ns.max(1));
-        let last = hist::bucket(max_ns.max(min_ns.max(1))).min(hist::LAST - 1);
+        // To the end of the power of two holding max.
+        let last = (hist::bucket(max_ns.max(min_ns.max(1))) | 3).min(hist::LAST - 1);
         let ends = (first..=last).filter(|b| quarters || b % 4 == 3 || *b < 4).collect();
         Self { ends }
     }
@@ -205,7 +206,8 @@ mod tests {
         let r = Range::new(1_000, 10_000_000_000, false);
         assert!((23..=27).contains(&r.ends.len()), "{}", r.ends.len());
         let q = Range::new(1_000, 10_000_000_000, true);
-        assert_eq!(q.ends.len(), (hist::bucket(10_000_000_000) - hist::bucket(1_000)) + 1);
+        assert_eq!(q.ends.len(), (hist::bucket(10_000_000_000) | 3) - hist::bucket(1_000) + 1);
+        assert_eq!(r.ends.len(), 25, "2^10 ns to 2^34 ns: 25 octaves");
         for w in r.ends.windows(2) {
             assert!(hist::high(w[0]) < hist::high(w[1]));
         }

@@ -130,7 +130,7 @@ mod tests {
     use super::*;
 
     const UID: &str = "1b2c3d4e-0000-4a5b-8c9d-0123456789ab";
-    const ID: &str = "4f0a1e2d3c4b5a69788796a5b4c3d2e1f00112233445566778899aabbccddeeff";
+    const ID: &str = "4f0a1e2d3c4b5a6978896a5b4c3d2e1f00112233445566778899aabbccddeeff";
 
     #[test]
     fn kubelet_paths_under_both_drivers_give_pod_and_container() {
