@@ -107,7 +107,7 @@ pub fn parse_duration(s: &str) -> anyhow::Result<Duration> {
         return Err(usage(format!("duration '{s}' is negative; give a positive time such as 10s or 500ms")));
     }
     let d = if t.chars().all(|c| c.is_ascii_digit() || c == '.') && !t.is_empty() {
-        t.parse::<f64>().ok().map(Duration::from_secs_f64)
+        t.parse::<f64>().ok().and_then(|f| Duration::try_from_secs_f64(f).ok())
     } else {
         humantime::parse_duration(t).ok()
     };

@@ -294,7 +294,9 @@ fn pprof_pulls_show_the_workloads_split_one_at_a_time_and_pushes_reach_a_receive
     let w = KillOnDrop(Command::new(&calltree).args(["60", "1"]).spawn().unwrap());
     // 499 Hz: enough samples in 3 s for the split to show within a few %.
     let cfg = dir.join("sonde.toml");
-    std::fs::write(&cfg, "[profiles]\nfrequency = 499\n").unwrap();
+    // Pushes every 30 s, 2 s each: the first comes after the pulls below, so
+    // their 429 check sees the pull it started, not a push.
+    std::fs::write(&cfg, "[profiles]\nfrequency = 499\n[push]\ninterval = \"30s\"\nseconds = 2\n").unwrap();
     let serve = Serve::start(
         None,
         &[
@@ -308,8 +310,6 @@ fn pprof_pulls_show_the_workloads_split_one_at_a_time_and_pushes_reach_a_receive
             "cwnd",
             "--push-url",
             &format!("http://127.0.0.1:{port}/ingest"),
-            "--push-interval",
-            "4s",
         ],
     );
     // The push runs every 4 s for 10 s by default; first pull meanwhile may
@@ -364,14 +364,21 @@ fn pprof_pulls_show_the_workloads_split_one_at_a_time_and_pushes_reach_a_receive
     // The push: at least one arrived and matched the contract.
     let t0 = Instant::now();
     while std::fs::read_to_string(&recv_log).unwrap_or_default().lines().count() == 0 {
-        assert!(t0.elapsed() < Duration::from_secs(40), "no push arrived");
+        assert!(t0.elapsed() < Duration::from_secs(60), "no push arrived");
         thread::sleep(Duration::from_millis(300));
     }
     let pushed: Value =
         serde_json::from_str(std::fs::read_to_string(&recv_log).unwrap().lines().next().unwrap()).unwrap();
     assert_eq!(pushed["ok"], true, "push contract: {pushed}");
     assert!(pushed["name"].as_str().unwrap().starts_with("sonde{"), "{pushed}");
-    assert!(pushed["samples"].as_u64().unwrap() > 0, "{pushed}");
+    // The pushed pprof, as go tool pprof reads it: calltree's samples.
+    let top = Command::new(go_bin())
+        .args(["tool", "pprof", "-top"])
+        .arg(format!("{}.pb.gz", recv_log.display()))
+        .output()
+        .unwrap();
+    let top = String::from_utf8_lossy(&top.stdout);
+    assert!(top.contains("work") && top.contains("Total samples"), "pushed profile: {top}");
     let (_, metrics) = curl(None, &[&format!("http://{}/metrics", serve.addr)]);
     let m = String::from_utf8_lossy(&metrics);
     assert!(m.contains("sonde_profile_pushes_total{result=\"ok\"}"), "{m}");
@@ -390,7 +397,7 @@ class H(http.server.BaseHTTPRequestHandler):
         q = dict(urllib.parse.parse_qsl(u.query))
         n = int(self.headers.get("Content-Length", "0"))
         body = self.rfile.read(n)
-        r = {"path": u.path, "name": q.get("name", ""), "ok": False, "samples": 0}
+        r = {"path": u.path, "name": q.get("name", ""), "ok": False}
         try:
             ctype = self.headers.get("Content-Type", "")
             assert u.path == "/ingest", u.path
@@ -405,7 +412,8 @@ class H(http.server.BaseHTTPRequestHandler):
             assert data[:2] == b"\x1f\x8b", "gzip magic"
             raw = gzip.decompress(data)
             # pprof: field 2 (sample) entries are length-delimited, tag 0x12.
-            r["samples"] = raw.count(b"\x12") and 1
+            assert len(raw) > 0, "empty pprof"
+            open(log + ".pb.gz", "wb").write(data)
             r["ok"] = True
         except Exception as e:
             r["error"] = repr(e)
@@ -460,17 +468,18 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
     use std::io::{Read, Write};
     let mut slow = std::net::TcpStream::connect(&serve.addr).unwrap();
     slow.write_all(b"GET /metr").unwrap();
-    for junk in [
-        &b"\x16\x03\x01\x00\xff garbage\r\n\r\n"[..],
-        b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello",
-        b"GET /?a=%zz HTTP/1.1\r\n\r\n",
+    // (request, whether a 4xx must come back: a TLS hello may just be closed)
+    for (junk, answered) in [
+        (&b"\x16\x03\x01\x00\xff garbage\r\n\r\n"[..], false),
+        (b"POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", true),
+        (b"GET /?a=%zz HTTP/1.1\r\n\r\n", true),
     ] {
         let mut s = std::net::TcpStream::connect(&serve.addr).unwrap();
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s.write_all(junk).unwrap();
         let mut resp = String::new();
         let _ = s.read_to_string(&mut resp);
-        assert!(resp.starts_with("HTTP/1.1 4") || resp.is_empty(), "{resp:?}");
+        assert!(resp.starts_with("HTTP/1.1 4") || (!answered && resp.is_empty()), "{resp:?}");
     }
     let (code, body) = curl(None, &[&format!("http://{}/metrics", serve.addr)]);
     assert_eq!(code, 200);

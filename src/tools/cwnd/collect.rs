@@ -44,7 +44,16 @@ impl CwndCollector {
             let cc = cstr(&key.cc);
             out.push((if cc.is_empty() { "unknown".into() } else { cc }, key.reason as usize, n));
         }
+        // Keys may differ past the name's NUL (a socket whose congestion
+        // control changed): summed by what the labels show.
         out.sort();
+        out.dedup_by(|b, a| {
+            let same = a.0 == b.0 && a.1 == b.1;
+            if same {
+                a.2 += b.2;
+            }
+            same
+        });
         Ok(out)
     }
 }

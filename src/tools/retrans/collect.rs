@@ -16,6 +16,9 @@ use crate::{
     },
 };
 
+/// A cgroup's label pairs, as [`CgroupLabels::of`] gives them.
+type LabelSet = Vec<(&'static str, String)>;
+
 /// The attached retrans programs in count mode, without the per-flow table.
 pub struct RetransCollector {
     loaded: Loaded,
@@ -72,13 +75,15 @@ impl Collector for RetransCollector {
             "TCP segments retransmitted, by cause (tcp:tcp_retransmit_skb and tcp_retransmit_synack; failed attempts not included)",
         );
         if self.by_cgroup {
-            let mut rows = self.groups()?;
-            rows.sort_unstable();
-            for (cg, kind, segs) in rows {
-                if kind >= KIND_MAX - 1 {
-                    continue;
+            // Summed by label set: a cgroup deleted and made again at the
+            // same path has a new id, and both must be one series.
+            let mut series: std::collections::BTreeMap<(usize, LabelSet), u64> = Default::default();
+            for (cg, kind, segs) in self.groups()? {
+                if kind < KIND_MAX - 1 {
+                    *series.entry((kind, labels.of(cg))).or_default() += segs;
                 }
-                let l = labels.of(cg);
+            }
+            for ((kind, l), segs) in series {
                 let mut pairs = vec![("kind", KINDS[kind])];
                 pairs.extend(l.iter().map(|(k, v)| (*k, v.as_str())));
                 e.sample("", &pairs, segs as f64);

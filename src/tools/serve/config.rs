@@ -1,5 +1,6 @@
-//! `sonde serve`'s configuration: a TOML file (one documented schema) whose
-//! every key has a flag of the same name; flags win over the file.
+//! `sonde serve`'s configuration: a TOML file (one documented schema). The
+//! common keys have flags (see `ServeArgs`), which override them or add to
+//! their lists, and pass the same checks.
 //!
 //! ```toml
 //! listen = "127.0.0.1:9632"        # loopback by default
@@ -225,7 +226,8 @@ pub fn parse(text: &str) -> Result<Config, String> {
 }
 
 impl Config {
-    fn check(&self) -> Result<(), String> {
+    /// The checks the file and the flags both meet.
+    pub fn check(&self) -> Result<(), String> {
         for l in &self.labels {
             if l != "cgroup" {
                 return Err(format!("labels: unknown label set '{l}'; the one there is: cgroup"));
@@ -233,6 +235,9 @@ impl Config {
         }
         let f = &self.funclatency;
         let (min, max) = (dur(&f.min, "funclatency.min")?, dur(&f.max, "funclatency.max")?);
+        if max > Duration::from_secs(86_400 * 365) {
+            return Err(format!("funclatency.max {}: at most a year", f.max));
+        }
         if min >= max {
             return Err(format!("funclatency: min {} is not below max {}", f.min, f.max));
         }
@@ -248,8 +253,15 @@ impl Config {
             }
             let secs = self.push.seconds.unwrap_or(10);
             let every = dur(self.push.interval.as_deref().unwrap_or("60s"), "push.interval")?;
-            if secs == 0 || Duration::from_secs(secs) > every {
-                return Err(format!("push.seconds {secs}: pick 1 up to the interval"));
+            if every > Duration::from_secs(86_400) {
+                return Err("push.interval: at most 24h".into());
+            }
+            if secs == 0 || Duration::from_secs(secs) > every || secs > self.profiles.max_seconds {
+                return Err(format!(
+                    "push.seconds {secs}: pick 1 up to the interval ({}) and profiles.max_seconds ({})",
+                    humantime::format_duration(every),
+                    self.profiles.max_seconds
+                ));
             }
         }
         Ok(())

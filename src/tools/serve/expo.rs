@@ -43,10 +43,10 @@ impl Expo {
     pub fn family(&mut self, name: &str, ty: Type, help: &str) {
         debug_assert!(valid_name(name), "{name}");
         debug_assert!(!self.families.contains(name), "family {name} written twice");
+        self.current = name.to_string();
         if !self.families.insert(name.to_string()) {
             return;
         }
-        self.current = name.to_string();
         let help = help.replace('\\', "\\\\").replace('\n', "\\n");
         let t = match ty {
             Type::Counter => "counter",
@@ -109,11 +109,15 @@ impl Expo {
             with_le.push(("le", le));
             self.sample("_bucket", &with_le, cum as f64);
         }
+        // +Inf and _count from the buckets themselves: the kernel adds to a
+        // bucket before the count, so a read between the two would put a
+        // finite bucket above +Inf.
+        let total: u64 = h.buckets.iter().sum();
         let mut with_le: Vec<(&str, &str)> = labels.to_vec();
         with_le.push(("le", "+Inf"));
-        self.sample("_bucket", &with_le, h.count as f64);
+        self.sample("_bucket", &with_le, total as f64);
         self.sample("_sum", labels, h.sum_ns as f64 * 1e-9);
-        self.sample("_count", labels, h.count as f64);
+        self.sample("_count", labels, total as f64);
     }
 
     /// The text.

@@ -88,8 +88,10 @@ impl CgroupLabels {
 pub fn kubernetes(path: &str) -> (String, String) {
     let mut pod = String::new();
     let mut ctr = String::new();
-    let parts: Vec<&str> = Path::new(path).iter().filter_map(|c| c.to_str()).collect();
-    let in_kubepods = parts.iter().any(|p| p.starts_with("kubepods"));
+    let parts: Vec<&str> = Path::new(path).iter().filter_map(|c| c.to_str()).filter(|c| *c != "/").collect();
+    // Only the kubelet's top-level hierarchy: a delegated subtree elsewhere
+    // (user@UID.service/...) must not pass for a pod.
+    let in_kubepods = parts.first().is_some_and(|p| p.starts_with("kubepods"));
     if !in_kubepods {
         return (pod, ctr);
     }
@@ -146,5 +148,8 @@ mod tests {
         // Not under kubepods, or malformed: nothing.
         assert_eq!(kubernetes("/system.slice/sshd.service"), (String::new(), String::new()));
         assert_eq!(kubernetes("/kubepods/podnot-a-uid/xyz"), (String::new(), String::new()));
+        // A look-alike inside a delegated user subtree is no pod.
+        let spoof = format!("/user.slice/user-1000.slice/user@1000.service/{}", &systemd[1..]);
+        assert_eq!(kubernetes(&spoof), (String::new(), String::new()));
     }
 }

@@ -134,8 +134,9 @@ fn settle(a: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(i) = &a.push_interval {
         c.push.interval = Some(i.clone());
     }
-    let text = toml_check(&c);
-    text.map_err(|e| usage(format!("serve: {e}")))?;
+    toml_check(&c).map_err(|e| usage(format!("serve: {e}")))?;
+    // The flags' values meet the file's checks too.
+    c.check().map_err(|e| usage(format!("serve: {e}")))?;
     Ok(c)
 }
 
@@ -258,8 +259,9 @@ impl State {
             "Events a collector could not count: maps full, sockets unreadable, runs the kernel skipped",
         );
         for s in &self.slots {
-            if let Some(c) = &s.running {
-                e.sample("", &[("collector", s.name)], c.lost().unwrap_or(0) as f64);
+            // A read that fails writes no sample (a 0 would look like a reset).
+            if let Some(Ok(n)) = s.running.as_ref().map(|c| c.lost()) {
+                e.sample("", &[("collector", s.name)], n as f64);
             }
         }
         // Read each scrape: an operator may turn bpf_stats on for a while.
@@ -425,7 +427,7 @@ fn route(req: &Request, scrape: &Mutex<mpsc::Sender<ScrapeReq>>, prof: Option<&P
             let sent = scrape.lock().map(|s| s.send(tx).is_ok()).unwrap_or(false);
             match rx.recv_timeout(Duration::from_secs(10)) {
                 Ok(text) if sent => Response::bytes(200, expo::CONTENT_TYPE, text.into_bytes()),
-                _ => Response::text(503, "sonde is stopping\n"),
+                _ => Response::text(503, "the scrape did not finish in 10 s, or sonde is stopping\n"),
             }
         }
         "/-/healthy" => Response::text(200, "ok\n"),
@@ -462,11 +464,25 @@ fn route(req: &Request, scrape: &Mutex<mpsc::Sender<ScrapeReq>>, prof: Option<&P
 /// when profiles are off. Returns a line for the log.
 pub fn drop_caps(profiles: bool) -> String {
     use caps::{CapSet, Capability as C};
-    let keep: &[C] = if profiles {
-        &[C::CAP_BPF, C::CAP_PERFMON, C::CAP_SYS_RESOURCE, C::CAP_SYS_PTRACE, C::CAP_DAC_READ_SEARCH, C::CAP_SYSLOG]
+    // CHECKPOINT_RESTORE: /proc/PID/map_files, for binaries deleted while
+    // running. Kernels before 5.8 have no CAP_BPF/CAP_PERFMON: SYS_ADMIN then.
+    let mut keep: Vec<C> = if profiles {
+        vec![
+            C::CAP_BPF,
+            C::CAP_PERFMON,
+            C::CAP_SYS_RESOURCE,
+            C::CAP_SYS_PTRACE,
+            C::CAP_DAC_READ_SEARCH,
+            C::CAP_SYSLOG,
+            C::CAP_CHECKPOINT_RESTORE,
+        ]
     } else {
-        &[]
+        Vec::new()
     };
+    let last_cap = features::sysctl("kernel/cap_last_cap").and_then(|v| v.parse::<u32>().ok()).unwrap_or(40);
+    if profiles && last_cap < 39 {
+        keep.push(C::CAP_SYS_ADMIN);
+    }
     let Ok(have) = caps::read(None, CapSet::Permitted) else { return String::new() };
     let keep: caps::CapsHashSet = keep.iter().copied().filter(|c| have.contains(c)).collect();
     let dropped = have.len().saturating_sub(keep.len());

@@ -124,6 +124,11 @@ impl Profiler {
                 if v.is_empty() || v.len() > 4096 || v.starts_with('-') {
                     return Response::text(400, format!("{key}: give a non-empty value\n"));
                 }
+                // A cgroup is named relative to the cgroup2 mount: no absolute
+                // path, no `..`, so a caller cannot make root stat any path.
+                if key == "cgroup" && (v.starts_with('/') || v.split('/').any(|c| c == ".." || c == ".")) {
+                    return Response::text(400, "cgroup: give a path relative to the cgroup2 mount, without ..\n");
+                }
                 filters.extend([format!("--{key}"), v.to_string()]);
             }
         }
@@ -149,8 +154,16 @@ impl Profiler {
             }
             *b = Some(Instant::now() + Duration::from_secs(seconds));
         }
+        // Cleared however the run ends, a panic included (the HTTP server
+        // catches it): else every later request would get 429.
+        struct Free<'a>(&'a Mutex<Option<Instant>>);
+        impl Drop for Free<'_> {
+            fn drop(&mut self) {
+                *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
+        }
+        let _free = Free(&self.busy);
         let r = self.run(kind, seconds, filters);
-        *self.busy.lock().unwrap_or_else(|e| e.into_inner()) = None;
         match r {
             Ok(t) => {
                 self.served[kind as usize].fetch_add(1, Ordering::Relaxed);
@@ -172,6 +185,14 @@ impl Profiler {
         argv.extend(filters.iter().cloned());
         let ctl = self.ctl.with_duration(Duration::from_secs(seconds));
         let from = now();
+        // Removed however the run ends.
+        struct Gone<'a>(&'a std::path::Path);
+        impl Drop for Gone<'_> {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(self.0);
+            }
+        }
+        let _gone = Gone(&path);
         match kind {
             Kind::Cpu => {
                 argv.extend(["-F".into(), self.frequency.to_string()]);
@@ -183,9 +204,8 @@ impl Profiler {
                 offcpu::run_with(&a, &ctl, kind == Kind::Wakeup, || {})?;
             }
         }
-        let pprof = std::fs::read(&path);
-        let _ = std::fs::remove_file(&path);
-        Ok(Taken { pprof: pprof?, from, until: now() })
+        let pprof = std::fs::read(&path)?;
+        Ok(Taken { pprof, from, until: now() })
     }
 }
 
