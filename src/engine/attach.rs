@@ -109,6 +109,12 @@ pub fn recursion_misses(prog: &impl std::os::fd::AsFd) -> u64 {
     prog_info(prog).map(|i| i.recursion_misses).unwrap_or(0)
 }
 
+/// Time every program of `obj` ran in the kernel, in ns (counted while
+/// kernel.bpf_stats_enabled is 1; programs not loaded count 0).
+pub fn object_run_time_ns(obj: &libbpf_rs::Object) -> u64 {
+    obj.progs().map(|p| run_stats(&p).0).sum()
+}
+
 /// (run_time_ns, run_cnt) of `prog` while kernel.bpf_stats_enabled was 1.
 pub fn run_stats(prog: &impl std::os::fd::AsFd) -> (u64, u64) {
     prog_info(prog).map(|i| (i.run_time_ns, i.run_cnt)).unwrap_or((0, 0))

@@ -106,6 +106,6 @@ impl Collector for FunclatencyCollector {
     }
 
     fn run_time_ns(&self) -> u64 {
-        self.loaded.skel.object().progs().map(|p| attach::run_stats(&p).0).sum()
+        attach::object_run_time_ns(self.loaded.skel.object())
     }
 }

@@ -120,7 +120,7 @@ impl Collector for RetransCollector {
 
     fn run_time_ns(&self) -> u64 {
         use libbpf_rs::skel::Skel;
-        self.loaded.skel.object().progs().map(|p| attach::run_stats(&p).0).sum()
+        attach::object_run_time_ns(self.loaded.skel.object())
     }
 }
 

@@ -247,9 +247,15 @@ impl Config {
         if self.profiles.frequency == 0 || self.profiles.frequency > 1000 {
             return Err(format!("profiles.frequency {}: pick 1 to 1000", self.profiles.frequency));
         }
+        // The interval is checked even without a URL (a flag may set it alone).
+        if let Some(i) = &self.push.interval {
+            dur(i, "push.interval (--push-interval)")?;
+        }
         if let Some(u) = &self.push.url {
             if !u.starts_with("http://") {
-                return Err(format!("push.url {u}: only http:// URLs (put a TLS proxy in front for https)"));
+                return Err(format!(
+                    "push.url (--push-url) {u}: only http:// URLs (put a TLS proxy in front for https)"
+                ));
             }
             let secs = self.push.seconds.unwrap_or(10);
             let every = dur(self.push.interval.as_deref().unwrap_or("60s"), "push.interval")?;

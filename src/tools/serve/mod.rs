@@ -134,23 +134,9 @@ fn settle(a: &ServeArgs) -> anyhow::Result<Config> {
     if let Some(i) = &a.push_interval {
         c.push.interval = Some(i.clone());
     }
-    toml_check(&c).map_err(|e| usage(format!("serve: {e}")))?;
     // The flags' values meet the file's checks too.
     c.check().map_err(|e| usage(format!("serve: {e}")))?;
     Ok(c)
-}
-
-/// The flags' values pass the same checks as the file's.
-fn toml_check(c: &Config) -> Result<(), String> {
-    if let Some(u) = &c.push.url {
-        if !u.starts_with("http://") {
-            return Err(format!("--push-url {u}: only http:// URLs (put a TLS proxy in front for https)"));
-        }
-    }
-    if let Some(i) = &c.push.interval {
-        crate::engine::run::parse_duration(i).map_err(|e| format!("--push-interval: {e}"))?;
-    }
-    Ok(())
 }
 
 /// The web config named by the config, its path relative to the config's
@@ -311,7 +297,7 @@ impl State {
             "HTTP connections being served",
             h.open.load(Ordering::Relaxed) as f64,
         );
-        if !self.labels_unused() {
+        if self.labels.walks > 0 {
             e.single(
                 "sonde_cgroup_walks_total",
                 Type::Counter,
@@ -319,10 +305,6 @@ impl State {
                 self.labels.walks as f64,
             );
         }
-    }
-
-    fn labels_unused(&self) -> bool {
-        self.labels.walks == 0
     }
 }
 
