@@ -2,7 +2,7 @@
 /*
  * TCP flows for the socket tools (retrans, cwnd): the addresses of a
  * socket, who owns it, and the filters (--port, --addr, -4/-6, -p,
- * --cgroup, --netns) that user space sets before load. The Rust half is
+ * --comm, --cgroup, --netns) that user space sets before load. The Rust half is
  * src/engine/flowfilter.rs. Include after the libbpf headers.
  */
 #ifndef SONDE_FLOW_H
@@ -17,6 +17,7 @@
 #define FLOW_MAX_CIDRS 8
 #define FLOW_MAX_PIDS  16
 #define FLOW_MAX_NETNS 8
+#define FLOW_MAX_COMMS 4
 
 /* Who owns a socket, recorded in process context. */
 struct sonde_owner {
@@ -43,6 +44,8 @@ const volatile __u32 pids[FLOW_MAX_PIDS] = {};
 const volatile __u64 cgroup_id = 0;
 const volatile __u32 n_netns = 0;
 const volatile __u32 netns_ids[FLOW_MAX_NETNS] = {};
+const volatile __u32 n_comms = 0;
+const volatile char comms[FLOW_MAX_COMMS][FLOW_COMM_LEN] = {};
 
 /*
  * Field reads. tp_btf and fentry hand us typed pointers, so `direct` loads
@@ -144,7 +147,27 @@ static __always_inline bool flow_cidr_match(const __u8 *saddr, const __u8 *daddr
 /* Whether a filter needs the socket's owner. */
 static __always_inline bool owner_filtered(void)
 {
-	return n_pids || cgroup_id;
+	return n_pids || cgroup_id || n_comms;
+}
+
+/* Whether an owner's comm is one of `comms` (whole names, as the kernel
+ * keeps them: at most 15 bytes). */
+static __always_inline bool comm_listed(const char *comm)
+{
+	for (__u32 i = 0; i < FLOW_MAX_COMMS && i < n_comms; i++) {
+		bool same = true;
+		for (int b = 0; b < FLOW_COMM_LEN; b++) {
+			if (comm[b] != comms[i][b]) {
+				same = false;
+				break;
+			}
+			if (!comm[b])
+				break;
+		}
+		if (same)
+			return true;
+	}
+	return false;
 }
 
 /* The filters on the owner (NULL: not known). */
@@ -153,6 +176,8 @@ static __always_inline bool owner_pass(const struct sonde_owner *o)
 	if (n_pids && (!o || !IN_LIST(pids, n_pids, FLOW_MAX_PIDS, o->pid)))
 		return false;
 	if (cgroup_id && (!o || o->cgroup != cgroup_id))
+		return false;
+	if (n_comms && (!o || !comm_listed(o->comm)))
 		return false;
 	return true;
 }

@@ -48,8 +48,8 @@ static __always_inline __u32 log2_u64(__u64 v)
 	return r;
 }
 
-/* Adds one latency to a (per-CPU) histogram. */
-static __always_inline void hist_add(struct sonde_hist *h, __u64 ns)
+/* The bucket of a latency. */
+static __always_inline __u32 hist_bucket(__u64 ns)
 {
 	__u32 b = 0;
 	if (ns < 4) {
@@ -60,10 +60,28 @@ static __always_inline void hist_add(struct sonde_hist *h, __u64 ns)
 	}
 	/* b <= 251; the mask (HIST_BUCKETS is a power of two) is for older
 	 * verifiers, which lose the bound of a clamp. */
-	b &= HIST_BUCKETS - 1;
-	h->buckets[b] += 1;
+	return b & (HIST_BUCKETS - 1);
+}
+
+/* Adds one latency to a (per-CPU) histogram. */
+static __always_inline void hist_add(struct sonde_hist *h, __u64 ns)
+{
+	__u32 b = hist_bucket(ns);
+	h->buckets[b & (HIST_BUCKETS - 1)] += 1;
 	h->count += 1;
 	h->sum_ns += ns;
+	if (ns > h->max_ns)
+		h->max_ns = ns;
+}
+
+/* Adds one latency to a histogram all CPUs share: atomic adds, and a max
+ * that a racing larger value may beat (it is only raised). */
+static __always_inline void hist_add_shared(struct sonde_hist *h, __u64 ns)
+{
+	__u32 b = hist_bucket(ns);
+	__sync_fetch_and_add(&h->buckets[b & (HIST_BUCKETS - 1)], 1);
+	__sync_fetch_and_add(&h->count, 1);
+	__sync_fetch_and_add(&h->sum_ns, ns);
 	if (ns > h->max_ns)
 		h->max_ns = ns;
 }

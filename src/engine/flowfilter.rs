@@ -1,5 +1,5 @@
 //! TCP flows for the socket tools (retrans, cwnd): the filter flags they
-//! share (`--port`, `--addr`, `-4/-6`, `-p`, `--cgroup`, `--netns`), their
+//! share (`--port`, `--addr`, `-4/-6`, `-p`, `--comm`, `--cgroup`, `--netns`), their
 //! validation, the values the kernel half (src/bpf/flow.h) reads, and how a
 //! flow is printed.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -17,6 +17,10 @@ pub const MAX_CIDRS: usize = 8;
 pub const FLOW_MAX_PIDS: usize = 16;
 /// See [`MAX_PORTS`].
 pub const MAX_NETNS: usize = 8;
+/// See [`MAX_PORTS`].
+pub const MAX_COMMS: usize = 4;
+/// The kernel keeps a task's name in 16 bytes with its NUL.
+pub const COMM_MAX: usize = 15;
 
 /// Which connections a socket tool looks at.
 #[derive(Debug, Args, Clone, Default)]
@@ -36,6 +40,11 @@ pub struct FlowArgs {
     /// Only sockets owned by this process (repeatable, up to 16).
     #[arg(short = 'p', long = "pid")]
     pub pid: Vec<u32>,
+    /// Only sockets owned by a task of this name (repeatable, up to 4):
+    /// the comm of the thread that connected, listened or accepted, as
+    /// `ps -L` shows it (at most 15 bytes).
+    #[arg(long, value_name = "NAME")]
+    pub comm: Vec<String>,
     /// Only sockets owned by a process in this cgroup (v2 path).
     #[arg(long)]
     pub cgroup: Option<String>,
@@ -74,6 +83,8 @@ pub struct FlowFilter {
     pub family: u16,
     /// Owner processes.
     pub pids: Vec<u32>,
+    /// Owner thread names.
+    pub comms: Vec<String>,
     /// Owner cgroup id (0: any).
     pub cgroup: u64,
     /// Namespace inodes.
@@ -105,6 +116,12 @@ impl FlowArgs {
                 "at most {MAX_NETNS} --netns filters; trace all and filter the JSON on \"netns\""
             )));
         }
+        if self.comm.len() > MAX_COMMS {
+            return Err(usage(format!("at most {MAX_COMMS} --comm filters; use --cgroup for a group of processes")));
+        }
+        for c in &self.comm {
+            check_comm(c)?;
+        }
         let cgroup = self.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
         let family = if self.ipv4 {
             2
@@ -119,10 +136,26 @@ impl FlowArgs {
             cidrs: self.addr.clone(),
             family,
             pids: self.pid.clone(),
+            comms: self.comm.clone(),
             cgroup,
             netns,
         })
     }
+}
+
+/// A `--comm` value: a name the kernel can hold whole, or the match would
+/// never hit.
+pub fn check_comm(c: &str) -> anyhow::Result<()> {
+    if c.is_empty() || c.contains('\0') {
+        return Err(usage(format!("--comm '{}': give a task name as `ps -L -o comm` shows it", c.escape_debug())));
+    }
+    if c.len() > COMM_MAX {
+        let cut = String::from_utf8_lossy(&c.as_bytes()[..COMM_MAX]).into_owned();
+        return Err(usage(format!(
+            "--comm '{c}' is longer than the kernel keeps ({COMM_MAX} bytes); use '{cut}', the name the kernel shows"
+        )));
+    }
+    Ok(())
 }
 
 impl FlowFilter {
@@ -169,6 +202,12 @@ macro_rules! set_flow_rodata {
         ro.n_netns = f.netns.len() as u32;
         for (i, n) in f.netns.iter().enumerate() {
             ro.netns_ids[i] = *n;
+        }
+        ro.n_comms = f.comms.len() as u32;
+        for (i, c) in f.comms.iter().enumerate() {
+            for (d, b) in ro.comms[i].iter_mut().zip(c.bytes()) {
+                *d = b as _;
+            }
         }
     }};
 }

@@ -82,6 +82,16 @@ impl Hist {
         self.max_ns = self.max_ns.max(u(BUCKETS + 2));
     }
 
+    /// Adds another histogram's calls.
+    pub fn merge(&mut self, other: &Hist) {
+        for b in 0..BUCKETS {
+            self.buckets[b] += other.buckets[b];
+        }
+        self.count += other.count;
+        self.sum_ns += other.sum_ns;
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+
     /// `self - earlier` (an interval's calls; max is the run's so far).
     pub fn since(&self, earlier: &Hist) -> Hist {
         let mut h = self.clone();

@@ -225,6 +225,37 @@ fn retransmits_are_attributed_to_the_owning_process() {
     }
 }
 
+/// Like [`spawn_connector`], but the shell names itself `comm` first (the
+/// name the kernel keeps for the task, as `ps -L` shows it).
+fn spawn_named_connector(pair: &Pair, comm: &str, delay_s: f32) -> Child {
+    let script = format!("printf %s {comm} > /proc/$$/comm; sleep {delay_s}; exec 3<>/dev/tcp/{}/{PORT_SYN}", pair.b4);
+    Command::new("ip").args(["netns", "exec", &pair.a.name, "bash", "-c", &script]).spawn().unwrap()
+}
+
+#[test]
+fn comm_filter_sees_only_sockets_of_that_name() {
+    let (pair, _srv) = syn_dropping_lab();
+    let mut want = spawn_named_connector(&pair, "sonde_want", 1.5);
+    let mut other = spawn_named_connector(&pair, "sonde_other", 1.5);
+    let mut third = spawn_named_connector(&pair, "sonde_third", 1.5);
+    let args = ["--addr", pair.net4.as_str(), "--comm", "sonde_want", "--comm", "sonde_third"];
+    let t = Tracer::start(&args);
+    thread::sleep(Duration::from_millis(4200));
+    let (_, out) = t.stop();
+    for c in [&mut want, &mut other, &mut third] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    undrop(&pair.b, "sonde_syn").unwrap();
+    let syn = events(&out, "syn");
+    for (name, pid) in [("sonde_want", want.id()), ("sonde_third", third.id())] {
+        let mine: Vec<_> = syn.iter().filter(|e| e["comm"] == name).collect();
+        assert!(mine.len() >= 2, "{name}: SYN retransmits at 1 s and 3 s: {out:?}");
+        assert!(mine.iter().all(|e| e["pid"].as_u64() == Some(pid as u64)), "{name}: {mine:?}");
+    }
+    assert!(syn.iter().all(|e| e["comm"] != "sonde_other"), "an unlisted name passed: {syn:?}");
+}
+
 /// A server process of ours in `pair.b`: accepts one connection on `port`,
 /// reads a byte, sends `bytes`, waits for the peer to close.
 fn spawn_sending_server(pair: &Pair, port: u16, bytes: usize) -> Child {

@@ -496,7 +496,7 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
 }
 
 #[test]
-fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted() {
+fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted_restarted_and_slept() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     const UID: &str = "5a1f7c2e-93d4-4b8a-a6e1-0c2d3e4f5a6b";
     const ID: &str = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
@@ -507,28 +507,42 @@ fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted() {
         .join(format!("kubepods-besteffort-pod{}.slice", UID.replace('-', "_")));
     let scope = pod.join(format!("cri-containerd-{ID}.scope"));
     std::fs::create_dir_all(&scope).unwrap();
+    // A second container of the pod, for the workload cwnd and funclatency see.
+    const ID2: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let scope2 = pod.join(format!("cri-containerd-{ID2}.scope"));
+    std::fs::create_dir_all(&scope2).unwrap();
     let ns = Netns::create(&format!("sonde-cg-{}", std::process::id())).unwrap();
     let serve = Serve::start(
         None,
-        &["--listen", "127.0.0.1:0", "--disable", "cwnd", "--labels", "cgroup", "--netns", &ns.name],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--labels",
+            "cgroup",
+            "--netns",
+            &ns.name,
+            "--funclatency",
+            "syscall:clock_nanosleep",
+        ],
     );
     let before = ns.mib().unwrap();
     let overflow = build_workload("overflow", &["-O2"]);
-    // The workload joins the pod's container cgroup, then its namespace.
-    let st = Command::new("sh")
-        .args([
-            "-c",
-            &format!(
-                "echo $$ > {}/cgroup.procs && exec ip netns exec {} {} 7000 4",
-                scope.display(),
-                ns.name,
-                overflow.display()
-            ),
-        ])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let bursts = build_workload("bursts", &["-O2"]);
+    // The workloads join a container cgroup of the pod, then its namespace:
+    // overflow retransmits; in the second container, bursts answers GAPS
+    // requests after 400 ms of idle (longer than loopback's RTO: slow start
+    // restarts under CUBIC), its client sleeping (usleep: clock_nanosleep)
+    // before each.
+    const GAPS: u64 = 3;
+    let runs = [
+        (&scope, format!("{} 7000 4", overflow.display())),
+        (&scope2, format!("{} 7100 cubic {} 400 100000", bursts.display(), GAPS + 1)),
+    ];
+    for (cg, cmd) in runs {
+        let join = format!("echo $$ > {}/cgroup.procs && exec ip netns exec {} {cmd}", cg.display(), ns.name);
+        let st = Command::new("sh").args(["-c", &join]).stdout(Stdio::null()).status().unwrap();
+        assert!(st.success(), "{cmd}");
+    }
     thread::sleep(Duration::from_millis(500));
     let d = ns.mib().unwrap().delta(&before);
     let (_, body) = curl(None, &[&format!("http://{}/metrics", serve.addr)]);
@@ -561,8 +575,26 @@ fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted() {
         in_pod + unseen <= sent && sent - (in_pod + unseen) <= hidden_synack_allowance() as f64,
         "{in_pod} + {unseen} vs {sent}"
     );
+    // cwnd and funclatency carry the same labels (bursts' container).
+    let pod_labels = format!("pod_uid=\"{UID}\",container_id=\"containerd://{ID2}\"");
+    let sum = |prefix: &str, pod: Option<bool>| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter(|l| pod.is_none_or(|p| l.contains(&pod_labels) == p))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    let idle_pod = sum("sonde_tcp_idle_sends_total{", Some(true));
+    let restarts_pod = sum("sonde_tcp_slow_start_restarts_total{cc=\"cubic\"", Some(true));
+    eprintln!("cgroup labels: idle sends {idle_pod} in the pod, restarts {restarts_pod}");
+    assert_eq!(idle_pod, sum("sonde_tcp_idle_sends_total{", None), "the namespace's idle sends are the pod's: {text}");
+    // The server's GAPS responses restart; the client's requests may too.
+    assert!((GAPS as f64..=2.0 * GAPS as f64).contains(&restarts_pod), "restarts in the pod: {text}");
+    let sleeps_pod = sum("sonde_function_latency_seconds_count{target=\"syscall:clock_nanosleep\"", Some(true));
+    assert_eq!(sleeps_pod, GAPS as f64, "bursts' client slept GAPS times: {text}");
     assert_eq!(serve.stop(), 0);
     let _ = std::fs::remove_dir(&scope);
+    let _ = std::fs::remove_dir(&scope2);
     let _ = std::fs::remove_dir(&pod);
     let _ = std::fs::remove_dir(pod.parent().unwrap());
     let _ = std::fs::remove_dir(pod.parent().unwrap().parent().unwrap());

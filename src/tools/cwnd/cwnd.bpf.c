@@ -48,10 +48,12 @@ const volatile __u32 min_idle_j = 0;
 /* sonde serve: count idle sends per congestion control and reason in
  * `idle_counts`; no events. */
 const volatile bool count_only = false;
+/* ... and per owner cgroup (serve --labels cgroup). */
+const volatile bool by_cgroup = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, 4096); /* 256 unless by_cgroup */
 	__type(key, struct cw_idle_key);
 	__type(value, __u64);
 } idle_counts SEC(".maps");
@@ -359,6 +361,8 @@ static __always_inline int on_send(const struct sock *sk, bool typed)
 		/* Counted at the decision: nothing waits for the cwnd after it. */
 		struct cw_idle_key k = {.reason = reason};
 		__builtin_memcpy(k.cc, c->cc, sizeof(k.cc));
+		if (by_cgroup && c->has_owner)
+			k.cgroup = c->owner.cgroup;
 		__u64 one = 1, *n = bpf_map_lookup_elem(&idle_counts, &k);
 		if (n)
 			__sync_fetch_and_add(n, 1);

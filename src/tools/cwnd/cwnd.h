@@ -27,10 +27,13 @@ enum cw_confirm {
 	BY_CLOSE = 2, /* the socket was destroyed first */
 };
 
-/* serve: idle sends per congestion control and reason. */
+/* serve: idle sends per congestion control and reason (and owner cgroup
+ * with by_cgroup; 0: not split, or owner not known). */
 struct cw_idle_key {
+	__u64 cgroup;
 	char cc[CC_NAME_LEN];
 	__u32 reason;
+	__u32 pad;
 };
 
 struct cw_flow {

@@ -206,9 +206,20 @@ fn programs(m: Mechanism) -> [&'static str; 3] {
     }
 }
 
-/// `count_only` (serve): idle sends counted per congestion control and
-/// reason in the kernel, no events, and no tcp_probe program.
-fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism, count_only: bool) -> anyhow::Result<Loaded> {
+/// What a load reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Events (the tool).
+    Events,
+    /// serve: idle sends counted per congestion control and reason in the
+    /// kernel, no events, and no tcp_probe program.
+    Counts,
+    /// serve --labels cgroup: as `Counts`, and per owner cgroup.
+    CountsByCgroup,
+}
+
+fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism, mode: Mode) -> anyhow::Result<Loaded> {
+    let count_only = mode != Mode::Events;
     let has_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
     if matches!(mech, Mechanism::TpBtf | Mechanism::RawTp) && !has_tp {
         anyhow::bail!("this kernel has no tcp:tcp_sendmsg_locked tracepoint");
@@ -228,6 +239,10 @@ fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism, count_only: b
     ro.min_idle_j = a.min_idle.map(|d| ((d.as_nanos() * hz as u128) / 1_000_000_000).max(1) as u32).unwrap_or(0);
     ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
     ro.count_only = count_only;
+    ro.by_cgroup = mode == Mode::CountsByCgroup;
+    if mode != Mode::CountsByCgroup {
+        open.maps.idle_counts.set_max_entries(256)?;
+    }
     if !hashed {
         open.maps.conns.set_max_entries(1)?;
     }
@@ -750,7 +765,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let sink = open_sink(a, format)?;
     let order = attach::order(MECHANISMS, a.mechanism);
     let (loaded, mech, _fails) =
-        with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m, false))?;
+        with_fallbacks("tcp:tcp_probe and the TCP send path", &order, |m| load(a, &flow, hz, m, Mode::Events))?;
     ctl.start_clock();
     let start = Instant::now();
     let start_mono_ns = (clock_ns(libc::CLOCK_MONOTONIC)) as u64;

@@ -31,6 +31,9 @@ const volatile __u32 softirq_target[16] = {};
 const volatile __u64 over_ns = 0;
 const volatile bool want_kernel = true;
 const volatile bool want_user = true;
+/* sonde serve --labels cgroup: calls (not softirqs) also counted per
+ * cgroup of the calling task, in `cg_hists`. */
+const volatile bool by_cgroup = false;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -62,11 +65,43 @@ struct {
 	__type(value, struct fl_softirq);
 } softirq_start SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2048); /* 1 unless by_cgroup */
+	__type(key, struct fl_cg_key);
+	__type(value, struct sonde_hist);
+} cg_hists SEC(".maps");
+
+/* Referenced so the skeleton mirrors the layout. */
+struct fl_cg_key _fl_cg_key = {};
+
 static __always_inline void record(__u32 idx, __u64 ns)
 {
 	struct sonde_hist *h = bpf_map_lookup_elem(&hists, &idx);
 	if (h)
 		hist_add(h, ns);
+}
+
+/* A call of a task: also under its cgroup (serve's cgroup labels). */
+static __always_inline void record_task(__u32 idx, __u64 ns)
+{
+	record(idx, ns);
+	if (!by_cgroup)
+		return;
+	struct fl_cg_key k = {.cgroup = bpf_get_current_cgroup_id(), .idx = idx};
+	struct sonde_hist *h = bpf_map_lookup_elem(&cg_hists, &k);
+	if (!h) {
+		/* Too big for the stack: inserted from an empty one in
+		 * .rodata (a racing insert of the same key is fine). */
+		static const struct sonde_hist empty = {};
+		bpf_map_update_elem(&cg_hists, &k, &empty, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&cg_hists, &k);
+		if (!h) {
+			stat_add(FL_GROUPS_FULL);
+			return;
+		}
+	}
+	hist_add_shared(h, ns);
 }
 
 static __always_inline void stk_stat(__u32 s)
@@ -162,7 +197,7 @@ static __always_inline int leave(void *ctx, __u32 idx, bool kfunc)
 	}
 	__u64 ts = s->ts[d];
 	s->depth = d;
-	record(idx, now - ts);
+	record_task(idx, now - ts);
 	slow_call(ctx, idx, now - ts, now, kfunc, true);
 	/* The entry stays (no delete per call); user space removes those of
 	 * threads that are gone. */

@@ -34,6 +34,13 @@ struct fl_slow_event {
 	__u64 uhash; /* or: the walked user stack (unw_walked) */
 };
 
+/* serve --labels cgroup: a target's histogram per cgroup. */
+struct fl_cg_key {
+	__u64 cgroup;
+	__u32 idx;
+	__u32 pad;
+};
+
 enum fl_stat {
 	FL_TOO_DEEP = 0,    /* calls nested deeper than FL_DEPTH: not timed */
 	FL_THREADS_FULL,    /* no room for another thread's stack: not timed */
@@ -41,6 +48,7 @@ enum fl_stat {
 	FL_SLOW_LOST,       /* slow calls the ring buffer had no room for */
 	FL_SAMPLES,         /* samples taken inside slow calls */
 	FL_SAMPLES_OUTSIDE, /* samples of threads not in a slow call */
+	FL_GROUPS_FULL,     /* calls not counted per cgroup: cg_hists full */
 	FL_STACKS,          /* + enum stk_stat */
 	FL_STAT_MAX = FL_STACKS + 4,
 };

@@ -49,7 +49,9 @@ const FL_UNMATCHED: u32 = 2;
 const FL_SLOW_LOST: u32 = 3;
 const FL_SAMPLES: u32 = 4;
 const FL_SAMPLES_OUTSIDE: u32 = 5;
-const FL_STACKS: u32 = 6;
+/// Calls not counted per cgroup (serve's cgroup labels): `cg_hists` full.
+const FL_GROUPS_FULL: u32 = 6;
+const FL_STACKS: u32 = 7;
 /// FL_DEPTH: calls in flight per thread that are timed.
 const DEPTH: usize = 32;
 
@@ -117,6 +119,9 @@ pub struct Scope {
     /// binary is possible.
     #[arg(long)]
     pub single_uprobes: bool,
+    /// serve's cgroup labels: calls also counted per cgroup (`cg_hists`).
+    #[arg(skip)]
+    pub by_cgroup: bool,
 }
 
 /// Ways to probe kernel functions.
@@ -337,11 +342,12 @@ fn load_way(
     probes: &[Probe],
     way: Way,
     slow: Option<&SlowCfg>,
+    by_cgroup: bool,
 ) -> anyhow::Result<Loaded> {
     let fp = crate::engine::unwind::Plan::fp();
     let plan = slow.map(|c| &c.unwind).unwrap_or(&fp);
     let kfuncs = kernel_functions(probes);
-    let (open, btf) = open_configured(tf, probes, way, slow, plan, &kfuncs)?;
+    let (open, btf) = open_configured(tf, probes, way, slow, plan, &kfuncs, by_cgroup)?;
     let skel = open.load().context("loading BPF programs")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
     let session = crate::engine::unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
@@ -411,6 +417,7 @@ fn open_configured(
     slow: Option<&SlowCfg>,
     plan: &crate::engine::unwind::Plan,
     kfuncs: &[(u64, &str)],
+    by_cgroup: bool,
 ) -> anyhow::Result<(OpenFunclatencySkel<'static>, Option<VmlinuxBtf>)> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
@@ -427,8 +434,12 @@ fn open_configured(
         ro.want_kernel = c.want_kernel;
         ro.want_user = c.want_user;
     }
+    ro.by_cgroup = by_cgroup;
     open.progs.fl_sample.set_autoload(slow.is_some());
     open.maps.hists.set_max_entries(probes.len().max(1) as u32)?;
+    if !by_cgroup {
+        open.maps.cg_hists.set_max_entries(1)?;
+    }
     set_autoload(&mut open, probes, way, kfuncs);
     // fentry: the kernel's BTF, read once, names each function's prototype.
     let fentry = way.kmech == Some(KernelMechanism::Fentry) && !kfuncs.is_empty();
@@ -747,7 +758,7 @@ fn load_with_fallback(
         }
         let mut errs: Vec<anyhow::Error> = Vec::new();
         for way in ways {
-            match load_way(pids, tf, probes, way, slow) {
+            match load_way(pids, tf, probes, way, slow, scope.by_cgroup) {
                 Ok(l) => return Ok(l),
                 Err(e) => errs.push(e),
             }

@@ -12,12 +12,9 @@ use crate::{
     tools::serve::{
         collector::Collector,
         expo::{Expo, Type},
-        labels::CgroupLabels,
+        labels::{self, CgroupLabels, LabelSet},
     },
 };
-
-/// A cgroup's label pairs, as [`CgroupLabels::of`] gives them.
-type LabelSet = Vec<(&'static str, String)>;
 
 /// The attached retrans programs in count mode, without the per-flow table.
 pub struct RetransCollector {
@@ -84,9 +81,7 @@ impl Collector for RetransCollector {
                 }
             }
             for ((kind, l), segs) in series {
-                let mut pairs = vec![("kind", KINDS[kind])];
-                pairs.extend(l.iter().map(|(k, v)| (*k, v.as_str())));
-                e.sample("", &pairs, segs as f64);
+                e.sample("", &labels::with(&[("kind", KINDS[kind])], &l), segs as f64);
             }
         } else {
             for (k, name) in KINDS.iter().enumerate().take(KIND_MAX - 1) {

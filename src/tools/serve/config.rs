@@ -12,6 +12,7 @@
 //! port = [443, 8080]                # filters as `sonde retrans` takes them
 //! addr = ["10.0.0.0/8"]
 //! netns = []
+//! comm = ["nginx"]                  # owner thread names (up to 4)
 //! cgroup = ""
 //!
 //! [cwnd]                            # on by default
@@ -41,7 +42,11 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use serde::Deserialize;
 
-use crate::engine::{error::usage, run::parse_duration};
+use crate::engine::{
+    error::usage,
+    flowfilter::{check_comm, MAX_COMMS},
+    run::parse_duration,
+};
 
 /// The default port: free in Prometheus' default port allocations (9435 is
 /// ebpf_exporter, 9436 mikrotik-exporter), and used by no known exporter.
@@ -91,6 +96,9 @@ pub struct NetCollector {
     /// Network namespaces.
     #[serde(default)]
     pub netns: Vec<String>,
+    /// Owner thread names (comm).
+    #[serde(default)]
+    pub comm: Vec<String>,
     /// Owner cgroup (v2 path).
     #[serde(default)]
     pub cgroup: String,
@@ -98,7 +106,14 @@ pub struct NetCollector {
 
 impl Default for NetCollector {
     fn default() -> Self {
-        Self { enabled: true, port: Vec::new(), addr: Vec::new(), netns: Vec::new(), cgroup: String::new() }
+        Self {
+            enabled: true,
+            port: Vec::new(),
+            addr: Vec::new(),
+            netns: Vec::new(),
+            comm: Vec::new(),
+            cgroup: String::new(),
+        }
     }
 }
 
@@ -114,6 +129,9 @@ impl NetCollector {
         }
         for n in &self.netns {
             v.extend(["--netns".to_string(), n.clone()]);
+        }
+        for c in &self.comm {
+            v.extend(["--comm".to_string(), c.clone()]);
         }
         if !self.cgroup.is_empty() {
             v.extend(["--cgroup".to_string(), self.cgroup.clone()]);
@@ -233,6 +251,14 @@ impl Config {
                 return Err(format!("labels: unknown label set '{l}'; the one there is: cgroup"));
             }
         }
+        for (name, n) in [("retrans", &self.retrans), ("cwnd", &self.cwnd)] {
+            if n.comm.len() > MAX_COMMS {
+                return Err(format!("{name}.comm: at most {MAX_COMMS} names; use cgroup for a group of processes"));
+            }
+            for c in &n.comm {
+                check_comm(c).map_err(|e| format!("{name}.comm: {e}"))?;
+            }
+        }
         let f = &self.funclatency;
         let (min, max) = (dur(&f.min, "funclatency.min")?, dur(&f.max, "funclatency.max")?);
         if max > Duration::from_secs(86_400 * 365) {
@@ -310,5 +336,17 @@ mod tests {
         assert!(parse("labels = [\"pid\"]\n").unwrap_err().contains("unknown label set"));
         assert!(parse("[profiles]\nmax_seconds = 0\n").is_err());
         assert!(parse("").unwrap().retrans.enabled, "on by default");
+        assert!(c.retrans.argv().ends_with(&["--comm".to_string(), "nginx".to_string()]));
+    }
+
+    #[test]
+    fn comm_filters_are_checked_before_anything_loads() {
+        let c = parse("[cwnd]\ncomm = [\"nginx\", \"envoy\"]\n").unwrap();
+        assert_eq!(c.cwnd.argv(), ["--comm", "nginx", "--comm", "envoy"]);
+        let e = parse("[retrans]\ncomm = [\"a-name-the-kernel-cuts\"]\n").unwrap_err();
+        assert!(e.starts_with("retrans.comm:") && e.contains("'a-name-the-kern'"), "{e}");
+        let e = parse("[cwnd]\ncomm = [\"a\", \"b\", \"c\", \"d\", \"e\"]\n").unwrap_err();
+        assert!(e.contains("at most 4"), "{e}");
+        assert!(parse("[cwnd]\ncomm = [\"\"]\n").is_err());
     }
 }

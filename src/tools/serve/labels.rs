@@ -6,6 +6,15 @@
 //! counted under is found by walking the hierarchy (bounded), and cached.
 use std::{collections::HashMap, os::unix::fs::MetadataExt, path::Path};
 
+/// A series' cgroup labels, as [`CgroupLabels::of`] returns them; series
+/// are summed by these (a cgroup made again at the same path has a new id).
+pub type LabelSet = Vec<(&'static str, String)>;
+
+/// `base` labels followed by a cgroup label set, as a sample takes them.
+pub fn with<'a>(base: &[(&'a str, &'a str)], l: &'a LabelSet) -> Vec<(&'a str, &'a str)> {
+    base.iter().copied().chain(l.iter().map(|(k, v)| (*k, v.as_str()))).collect()
+}
+
 /// Label names, in the order [`CgroupLabels::of`] returns values.
 pub const NAMES: [&str; 3] = ["cgroup", "pod_uid", "container_id"];
 
@@ -36,7 +45,7 @@ impl CgroupLabels {
 
     /// The labels of cgroup `id` (0, or an id gone before it was seen: the
     /// cgroup label says so and the others are empty).
-    pub fn of(&mut self, id: u64) -> Vec<(&'static str, String)> {
+    pub fn of(&mut self, id: u64) -> LabelSet {
         let v = if id == 0 {
             ["unknown".to_string(), String::new(), String::new()]
         } else {

@@ -36,7 +36,7 @@ use self::{
 };
 use crate::{
     engine::{
-        error::usage,
+        error::{usage, SondeError},
         features,
         run::{duration_arg, RunControl, Stop},
     },
@@ -92,6 +92,10 @@ pub struct ServeArgs {
     /// Only connections in these network namespaces (retrans and cwnd).
     #[arg(long, value_name = "NETNS")]
     pub netns: Vec<String>,
+    /// Only connections owned by a task of this name (retrans and cwnd;
+    /// repeatable, up to 4).
+    #[arg(long, value_name = "NAME")]
+    pub comm: Vec<String>,
     /// Push CPU profiles to this Pyroscope-compatible /ingest URL (http://).
     #[arg(long, value_name = "URL")]
     pub push_url: Option<String>,
@@ -127,6 +131,10 @@ fn settle(a: &ServeArgs) -> anyhow::Result<Config> {
     for n in &a.netns {
         c.retrans.netns.push(n.clone());
         c.cwnd.netns.push(n.clone());
+    }
+    for n in &a.comm {
+        c.retrans.comm.push(n.clone());
+        c.cwnd.comm.push(n.clone());
     }
     if let Some(u) = &a.push_url {
         c.push.url = Some(u.clone());
@@ -164,21 +172,30 @@ struct Slot {
 fn start_collectors(c: &Config) -> anyhow::Result<Vec<Slot>> {
     let by_cgroup = c.labels.iter().any(|l| l == "cgroup");
     let mut slots = Vec::new();
+    // A kernel that cannot run a collector leaves it down; a filter the
+    // user got wrong stops serve (exit 2).
     let mut add = |name: &'static str, r: anyhow::Result<Box<dyn Collector>>| match r {
-        Ok(col) => slots.push(Slot { name, running: Some(col) }),
+        Ok(col) => {
+            slots.push(Slot { name, running: Some(col) });
+            Ok(())
+        }
+        Err(e) if e.chain().any(|c| matches!(c.downcast_ref(), Some(SondeError::Usage(_)))) => {
+            Err(e.context(format!("serve: {name}")))
+        }
         Err(e) => {
             eprintln!("sonde serve: collector {name} is down: {e:#}");
             slots.push(Slot { name, running: None });
+            Ok(())
         }
     };
     if c.retrans.enabled {
         add(
             "retrans",
             RetransCollector::start(&c.retrans.argv(), by_cgroup).map(|x| Box::new(x) as Box<dyn Collector>),
-        );
+        )?;
     }
     if c.cwnd.enabled {
-        add("cwnd", CwndCollector::start(&c.cwnd.argv()).map(|x| Box::new(x) as Box<dyn Collector>));
+        add("cwnd", CwndCollector::start(&c.cwnd.argv(), by_cgroup).map(|x| Box::new(x) as Box<dyn Collector>))?;
     }
     if !c.funclatency.targets.is_empty() {
         let (min, max) = c.range_ns();
@@ -186,8 +203,12 @@ fn start_collectors(c: &Config) -> anyhow::Result<Vec<Slot>> {
         if !c.funclatency.cgroup.is_empty() {
             extra.extend(["--cgroup".to_string(), c.funclatency.cgroup.clone()]);
         }
-        let f =
-            FunclatencyCollector::start(&c.funclatency.targets, &extra, Range::new(min, max, c.funclatency.quarters))?;
+        let f = FunclatencyCollector::start(
+            &c.funclatency.targets,
+            &extra,
+            Range::new(min, max, c.funclatency.quarters),
+            by_cgroup,
+        )?;
         slots.push(Slot { name: "funclatency", running: Some(Box::new(f)) });
     }
     Ok(slots)
