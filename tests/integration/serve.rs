@@ -25,6 +25,8 @@ impl Serve {
             }
             None => Command::new(SONDE),
         };
+        // NODE_NAME as the DaemonSet sets it: pushes carry it as `node`.
+        cmd.env("NODE_NAME", "node-7.test");
         let mut child = cmd.arg("serve").args(args).stderr(Stdio::piped()).spawn().expect("spawn sonde serve");
         let mut r = BufReader::new(child.stderr.take().unwrap());
         let text = wait_for_stderr_line(&mut r, "listening on");
@@ -371,6 +373,7 @@ fn pprof_pulls_show_the_workloads_split_one_at_a_time_and_pushes_reach_a_receive
         serde_json::from_str(std::fs::read_to_string(&recv_log).unwrap().lines().next().unwrap()).unwrap();
     assert_eq!(pushed["ok"], true, "push contract: {pushed}");
     assert!(pushed["name"].as_str().unwrap().starts_with("sonde{"), "{pushed}");
+    assert!(pushed["name"].as_str().unwrap().contains("node=node-7.test"), "NODE_NAME as node: {pushed}");
     // The pushed pprof, as go tool pprof reads it: calltree's samples.
     let top = Command::new(go_bin())
         .args(["tool", "pprof", "-top"])
@@ -446,6 +449,11 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let out = Command::new(SONDE).args(["serve", "--disable", "nosuch"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+    // A comm the kernel cannot hold whole would never match: refused, with the name it keeps.
+    let out = Command::new(SONDE).args(["serve", "--comm", "a-name-the-kernel-cuts"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.trim().lines().count() == 1 && err.contains("'a-name-the-kern'"), "{err}");
     // A port in use: refused before anything is loaded.
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = held.local_addr().unwrap().to_string();
@@ -493,6 +501,43 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
     serve.child.kill().unwrap();
     serve.child.wait().unwrap();
     assert_gone(pid, &ours);
+}
+
+/// `curl` as another uid (setpriv): (HTTP status, body).
+fn curl_as(uid: u32, url: &str) -> (u16, String) {
+    let id = uid.to_string();
+    let out = Command::new("setpriv")
+        .args(["--reuid", &id, "--regid", &id, "--clear-groups", "curl", "-s", "-m", "60", "-w", "\n%{http_code}", url])
+        .output()
+        .expect("setpriv curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn without_basic_auth_profiles_go_only_to_local_clients_of_allowed_uids() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let serve = Serve::start(
+        None,
+        &["--listen", "127.0.0.1:0", "--disable", "retrans", "--disable", "cwnd", "--profiles-allow-uid", "65533"],
+    );
+    let prof = format!("http://{}/debug/pprof/profile?seconds=1", serve.addr);
+    // The kernel's socket table names the client: root (allowed by
+    // default) and 65533 (the flag) get a profile, 65534 gets 403 naming
+    // itself and the fix; metrics stay open to every local user.
+    let (code, body) = curl(None, &[&prof]);
+    assert_eq!(code, 200, "root: {}", String::from_utf8_lossy(&body));
+    let (code, body) = curl_as(65533, &prof);
+    assert_eq!(code, 200, "uid 65533: {body}");
+    let (code, body) = curl_as(65534, &prof);
+    assert_eq!(code, 403, "uid 65534: {body}");
+    assert!(body.contains("uid 65534") && body.contains("--profiles-allow-uid 65534"), "{body}");
+    let (code, metrics) = curl_as(65534, &format!("http://{}/metrics", serve.addr));
+    assert_eq!(code, 200);
+    assert!(metrics.contains("sonde_profile_requests_refused_total{reason=\"forbidden\"} 1"), "{metrics}");
+    assert!(metrics.contains("sonde_profiles_total{kind=\"profile\"} 2"), "{metrics}");
+    assert_eq!(serve.stop(), 0);
 }
 
 #[test]

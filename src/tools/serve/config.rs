@@ -30,6 +30,8 @@
 //! enabled = true
 //! max_seconds = 60
 //! frequency = 49
+//! allow_uids = [0, 65532]           # without basic auth: local clients of these uids
+//! allow_any = false                 # true: any client (only behind an authenticating proxy)
 //!
 //! [push]                            # off unless url is set
 //! url = "http://pyroscope:4040/ingest"
@@ -180,11 +182,24 @@ pub struct Profiles {
     /// CPU samples per second.
     #[serde(default = "frequency_default")]
     pub frequency: u64,
+    /// Without basic auth, profiles go only to clients on this host whose
+    /// socket belongs to one of these uids.
+    #[serde(default = "allow_uids_default")]
+    pub allow_uids: Vec<u32>,
+    /// Profiles to any client (an authenticating proxy in front).
+    #[serde(default)]
+    pub allow_any: bool,
 }
 
 impl Default for Profiles {
     fn default() -> Self {
-        Self { enabled: true, max_seconds: max_seconds_default(), frequency: frequency_default() }
+        Self {
+            enabled: true,
+            max_seconds: max_seconds_default(),
+            frequency: frequency_default(),
+            allow_uids: allow_uids_default(),
+            allow_any: false,
+        }
     }
 }
 
@@ -213,6 +228,9 @@ fn min_default() -> String {
 }
 fn max_default() -> String {
     "10s".into()
+}
+fn allow_uids_default() -> Vec<u32> {
+    vec![0]
 }
 fn max_seconds_default() -> u64 {
     60

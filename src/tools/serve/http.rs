@@ -62,6 +62,8 @@ pub struct Request {
     pub query: Vec<(String, String)>,
     /// The client's address.
     pub peer: SocketAddr,
+    /// The address the client reached (ours).
+    pub local: SocketAddr,
     /// The basic-auth user, when the web config requires one.
     pub user: Option<String>,
 }
@@ -459,6 +461,7 @@ impl Write for Conn {
 
 /// Serves one connection; `busy` answers its first request 503 and closes.
 fn serve(tcp: TcpStream, peer: SocketAddr, ctx: &Ctx, busy: bool) {
+    let Ok(local) = tcp.local_addr() else { return };
     let _ = tcp.set_nonblocking(false);
     let _ = tcp.set_nodelay(true);
     let timeout = if busy { BUSY_TIMEOUT } else { HEAD_TIMEOUT };
@@ -501,7 +504,7 @@ fn serve(tcp: TcpStream, peer: SocketAddr, ctx: &Ctx, busy: bool) {
                     && served + 1 < MAX_REQUESTS_PER_CONNECTION
                     && ctx.stats.open.load(Relaxed) <= MAX_CONNECTIONS as u64 / 2;
                 let head_only = head.method == "HEAD";
-                match respond(head, peer, ctx) {
+                match respond(head, (peer, local), ctx) {
                     Ok(r) => (r, head_only, keep),
                     Err(r) => (r, head_only, false),
                 }
@@ -704,7 +707,7 @@ fn is_tchar(b: u8) -> bool {
 
 /// Runs the web config's checks and the handler for one parsed head; Err
 /// is a response after which the connection is closed.
-fn respond(head: Head, peer: SocketAddr, ctx: &Ctx) -> Result<Response, Response> {
+fn respond(head: Head, (peer, local): (SocketAddr, SocketAddr), ctx: &Ctx) -> Result<Response, Response> {
     let (path, query) = match split_target(&head.target) {
         Ok(pq) => pq,
         Err(detail) => {
@@ -727,7 +730,7 @@ fn respond(head: Head, peer: SocketAddr, ctx: &Ctx) -> Result<Response, Response
             }
         }
     }
-    let request = Request { method: head.method, path, query, peer, user };
+    let request = Request { method: head.method, path, query, peer, local, user };
     ctx.stats.requests.fetch_add(1, Relaxed);
     match catch_unwind(AssertUnwindSafe(|| (ctx.handler)(&request))) {
         Ok(r) if valid(&r) => Ok(r),
@@ -1017,6 +1020,7 @@ mod tests {
             path: "/".into(),
             query: vec![("a".into(), "1".into()), ("a".into(), "2".into())],
             peer: "127.0.0.1:1".parse().unwrap(),
+            local: "127.0.0.1:2".parse().unwrap(),
             user: None,
         };
         assert_eq!(r.param("a"), Some("1"));

@@ -12,6 +12,7 @@ pub mod config;
 pub mod expo;
 pub mod http;
 pub mod labels;
+pub mod peer;
 pub mod profiles;
 pub mod webconfig;
 
@@ -96,6 +97,11 @@ pub struct ServeArgs {
     /// repeatable, up to 4).
     #[arg(long, value_name = "NAME")]
     pub comm: Vec<String>,
+    /// Without basic auth, also let local clients of this uid pull profiles
+    /// (repeatable; root always may unless the config's allow_uids says
+    /// otherwise).
+    #[arg(long, value_name = "UID")]
+    pub profiles_allow_uid: Vec<u32>,
     /// Push CPU profiles to this Pyroscope-compatible /ingest URL (http://).
     #[arg(long, value_name = "URL")]
     pub push_url: Option<String>,
@@ -136,6 +142,7 @@ fn settle(a: &ServeArgs) -> anyhow::Result<Config> {
         c.retrans.comm.push(n.clone());
         c.cwnd.comm.push(n.clone());
     }
+    c.profiles.allow_uids.extend(a.profiles_allow_uid.iter().copied());
     if let Some(u) = &a.push_url {
         c.push.url = Some(u.clone());
     }
@@ -158,6 +165,22 @@ fn web_config(c: &Config, a: &ServeArgs) -> anyhow::Result<Option<webconfig::Web
         }
     }
     webconfig::WebConfig::load(&p).map(Some)
+}
+
+/// The push's labels, and `node` from `NODE_NAME` (the DaemonSet sets it
+/// from the pod's spec.nodeName) unless the config names one: profiles of
+/// a fleet must say which node they are from. A value that is not a plain
+/// host name is left out.
+fn push_labels(labels: &std::collections::BTreeMap<String, String>) -> std::collections::BTreeMap<String, String> {
+    let mut l = labels.clone();
+    if let Ok(n) = std::env::var("NODE_NAME") {
+        let plain =
+            !n.is_empty() && n.len() <= 253 && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b));
+        if plain {
+            l.entry("node".to_string()).or_insert(n);
+        }
+    }
+    l
 }
 
 /// One collector slot: running, or why not.
@@ -289,12 +312,13 @@ impl State {
             for (i, k) in [Kind::Cpu, Kind::Offcpu, Kind::Wakeup].iter().enumerate() {
                 e.sample("", &[("kind", k.name())], p.served[i].load(Ordering::Relaxed) as f64);
             }
-            e.single(
+            e.family(
                 "sonde_profile_requests_refused_total",
                 Type::Counter,
-                "Profile requests answered 429 because a profile was running",
-                p.busy_refused.load(Ordering::Relaxed) as f64,
+                "Profile requests refused: busy (429, a profile was running) or forbidden (403, not an allowed client)",
             );
+            e.sample("", &[("reason", "busy")], p.busy_refused.load(Ordering::Relaxed) as f64);
+            e.sample("", &[("reason", "forbidden")], p.forbidden.load(Ordering::Relaxed) as f64);
         }
         if let Some(p) = &self.pusher {
             e.family("sonde_profile_pushes_total", Type::Counter, "Profile pushes, by result");
@@ -348,12 +372,13 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     let addr = server.local_addr();
     let scheme = server.scheme();
     if !addr.ip().is_loopback() && !guarded {
-        eprintln!("sonde serve: warning: listening on {addr} without TLS or basic auth (--web-config): anyone who reaches it can read the metrics and take profiles");
+        eprintln!("sonde serve: warning: listening on {addr} without TLS or basic auth (--web-config): anyone who reaches it can read the metrics (profiles go only to local clients of profiles.allow_uids)");
     }
     let ctl = RunControl::new(a.duration)?;
     let slots = start_collectors(&c)?;
     let profiler = if c.profiles.enabled {
-        Some(Arc::new(Profiler::new(c.profiles.max_seconds, c.profiles.frequency, ctl.clone())?))
+        let access = profiles::Access { uids: c.profiles.allow_uids.clone(), any: c.profiles.allow_any };
+        Some(Arc::new(Profiler::new(c.profiles.max_seconds, c.profiles.frequency, ctl.clone())?.with_access(access)))
     } else {
         None
     };
@@ -362,7 +387,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
             url: url.clone(),
             interval: crate::engine::run::parse_duration(c.push.interval.as_deref().unwrap_or("60s"))?,
             seconds: c.push.seconds.unwrap_or(10),
-            name: Pusher::name_of(c.push.service_name.as_deref().unwrap_or("sonde"), &c.push.labels),
+            name: Pusher::name_of(c.push.service_name.as_deref().unwrap_or("sonde"), &push_labels(&c.push.labels)),
             pushed: Default::default(),
             failed: Default::default(),
         })),

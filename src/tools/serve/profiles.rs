@@ -59,6 +59,10 @@ pub struct Profiler {
     pub served: [AtomicU64; 3],
     /// Requests answered 429.
     pub busy_refused: AtomicU64,
+    /// Requests answered 403 (not an allowed client).
+    pub forbidden: AtomicU64,
+    /// Who may pull profiles without basic auth.
+    access: Access,
     /// Profiles that failed.
     pub failed: AtomicU64,
 }
@@ -71,6 +75,44 @@ pub struct Taken {
     pub from: u64,
     /// End.
     pub until: u64,
+}
+
+/// Who may pull profiles. A profile names every function running on the
+/// host, so without basic auth (web config) only local clients of allowed
+/// uids get one: loopback TCP carries no credentials, so the client's
+/// socket is looked up in the kernel's table ([`super::peer`]).
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// Uids whose local sockets may pull.
+    pub uids: Vec<u32>,
+    /// Anyone may pull (an authenticating proxy in front).
+    pub any: bool,
+}
+
+impl Default for Access {
+    fn default() -> Self {
+        Self { uids: vec![0], any: false }
+    }
+}
+
+impl Access {
+    /// Ok, or the 403 body naming why and the fix.
+    fn check(&self, req: &Request) -> Result<(), String> {
+        if self.any || req.user.is_some() {
+            return Ok(());
+        }
+        match super::peer::local_peer_uid(req.local, req.peer) {
+            Ok(Some(uid)) if self.uids.contains(&uid) => Ok(()),
+            Ok(Some(uid)) => Err(format!(
+                "profiles: uid {uid} may not pull profiles; add it to profiles.allow_uids (--profiles-allow-uid {uid}) or give users basic auth (--web-config)\n"
+            )),
+            Ok(None) => Err(
+                "profiles: clients on other hosts need basic auth (--web-config); or set profiles.allow_any behind an authenticating proxy\n"
+                    .to_string(),
+            ),
+            Err(e) => Err(format!("profiles: cannot tell who the client is ({e}); use basic auth (--web-config)\n")),
+        }
+    }
 }
 
 impl Profiler {
@@ -101,13 +143,25 @@ impl Profiler {
             seq: AtomicU64::new(0),
             served: Default::default(),
             busy_refused: AtomicU64::new(0),
+            forbidden: AtomicU64::new(0),
+            access: Access::default(),
             failed: AtomicU64::new(0),
         })
+    }
+
+    /// Sets who may pull profiles without basic auth.
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
     }
 
     /// Answers a pull: `?seconds=N` (default 10, at most the configured
     /// cap), filters `comm` and `cgroup`.
     pub fn handle(&self, kind: Kind, req: &Request) -> Response {
+        if let Err(why) = self.access.check(req) {
+            self.forbidden.fetch_add(1, Ordering::Relaxed);
+            return Response::text(403, why);
+        }
         let seconds = match req.param("seconds").map(str::parse::<u64>) {
             None => 10.min(self.max_seconds),
             Some(Ok(s)) if s >= 1 && s <= self.max_seconds => s,
