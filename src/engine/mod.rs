@@ -12,6 +12,7 @@ pub mod netns;
 pub mod output;
 pub mod perf;
 pub mod pprof;
+pub mod procroot;
 pub mod record;
 pub mod render;
 pub mod ringbuf;
