@@ -11,6 +11,7 @@ pub mod kfunc;
 pub mod netns;
 pub mod output;
 pub mod perf;
+pub mod perfmap;
 pub mod pprof;
 pub mod procroot;
 pub mod record;
