@@ -8,14 +8,12 @@
 //! `/proc/PID/map_files` (works for containers and deleted files) and kept
 //! open, so a process that exits before the end of the run is still
 //! symbolized from the same inode. JIT code is looked up in the process's
-//! `/tmp/perf-PID.map` (read through `/proc/PID/root`, with the pid as the
-//! process sees it).
+//! `/tmp/perf-PID.map`, read as hostile input by [`super::perfmap`].
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     fs::File,
-    io::{BufRead, BufReader},
     os::{fd::AsRawFd, unix::fs::MetadataExt},
-    path::PathBuf,
+    path::{Path, PathBuf},
     rc::Rc,
 };
 
@@ -24,6 +22,11 @@ use blazesym::symbolize::{
     Input, Symbolized, Symbolizer,
 };
 use libbpf_rs::{MapCore, MapFlags};
+
+use super::{
+    perfmap::{self, JitSymbol, Tally},
+    procroot::{LastSymlink, Root},
+};
 
 /// Deepest stack the kernel records (PERF_MAX_STACK_DEPTH).
 pub const MAX_DEPTH: usize = 127;
@@ -266,8 +269,10 @@ struct Mapping {
 struct Image {
     name: String,
     maps: Vec<Mapping>,
-    /// (start, end, name) from the perf map, sorted by start.
-    jit: Vec<(u64, u64, String)>,
+    /// Named ranges from the perf map, sorted by start.
+    jit: Vec<JitSymbol>,
+    /// What came of the perf map.
+    jit_note: perfmap::Note,
 }
 
 /// Where an address of a process lies.
@@ -285,6 +290,8 @@ pub struct Images {
     /// The kernel's vDSO image (the same in every process of an
     /// architecture), copied once from our own process into a memfd.
     vdso: Option<Option<Rc<MappedFile>>>,
+    /// Processes whose perf map was warned about (once each).
+    warned: HashSet<u32>,
 }
 
 /// This process's `[vdso]` as a file: a memfd holding a copy of it (the
@@ -345,6 +352,13 @@ impl Images {
         self.by_pid.get(&pid).map(|i| i.name.as_str())
     }
 
+    /// What came of the perf maps of every process seen (each as last read).
+    pub fn perf_maps(&self) -> Tally {
+        let mut t = Tally::default();
+        self.by_pid.values().for_each(|i| t.add(&i.jit_note));
+        t
+    }
+
     fn snapshot(&mut self, pid: u32) -> Option<Image> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
@@ -375,15 +389,23 @@ impl Images {
             let Some(file) = file else { continue };
             out.push(Mapping { start, end, offset, file });
         }
-        Some(Image { name, maps: out, jit: read_perf_map(pid) })
+        let (jit, jit_note) = perfmap::load(pid);
+        if let Some(w) = jit_note.warning(pid) {
+            if self.warned.insert(pid) {
+                eprintln!("{w}");
+            }
+        }
+        Some(Image { name, maps: out, jit, jit_note })
     }
 
     fn open_mapped(&mut self, pid: u32, range: &str, shown: &str) -> Option<Rc<MappedFile>> {
         // map_files works through mount namespaces and for deleted files;
-        // the path through the process's root is the fallback.
-        let f = File::open(format!("/proc/{pid}/map_files/{range}"))
-            .or_else(|_| File::open(format!("/proc/{pid}/root{}", shown.trim_end_matches(" (deleted)"))))
-            .ok()?;
+        // the path inside the process's root is the fallback (opened so that
+        // its symlinks and `..` cannot lead out of that root).
+        let f = File::open(format!("/proc/{pid}/map_files/{range}")).ok().or_else(|| {
+            let path = Path::new(shown.trim_end_matches(" (deleted)"));
+            Root::of_process(pid).ok()?.open(path, LastSymlink::Follow).ok()
+        })?;
         let md = f.metadata().ok()?;
         let key = (md.dev(), md.ino());
         if let Some(m) = self.files.get(&key) {
@@ -403,11 +425,11 @@ impl Images {
         if let Some(m) = img.maps.iter().find(|m| (m.start..m.end).contains(&addr)) {
             return Place::Elf { file: m.file.clone(), offset: addr - m.start + m.offset };
         }
-        let i = img.jit.partition_point(|(s, _, _)| *s <= addr);
+        let i = img.jit.partition_point(|j| j.start <= addr);
         if i > 0 {
-            let (s, e, name) = &img.jit[i - 1];
-            if (*s..*e).contains(&addr) {
-                return Place::Jit(name.clone());
+            let j = &img.jit[i - 1];
+            if (j.start..j.end).contains(&addr) {
+                return Place::Jit(j.name.clone());
             }
         }
         Place::Unknown
@@ -416,34 +438,6 @@ impl Images {
     fn covers(&self, pid: u32, addr: u64) -> bool {
         !matches!(self.place(pid, addr), Place::Unknown)
     }
-}
-
-/// The pid as the process itself sees it (last NSpid field), for its perf map name.
-fn inner_pid(pid: u32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok())
-        })
-        .unwrap_or(pid)
-}
-
-/// `/tmp/perf-PID.map` of a process: `START SIZE name` per line (hex).
-fn read_perf_map(pid: u32) -> Vec<(u64, u64, String)> {
-    let path = format!("/proc/{pid}/root/tmp/perf-{}.map", inner_pid(pid));
-    let Ok(f) = File::open(path) else { return Vec::new() };
-    let mut v: Vec<(u64, u64, String)> = BufReader::new(f)
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| {
-            let mut it = l.splitn(3, ' ');
-            let s = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
-            let n = u64::from_str_radix(it.next()?.trim_start_matches("0x"), 16).ok()?;
-            Some((s, s + n, it.next()?.trim().to_string()))
-        })
-        .collect();
-    v.sort_by_key(|e| e.0);
-    v
 }
 
 /// Names of functions where a complete user stack starts: a stack that
@@ -514,6 +508,8 @@ pub struct SymStats {
     pub user_addrs: u64,
     /// Unique kernel addresses symbolized.
     pub kernel_addrs: u64,
+    /// What came of the processes' perf maps.
+    pub perf_maps: Tally,
 }
 
 /// One symbolizer for the whole run; each unique address is symbolized once.

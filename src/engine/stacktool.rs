@@ -261,6 +261,7 @@ fn finish_with(
     let mut syms = Symbols::default();
     let mut sym = SymStats::default();
     let (mut stacks, unique) = make(&mut syms, &mut images, &mut sym)?;
+    sym.perf_maps = images.perf_maps();
     if let Some(r) = o.relabel {
         stacks.iter_mut().for_each(r);
     }
@@ -318,6 +319,9 @@ pub struct StackSummary {
     pub unknown_frames: u64,
     /// Samples (or weight) of cut stacks, by reason.
     pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
+    /// Perf maps refused or cut short, and their lines skipped.
+    #[serde(flatten)]
+    pub perf_maps: super::perfmap::Tally,
     /// How user stacks were walked.
     pub unwind: unwind::Report,
 }
@@ -329,6 +333,7 @@ impl StackSummary {
             truncated_stacks: f.sym.truncated_stacks,
             unknown_frames: f.sym.unknown_frames,
             truncated_by: f.sym.truncated_by.clone(),
+            perf_maps: f.sym.perf_maps,
             unwind: unw.clone(),
         }
     }
@@ -348,6 +353,10 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
         f.sym.kernel_addrs,
         f.render_time.as_millis()
     );
+    if let Some(line) = f.sym.perf_maps.text() {
+        s.push('\n');
+        s.push_str(&line);
+    }
     if let Some(u) = unw {
         s.push('\n');
         s.push_str(&u.text());

@@ -93,6 +93,8 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["retrans", "-o", "/nonexistent-dir/out.json"],
         &["retrans", "-o", "out.svg"],
         &["retrans", "-i", "5s"],
+        &["retrans", "--top", "3"],
+        &["retrans", "--count", "--top", "-1"],
         &["lab", "retrans", "--loss", "90"],
         &["lab", "dns", "-d", "0s"],
         &["lab", "slow", "-d", "0s"],

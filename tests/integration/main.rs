@@ -20,6 +20,8 @@ mod msglat;
 mod msglat_relay;
 /// `sonde offcpu` and `sonde wakeup`.
 mod offcpu;
+/// Perf maps of traced processes as hostile input.
+mod perfmap;
 /// `sonde profile`.
 mod profile;
 /// `sonde retrans`.

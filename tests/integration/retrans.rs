@@ -360,3 +360,88 @@ fn ipv6_only_filter_sees_only_ipv6() {
     assert_eq!(syn.len() as i64, d6.get("TcpExtTCPSynRetrans"), "exactly the IPv6 lab's SYN retransmits: {out:?}");
     assert!(syn.iter().all(|e| e["family"] == 6 && e["daddr"] == p6.b6.as_str()));
 }
+
+/// One `--count` table of the text output: its flow rows, and the rest line.
+struct FlowTable {
+    rows: Vec<Vec<String>>,
+    rest: Option<String>,
+}
+
+/// Every `--count` table in `text`, in order.
+fn flow_tables(text: &str) -> Vec<FlowTable> {
+    let mut tables: Vec<FlowTable> = Vec::new();
+    let mut open = false;
+    for l in text.lines() {
+        if l.starts_with("LOCAL ") {
+            tables.push(FlowTable { rows: Vec::new(), rest: None });
+            open = true;
+        } else if open && l.starts_with("... and ") {
+            tables.last_mut().unwrap().rest = Some(l.to_string());
+            open = false;
+        } else if open && l.starts_with(|c: char| c.is_ascii_digit() || c == '[') {
+            tables.last_mut().unwrap().rows.push(l.split_whitespace().map(str::to_string).collect());
+        } else {
+            open = false;
+        }
+    }
+    tables
+}
+
+#[test]
+fn count_mode_table_shows_the_top_flows_and_one_line_for_the_rest() {
+    const CONNECTS: usize = 10;
+    const TOP: usize = 3;
+    let (pair, _srv) = syn_dropping_lab();
+    let top = TOP.to_string();
+    let mut child = Command::new(SONDE)
+        .args(["retrans", "--count", "--top", &top, "-i", "1s", "--addr", pair.net4.as_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    wait_for_stderr_line(&mut err, "tracing TCP retransmissions");
+    let out = child.stdout.take().unwrap();
+    let reader = thread::spawn(move || std::io::read_to_string(out).unwrap());
+    // Connects whose SYNs are dropped: each retransmits its SYN at 1 s, so
+    // each is one flow of kind syn.
+    let to = SocketAddr::new(pair.b4.parse().unwrap(), PORT_SYN);
+    thread::scope(|s| {
+        for _ in 0..CONNECTS {
+            s.spawn(|| connect_attempt(&pair.a, to, Duration::from_millis(2500)).unwrap());
+        }
+    });
+    thread::sleep(Duration::from_millis(1200));
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let text = reader.join().unwrap();
+    undrop(&pair.b, "sonde_syn").unwrap();
+
+    let tables = flow_tables(&text);
+    assert!(tables.len() >= 2, "periodic tables (-i) and the final one: {text}");
+    // -i tables follow the same rule: never more than TOP rows.
+    assert!(tables.iter().all(|t| t.rows.len() <= TOP), "{text}");
+    let last = tables.last().unwrap();
+    assert_eq!(last.rows.len(), TOP, "{text}");
+    // "... and 7 more flows: 7 retransmits (7 segments)"
+    let rest = last.rest.as_deref().unwrap_or_else(|| panic!("no rest line: {text}"));
+    let nums: Vec<u64> =
+        rest.split(|c: char| !c.is_ascii_digit()).filter(|s| !s.is_empty()).map(|s| s.parse().unwrap()).collect();
+    assert_eq!(nums.len(), 3, "{rest}");
+    assert_eq!(TOP + nums[0] as usize, CONNECTS, "every connect is one flow: {text}");
+    assert!(rest.contains(" more flows: ") && rest.contains(" retransmit") && rest.contains(" segment"), "{rest}");
+    // The rows and the rest line add up to the summary's totals.
+    let col = |i: usize| last.rows.iter().map(|r| r[i].parse::<u64>().unwrap()).sum::<u64>();
+    let total: Vec<u64> = text
+        .lines()
+        .find(|l| l.starts_with("total "))
+        .unwrap_or_else(|| panic!("no summary total: {text}"))
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(total[0] >= CONNECTS as u64, "{text}");
+    assert_eq!(col(3) + nums[1], total[0], "retransmits: rows + rest = summary total: {text}");
+    assert_eq!(col(4) + nums[2], total[1], "segments: rows + rest = summary total: {text}");
+}

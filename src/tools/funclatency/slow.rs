@@ -144,6 +144,10 @@ pub struct Summary {
     pub truncated_stacks: u64,
     /// Samples of cut stacks, by reason, as every stack tool reports them.
     pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
+    /// Perf maps refused or cut short, and their lines skipped, as every
+    /// stack tool reports them.
+    #[serde(flatten)]
+    pub perf_maps: crate::engine::perfmap::Tally,
     /// How user stacks were walked.
     pub unwind: crate::engine::unwind::Report,
     /// "fentry", "kprobe-multi" or "kprobe" when there are kernel functions (else null).
@@ -407,6 +411,7 @@ fn summary(
         not_timed: t.at_stop.not_timed,
         truncated_stacks: f.sym.truncated_stacks + t.call_sym.truncated_stacks,
         truncated_by: f.sym.truncated_by.clone(),
+        perf_maps: f.sym.perf_maps,
         unwind: t.unwind.clone(),
         kernel_mechanism: probing.kernel.map(KernelMechanism::name),
         unprobeable: probing.unprobeable,
@@ -514,6 +519,9 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
         "{} still running past the threshold at the end; lost: {} slow calls (ring full); {} samples outside slow calls",
         s.in_flight_over, s.lost.slow_calls, s.samples_outside_slow_calls
     );
+    if let Some(line) = s.perf_maps.text() {
+        eprintln!("{line}");
+    }
     Ok(())
 }
 

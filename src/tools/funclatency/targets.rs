@@ -12,6 +12,7 @@ use blazesym::SymType;
 use crate::engine::{
     error::{env, usage},
     features, kfunc,
+    procroot::{pinned_path, LastSymlink, Root},
 };
 
 /// Softirq vectors by name (include/linux/interrupt.h order).
@@ -174,7 +175,8 @@ fn user_functions(bin: &str, pat: &str, pids: &[u32]) -> anyhow::Result<Vec<Prob
 /// Finds the ELF file a target names: a path; with -p, a file mapped by one
 /// of those processes (the executable, or a library such as `libc` for
 /// `libc.so.6`); else a library in the dynamic linker's directories, else an
-/// executable on PATH.
+/// executable on PATH. A process's file is the very one it runs or maps,
+/// held open and named `/proc/self/fd/N` ([`mapped_file`]).
 pub fn find_binary(name: &str, pids: &[u32]) -> anyhow::Result<PathBuf> {
     if name.contains('/') {
         let p = PathBuf::from(name);
@@ -189,15 +191,22 @@ pub fn find_binary(name: &str, pids: &[u32]) -> anyhow::Result<PathBuf> {
     for pid in pids {
         if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
             if exe.file_name().and_then(|f| f.to_str()) == Some(name) {
-                return Ok(PathBuf::from(format!("/proc/{pid}/root")).join(exe.strip_prefix("/").unwrap_or(&exe)));
+                // The executable itself, whatever its path leads to now.
+                if let Ok(f) = std::fs::File::open(format!("/proc/{pid}/exe")) {
+                    return Ok(pinned_path(f));
+                }
             }
         }
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
         for l in maps.lines() {
-            let Some(path) = l.split_whitespace().nth(5).filter(|p| p.starts_with('/')) else { continue };
+            let mut fields = l.split_whitespace();
+            let range = fields.next().unwrap_or("");
+            let Some(path) = fields.nth(4).filter(|p| p.starts_with('/')) else { continue };
             let file = Path::new(path).file_name().and_then(|f| f.to_str()).unwrap_or("");
             if lib_match(file) {
-                return Ok(PathBuf::from(format!("/proc/{pid}/root{path}")));
+                if let Some(f) = mapped_file(*pid, range, path) {
+                    return Ok(pinned_path(f));
+                }
             }
         }
     }
@@ -228,6 +237,19 @@ pub fn find_binary(name: &str, pids: &[u32]) -> anyhow::Result<PathBuf> {
         "{name}: no such binary or library (looked in the dynamic linker's directories and PATH{}); give its path",
         if pids.is_empty() { "; with -p, in the process's mappings" } else { " and the mappings of -p" }
     )))
+}
+
+/// The file a process maps at `range` (as `/proc/PID/maps` shows it):
+/// through `/proc/PID/map_files` (the very inode), else by its path opened
+/// inside the process's root (symlinks and `..` cannot lead out of it).
+fn mapped_file(pid: u32, range: &str, path: &str) -> Option<std::fs::File> {
+    let (s, e) = range.split_once('-')?;
+    let (s, e) = (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?);
+    // map_files names ranges without the zero padding maps shows.
+    std::fs::File::open(format!("/proc/{pid}/map_files/{s:x}-{e:x}")).ok().or_else(|| {
+        let path = Path::new(path.trim_end_matches(" (deleted)"));
+        Root::of_process(pid).ok()?.open(path, LastSymlink::Follow).ok()
+    })
 }
 
 fn is_elf(p: &Path) -> bool {

@@ -108,12 +108,17 @@ pub const MECHANISMS: &Mechanisms = &[
 #[command(mut_arg("json", |a| a.help("One JSON object per line (events, then a summary)")))]
 #[command(mut_arg("output", |a| a.help("Write to this file instead of stdout: .json (JSON lines; implies --json) or .txt")))]
 pub struct RetransArgs {
-    /// Count in the kernel per flow and kind; print a sorted table at the end.
+    /// Count in the kernel per flow and kind; print a table of the flows with
+    /// the most retransmits at the end (see --top).
     #[arg(short = 'c', long)]
     pub count: bool,
     /// With --count, print the running table every INTERVAL (e.g. 5s).
     #[arg(short = 'i', long, value_parser = duration_arg, requires = "count")]
     pub interval: Option<Duration>,
+    /// With --count, the table shows the N flows with the most retransmits
+    /// and one line for the rest (0: every flow). --json lists every flow.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_TOP, requires = "count")]
+    pub top: usize,
     /// Which connections.
     #[command(flatten)]
     pub flow: FlowArgs,
@@ -140,6 +145,10 @@ pub struct RetransArgs {
     #[arg(long, hide = true, value_enum)]
     pub bench_baseline: Option<baseline::Baseline>,
 }
+
+/// Flows the `--count` table shows by default: a SYN storm leaves tens of
+/// thousands, and the top ones are what a person reads.
+pub const DEFAULT_TOP: usize = 20;
 
 /// Everything the kernel half needs, validated before anything is loaded.
 struct Config {
@@ -569,7 +578,9 @@ fn read_flows(skel: &RetransSkel<'_>) -> anyhow::Result<Vec<FlowRow>> {
     Ok(rows)
 }
 
-fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow]) -> std::io::Result<()> {
+/// The `--count` table (the first `top` rows and a line for the rest; 0:
+/// every row) or, with `json_out`, every row as a JSON line.
+fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow], top: usize) -> std::io::Result<()> {
     if json_out {
         for r in rows {
             let f = &r.flow;
@@ -592,7 +603,8 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow]) -> std::io::Re
         }
         return Ok(());
     }
-    let body: Vec<Vec<String>> = rows
+    let shown = if top == 0 { rows.len() } else { top.min(rows.len()) };
+    let body: Vec<Vec<String>> = rows[..shown]
         .iter()
         .map(|r| {
             let f = &r.flow;
@@ -609,7 +621,41 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow]) -> std::io::Re
             ]
         })
         .collect();
-    sink.line(&table(&["LOCAL", "REMOTE", "KIND", "COUNT", "SEGS", "LAST_STATE", "PID", "COMM"], &body))
+    sink.line(&table(&["LOCAL", "REMOTE", "KIND", "COUNT", "SEGS", "LAST_STATE", "PID", "COMM"], &body))?;
+    if let Some(line) = rest_line(&rows[shown..]) {
+        sink.line(&line)?;
+    }
+    Ok(())
+}
+
+/// The line that stands for the flows the table leaves out: how many, and
+/// their retransmits and segments (failed attempts apart), so the rows and
+/// this line add up to the summary's totals.
+fn rest_line(rest: &[FlowRow]) -> Option<String> {
+    if rest.is_empty() {
+        return None;
+    }
+    let (mut count, mut segs, mut failed) = (0u64, 0u64, 0u64);
+    for r in rest {
+        if r.flow.kind as usize == KIND_MAX - 1 {
+            failed += r.stats.count;
+        } else {
+            count += r.stats.count;
+            segs += r.stats.segs;
+        }
+    }
+    let n = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let mut line = format!(
+        "... and {} more {}: {} ({})",
+        rest.len(),
+        if rest.len() == 1 { "flow" } else { "flows" },
+        n(count, "retransmit"),
+        n(segs, "segment")
+    );
+    if failed > 0 {
+        line.push_str(&format!(", {}", n(failed, "failed attempt")));
+    }
+    Some(line)
 }
 
 /// What a finished run saw, for labs and callers that compare with MIB counters.
@@ -720,7 +766,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             p.sink.line(&format!("\n{} UTC, {:.0}s in:", hms(now), start.elapsed().as_secs_f64()))?;
         }
         let j = p.json;
-        print_flows(&mut p.sink, j, &rows)?;
+        print_flows(&mut p.sink, j, &rows, a.top)?;
         p.sink.flush()?;
         Ok(())
     })?;
@@ -761,7 +807,7 @@ fn report(
     if a.count {
         let rows = read_flows(skel)?;
         let j = p.json;
-        print_flows(&mut p.sink, j, &rows)?;
+        print_flows(&mut p.sink, j, &rows, a.top)?;
     }
     if p.json {
         p.sink.json(&summary_json(&totals, mech, elapsed))?;
@@ -792,6 +838,54 @@ pub fn now_epoch_ms() -> u128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `n` flows of kind `kind` with counts n, n-1, ..., 1 (sorted, as
+    /// read_flows leaves them), each with twice its count in segments.
+    fn rows(n: u64, kind: usize) -> Vec<FlowRow> {
+        (0..n)
+            .map(|i| FlowRow {
+                flow: types::rt_flow { family: 2, sport: 1000 + i as u16, kind: kind as u8, ..Default::default() },
+                stats: types::rt_flow_stats { count: n - i, segs: 2 * (n - i), ..Default::default() },
+            })
+            .collect()
+    }
+
+    fn table_of(rows: &[FlowRow], json: bool, top: usize) -> Vec<String> {
+        let p = std::env::temp_dir().join(format!("sonde-flows-{}-{json}-{top}", std::process::id()));
+        let mut sink = Sink::open(Some(&p)).unwrap();
+        print_flows(&mut sink, json, rows, top).unwrap();
+        sink.flush().unwrap();
+        drop(sink);
+        let text = std::fs::read_to_string(&p).unwrap();
+        std::fs::remove_file(&p).unwrap();
+        text.lines().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn the_count_table_shows_the_top_flows_and_a_line_for_the_rest() {
+        let all = rows(10, 4);
+        let t = table_of(&all, false, 3);
+        assert_eq!(t.len(), 1 + 3 + 1, "{t:?}");
+        assert!(t[0].starts_with("LOCAL"));
+        let counts: Vec<&str> = t[1..4].iter().map(|l| l.split_whitespace().nth(3).unwrap()).collect();
+        assert_eq!(counts, ["10", "9", "8"]);
+        // 7 + 6 + ... + 1 = 28 retransmits, 56 segments: with the rows, 55 and 110.
+        assert_eq!(t[4], "... and 7 more flows: 28 retransmits (56 segments)");
+        // 0, or a top as large as the table: every row and no rest line.
+        assert_eq!(table_of(&all, false, 0).len(), 11);
+        assert_eq!(table_of(&all, false, 10).len(), 11);
+        // One left out: singular.
+        assert_eq!(table_of(&all, false, 9)[10], "... and 1 more flow: 1 retransmit (2 segments)");
+        // --json keeps every flow whatever the top.
+        assert_eq!(table_of(&all, true, 3).len(), 10);
+        // Failed attempts are not retransmits: named apart.
+        let mut mixed = rows(4, 4);
+        mixed.extend(rows(2, KIND_MAX - 1));
+        assert_eq!(
+            table_of(&mixed, false, 2)[3],
+            "... and 4 more flows: 3 retransmits (6 segments), 3 failed attempts"
+        );
+    }
 
     /// Every program of the object runs under some mechanism: `role` is the
     /// only list of them, so a program added to retrans.bpf.c but not to

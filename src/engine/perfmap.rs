@@ -1,0 +1,468 @@
+//! A traced process's perf map, read as hostile input.
+//!
+//! JITs name their code in `/tmp/perf-PID.map` (perf's JIT interface:
+//! `START SIZE name` per line, START and SIZE in hex, PID as the process
+//! sees it). The process writes that file and sonde, as root, reads it, so
+//! the process decides what sonde opens and reads. Here:
+//! - the file is opened inside the process's root ([`super::procroot`]:
+//!   `..` and absolute symlinks on the way stay inside it), the map itself
+//!   must not be a symlink, and a FIFO cannot block the open;
+//! - it must be a regular file owned by one of the process's uids (real,
+//!   effective, saved or filesystem, from `/proc/PID/status`), so a process
+//!   cannot hand sonde a file of another user through a hard link; a root
+//!   process's maps are root's;
+//! - at most [`MAX_BYTES`] and [`MAX_LINES`] are read, lines over
+//!   [`MAX_LINE_BYTES`] are skipped without being held, and a name must be
+//!   printable UTF-8 (no control or bidirectional-override characters), so
+//!   nothing the process wrote can drive a terminal or an SVG;
+//! - every refusal, cut and skipped line is counted ([`Note`], [`Tally`]).
+use std::{
+    fmt,
+    fs::File,
+    io::{BufRead, BufReader, Read},
+    os::unix::fs::MetadataExt,
+    path::Path,
+};
+
+use thiserror::Error;
+
+use super::procroot::{LastSymlink, OpenError, Root};
+
+/// Most bytes read of one perf map (64 MiB: a JIT's map with a million
+/// symbols of 60 characters is about that size); the rest is ignored.
+pub const MAX_BYTES: u64 = 64 << 20;
+/// Most lines read of one perf map; the rest is ignored.
+pub const MAX_LINES: u64 = 1_000_000;
+/// Longest line kept (4 KiB, far above any real symbol name); longer lines
+/// are skipped.
+pub const MAX_LINE_BYTES: usize = 4096;
+
+/// Bounds on what is read of one map ([`MAX_BYTES`], [`MAX_LINES`],
+/// [`MAX_LINE_BYTES`] unless a test sets smaller ones).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Bytes read at most.
+    pub bytes: u64,
+    /// Lines read at most (kept or skipped).
+    pub lines: u64,
+    /// Longest line kept, without its newline.
+    pub line_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { bytes: MAX_BYTES, lines: MAX_LINES, line_bytes: MAX_LINE_BYTES }
+    }
+}
+
+/// A range of JIT code and its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JitSymbol {
+    /// First address.
+    pub start: u64,
+    /// One past the last address.
+    pub end: u64,
+    /// The name, printable UTF-8.
+    pub name: String,
+}
+
+/// Why the rest of a map was not read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cut {
+    /// The byte bound was reached (its value).
+    Bytes(u64),
+    /// The line bound was reached (its value).
+    Lines(u64),
+    /// Reading failed part way.
+    ReadError(String),
+}
+
+impl fmt::Display for Cut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cut::Bytes(n) if n % (1 << 20) == 0 => write!(f, "cut at {} MiB", n >> 20),
+            Cut::Bytes(n) => write!(f, "cut at {n} bytes"),
+            Cut::Lines(n) => write!(f, "cut at {n} lines"),
+            Cut::ReadError(e) => write!(f, "cut by a read error ({e})"),
+        }
+    }
+}
+
+/// What was read of a map.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PerfMap {
+    /// Named ranges, sorted by start.
+    pub symbols: Vec<JitSymbol>,
+    /// Lines read but not kept: not `START SIZE name` in hex, a range past
+    /// the end of the address space, over the line bound, or a name that is
+    /// not printable UTF-8.
+    pub skipped: u64,
+    /// Why reading stopped before the end of the file, if it did.
+    pub cut: Option<Cut>,
+}
+
+/// Why a map was not read at all.
+#[derive(Debug, Error)]
+pub enum Refusal {
+    /// It could not be opened safely (a symlink, not a regular file, no
+    /// `openat2`, ...).
+    #[error("{0}")]
+    Open(#[from] OpenError),
+    /// Owned by a uid that is none of the process's.
+    #[error("owned by uid {owner}, not by the process's uid {uid}")]
+    Owner {
+        /// The file's owner.
+        owner: u32,
+        /// The process's real uid.
+        uid: u32,
+    },
+}
+
+/// What came of one process's perf map: the summary's figures and the
+/// warning line.
+#[derive(Debug, Default, Clone)]
+pub struct Note {
+    /// Why the map was refused, if it was.
+    pub refused: Option<String>,
+    /// Why reading stopped early, if it did.
+    pub cut: Option<Cut>,
+    /// Lines skipped.
+    pub skipped: u64,
+}
+
+impl Note {
+    /// The one-line warning for process `pid` (None when all was well).
+    pub fn warning(&self, pid: u32) -> Option<String> {
+        if let Some(why) = &self.refused {
+            return Some(format!(
+                "sonde: perf map of pid {pid} refused: {why} (perf maps must be regular files owned by the process)"
+            ));
+        }
+        let mut parts = Vec::new();
+        if let Some(c) = &self.cut {
+            parts.push(format!("{c} (the rest is ignored)"));
+        }
+        if self.skipped > 0 {
+            parts.push(format!(
+                "{} line{} skipped (not `START SIZE name` in hex, over {} KiB, or a name that is not printable UTF-8)",
+                self.skipped,
+                if self.skipped == 1 { "" } else { "s" },
+                MAX_LINE_BYTES / 1024
+            ));
+        }
+        (!parts.is_empty()).then(|| format!("sonde: perf map of pid {pid}: {}", parts.join("; ")))
+    }
+}
+
+/// The perf maps of a run, for the summary.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Maps not read at all.
+    #[serde(rename = "perf_maps_refused")]
+    pub refused: u64,
+    /// Maps read only up to a bound (or a read error).
+    #[serde(rename = "perf_maps_cut")]
+    pub cut: u64,
+    /// Lines of maps skipped.
+    #[serde(rename = "perf_map_lines_skipped")]
+    pub lines_skipped: u64,
+}
+
+impl Tally {
+    /// Counts one process's map.
+    pub fn add(&mut self, n: &Note) {
+        self.refused += u64::from(n.refused.is_some());
+        self.cut += u64::from(n.cut.is_some());
+        self.lines_skipped += n.skipped;
+    }
+
+    /// The summary's text line, when there is anything to say.
+    pub fn text(&self) -> Option<String> {
+        (*self != Tally::default()).then(|| {
+            format!(
+                "perf maps: {} refused, {} cut short, {} lines skipped (see the warnings above)",
+                self.refused, self.cut, self.lines_skipped
+            )
+        })
+    }
+}
+
+/// The perf map of process `pid` (none when it has none), and what came of
+/// it.
+pub fn load(pid: u32) -> (Vec<JitSymbol>, Note) {
+    match read(pid, &Limits::default()) {
+        Ok(None) => (Vec::new(), Note::default()),
+        Ok(Some(m)) => (m.symbols, Note { refused: None, cut: m.cut, skipped: m.skipped }),
+        Err(r) => (Vec::new(), Note { refused: Some(r.to_string()), ..Note::default() }),
+    }
+}
+
+/// What of `/proc/PID/status` the map needs: the pid the process sees (last
+/// `NSpid` field) and its four uids (`Uid:` real, effective, saved, fs).
+struct Status {
+    inner_pid: u32,
+    uids: Vec<u32>,
+}
+
+impl Status {
+    fn read(pid: u32) -> Option<Status> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let field = |name: &str| s.lines().find_map(|l| l.strip_prefix(name)).map(str::split_whitespace);
+        let inner_pid = field("NSpid:").and_then(|f| f.last()?.parse().ok()).unwrap_or(pid);
+        let uids: Vec<u32> = field("Uid:")?.filter_map(|u| u.parse().ok()).collect();
+        (!uids.is_empty()).then_some(Status { inner_pid, uids })
+    }
+}
+
+/// Reads process `pid`'s map within `limits`: None when it has none (or
+/// has exited).
+fn read(pid: u32, limits: &Limits) -> Result<Option<PerfMap>, Refusal> {
+    let Some(st) = Status::read(pid) else { return Ok(None) };
+    let Ok(root) = Root::of_process(pid) else { return Ok(None) };
+    let path = format!("/tmp/perf-{}.map", st.inner_pid);
+    let f = match root.open(Path::new(&path), LastSymlink::Refuse) {
+        Ok(f) => f,
+        Err(OpenError::Missing) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    check_owner(&f, &st.uids)?;
+    Ok(Some(parse(f, limits)))
+}
+
+fn check_owner(f: &File, uids: &[u32]) -> Result<(), Refusal> {
+    let owner = f.metadata().map_err(|e| Refusal::Open(OpenError::Io(e)))?.uid();
+    if uids.contains(&owner) {
+        Ok(())
+    } else {
+        Err(Refusal::Owner { owner, uid: uids[0] })
+    }
+}
+
+/// Parses a map from `r`, reading no more than `limits` allow and never
+/// holding more than one line of `limits.line_bytes`.
+pub fn parse(r: impl Read, limits: &Limits) -> PerfMap {
+    let mut out = PerfMap::default();
+    let mut rd = BufReader::with_capacity(64 << 10, r.take(limits.bytes));
+    let mut line: Vec<u8> = Vec::new();
+    // The line under way is over the bound: its bytes are dropped as read.
+    let mut overlong = false;
+    let mut lines = 0u64;
+    loop {
+        let buf = match rd.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                out.cut = Some(Cut::ReadError(e.to_string()));
+                break;
+            }
+        };
+        if buf.is_empty() {
+            // The end of the file, or of what the byte bound lets through.
+            let take = rd.get_mut();
+            let bound = take.limit() == 0 && take.get_mut().read(&mut [0u8]).is_ok_and(|n| n > 0);
+            if bound {
+                out.cut = Some(Cut::Bytes(limits.bytes));
+            }
+            if !line.is_empty() || overlong {
+                if bound {
+                    // Cut in the middle: not a whole line.
+                    overlong = true;
+                }
+                finish(&mut line, &mut overlong, &mut out);
+            }
+            break;
+        }
+        if lines == limits.lines {
+            out.cut = Some(Cut::Lines(limits.lines));
+            break;
+        }
+        let (chunk, newline) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (&buf[..i], true),
+            None => (buf, false),
+        };
+        if !overlong && line.len() + chunk.len() <= limits.line_bytes {
+            line.extend_from_slice(chunk);
+        } else {
+            overlong = true;
+            line.clear();
+        }
+        let used = chunk.len() + usize::from(newline);
+        rd.consume(used);
+        if newline {
+            lines += 1;
+            finish(&mut line, &mut overlong, &mut out);
+        }
+    }
+    out.symbols.sort_by_key(|s| s.start);
+    out
+}
+
+/// Ends the line under way: kept, or skipped when over the bound or bad.
+fn finish(line: &mut Vec<u8>, overlong: &mut bool, out: &mut PerfMap) {
+    match (!*overlong).then(|| parse_line(line)).flatten() {
+        Some(s) => out.symbols.push(s),
+        None => out.skipped += 1,
+    }
+    line.clear();
+    *overlong = false;
+}
+
+/// One `START SIZE name` line (hex, an optional `0x`), or None.
+fn parse_line(l: &[u8]) -> Option<JitSymbol> {
+    let s = std::str::from_utf8(l).ok()?;
+    let s = s.strip_suffix('\r').unwrap_or(s);
+    let mut it = s.splitn(3, ' ');
+    let start = hex(it.next()?)?;
+    let size = hex(it.next()?)?;
+    let name = it.next()?.trim_matches(' ');
+    if name.is_empty() || !printable(name) {
+        return None;
+    }
+    Some(JitSymbol { start, end: start.checked_add(size)?, name: name.to_string() })
+}
+
+fn hex(s: &str) -> Option<u64> {
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
+/// No control characters (C0, DEL, C1) and none of the characters that
+/// reorder how text is shown (bidirectional marks, embeddings, overrides
+/// and isolates).
+fn printable(name: &str) -> bool {
+    name.chars().all(|c| {
+        !c.is_control()
+            && !matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Limits {
+        Limits { bytes: 1 << 20, lines: 1000, line_bytes: 64 }
+    }
+
+    fn names(m: &PerfMap) -> Vec<&str> {
+        m.symbols.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    #[test]
+    fn good_lines_are_kept_sorted_by_start() {
+        let m = parse(&b"2000 10 b::second\n0x1000 0x20 a first (with spaces)\n3000 8 c"[..], &small());
+        assert_eq!(names(&m), ["a first (with spaces)", "b::second", "c"]);
+        assert_eq!(m.symbols[0], JitSymbol { start: 0x1000, end: 0x1020, name: "a first (with spaces)".into() });
+        assert_eq!((m.skipped, m.cut.clone()), (0, None));
+    }
+
+    #[test]
+    fn garbage_and_bad_lines_are_skipped_and_counted() {
+        let mut text: Vec<u8> = b"1000 10 ok\n".to_vec();
+        text.extend_from_slice(b"\xff\xfe\x00garbage\x01\n"); // not UTF-8
+        text.extend_from_slice(b"zz 10 not_hex\n");
+        text.extend_from_slice(b"+10 10 plus_sign\n");
+        text.extend_from_slice(b"1000\n"); // no size
+        text.extend_from_slice(b"1000 10\n"); // no name
+        text.extend_from_slice(b"1000 10    \n"); // a blank name
+        text.extend_from_slice(b"ffffffffffffffff 10 wraps\n");
+        text.extend_from_slice(b"\n");
+        text.extend_from_slice(b"2000 10 ok2\r\n"); // CRLF is fine
+        let m = parse(&text[..], &small());
+        assert_eq!(names(&m), ["ok", "ok2"]);
+        assert_eq!(m.skipped, 8);
+    }
+
+    #[test]
+    fn names_with_control_or_reordering_characters_are_skipped() {
+        let text = "1000 10 \x1b]0;owned\x07\n1100 10 tab\there\n1200 10 del\x7f\n1300 10 c1\u{9b}31m\n\
+                    1400 10 rtl\u{202e}gnp.exe\n1500 10 isolate\u{2066}x\n1600 10 ünïcødé_ok 名前\n";
+        let m = parse(text.as_bytes(), &small());
+        assert_eq!(names(&m), ["ünïcødé_ok 名前"]);
+        assert_eq!(m.skipped, 6);
+    }
+
+    #[test]
+    fn overlong_lines_are_skipped_without_being_held() {
+        let long = "x".repeat(65);
+        let text = format!("1000 10 {long}\n1100 10 {}\n2000 10 next\n", "y".repeat(64 - 8));
+        let m = parse(text.as_bytes(), &small());
+        assert_eq!(names(&m), ["y".repeat(56).as_str(), "next"]);
+        assert_eq!(m.skipped, 1);
+        // A line far longer than any buffer (1 MiB without a newline), then
+        // a good one: only the good one is kept.
+        let mut huge = vec![b'z'; 1 << 20];
+        huge.extend_from_slice(b"\n3000 10 after\n");
+        let m = parse(&huge[..], &Limits { bytes: 4 << 20, ..small() });
+        assert_eq!((names(&m), m.skipped, m.cut.clone()), (vec!["after"], 1, None));
+    }
+
+    #[test]
+    fn the_byte_bound_cuts_and_what_came_before_is_used() {
+        let mut text = String::new();
+        for i in 0..100 {
+            text.push_str(&format!("{:x} 10 f{i:02}\n", 0x1000 + i * 0x10));
+        }
+        // Each line is 12 bytes; a 300-byte bound lets 25 whole lines through.
+        let m = parse(text.as_bytes(), &Limits { bytes: 300, ..small() });
+        assert_eq!(m.symbols.len(), 25);
+        assert_eq!(m.cut, Some(Cut::Bytes(300)));
+        assert_eq!(m.skipped, 0, "300 is a line boundary");
+        let m = parse(text.as_bytes(), &Limits { bytes: 305, ..small() });
+        assert_eq!((m.symbols.len(), m.skipped, m.cut), (25, 1, Some(Cut::Bytes(305))), "a cut line is skipped");
+        // Exactly as long as the bound: read whole, not cut.
+        let m = parse(text.as_bytes(), &Limits { bytes: text.len() as u64, ..small() });
+        assert_eq!((m.symbols.len(), m.cut), (100, None));
+        // A file of zeros (a sparse file): one overlong line, cut at the bound.
+        let zeros = std::io::repeat(0).take(10 << 20);
+        let m = parse(zeros, &Limits { bytes: 1 << 20, ..small() });
+        assert_eq!((m.symbols.len(), m.skipped, m.cut), (0, 1, Some(Cut::Bytes(1 << 20))));
+    }
+
+    #[test]
+    fn the_line_bound_cuts() {
+        let text = "1000 10 a\nbad\n1100 10 b\n1200 10 c\n";
+        let m = parse(text.as_bytes(), &Limits { lines: 3, ..small() });
+        assert_eq!((names(&m), m.skipped, m.cut.clone()), (vec!["a", "b"], 1, Some(Cut::Lines(3))));
+        let m = parse(text.as_bytes(), &Limits { lines: 4, ..small() });
+        assert_eq!((names(&m).len(), m.cut), (3, None), "exactly at the bound is not a cut");
+    }
+
+    #[test]
+    fn notes_make_one_warning_line_and_add_up() {
+        let refused = Note { refused: Some("a symlink".into()), ..Note::default() };
+        assert_eq!(
+            refused.warning(7).unwrap(),
+            "sonde: perf map of pid 7 refused: a symlink (perf maps must be regular files owned by the process)"
+        );
+        let cut = Note { refused: None, cut: Some(Cut::Bytes(MAX_BYTES)), skipped: 1 };
+        let w = cut.warning(8).unwrap();
+        assert!(w.starts_with("sonde: perf map of pid 8: cut at 64 MiB (the rest is ignored); 1 line skipped"), "{w}");
+        assert!(!w.contains('\n'));
+        assert_eq!(Note::default().warning(9), None);
+        let mut t = Tally::default();
+        [refused, cut, Note::default()].iter().for_each(|n| t.add(n));
+        assert_eq!(t, Tally { refused: 1, cut: 1, lines_skipped: 1 });
+        assert_eq!(
+            serde_json::to_value(t).unwrap(),
+            serde_json::json!({"perf_maps_refused": 1, "perf_maps_cut": 1, "perf_map_lines_skipped": 1})
+        );
+        assert_eq!(Tally::default().text(), None);
+    }
+
+    #[test]
+    fn a_map_owned_by_another_uid_is_refused() {
+        let p = std::env::temp_dir().join(format!("sonde-perfmap-owner-{}", std::process::id()));
+        std::fs::write(&p, "1000 10 a\n").unwrap();
+        let f = File::open(&p).unwrap();
+        let me = f.metadata().unwrap().uid();
+        assert!(check_owner(&f, &[me + 1, me + 1, me + 1, me + 1]).is_err());
+        assert!(check_owner(&f, &[me + 1, me, me + 1, me + 1]).is_ok(), "any of the four uids");
+        let e = check_owner(&f, &[me + 1]).unwrap_err().to_string();
+        assert_eq!(e, format!("owned by uid {me}, not by the process's uid {}", me + 1));
+        std::fs::remove_file(&p).unwrap();
+    }
+}
