@@ -116,7 +116,11 @@ impl Root {
         let rel = path.strip_prefix("/").unwrap_or(path);
         let rel = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
         let c = CString::new(rel.as_os_str().as_bytes()).map_err(|e| OpenError::Io(e.into()))?;
-        let mut flags = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC | libc::O_NOCTTY;
+        // The walk yields an O_PATH fd: nothing is opened yet, so a device
+        // node planted at the path (whose open could act: a watchdog, a
+        // tape) is looked at, never opened. Only a regular file is then
+        // opened for reading, through that very fd.
+        let mut flags = libc::O_PATH | libc::O_CLOEXEC;
         if last == LastSymlink::Refuse {
             flags |= libc::O_NOFOLLOW;
         }
@@ -124,15 +128,23 @@ impl Root {
             true => openat2(&self.dir, &c, flags as u64, RESOLVE),
             false => Err(io::Error::from_raw_os_error(libc::ENOSYS)),
         };
-        let file = match fd {
+        let pinned = match fd {
             Ok(fd) => File::from(fd),
             Err(e) => return Err(self.why_not(e, &c, rel)),
         };
-        let ft = file.metadata().map_err(OpenError::Io)?.file_type();
+        let ft = pinned.metadata().map_err(OpenError::Io)?.file_type();
+        if ft.is_symlink() {
+            return Err(OpenError::Symlink);
+        }
         if !ft.is_file() {
             return Err(OpenError::NotRegular(kind_of(&ft)));
         }
-        Ok(file)
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", pinned.as_raw_fd()))
+            .map_err(OpenError::Io)
     }
 
     fn why_not(&self, e: io::Error, c: &CString, rel: &Path) -> OpenError {
@@ -286,6 +298,14 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
         assert!(matches!(r.open(Path::new("/tmp/fifo"), LastSymlink::Refuse), Err(OpenError::NotRegular("FIFO"))));
         assert!(matches!(r.open(Path::new("/tmp"), LastSymlink::Refuse), Err(OpenError::NotRegular("directory"))));
+        // A device node is looked at through an O_PATH fd, never opened (an
+        // open could act: a watchdog, a tape). /dev/full's numbers, 1:7.
+        let dev = CString::new(root.join("tmp/dev").as_os_str().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path; mknod needs root, as sonde's tests run.
+        if unsafe { libc::mknod(dev.as_ptr(), libc::S_IFCHR | 0o600, libc::makedev(1, 7)) } == 0 {
+            let got = r.open(Path::new("/tmp/dev"), LastSymlink::Follow);
+            assert!(matches!(got, Err(OpenError::NotRegular("character device"))), "{got:?}");
+        }
         std::fs::remove_dir_all(&base).unwrap();
     }
 
