@@ -36,6 +36,77 @@ pub fn btf_struct_has_member(ty: &str, member: &str) -> bool {
     .unwrap_or(false)
 }
 
+/// True when programs of type `prog` may call helper `func` here (libbpf
+/// loads a tiny program that calls it).
+pub fn has_helper(prog: libbpf_sys::bpf_prog_type, func: libbpf_sys::bpf_func_id) -> bool {
+    // SAFETY: a probe with no options; it loads and frees a tiny program.
+    unsafe { libbpf_sys::libbpf_probe_bpf_helper(prog, func, std::ptr::null()) == 1 }
+}
+
+/// Socket storage from tracing programs (tp_btf, fentry): Linux 5.11
+/// added `bpf_sk_storage_get` for them, and with it the kernel function
+/// `bpf_sk_storage_get_tracing` that BTF names. `Err` says what is missing.
+pub fn sk_storage_in_tracing() -> Result<(), String> {
+    if btf_has_type("bpf_sk_storage_get_tracing") {
+        Ok(())
+    } else {
+        Err("this kernel has no socket storage in tracing programs (bpf_sk_storage_get from tp_btf and fentry: Linux 5.11+)".into())
+    }
+}
+
+/// `bpf_get_attach_cookie` from kprobe, uprobe and tracepoint programs
+/// (Linux 5.15): how funclatency's probes know which target they time.
+/// `Err` names what is missing, for a one-line refusal.
+pub fn require_attach_cookie(tool: &str) -> anyhow::Result<()> {
+    if has_helper(libbpf_sys::BPF_PROG_TYPE_KPROBE, libbpf_sys::BPF_FUNC_get_attach_cookie) {
+        return Ok(());
+    }
+    Err(super::error::env(format!(
+        "{tool}: this kernel has no bpf_get_attach_cookie helper (Linux 5.15+), which tells each probe which target it times; run it on a 5.15 or newer kernel"
+    )))
+}
+
+/// Whether the verifier takes atomic fetch operations (BPF_ATOMIC with
+/// BPF_FETCH, compare-and-exchange: Linux 5.12): a four-instruction socket
+/// filter that fetch-adds on its stack, loaded and closed.
+pub fn has_atomic_fetch() -> bool {
+    // code, dst | src << 4, off, imm (struct bpf_insn).
+    let raw: [(u8, u8, i16, i32); 6] = [
+        (0xb7, 1, 0, 0),             // r1 = 0
+        (0x7b, 10 | 1 << 4, -8, 0),  // *(u64 *)(r10 - 8) = r1
+        (0xb7, 1, 0, 1),             // r1 = 1
+        (0xdb, 10 | 1 << 4, -8, 1),  // r1 = atomic_fetch_add((u64 *)(r10 - 8), r1)
+        (0xb7, 0, 0, 0),             // r0 = 0
+        (0x95, 0, 0, 0),             // exit
+    ];
+    let mut insns = Vec::with_capacity(raw.len() * 8);
+    for (code, regs, off, imm) in raw {
+        insns.push(code);
+        insns.push(regs);
+        insns.extend_from_slice(&off.to_le_bytes());
+        insns.extend_from_slice(&imm.to_le_bytes());
+    }
+    let license = c"GPL";
+    // SAFETY: `insns` holds 6 encoded instructions (8 bytes each, the
+    // layout of struct bpf_insn) and outlives the call; no options.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(
+            libbpf_sys::BPF_PROG_TYPE_SOCKET_FILTER,
+            std::ptr::null(),
+            license.as_ptr(),
+            insns.as_ptr().cast(),
+            raw.len() as _,
+            std::ptr::null_mut(),
+        )
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: a program fd we own.
+    unsafe { libc::close(fd) };
+    true
+}
+
 /// True when this kernel skips tracing programs while a thread of PID 1 is
 /// on the CPU (unless PID 1 loaded them): a sandbox patch that marks each
 /// program `bpf_prog_aux.init_owned`. Work in softirqs that interrupt PID 1
@@ -145,4 +216,28 @@ pub fn sysctl(path: &str) -> Option<String> {
 /// The running kernel's release (`uname -r`).
 pub fn uname_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// (major, minor) of the running kernel.
+    fn release() -> (u32, u32) {
+        let r = uname_release();
+        let mut it = r.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse().ok());
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
+    }
+
+    #[test]
+    fn probes_agree_with_the_release_that_brought_each_feature() {
+        // Run as root (the test suite's rule); the probes load programs.
+        assert_eq!(has_atomic_fetch(), release() >= (5, 12), "BPF_ATOMIC fetch on {}", uname_release());
+        assert_eq!(
+            require_attach_cookie("t").is_ok(),
+            release() >= (5, 15),
+            "bpf_get_attach_cookie on {}",
+            uname_release()
+        );
+    }
 }

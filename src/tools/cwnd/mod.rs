@@ -136,9 +136,11 @@ pub fn doctor(cx: &Caps) -> Value {
     if !probe_tp {
         return cannot("kernel has no tcp:tcp_probe tracepoint (added in 4.16)");
     }
+    // tp_btf and fentry keep state in socket storage (the load checks it).
+    let storage = features::sk_storage_in_tracing().is_ok();
     let loads = |m: Mechanism| match m {
-        Mechanism::TpBtf => send_tp && cx.ok("tp_btf"),
-        Mechanism::Fentry => cx.ok("tp_btf") && cx.ok("fentry"),
+        Mechanism::TpBtf => send_tp && cx.ok("tp_btf") && storage,
+        Mechanism::Fentry => cx.ok("tp_btf") && cx.ok("fentry") && storage,
         Mechanism::RawTp => send_tp && cx.ok("raw_tp"),
         Mechanism::Kprobe => cx.ok("raw_tp") && cx.ok("kprobe"),
         Mechanism::Tracepoint => false,
@@ -223,6 +225,10 @@ fn load(a: &CwndArgs, flow: &FlowFilter, hz: u32, mech: Mechanism, mode: Mode) -
     let has_tp = features::btf_has_type("btf_trace_tcp_sendmsg_locked");
     if matches!(mech, Mechanism::TpBtf | Mechanism::RawTp) && !has_tp {
         anyhow::bail!("this kernel has no tcp:tcp_sendmsg_locked tracepoint");
+    }
+    if matches!(mech, Mechanism::TpBtf | Mechanism::Fentry) {
+        // Their per-connection state lives in socket storage.
+        features::sk_storage_in_tracing().map_err(|e| anyhow::anyhow!(e))?;
     }
     if mech == Mechanism::Kprobe && !features::has_kprobes() {
         anyhow::bail!("kprobes are not compiled into this kernel (no CONFIG_KPROBES)");

@@ -899,6 +899,7 @@ fn validate(a: &FunclatencyArgs) -> anyhow::Result<(TaskFilter, Vec<Probe>)> {
 /// Step 2: loads and attaches, by the first way the kernel allows.
 fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe]) -> anyhow::Result<Loaded> {
     features::require_tracing_privileges()?;
+    features::require_attach_cookie("funclatency")?;
     stacktool::raise_open_files();
     load_with_fallback(&a.scope.pid, tf, probes, &a.scope, None)
 }
@@ -1010,6 +1011,9 @@ pub fn run_with(
 /// How funclatency runs on this kernel (`sonde doctor`): uprobes for user functions, syscall tracepoints, softirq
 /// tracepoints; kernel functions need fentry or kprobes.
 pub fn doctor(cx: &Caps) -> Value {
+    if let Err(e) = features::require_attach_cookie("funclatency") {
+        return crate::tools::doctor::cannot(format!("{e:#}"));
+    }
     let ok = |n: &str| cx.ok(n);
     let allowed: Vec<&str> = KERNEL_MECHANISMS.iter().filter(|(m, _)| ok(m.needs())).map(|(_, d)| *d).collect();
     let kernel_fn = if allowed.is_empty() {

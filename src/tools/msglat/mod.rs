@@ -519,6 +519,11 @@ fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32, sock: u32) -> 
 pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let json_out = validate(a)?;
     features::require_tracing_privileges()?;
+    if !features::has_atomic_fetch() {
+        return Err(crate::engine::error::env(
+            "msglat: this kernel's verifier has no atomic fetch-and-add or compare-and-exchange (BPF_ATOMIC, Linux 5.12+), which its per-flow message queues need; run it on a 5.12 or newer kernel",
+        ));
+    }
     let socks = sockets(a)?;
     let hooks = Hooks::pick(a.hooks)?;
     let mut sink = Sink::open(a.run.path())?;

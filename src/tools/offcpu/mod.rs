@@ -188,6 +188,13 @@ fn load(
     open.progs.raw_exit.set_autoload(!typed && at_exit);
     open.progs.btf_waking.set_autoload(typed && wake);
     open.progs.raw_waking.set_autoload(!typed && wake);
+    // Start records live in task storage only where the BPF half uses it
+    // (task_storage_ok: tp_btf, and local storage allocated by bpf_mem_alloc);
+    // elsewhere the map is not created at all: kernels before 5.11 have no
+    // task storage, and creating it there fails the whole load.
+    if !(typed && features::btf_struct_has_member("bpf_local_storage_map", "selem_ma")) {
+        open.maps.task_starts.set_autocreate(false)?;
+    }
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
     tf.fill_pids(&skel.maps.tf_pids)?;
     let session = unwind::Session::start(plan, &crate::unw_maps!(skel), tf);

@@ -73,6 +73,14 @@ static __always_inline bool task_storage_ok(bool direct)
 	return direct && bpf_core_field_exists(struct bpf_local_storage_map, selem_ma);
 }
 
+/* The current task, where task storage takes it; NULL elsewhere, so that
+ * kernels without bpf_get_current_task_btf (before 5.11) never see the
+ * call (a helper call is not dropped as dead code by the compiler). */
+static __always_inline struct task_struct *current_task(bool direct)
+{
+	return task_storage_ok(direct) ? bpf_get_current_task_btf() : NULL;
+}
+
 /* The running period of `t` (thread `tid`), or NULL. */
 static __always_inline struct oc_start *start_of(struct task_struct *t, __u32 tid, bool direct)
 {
@@ -249,7 +257,7 @@ static __always_inline int on_switch(void *ctx, struct task_struct *prev, struct
 		}
 		__u32 tid = direct ? prev->pid : BPF_CORE_READ(prev, pid);
 		/* prev is current: the trusted pointer to it. */
-		if (!start_begin(bpf_get_current_task_btf(), tid, direct, &s))
+		if (!start_begin(current_task(direct), tid, direct, &s))
 			stat_add(OS_STARTS_FULL);
 	}
 	if (at_exit)
@@ -288,7 +296,7 @@ static __always_inline int on_exit(void *ctx, bool is_switch, bool direct)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = id;
-	struct oc_start *s = start_of(bpf_get_current_task_btf(), tid, direct);
+	struct oc_start *s = start_of(current_task(direct), tid, direct);
 	if (!s)
 		return 0;
 	__u64 end = s->end;

@@ -230,6 +230,10 @@ fn missed(l: &Loaded) -> u64 {
 }
 
 fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded> {
+    if mech == Mechanism::TpBtf {
+        // Owners of typed sockets live in socket storage.
+        features::sk_storage_in_tracing().map_err(|e| anyhow::anyhow!(e))?;
+    }
     // The open object must outlive the skeleton: give each attempt its own.
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = RetransSkelBuilder::default().open(storage).context("opening BPF object")?;
@@ -714,7 +718,11 @@ pub fn doctor(cx: &Caps) -> Value {
     if !hooks[0].1 {
         return cannot("kernel has no tcp:tcp_retransmit_skb tracepoint (added in 4.15)");
     }
-    let Some((m, _)) = cx.first(MECHANISMS) else {
+    // tp_btf keeps owners in socket storage: usable only where tracing
+    // programs have it (what the tool's load checks first).
+    let storage = features::sk_storage_in_tracing();
+    let usable = |m: Mechanism| cx.ok(m.name()) && (m != Mechanism::TpBtf || storage.is_ok());
+    let Some((m, _)) = MECHANISMS.iter().copied().find(|(m, _)| usable(*m)) else {
         return cannot("neither tp_btf, raw_tp nor classic tracepoints load");
     };
     let err_arg = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3)
@@ -726,6 +734,7 @@ pub fn doctor(cx: &Caps) -> Value {
         "detail": if err_arg { "failed attempts reported: the tracepoint has err" } else { "failed attempts not visible: the tracepoint has no err" },
         "owner_hooks": hooks.iter().filter(|h| h.1).map(|h| h.0).collect::<Vec<_>>(),
         "sendmsg_owner": features::btf_has_type("btf_trace_tcp_sendmsg_locked"),
+        "not_tp_btf": storage.err(),
     })
 }
 
