@@ -72,12 +72,12 @@ pub fn require_attach_cookie(tool: &str) -> anyhow::Result<()> {
 pub fn has_atomic_fetch() -> bool {
     // code, dst | src << 4, off, imm (struct bpf_insn).
     let raw: [(u8, u8, i16, i32); 6] = [
-        (0xb7, 1, 0, 0),             // r1 = 0
-        (0x7b, 10 | 1 << 4, -8, 0),  // *(u64 *)(r10 - 8) = r1
-        (0xb7, 1, 0, 1),             // r1 = 1
-        (0xdb, 10 | 1 << 4, -8, 1),  // r1 = atomic_fetch_add((u64 *)(r10 - 8), r1)
-        (0xb7, 0, 0, 0),             // r0 = 0
-        (0x95, 0, 0, 0),             // exit
+        (0xb7, 1, 0, 0),            // r1 = 0
+        (0x7b, 10 | 1 << 4, -8, 0), // *(u64 *)(r10 - 8) = r1
+        (0xb7, 1, 0, 1),            // r1 = 1
+        (0xdb, 10 | 1 << 4, -8, 1), // r1 = atomic_fetch_add((u64 *)(r10 - 8), r1)
+        (0xb7, 0, 0, 0),            // r0 = 0
+        (0x95, 0, 0, 0),            // exit
     ];
     let mut insns = Vec::with_capacity(raw.len() * 8);
     for (code, regs, off, imm) in raw {

@@ -324,7 +324,9 @@ fn print_text(caps: &Caps, tools: &[(&str, Value)]) -> anyhow::Result<()> {
 /// them (the default hooks), else the syscall tracepoints.
 fn msglat_report(cx: &Caps) -> Value {
     if !features::has_atomic_fetch() {
-        return cannot("this kernel's verifier has no atomic fetch-and-add or compare-and-exchange (BPF_ATOMIC, Linux 5.12+)");
+        return cannot(
+            "this kernel's verifier has no atomic fetch-and-add or compare-and-exchange (BPF_ATOMIC, Linux 5.12+)",
+        );
     }
     if cx.ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist() {
         json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"})
