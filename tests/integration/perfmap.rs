@@ -98,7 +98,10 @@ fn profile_refuses_hostile_perf_maps_and_names_jit_code_from_good_ones() {
     write_map(&map(&e, "e"), &e, "SECRET_OTHER_UID", 0);
     // (f) The process's /tmp is an absolute symlink to a host directory that
     // holds a map for its pid: inside its root, /tmp leads nowhere.
-    let hostdir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-{}", std::process::id()));
+    // Not under /tmp: inside the root, a target under /tmp would lead back
+    // through the /tmp symlink itself (a loop, also refused, but a different
+    // warning), and the repository may be cloned under /tmp (CI).
+    let hostdir = std::path::Path::new("/var/tmp").join(format!("sonde-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&hostdir).unwrap();
     std::fs::create_dir_all(root("f")).unwrap();
     symlink(&hostdir, root("f").join("tmp")).unwrap();
