@@ -3,6 +3,7 @@ pub mod attach;
 pub mod cgroup;
 pub mod chart;
 pub mod cli;
+pub mod elfcheck;
 pub mod error;
 pub mod features;
 pub mod flowfilter;

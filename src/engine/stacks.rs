@@ -510,6 +510,10 @@ pub struct SymStats {
     pub kernel_addrs: u64,
     /// What came of the processes' perf maps.
     pub perf_maps: Tally,
+    /// Mapped files the symbolizer could not read (malformed, crafted or
+    /// gone), by reason: their frames are `[unknown]` in their module. Also
+    /// `dwarf_skipped`: files named from their symbol tables only.
+    pub unsymbolized_files: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// One symbolizer for the whole run; each unique address is symbolized once.
@@ -523,10 +527,92 @@ pub struct Symbols {
     build_ids: HashMap<String, String>,
 }
 
+/// The symbolizer every stack tool uses: code locations, inlined calls and
+/// demangled names.
+fn new_symbolizer() -> Symbolizer {
+    Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build()
+}
+
+/// Why a mapped file was not symbolized.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileFailure {
+    /// The symbolizer returned an error (a malformed or unreadable file).
+    Error(String),
+    /// Not handed to the symbolizer: a compressed section it needs would
+    /// inflate without bound ([`super::elfcheck`]).
+    Refused(String),
+    /// The symbolizer panicked on it (a crafted file): caught, the
+    /// symbolizer replaced, the run goes on.
+    Panicked(String),
+}
+
+impl FileFailure {
+    /// The reason counted in [`SymStats::unsymbolized_files`].
+    pub fn reason(&self) -> &'static str {
+        match self {
+            FileFailure::Error(_) => "unreadable",
+            FileFailure::Refused(_) => "malformed",
+            FileFailure::Panicked(_) => "symbolizer_panicked",
+        }
+    }
+}
+
+/// What [`Symbols::file_frames`] found in one file.
+#[derive(Debug, Clone)]
+pub struct FileFrames {
+    /// Its GNU build ID (hex), when it has one.
+    pub build_id: Option<String>,
+    /// The frames at each offset asked for, outermost first.
+    pub frames: Vec<Vec<Frame>>,
+    /// Why its DWARF was not read (names come from its symbol tables
+    /// only); "panicked: ..." when the symbolizer panicked reading it.
+    pub no_debug: Option<String>,
+}
+
+thread_local! {
+    /// Set while [`guarded`] runs: its panics are caught and counted, so the
+    /// panic hook stays quiet about them.
+    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Where the last guarded panic happened.
+    static PANIC_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Runs `f`, catching a panic (the message is returned, and not printed:
+/// the caller counts it). For code that reads files traced processes
+/// control through a library that may assert on them.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(|g| g.get()) {
+                let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+                PANIC_AT.with(|p| *p.borrow_mut() = at);
+            } else {
+                prev(info);
+            }
+        }));
+    });
+    GUARDED.with(|g| g.set(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(false));
+    r.map_err(|p| {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = PANIC_AT.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        // Only the file name and line of the library's source.
+        let at = at.rsplit_once("/src/").map_or(at.as_str(), |(_, f)| f).to_string();
+        format!("{what} at {at}")
+    })
+}
+
 impl Default for Symbols {
     fn default() -> Self {
         Symbols {
-            sym: Symbolizer::builder().enable_code_info(true).enable_inlined_fns(true).enable_demangling(true).build(),
+            sym: new_symbolizer(),
             kernel: HashMap::new(),
             user: HashMap::new(),
             kmod: Rc::from("[kernel]"),
@@ -574,6 +660,80 @@ impl Symbols {
     /// processes' maps show.
     pub fn build_ids(&self) -> &HashMap<String, String> {
         &self.build_ids
+    }
+
+    /// The frames at file offsets `offs` of the ELF file at `path` (a file
+    /// a traced process mapped, so possibly crafted), its build ID (hex), and
+    /// why its DWARF was not read if it was not. Never panics and never
+    /// aborts: compressed sections are checked first ([`super::elfcheck`]),
+    /// a panic inside the symbolizer is caught, the symbolizer (whose caches
+    /// it may have left half-built) replaced, and the file reported as
+    /// [`FileFailure::Panicked`].
+    pub fn file_frames(&mut self, path: &Path, module: &Rc<str>, offs: &[u64]) -> Result<FileFrames, FileFailure> {
+        let verdict = match File::open(path) {
+            Ok(f) => super::elfcheck::check(f),
+            Err(e) => return Err(FileFailure::Error(e.to_string())),
+        };
+        let no_debug = match verdict {
+            super::elfcheck::Verdict::Whole => None,
+            super::elfcheck::Verdict::NoDebug(why) => Some(why),
+            super::elfcheck::Verdict::Refused(why) => return Err(FileFailure::Refused(why)),
+            super::elfcheck::Verdict::NotElf => return Err(FileFailure::Error("not an ELF file".into())),
+        };
+        let unknown = self.unknown.clone();
+        let sym = &self.sym;
+        let run = || -> Result<FileFrames, FileFailure> {
+            let build_id = match blazesym::helper::read_elf_build_id(path) {
+                Ok(Some(id)) => Some(id.iter().map(|b| format!("{b:02x}")).collect()),
+                _ => None,
+            };
+            let with = |debug: bool| {
+                let mut elf = Elf::new(path);
+                elf.debug_syms = debug;
+                sym.symbolize(&Source::Elf(elf), Input::FileOffset(offs))
+                    .map(|syms| syms.into_iter().map(|s| frames_of(s, module, FrameKind::User, &unknown)).collect())
+            };
+            let mut no_debug = no_debug.clone();
+            let frames = match with(no_debug.is_none()) {
+                Ok(f) => f,
+                // DWARF the symbolizer cannot read fails the whole file:
+                // the symbol tables may still name its functions.
+                Err(e) if no_debug.is_none() => {
+                    let f = with(false).map_err(|e| FileFailure::Error(format!("{e:#}")))?;
+                    no_debug = Some(format!("{e:#}"));
+                    f
+                }
+                Err(e) => return Err(FileFailure::Error(format!("{e:#}"))),
+            };
+            Ok(FileFrames { build_id, frames, no_debug })
+        };
+        match guarded(run) {
+            Ok(r) => r,
+            Err(what) => {
+                self.sym = new_symbolizer();
+                // Most such panics are in the DWARF reader: the symbol
+                // tables alone may still name the file's functions.
+                let sym = &self.sym;
+                let unknown = self.unknown.clone();
+                let retry = guarded(|| {
+                    let mut elf = Elf::new(path);
+                    elf.debug_syms = false;
+                    sym.symbolize(&Source::Elf(elf), Input::FileOffset(offs)).map(|syms| {
+                        syms.into_iter().map(|s| frames_of(s, module, FrameKind::User, &unknown)).collect::<Vec<_>>()
+                    })
+                });
+                match retry {
+                    Ok(Ok(frames)) => {
+                        Ok(FileFrames { build_id: None, frames, no_debug: Some(format!("panicked: {what}")) })
+                    }
+                    Ok(Err(_)) => Err(FileFailure::Panicked(what)),
+                    Err(_) => {
+                        self.sym = new_symbolizer();
+                        Err(FileFailure::Panicked(what))
+                    }
+                }
+            }
+        }
     }
 
     /// Symbolizes every sample into a [`Stack`]. `images` must hold the
@@ -649,18 +809,24 @@ impl Symbols {
             offs.dedup();
             stats.user_addrs += offs.len() as u64;
             let module: Rc<str> = file.shown.clone();
-            if let Ok(Some(id)) = blazesym::helper::read_elf_build_id(&file.open_path) {
-                self.build_ids.insert(module.to_string(), id.iter().map(|b| format!("{b:02x}")).collect());
-            }
-            let src = Source::Elf(Elf::new(&file.open_path));
-            match self.sym.symbolize(&src, Input::FileOffset(&offs)) {
-                Ok(syms) => {
-                    for (o, s) in offs.iter().zip(syms) {
-                        let fr = frames_of(s, &module, FrameKind::User, &self.unknown);
+            match self.file_frames(&file.open_path, &module, &offs) {
+                Ok(ff) => {
+                    if let Some(id) = ff.build_id {
+                        self.build_ids.insert(module.to_string(), id);
+                    }
+                    match &ff.no_debug {
+                        Some(why) if why.starts_with("panicked: ") => {
+                            *stats.unsymbolized_files.entry("dwarf_panicked").or_default() += 1;
+                        }
+                        Some(_) => *stats.unsymbolized_files.entry("dwarf_skipped").or_default() += 1,
+                        None => {}
+                    }
+                    for (o, fr) in offs.iter().zip(ff.frames) {
                         self.user.insert((id, *o), fr);
                     }
                 }
-                Err(_) => {
+                Err(e) => {
+                    *stats.unsymbolized_files.entry(e.reason()).or_default() += 1;
                     for o in &offs {
                         self.user
                             .insert((id, *o), vec![Frame::simple("[unknown]", FrameKind::Unknown, module.clone())]);

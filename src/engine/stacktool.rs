@@ -210,6 +210,9 @@ pub fn finish_wakeup(
         for (k, n) in wsym.truncated_by {
             *sym.truncated_by.entry(k).or_default() += n;
         }
+        for (k, n) in wsym.unsymbolized_files {
+            *sym.unsymbolized_files.entry(k).or_default() += n;
+        }
         let sep = |name: &str| Frame {
             name: name.into(),
             file: None,
@@ -322,6 +325,12 @@ pub struct StackSummary {
     /// Perf maps refused or cut short, and their lines skipped.
     #[serde(flatten)]
     pub perf_maps: super::perfmap::Tally,
+    /// Mapped files the symbolizer could not read, by reason (`unreadable`,
+    /// `malformed`, `symbolizer_panicked`; `dwarf_skipped`, `dwarf_panicked`:
+    /// named from their symbol tables only, because their DWARF would
+    /// inflate without bound, could not be read, or made the symbolizer
+    /// panic).
+    pub unsymbolized_files: std::collections::BTreeMap<&'static str, u64>,
     /// How user stacks were walked.
     pub unwind: unwind::Report,
 }
@@ -334,6 +343,7 @@ impl StackSummary {
             unknown_frames: f.sym.unknown_frames,
             truncated_by: f.sym.truncated_by.clone(),
             perf_maps: f.sym.perf_maps,
+            unsymbolized_files: f.sym.unsymbolized_files.clone(),
             unwind: unw.clone(),
         }
     }
@@ -356,6 +366,13 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
     if let Some(line) = f.sym.perf_maps.text() {
         s.push('\n');
         s.push_str(&line);
+    }
+    if !f.sym.unsymbolized_files.is_empty() {
+        let by: Vec<String> = f.sym.unsymbolized_files.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        s.push_str(&format!(
+            "\nmapped files the symbolizer could not read (frames [unknown]; dwarf_*: named from symbol tables only): {}",
+            by.join(", ")
+        ));
     }
     if let Some(u) = unw {
         s.push('\n');

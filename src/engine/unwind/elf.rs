@@ -7,7 +7,7 @@
 //! The file is read through `object`'s [`ReadCache`]: only the headers and
 //! the sections asked for are read, never the whole file, and every read is
 //! bounded (the file belongs to a traced process and may be crafted).
-use std::fs::File;
+use std::io::{Read, Seek};
 
 use object::{
     elf,
@@ -77,10 +77,10 @@ type SectionHdr = elf::SectionHeader64<Endianness>;
 /// (`SHF_COMPRESSED`, zlib) is inflated through a reader capped at its
 /// declared size, which must be within [`MAX_SECTION`] (a small file must
 /// not inflate to gigabytes).
-fn section_bytes(
+fn section_bytes<R: Read + Seek>(
     sh: &SectionHdr,
     endian: Endianness,
-    cache: &ReadCache<File>,
+    cache: &ReadCache<R>,
     name: &str,
 ) -> Result<Option<Vec<u8>>, UnwindError> {
     use object::{read::elf::SectionHeader, ReadRef};
@@ -105,7 +105,9 @@ fn section_bytes(
         return Err(UnwindError::TooBig(format!("{name} inflates to {want} bytes")));
     }
     let packed = cache.read_bytes_at(coff, csize).map_err(|()| bad(&"beyond the end of the file"))?;
-    let mut out = Vec::with_capacity(want as usize);
+    // zlib inflates at most ~1032:1: a tiny section claiming 64 MiB must not
+    // reserve 64 MiB before the first byte inflates.
+    let mut out = Vec::with_capacity(want.min(csize.saturating_mul(1032)) as usize);
     std::io::Read::read_to_end(&mut std::io::Read::take(flate2::read::ZlibDecoder::new(packed), want + 1), &mut out)
         .map_err(|e| bad(&e))?;
     if out.len() as u64 != want {
@@ -116,7 +118,7 @@ fn section_bytes(
 
 /// Reads `len` bytes at virtual address `vaddr` from the file part of the
 /// segment holding it (fewer when the segment ends first).
-fn read_vaddr(cache: &ReadCache<File>, segments: &[Segment], vaddr: u64, len: u64) -> Option<Vec<u8>> {
+fn read_vaddr<R: Read + Seek>(cache: &ReadCache<R>, segments: &[Segment], vaddr: u64, len: u64) -> Option<Vec<u8>> {
     use object::ReadRef;
     let s = segments.iter().find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)?;
     let off = s.offset.checked_add(vaddr - s.vaddr)?;
@@ -124,10 +126,11 @@ fn read_vaddr(cache: &ReadCache<File>, segments: &[Segment], vaddr: u64, len: u6
     cache.read_bytes_at(off, len).ok().map(<[u8]>::to_vec)
 }
 
-/// Reads what the unwinder needs from `file` (an open ELF file): the
-/// headers, the notes for the build ID, and the three unwind sections,
-/// never the symbol tables or anything else.
-pub fn read(file: File) -> Result<ElfUnwindInfo, UnwindError> {
+/// Reads what the unwinder needs from `file` (an open ELF file, or any
+/// reader: the fuzz tests pass bytes): the headers, the notes for the build
+/// ID, and the three unwind sections, never the symbol tables or anything
+/// else.
+pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
     use object::read::elf::SectionHeader;
     let cache = ReadCache::new(file);
     let hdr = Hdr::parse(&cache).map_err(|e| UnwindError::NotElf(e.to_string()))?;

@@ -452,20 +452,31 @@ where
     Ok(())
 }
 
-/// Every FDE of a section as (address, offset), sorted by address.
-fn sorted_fdes<'a, S>(section: &S, bases: &BaseAddresses) -> Vec<(u64, usize)>
+/// Every FDE of a section as (address, offset), sorted by address, and
+/// how many entries could not be parsed (a CIE pointer that leads to no
+/// CIE, a bad length or encoding): those are counted as bad FDEs.
+fn sorted_fdes<'a, S>(section: &S, bases: &BaseAddresses) -> (Vec<(u64, usize)>, u64)
 where
     S: UnwindSection<Slice<'a>>,
 {
-    let mut v = Vec::new();
+    let (mut v, mut bad) = (Vec::new(), 0u64);
     let mut entries = section.entries(bases);
-    while let Ok(Some(e)) = entries.next() {
-        if let CieOrFde::Fde(p) = e {
-            let off: usize = p.offset();
-            if let Ok(f) = p.parse(S::cie_from_offset) {
-                if f.len() > 0 {
-                    v.push((f.initial_address(), off));
+    loop {
+        match entries.next() {
+            Ok(Some(CieOrFde::Fde(p))) => {
+                let off: usize = p.offset();
+                match p.parse(S::cie_from_offset) {
+                    Ok(f) if f.len() > 0 => v.push((f.initial_address(), off)),
+                    Ok(_) => {}
+                    Err(_) => bad += 1,
                 }
+            }
+            Ok(Some(CieOrFde::Cie(_))) => {}
+            Ok(None) => break,
+            // The rest of the section cannot be walked.
+            Err(_) => {
+                bad += 1;
+                break;
             }
         }
         if v.len() > MAX_ROWS {
@@ -473,7 +484,7 @@ where
         }
     }
     v.sort_unstable();
-    v
+    (v, bad)
 }
 
 /// Builds the table of an ELF file from its unwind sections: `.eh_frame`
@@ -514,15 +525,19 @@ fn build_cfi(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
         let mut sec = EhFrame::new(&eh.data, LittleEndian);
         sec.set_address_size(8);
         let bases = BaseAddresses::default().set_eh_frame(eh.addr).set_text(text);
-        let order: Vec<usize> = sorted_fdes(&sec, &bases).into_iter().map(|(_, o)| o).collect();
+        let (fdes, bad) = sorted_fdes(&sec, &bases);
+        eh_rows.stats.bad_fdes += bad;
+        let order: Vec<usize> = fdes.into_iter().map(|(_, o)| o).collect();
         rows_of(&sec, &bases, &order, &mut eh_rows, &mut ctx, eh.data.len())?;
     }
     let Some(df) = &info.debug_frame else { return eh_rows.finish() };
     let mut sec = DebugFrame::new(&df.data, LittleEndian);
     sec.set_address_size(8);
     let bases = BaseAddresses::default();
-    let order: Vec<usize> = sorted_fdes(&sec, &bases).into_iter().map(|(_, o)| o).collect();
+    let (fdes, bad) = sorted_fdes(&sec, &bases);
+    let order: Vec<usize> = fdes.into_iter().map(|(_, o)| o).collect();
     let mut dbg = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
+    dbg.stats.bad_fdes += bad;
     rows_of(&sec, &bases, &order, &mut dbg, &mut ctx, df.data.len())?;
     let eh = eh_rows.finish()?;
     let dbg = dbg.finish()?;
@@ -530,8 +545,9 @@ fn build_cfi(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
 }
 
 /// `primary`'s rows, with `secondary`'s filling primary's gaps.
-fn merge(primary: Table, secondary: Table) -> Table {
+fn merge(mut primary: Table, secondary: Table) -> Table {
     if secondary.rows.is_empty() {
+        primary.stats.bad_fdes += secondary.stats.bad_fdes;
         return primary;
     }
     let mut stats = primary.stats;

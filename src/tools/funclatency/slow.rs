@@ -148,6 +148,9 @@ pub struct Summary {
     /// stack tool reports them.
     #[serde(flatten)]
     pub perf_maps: crate::engine::perfmap::Tally,
+    /// Mapped files the symbolizer could not read, by reason, over the slow
+    /// calls' and the samples' stacks.
+    pub unsymbolized_files: std::collections::BTreeMap<&'static str, u64>,
     /// How user stacks were walked.
     pub unwind: crate::engine::unwind::Report,
     /// "fentry", "kprobe-multi" or "kprobe" when there are kernel functions (else null).
@@ -413,6 +416,13 @@ fn summary(
         truncated_stacks: f.sym.truncated_stacks + t.call_sym.truncated_stacks,
         truncated_by: f.sym.truncated_by.clone(),
         perf_maps: f.sym.perf_maps,
+        unsymbolized_files: {
+            let mut m = f.sym.unsymbolized_files.clone();
+            for (k, n) in &t.call_sym.unsymbolized_files {
+                *m.entry(k).or_default() += n;
+            }
+            m
+        },
         unwind: t.unwind.clone(),
         kernel_mechanism: probing.kernel.map(KernelMechanism::name),
         unprobeable: probing.unprobeable,
