@@ -38,8 +38,10 @@ deploy-check:
 	deploy/check
 
 # The full test suite (privileged: runs real traffic in namespaces).
+# Seconds of the bounded ELF/perf-map fuzzer (tests/integration/hostile_elf.rs).
+FUZZ_SECS ?= 120
 test: setup lint
-	$(SUDO) env "PATH=$(PATH)" $(CARGO) test -- --test-threads=2
+	$(SUDO) env "PATH=$(PATH)" SONDE_FUZZ_SECS=$(FUZZ_SECS) $(CARGO) test -- --test-threads=2
 	$(SUDO) ./target/debug/sonde lab retrans --loss 3
 	$(MAKE) static
 	$(SUDO) scripts/static-check target/$(TARGET)/release/sonde

@@ -12,6 +12,8 @@ mod cli;
 mod cwnd;
 /// `sonde funclatency` and `sonde slow`.
 mod funclatency;
+/// Crafted ELF files and perf maps: a corpus and a bounded fuzzer.
+mod hostile_elf;
 /// The labs, end to end.
 mod labs;
 /// `sonde msglat`.
