@@ -10,6 +10,8 @@
 //! nothing: counted, not kept) to exactly that size. Only headers and the
 //! compressed sections are read, within [`MAX_CHECKED`] bytes of inflation
 //! per file.
+//!
+//! [`guarded`] runs a call into such a library with its panics caught.
 use std::{
     fs::File,
     io::{Read, Seek},
@@ -137,4 +139,44 @@ fn check_with<H: FileHeader<Endian = Endianness>, R: Read + Seek>(cache: &ReadCa
         Some(why) => Verdict::NoDebug(why),
         None => Verdict::Whole,
     }
+}
+
+thread_local! {
+    /// Set while [`guarded`] runs: its panics are caught and counted, so the
+    /// panic hook stays quiet about them.
+    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Where the last guarded panic happened.
+    static PANIC_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Runs `f`, catching a panic (the message is returned, and not printed:
+/// the caller counts it). For code that reads files traced processes
+/// control through a library that may assert on them.
+pub fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(|g| g.get()) {
+                let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
+                PANIC_AT.with(|p| *p.borrow_mut() = at);
+            } else {
+                prev(info);
+            }
+        }));
+    });
+    GUARDED.with(|g| g.set(true));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(false));
+    r.map_err(|p| {
+        let what = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        let at = PANIC_AT.with(|p| std::mem::take(&mut *p.borrow_mut()));
+        // Only the file name and line of the library's source.
+        let at = at.rsplit_once("/src/").map_or(at.as_str(), |(_, f)| f).to_string();
+        format!("{what} at {at}")
+    })
 }

@@ -569,46 +569,6 @@ pub struct FileFrames {
     pub no_debug: Option<String>,
 }
 
-thread_local! {
-    /// Set while [`guarded`] runs: its panics are caught and counted, so the
-    /// panic hook stays quiet about them.
-    static GUARDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Where the last guarded panic happened.
-    static PANIC_AT: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-}
-
-/// Runs `f`, catching a panic (the message is returned, and not printed:
-/// the caller counts it). For code that reads files traced processes
-/// control through a library that may assert on them.
-fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| {
-        let prev = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            if GUARDED.with(|g| g.get()) {
-                let at = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
-                PANIC_AT.with(|p| *p.borrow_mut() = at);
-            } else {
-                prev(info);
-            }
-        }));
-    });
-    GUARDED.with(|g| g.set(true));
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    GUARDED.with(|g| g.set(false));
-    r.map_err(|p| {
-        let what = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        let at = PANIC_AT.with(|p| std::mem::take(&mut *p.borrow_mut()));
-        // Only the file name and line of the library's source.
-        let at = at.rsplit_once("/src/").map_or(at.as_str(), |(_, f)| f).to_string();
-        format!("{what} at {at}")
-    })
-}
-
 impl Default for Symbols {
     fn default() -> Self {
         Symbols {
@@ -707,7 +667,7 @@ impl Symbols {
             };
             Ok(FileFrames { build_id, frames, no_debug })
         };
-        match guarded(run) {
+        match super::elfcheck::guarded(run) {
             Ok(r) => r,
             Err(what) => {
                 self.sym = new_symbolizer();
@@ -715,7 +675,7 @@ impl Symbols {
                 // tables alone may still name the file's functions.
                 let sym = &self.sym;
                 let unknown = self.unknown.clone();
-                let retry = guarded(|| {
+                let retry = super::elfcheck::guarded(|| {
                     let mut elf = Elf::new(path);
                     elf.debug_syms = false;
                     sym.symbolize(&Source::Elf(elf), Input::FileOffset(offs)).map(|syms| {

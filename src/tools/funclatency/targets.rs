@@ -145,9 +145,20 @@ fn user_functions(bin: &str, pat: &str, pids: &[u32]) -> anyhow::Result<Vec<Prob
     let path = find_binary(bin, pids)?;
     let g = glob(pat, "function")?;
     let mut by_offset: BTreeMap<u64, String> = BTreeMap::new();
+    // The file may belong to the traced process (`-p`): a compressed
+    // section that would inflate without bound is refused, and a panic in
+    // the ELF reader is an error, not a crash.
+    let cannot =
+        |why: String| usage(format!("{}: cannot read its symbols ({why}); is it an ELF file?", path.display()));
+    match std::fs::File::open(&path).map(crate::engine::elfcheck::check) {
+        Ok(crate::engine::elfcheck::Verdict::Refused(why)) => return Err(cannot(why)),
+        Ok(crate::engine::elfcheck::Verdict::NotElf) => return Err(cannot("not an ELF file".into())),
+        Ok(_) => {}
+        Err(e) => return Err(cannot(e.to_string())),
+    }
     let src = Elf { path: path.clone(), debug_syms: false, _non_exhaustive: () }.into();
-    Inspector::new()
-        .for_each(&src, |s| {
+    let read = crate::engine::elfcheck::guarded(|| {
+        Inspector::new().for_each(&src, |s| {
             if s.sym_type == SymType::Function && g.matches(&s.name) {
                 if let Some(off) = s.file_offset.filter(|&o| o > 0) {
                     // Prefer the plainest alias: fewest leading underscores, then shortest.
@@ -163,7 +174,12 @@ fn user_functions(bin: &str, pat: &str, pids: &[u32]) -> anyhow::Result<Vec<Prob
             }
             ControlFlow::Continue(())
         })
-        .map_err(|e| usage(format!("{}: cannot read its symbols ({e}); is it an ELF file?", path.display())))?;
+    });
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(cannot(e.to_string())),
+        Err(panic) => return Err(cannot(format!("the ELF reader failed: {panic}"))),
+    }
     let mut v: Vec<Probe> = by_offset
         .into_iter()
         .map(|(offset, f)| Probe { name: format!("{bin}:{f}"), kind: ProbeKind::User { path: path.clone(), offset } })
