@@ -474,7 +474,21 @@ struct Printer {
     /// Chart points kept (each connection's series is thinned when drawn).
     points: usize,
     points_dropped: u64,
+    /// Whether points and idle-send marks are kept: only for a chart
+    /// (`-o .svg/.html`), so a long streaming run holds no history.
+    chart: bool,
+    /// Connections not summarized (the map of summaries was full), and the
+    /// summary their events go to meanwhile.
+    summaries_dropped: u64,
+    spare: ConnSummary,
 }
+
+/// Connections summarized per run at most (a few hundred bytes each).
+const MAX_CONN_SUMMARIES: usize = 100_000;
+
+/// Idle sends kept for the run's outcome (labs and tests read them) at most;
+/// a streaming run reports every one as it comes.
+const MAX_KEPT_IDLE_SENDS: usize = 100_000;
 
 /// Chart points kept in memory at most (about 16 bytes each).
 const MAX_POINTS: usize = 4_000_000;
@@ -504,6 +518,11 @@ impl Printer {
     fn conn(&mut self, e: &types::cw_event) -> &mut ConnSummary {
         let f = &e.flow;
         let owned = e.has_owner != 0;
+        if self.conns.len() >= MAX_CONN_SUMMARIES && !self.conns.contains_key(&e.cookie) {
+            self.summaries_dropped += 1;
+            self.spare = ConnSummary::default();
+            return &mut self.spare;
+        }
         let c = self.conns.entry(e.cookie).or_insert_with(|| ConnSummary {
             cookie: e.cookie,
             local: endpoint(f.family, &f.saddr, f.sport),
@@ -527,7 +546,8 @@ impl Printer {
             return self.idle(e);
         }
         let t = self.since_start(e.ts_ns);
-        let keep = self.points < MAX_POINTS;
+        let keep = self.chart && self.points < MAX_POINTS;
+        let dropped = self.chart && !keep;
         let c = self.conn(e);
         c.samples += 1;
         c.cwnd_min = c.cwnd_min.min(e.cwnd);
@@ -537,7 +557,7 @@ impl Printer {
         if keep {
             c.points.push((t, e.cwnd as f64));
             self.points += 1;
-        } else {
+        } else if dropped {
             self.points_dropped += 1;
         }
         if self.idle_only {
@@ -636,25 +656,28 @@ impl Printer {
             confirmed_by: CONFIRMED_BY.get(e.confirmed_by as usize).copied().unwrap_or("unknown"),
         };
         let t = self.since_start(i.ts_ns);
+        let chart = self.chart;
         let c = self.conn(e);
         c.idle_sends += 1;
         if s.restart {
             c.restarts += 1;
         }
-        c.marks.push(Marker {
-            x: t,
-            y_from: s.cwnd_before as f64,
-            y_to: s.cwnd_after as f64,
-            strong: s.restart,
-            label: if s.restart {
-                format!(
-                    "restart: {} idle {} ms > RTO {} ms, cwnd {} -> {}",
-                    s.cc, s.idle_ms, s.rto_ms, s.cwnd_before, s.cwnd_after
-                )
-            } else {
-                format!("no restart ({}): {}; cwnd {} -> {}", s.reason, s.why, s.cwnd_before, s.cwnd_after)
-            },
-        });
+        if chart {
+            c.marks.push(Marker {
+                x: t,
+                y_from: s.cwnd_before as f64,
+                y_to: s.cwnd_after as f64,
+                strong: s.restart,
+                label: if s.restart {
+                    format!(
+                        "restart: {} idle {} ms > RTO {} ms, cwnd {} -> {}",
+                        s.cc, s.idle_ms, s.rto_ms, s.cwnd_before, s.cwnd_after
+                    )
+                } else {
+                    format!("no restart ({}): {}; cwnd {} -> {}", s.reason, s.why, s.cwnd_before, s.cwnd_after)
+                },
+            });
+        }
         match self.format {
             Format::Json => self.sink.json(&s)?,
             Format::Text => {
@@ -676,14 +699,16 @@ impl Printer {
             }
             _ => {}
         }
-        self.idle_sends.push(s);
+        if self.idle_sends.len() < MAX_KEPT_IDLE_SENDS {
+            self.idle_sends.push(s);
+        }
         Ok(())
     }
 }
 
 /// What a finished run saw, for labs and tests.
 pub struct Outcome {
-    /// Every idle send, in time order.
+    /// Every idle send, in time order (the first 100,000).
     pub idle_sends: Vec<IdleSend>,
     /// Per connection.
     pub conns: Vec<ConnSummary>,
@@ -791,6 +816,9 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         idle_sends: Vec::new(),
         points: 0,
         points_dropped: 0,
+        chart: matches!(format, Format::Svg | Format::Html),
+        summaries_dropped: 0,
+        spare: ConnSummary::default(),
     }));
     let p2 = printer.clone();
     let rb = loaded.rings.reader(move |d: &[u8]| p2.borrow_mut().event(d))?;
@@ -820,7 +848,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         restarts: totals.restarts,
         lost: totals.lost,
         missed: totals.missed,
-        map_full: MapFull { conns: totals.conn_full },
+        map_full: MapFull { conns: totals.conn_full, summaries: p.summaries_dropped },
         chart_points_dropped: dropped,
         mechanism: mech,
         hz,
@@ -880,6 +908,9 @@ struct Summary<'a> {
 #[derive(Serialize)]
 struct MapFull {
     conns: u64,
+    /// Events of connections first seen after [`MAX_CONN_SUMMARIES`] had a
+    /// summary: counted in the totals, their connections not listed.
+    summaries: u64,
 }
 
 /// Entry point for the CLI; returns the exit status.
