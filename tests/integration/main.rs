@@ -10,6 +10,8 @@ mod common;
 mod cli;
 /// `sonde cwnd`.
 mod cwnd;
+/// Attach and detach cycles of funclatency, slow and serve on a self-checking target.
+mod cycles;
 /// `sonde funclatency` and `sonde slow`.
 mod funclatency;
 /// Crafted ELF files and perf maps: a corpus and a bounded fuzzer.
