@@ -263,7 +263,7 @@ fn trace(a: &IdleLabArgs, pair: &Pair, link: &DelayLink) -> anyhow::Result<(crat
             ctl.request_stop();
             r
         });
-        let out = run_with(&cargs, ctl, || {
+        let out = run_with(&cargs, ctl, true, || {
             let _ = tx.send(());
         });
         ctl.request_stop();

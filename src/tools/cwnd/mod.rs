@@ -471,6 +471,8 @@ struct Printer {
     pending: Vec<types::cw_event>,
     conns: BTreeMap<u64, ConnSummary>,
     idle_sends: Vec<IdleSend>,
+    /// Whether `idle_sends` is kept (for the caller) or left empty.
+    keep_idle_sends: bool,
     /// Chart points kept (each connection's series is thinned when drawn).
     points: usize,
     points_dropped: u64,
@@ -699,7 +701,7 @@ impl Printer {
             }
             _ => {}
         }
-        if self.idle_sends.len() < MAX_KEPT_IDLE_SENDS {
+        if self.keep_idle_sends && self.idle_sends.len() < MAX_KEPT_IDLE_SENDS {
             self.idle_sends.push(s);
         }
         Ok(())
@@ -708,7 +710,8 @@ impl Printer {
 
 /// What a finished run saw, for labs and tests.
 pub struct Outcome {
-    /// Every idle send, in time order (the first 100,000).
+    /// Every idle send, in time order (the first 100,000; none unless the
+    /// caller of [`run_with`] asked to keep them).
     pub idle_sends: Vec<IdleSend>,
     /// Per connection.
     pub conns: Vec<ConnSummary>,
@@ -788,7 +791,15 @@ fn write_chart(
 }
 
 /// Runs `sonde cwnd`; `ready` is called once everything is attached.
-pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
+/// `keep_idle_sends`: return the idle sends in [`Outcome::idle_sends`] (the
+/// labs read them); the CLI streams them and keeps none, so a long run's
+/// memory stays flat.
+pub fn run_with(
+    a: &CwndArgs,
+    ctl: &RunControl,
+    keep_idle_sends: bool,
+    ready: impl FnOnce(),
+) -> anyhow::Result<Outcome> {
     let flow = a.flow.validate()?;
     let format = format_of(a)?;
     features::require_tracing_privileges()?;
@@ -814,6 +825,7 @@ pub fn run_with(a: &CwndArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
         pending: Vec::new(),
         conns: BTreeMap::new(),
         idle_sends: Vec::new(),
+        keep_idle_sends,
         points: 0,
         points_dropped: 0,
         chart: matches!(format, Format::Svg | Format::Html),
@@ -916,7 +928,7 @@ struct MapFull {
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &CwndArgs) -> anyhow::Result<i32> {
     let ctl = RunControl::new(a.run.duration)?;
-    let out = run_with(a, &ctl, || {
+    let out = run_with(a, &ctl, false, || {
         eprintln!("sonde: tracing TCP congestion windows and idle restarts; Ctrl-C ends with a summary");
     })?;
     Ok(out.stop.exit_code())

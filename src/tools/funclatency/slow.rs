@@ -9,6 +9,8 @@
 //! [`Summary`]. [`run`] prints with `print_json` or `print_text`.
 use std::{
     cell::RefCell,
+    cmp::Reverse,
+    collections::{BTreeSet, BinaryHeap},
     path::PathBuf,
     rc::Rc,
     time::{Duration, Instant},
@@ -39,7 +41,7 @@ use crate::engine::{
 use crate::tools::doctor::Caps;
 use serde_json::{json, Value};
 
-/// Most slow calls kept for the list (all are counted).
+/// Most slow calls kept for the list, the slowest (all are counted).
 const KEEP: usize = 100_000;
 
 /// Calls slower than a threshold, and what they were doing while slow.
@@ -124,7 +126,7 @@ pub struct Summary {
     pub over_ns: u64,
     /// Calls timed, over every target.
     pub calls: u64,
-    /// Calls over the threshold (all counted; up to 100,000 kept).
+    /// Calls over the threshold (all counted; the 100,000 slowest kept).
     pub slow_calls: u64,
     /// Calls still running at the stop.
     pub in_flight: u64,
@@ -214,11 +216,56 @@ fn parse(d: &[u8]) -> Option<Event> {
     })
 }
 
-/// Slow calls from the ring buffer: the first [`KEEP`], and how many there were.
+/// Slow calls from the ring buffer: the [`KEEP`] slowest, and how many
+/// there were.
 #[derive(Default)]
 struct Seen {
-    kept: Vec<Event>,
+    /// Min-heap on (latency, arrival): the fastest kept call is on top, to
+    /// make room for a slower one once [`KEEP`] are kept.
+    kept: BinaryHeap<Reverse<Ranked>>,
     total: u64,
+    arrivals: u64,
+    /// Processes of calls kept since the last tick (their maps are noted
+    /// while they run, for symbolizing at the end).
+    new_pids: BTreeSet<u32>,
+}
+
+/// A kept call, ordered by latency, then by arrival.
+struct Ranked(u64, u64, Event);
+
+impl PartialEq for Ranked {
+    fn eq(&self, o: &Self) -> bool {
+        (self.0, self.1) == (o.0, o.1)
+    }
+}
+impl Eq for Ranked {}
+impl PartialOrd for Ranked {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Ranked {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.0, self.1).cmp(&(o.0, o.1))
+    }
+}
+
+impl Seen {
+    /// Counts a slow call and keeps it if it is among the [`KEEP`] slowest.
+    fn add(&mut self, e: Event) {
+        self.total += 1;
+        self.arrivals += 1;
+        if self.kept.len() >= KEEP {
+            match self.kept.peek() {
+                Some(Reverse(min)) if min.0 < e.latency_ns => {
+                    self.kept.pop();
+                }
+                _ => return,
+            }
+        }
+        self.new_pids.insert(e.pid);
+        self.kept.push(Reverse(Ranked(e.latency_ns, self.arrivals, e)));
+    }
 }
 
 /// The -o files and their formats.
@@ -257,11 +304,7 @@ fn ring<'a>(skel: &'a FunclatencySkel<'_>) -> anyhow::Result<(Rc<RefCell<Seen>>,
     let mut rb = RingBufferBuilder::new();
     rb.add(&skel.maps.slow_events, move |d: &[u8]| {
         if let Some(e) = parse(d) {
-            let mut s = sink.borrow_mut();
-            s.total += 1;
-            if s.kept.len() < KEEP {
-                s.kept.push(e);
-            }
+            sink.borrow_mut().add(e);
         }
         0
     })?;
@@ -278,7 +321,6 @@ fn drain(
     rb: &RingBuffer<'_>,
     seen: &RefCell<Seen>,
 ) -> anyhow::Result<(Stop, Images)> {
-    let mut observed = 0usize;
     stacktool::run_until_stop(
         &skel.maps.stk_counts,
         ctl,
@@ -289,10 +331,7 @@ fn drain(
             // As in funclatency: a thread that exits inside a call would keep
             // it in flight, old enough to look slow to the sampler.
             super::prune_dead_threads(&skel.maps.stacks);
-            let s = seen.borrow();
-            let pids: Vec<u32> = s.kept[observed.min(s.kept.len())..].iter().map(|e| e.pid).collect();
-            observed = s.kept.len();
-            pids
+            std::mem::take(&mut seen.borrow_mut().new_pids).into_iter().collect()
         },
         || Ok(format!("sonde slow: {} calls over {}", seen.borrow().total, human(a.over.as_nanos() as u64))),
     )
@@ -445,7 +484,8 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let _ = rb.consume();
     let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
     let unwind = loaded.session.report(&um)?;
-    let Seen { kept, total: slow_total } = std::mem::take(&mut *seen.borrow_mut());
+    let Seen { kept, total: slow_total, .. } = std::mem::take(&mut *seen.borrow_mut());
+    let kept = kept.into_iter().map(|Reverse(Ranked(_, _, e))| e).collect();
     let (calls, call_sym) = slow_calls(skel, &probes, kept, &mut images)?;
     let f = flame_graph(a, &outs, skel, &probes, images, at_stop.elapsed)?;
     let totals = Totals { at_stop, slow_total, loss, unwind, call_sym };
@@ -567,4 +607,33 @@ fn print_sites(calls: &[SlowCall], top: usize) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(latency_ns: u64, pid: u32) -> Event {
+        Event { latency_ns, pid, tid: pid, idx: 0, ustack: -1, kstack: -1, uhash: 0, comm: String::new() }
+    }
+
+    /// Past KEEP calls, a slower call replaces the fastest kept one and a
+    /// faster one is only counted: the list is the slowest, not the first.
+    #[test]
+    fn keeps_the_slowest_calls_not_the_first() {
+        let mut s = Seen::default();
+        for i in 0..KEEP as u64 {
+            s.add(ev(1_000_000 + i, 1));
+        }
+        s.new_pids.clear();
+        s.add(ev(5, 2)); // faster than all kept: counted only
+        s.add(ev(9_000_000_000, 3)); // the slowest of the run
+        assert_eq!(s.total, KEEP as u64 + 2);
+        assert_eq!(s.kept.len(), KEEP);
+        assert_eq!(s.new_pids.iter().copied().collect::<Vec<_>>(), vec![3]);
+        let lat: Vec<u64> = s.kept.into_sorted_vec().into_iter().map(|Reverse(r)| r.0).collect();
+        // into_sorted_vec of Reverse: slowest first.
+        assert_eq!(lat[0], 9_000_000_000);
+        assert_eq!(*lat.last().unwrap(), 1_000_001, "the fastest kept call was replaced");
+    }
 }
