@@ -241,7 +241,6 @@ fn us(v: u64) -> String {
 pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, tf) = validate(a)?;
     features::require_tracing_privileges()?;
-    safe_here().map_err(crate::engine::error::env)?;
     let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();
     let order = &attach::order(MECHANISMS, a.mechanism);
@@ -413,24 +412,7 @@ pub fn doctor_wakeup(cx: &Caps) -> Value {
     cx.with_unwind(report(cx, " + sched:sched_waking"))
 }
 
-/// Kernels before 5.11, found by a helper 5.11 brought (task storage's
-/// `bpf_task_storage_get`, which BTF names; the version that also guarded
-/// hash map buckets against re-entry from tracing programs): Debian's 5.10
-/// hung in scripts/vmtest in 2 of 4 offcpu runs (both vCPUs stopped, no
-/// lockup report, cause not found yet). Refused there rather than risk the
-/// host; `Err` says why in one line.
-fn safe_here() -> Result<(), String> {
-    if features::btf_has_type("bpf_task_storage_get") {
-        Ok(())
-    } else {
-        Err("offcpu/wakeup: this kernel is older than 5.11 (no bpf_task_storage_get), where its sched_switch programs hung Debian's 5.10 in testing; refused so as not to hang the host".into())
-    }
-}
-
 fn report(cx: &Caps, extra: &str) -> Value {
-    if let Err(why) = safe_here() {
-        return cannot(why);
-    }
     let Some((m, detail)) = cx.first(MECHANISMS) else {
         return cannot("neither tp_btf nor raw_tp programs load");
     };
