@@ -55,10 +55,16 @@ pub fn sk_storage_in_tracing() -> Result<(), String> {
 }
 
 /// `bpf_get_attach_cookie` from kprobe, uprobe and tracepoint programs
-/// (Linux 5.15): how funclatency's probes know which target they time.
-/// `Err` names what is missing, for a one-line refusal.
+/// (Linux 5.15): how funclatency's probes know which target they time (else
+/// each target gets a copy of its program).
+pub fn has_attach_cookie() -> bool {
+    has_helper(libbpf_sys::BPF_PROG_TYPE_KPROBE, libbpf_sys::BPF_FUNC_get_attach_cookie)
+}
+
+/// As [`has_attach_cookie`]; `Err` names what is missing, for a one-line
+/// refusal.
 pub fn require_attach_cookie(tool: &str) -> anyhow::Result<()> {
-    if has_helper(libbpf_sys::BPF_PROG_TYPE_KPROBE, libbpf_sys::BPF_FUNC_get_attach_cookie) {
+    if has_attach_cookie() {
         return Ok(());
     }
     Err(super::error::env(format!(

@@ -216,3 +216,99 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
     // SAFETY: a new fd we own.
     Ok(Attachment::Fd(unsafe { OwnedFd::from_raw_fd(l) }))
 }
+
+/// Where a copy of a probe program is attached on kernels without attach
+/// cookies (see [`indexed_clone`]).
+pub enum PerfProbe<'a> {
+    /// A uprobe at `offset` of `path`, in process `pid` (-1: every process).
+    Uprobe {
+        /// The ELF file.
+        path: &'a Path,
+        /// File offset of the function.
+        offset: u64,
+        /// Process, or -1.
+        pid: i32,
+    },
+    /// A kprobe on a kernel function.
+    Kprobe(&'a str),
+    /// A tracepoint: category and name (`syscalls`, `sys_enter_read`).
+    Tracepoint(&'a str, &'a str),
+}
+
+/// Kernels before 5.15 have no `bpf_get_attach_cookie`, which tells a probe
+/// program which target it times. There, each target gets its own copy of
+/// the loaded `template` (a kprobe, uprobe or tracepoint program whose one
+/// `r = magic` instruction stands for the target) with that immediate set to
+/// `index`, attached to a perf event opened for `probe` (a return probe when
+/// `ret`). The perf event fd is the attachment: closing it, or the process
+/// dying, detaches it.
+pub fn indexed_clone(
+    template: &Program,
+    magic: i32,
+    index: u32,
+    probe: &PerfProbe<'_>,
+    ret: bool,
+) -> anyhow::Result<Attachment> {
+    use std::os::fd::AsRawFd;
+    let mut insns = template.insns().to_vec();
+    let mov_k = (libbpf_sys::BPF_ALU64 | libbpf_sys::BPF_MOV | libbpf_sys::BPF_K) as u8;
+    let at: Vec<usize> = (0..insns.len()).filter(|&i| insns[i].code == mov_k && insns[i].imm == magic).collect();
+    let [at] = at[..] else {
+        anyhow::bail!("the probe program has {} target-index instructions, not one", at.len());
+    };
+    insns[at].imm = index as i32;
+    let prog_type = template.prog_type() as u32;
+    let mut log = vec![0u8; 64 * 1024];
+    let mut opts = libbpf_sys::bpf_prog_load_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
+        log_buf: log.as_mut_ptr().cast(),
+        log_size: log.len() as u32,
+        ..Default::default()
+    };
+    let funcs = FuncInfo::of(template, &insns);
+    if let Some(f) = &funcs {
+        opts.prog_btf_fd = f.btf.as_raw_fd() as u32;
+        opts.func_info = f.recs.as_ptr().cast();
+        opts.func_info_cnt = f.recs.len() as u32;
+        opts.func_info_rec_size = std::mem::size_of::<libbpf_sys::bpf_func_info>() as u32;
+    }
+    let name = CString::new("fl_indexed").unwrap();
+    // SAFETY: insns outlive the call; opts is sized and its buffer valid.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(
+            prog_type,
+            name.as_ptr(),
+            c"Dual BSD/GPL".as_ptr(),
+            insns.as_ptr(),
+            insns.len() as _,
+            &mut opts,
+        )
+    };
+    if fd < 0 {
+        let err = std::io::Error::from_raw_os_error(-fd);
+        let msg = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string();
+        anyhow::bail!(
+            "loading a copy of the probe program: {err}{}",
+            if msg.is_empty() { String::new() } else { format!(" ({msg})") }
+        );
+    }
+    // SAFETY: a new fd we own.
+    let prog = unsafe { OwnedFd::from_raw_fd(fd) };
+    let pfd = super::perf::open_probe(probe, ret)?;
+    // SAFETY: ioctls on our own perf event fd with a program fd we own.
+    unsafe {
+        if libc::ioctl(pfd.as_raw_fd(), super::perf::IOC_SET_BPF as _, prog.as_raw_fd()) < 0 {
+            return Err(anyhow::Error::new(std::io::Error::last_os_error()).context("attaching to the perf event"));
+        }
+        if libc::ioctl(pfd.as_raw_fd(), super::perf::IOC_ENABLE as _, 0) < 0 {
+            return Err(anyhow::Error::new(std::io::Error::last_os_error()).context("enabling the perf event"));
+        }
+    }
+    // The perf event holds the program now.
+    drop(prog);
+    Ok(Attachment::Fd(pfd))
+}

@@ -96,3 +96,88 @@ pub fn attach_sampling(
     }
     Ok(links)
 }
+
+/// `PERF_EVENT_IOC_ENABLE`: `_IO('$', 0)`.
+pub const IOC_ENABLE: u64 = 0x2400;
+/// `PERF_EVENT_IOC_SET_BPF`: `_IOW('$', 8, __u32)`.
+pub const IOC_SET_BPF: u64 = 0x4004_2408;
+
+/// A dynamic PMU's type and the config bit that makes a return probe, from
+/// /sys/bus/event_source/devices/{uprobe,kprobe}.
+fn probe_pmu(pmu: &str) -> anyhow::Result<(u32, u64)> {
+    use anyhow::Context;
+    let dir = format!("/sys/bus/event_source/devices/{pmu}");
+    let ty = std::fs::read_to_string(format!("{dir}/type")).with_context(|| format!("reading {dir}/type"))?;
+    let bit = std::fs::read_to_string(format!("{dir}/format/retprobe"))
+        .with_context(|| format!("reading {dir}/format/retprobe"))?;
+    // "config:0"
+    let bit: u32 = bit.trim().strip_prefix("config:").and_then(|b| b.parse().ok()).unwrap_or(0);
+    Ok((ty.trim().parse().with_context(|| format!("{dir}/type: not a number"))?, 1u64 << bit.min(63)))
+}
+
+/// Opens a perf event for a uprobe, kprobe (return probes with `ret`) or
+/// tracepoint, for a BPF program to be attached to (disabled until
+/// `IOC_ENABLE`). Close-on-exec.
+pub fn open_probe(probe: &super::kfunc::PerfProbe<'_>, ret: bool) -> anyhow::Result<std::os::fd::OwnedFd> {
+    use super::kfunc::PerfProbe;
+    use anyhow::Context;
+    use std::{ffi::CString, os::fd::FromRawFd, os::unix::ffi::OsStrExt};
+    let mut attr = libbpf_sys::perf_event_attr {
+        size: std::mem::size_of::<libbpf_sys::perf_event_attr>() as u32,
+        ..Default::default()
+    };
+    let mut pid = -1i32;
+    // Kept alive until the syscall: the attr points at them.
+    let name: CString;
+    match probe {
+        PerfProbe::Uprobe { path, offset, pid: p } => {
+            let (ty, retbit) = probe_pmu("uprobe")?;
+            name = CString::new(path.as_os_str().as_bytes()).context("a path with a NUL byte")?;
+            attr.type_ = ty;
+            attr.config = if ret { retbit } else { 0 };
+            attr.__bindgen_anon_3.config1 = name.as_ptr() as u64;
+            attr.__bindgen_anon_4.config2 = *offset;
+            pid = *p;
+        }
+        PerfProbe::Kprobe(func) => {
+            let (ty, retbit) = probe_pmu("kprobe")?;
+            name = CString::new(*func).context("a function name with a NUL byte")?;
+            attr.type_ = ty;
+            attr.config = if ret { retbit } else { 0 };
+            attr.__bindgen_anon_3.config1 = name.as_ptr() as u64;
+        }
+        PerfProbe::Tracepoint(cat, tp) => {
+            name = CString::default();
+            let id = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+                .iter()
+                .find_map(|t| std::fs::read_to_string(format!("{t}/events/{cat}/{tp}/id")).ok())
+                .with_context(|| format!("no tracepoint {cat}:{tp} in tracefs"))?;
+            attr.type_ = libbpf_sys::PERF_TYPE_TRACEPOINT;
+            attr.config = id.trim().parse().with_context(|| format!("tracepoint {cat}:{tp}: a bad id"))?;
+            attr.__bindgen_anon_1.sample_period = 1;
+            attr.__bindgen_anon_2.wakeup_events = 1;
+        }
+    }
+    attr.set_disabled(1);
+    // Every process on any CPU (cpu 0 is what the kernel asks for with pid
+    // -1; probe events fire on every CPU), or one process on any CPU.
+    let cpu = if pid == -1 { 0 } else { -1 };
+    // SAFETY: attr is a valid perf_event_attr of the size it declares; the
+    // strings it points at live until the call returns.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const _,
+            pid,
+            cpu,
+            -1i32,
+            libbpf_sys::PERF_FLAG_FD_CLOEXEC as u64,
+        )
+    };
+    drop(name);
+    if fd < 0 {
+        return Err(anyhow::Error::new(std::io::Error::last_os_error()).context("opening the probe's perf event"));
+    }
+    // SAFETY: a new fd we own.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}

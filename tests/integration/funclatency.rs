@@ -146,12 +146,15 @@ fn funclatency_times_syscalls_and_softirqs_here() {
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let (t, _) = latency_lines(&out.stdout);
     let ns = &t["syscall:nanosleep"];
-    // ~67 sleeps in 2 s: half 20 ms, half 10 ms (plus the writer's 5 ms).
+    // ~67 sleeps in 2 s: half 20 ms, half 10 ms, alternately (plus the
+    // writer's 5 ms). A sleep never ends early, and on a busy host it may
+    // end late: each is told apart by the range below the next nominal
+    // length, not by the bucket its nominal length falls in.
     let in_range =
         |lo: u64, hi: u64| filled(ns).iter().filter(|(le, _)| *le > lo && *le <= hi).map(|b| b.1).sum::<u64>();
-    let (tens, twenties) = (in_range(10_000_000, 12_582_912), in_range(20_000_000, 25_165_824));
+    let (tens, twenties) = (in_range(10_000_000, 20_000_000), in_range(20_000_000, u64::MAX));
     assert!(
-        tens >= 25 && twenties >= 25 && (tens as i64 - twenties as i64).abs() <= 2,
+        tens >= 15 && twenties >= 15 && (tens as i64 - twenties as i64).abs() <= 2,
         "10 ms: {tens}, 20 ms: {twenties}: {ns}"
     );
     assert!(t["softirq:TIMER"]["count"].as_u64().unwrap() > 0, "{}", t["softirq:TIMER"]);

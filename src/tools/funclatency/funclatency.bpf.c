@@ -34,6 +34,9 @@ const volatile bool want_user = true;
 /* sonde serve --labels cgroup: calls (not softirqs) also counted per
  * cgroup of the calling task, in `cg_hists`. */
 const volatile bool by_cgroup = false;
+/* The kernel has bpf_get_attach_cookie (5.15). Where it has not, the call
+ * below is dead code the verifier never checks. */
+const volatile bool has_cookie = true;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -102,6 +105,20 @@ static __always_inline void record_task(__u32 idx, __u64 ns)
 		}
 	}
 	hist_add_shared(h, ns);
+}
+
+#define FL_STR_(x) #x
+#define FL_STR(x)  FL_STR_(x)
+
+/* The index of the target this probe times: its attach cookie, or the
+ * constant user space put into this copy of the program (FL_IDX_MAGIC). */
+static __always_inline __u32 target_of(void *ctx)
+{
+	if (has_cookie)
+		return (__u32)bpf_get_attach_cookie(ctx);
+	__u64 idx;
+	asm volatile("%0 = " FL_STR(FL_IDX_MAGIC) : "=r"(idx));
+	return (__u32)idx;
 }
 
 static __always_inline void stk_stat(__u32 s)
@@ -207,38 +224,38 @@ static __always_inline int leave(void *ctx, __u32 idx, bool kfunc)
 SEC("uprobe")
 int BPF_UPROBE(fl_uentry)
 {
-	return enter((__u32)bpf_get_attach_cookie(ctx));
+	return enter(target_of(ctx));
 }
 
 SEC("uretprobe")
 int BPF_URETPROBE(fl_ureturn)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+	return leave(ctx, target_of(ctx), false);
 }
 
 /* The same as one uprobe.multi link per binary (kernels with it). */
 SEC("uprobe.multi")
 int BPF_UPROBE(fl_umentry)
 {
-	return enter((__u32)bpf_get_attach_cookie(ctx));
+	return enter(target_of(ctx));
 }
 
 SEC("uretprobe.multi")
 int BPF_URETPROBE(fl_umexit)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+	return leave(ctx, target_of(ctx), false);
 }
 
 SEC("tracepoint")
 int fl_sys_enter(void *ctx)
 {
-	return enter((__u32)bpf_get_attach_cookie(ctx));
+	return enter(target_of(ctx));
 }
 
 SEC("tracepoint")
 int fl_sys_exit(void *ctx)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), false);
+	return leave(ctx, target_of(ctx), false);
 }
 
 /*
@@ -250,38 +267,38 @@ int fl_sys_exit(void *ctx)
 SEC("fentry")
 int BPF_PROG(fl_kentry)
 {
-	return enter((__u32)bpf_get_attach_cookie(ctx));
+	return enter(target_of(ctx));
 }
 
 SEC("fexit")
 int BPF_PROG(fl_kexit)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+	return leave(ctx, target_of(ctx), true);
 }
 
 /* kprobes: one kprobe.multi link for all functions, else one per function. */
 SEC("kprobe.multi")
 int BPF_KPROBE(fl_kmentry)
 {
-	return enter((__u32)bpf_get_attach_cookie(ctx));
+	return enter(target_of(ctx));
 }
 
 SEC("kretprobe.multi")
 int BPF_KRETPROBE(fl_kmexit)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+	return leave(ctx, target_of(ctx), true);
 }
 
 SEC("kprobe")
 int BPF_KPROBE(fl_kpentry)
 {
-	return enter((__u32)bpf_get_attach_cookie(ctx));
+	return enter(target_of(ctx));
 }
 
 SEC("kretprobe")
 int BPF_KRETPROBE(fl_kpexit)
 {
-	return leave(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+	return leave(ctx, target_of(ctx), true);
 }
 
 static __always_inline int softirq_in(unsigned int vec)

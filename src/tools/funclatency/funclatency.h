@@ -5,6 +5,11 @@
 
 #define FL_DEPTH 32 /* calls in flight per thread that are timed (a power of two) */
 
+/* Kernels without attach cookies (before 5.15): user space loads one copy
+ * of each probe program per target, with the 32-bit immediate of the one
+ * `r = FL_IDX_MAGIC` instruction (target_of) replaced by the target's index. */
+#define FL_IDX_MAGIC 0x5d1dc0de
+
 /* A thread's calls in flight, innermost last. */
 struct fl_stack {
 	__u32 depth;    /* entries used in ts/idx */

@@ -27,7 +27,7 @@ use crate::engine::hist::{human, Hist};
 use crate::engine::{
     error::usage,
     features,
-    kfunc::{fentry_clone, Attachment, VmlinuxBtf},
+    kfunc::{fentry_clone, indexed_clone, Attachment, PerfProbe, VmlinuxBtf},
     output::{RunArgs, Sink},
     record::percpu_sum,
     ringbuf::poll_until_stop,
@@ -54,6 +54,9 @@ const FL_GROUPS_FULL: u32 = 6;
 const FL_STACKS: u32 = 7;
 /// FL_DEPTH: calls in flight per thread that are timed.
 const DEPTH: usize = 32;
+/// FL_IDX_MAGIC of funclatency.h: the immediate each per-target copy of a
+/// probe program gets its target's index in (kernels without cookies).
+const FL_IDX_MAGIC: i32 = 0x5d1d_c0de;
 
 /// Latency histograms of user and kernel functions, syscalls and softirqs.
 ///
@@ -315,12 +318,14 @@ struct SlowCfg {
 }
 
 /// How to load: tp_btf softirqs (`typed`), the kernel-function mechanism,
-/// uprobe.multi for user functions.
+/// uprobe.multi for user functions, and whether probes learn their target
+/// from the attach cookie (else each target gets its own program copy).
 #[derive(Clone, Copy, Debug)]
 struct Way {
     typed: bool,
     kmech: Option<KernelMechanism>,
     umulti: bool,
+    cookie: bool,
 }
 
 /// The kernel-function targets: (cookie = target index, function name).
@@ -391,16 +396,16 @@ fn attach_calls(
             match &p.kind {
                 ProbeKind::User { .. } if way.umulti || unprobeable.contains(&i) => {}
                 ProbeKind::User { .. } => {
-                    if !attach_uprobe(skel, upids, i, p, ret, links)? {
+                    if !attach_uprobe(skel, upids, i, p, ret, way.cookie, links)? {
                         unprobeable.push(i);
                     }
                 }
-                ProbeKind::Syscall(name) => links.push(attach_syscall(skel, i, name, ret)?),
+                ProbeKind::Syscall(name) => links.push(attach_syscall(skel, i, name, ret, way.cookie)?),
                 ProbeKind::Softirq(_) | ProbeKind::Kernel(_) => {}
             }
         }
         if !kfuncs.is_empty() {
-            attach_kernel(skel, way.kmech, btf, kfuncs, ret, links, &mut unprobeable)?;
+            attach_kernel(skel, way, btf, kfuncs, ret, links, &mut unprobeable)?;
         }
     }
     Ok(unprobeable)
@@ -435,7 +440,16 @@ fn open_configured(
         ro.want_user = c.want_user;
     }
     ro.by_cgroup = by_cgroup;
+    ro.has_cookie = way.cookie;
     open.progs.fl_sample.set_autoload(slow.is_some());
+    // slow's sampler is a perf_event program, which kernels before 6.1
+    // (before bpf_mem_alloc made run-time allocation safe in NMI) allow only
+    // preallocated hashes: there the per-thread stacks are preallocated,
+    // for 16,384 threads (6 MiB; more are counted in threads_full).
+    if slow.is_some() && !features::btf_has_type("bpf_mem_alloc") {
+        open.maps.stacks.set_map_flags(0)?;
+        open.maps.stacks.set_max_entries(16_384)?;
+    }
     open.maps.hists.set_max_entries(probes.len().max(1) as u32)?;
     if !by_cgroup {
         open.maps.cg_hists.set_max_entries(1)?;
@@ -458,7 +472,7 @@ fn open_configured(
 
 /// Loads only the programs this run's targets and way need.
 fn set_autoload(open: &mut OpenFunclatencySkel<'_>, probes: &[Probe], way: Way, kfuncs: &[(u64, &str)]) {
-    let Way { typed, kmech, umulti } = way;
+    let Way { typed, kmech, umulti, .. } = way;
     let has = |f: fn(&ProbeKind) -> bool| probes.iter().any(|p| f(&p.kind));
     let user = has(|k| matches!(k, ProbeKind::User { .. }));
     let sys = has(|k| matches!(k, ProbeKind::Syscall(_)));
@@ -487,27 +501,33 @@ fn set_autoload(open: &mut OpenFunclatencySkel<'_>, probes: &[Probe], way: Way, 
 /// with ENOTSUPP (it cannot place a uprobe on the function's first
 /// instruction): the function is then skipped, and reported when other
 /// functions remain.
+#[allow(clippy::too_many_arguments)]
 fn attach_uprobe(
     skel: &FunclatencySkel<'_>,
     pids: &[i32],
     i: usize,
     p: &Probe,
     ret: bool,
+    cookie: bool,
     links: &mut Vec<Attachment>,
 ) -> anyhow::Result<bool> {
     let ProbeKind::User { path, offset } = &p.kind else { return Ok(true) };
     let prog = if ret { &skel.progs.fl_ureturn } else { &skel.progs.fl_uentry };
     for &pid in pids {
-        let opts = UprobeOpts { cookie: i as u64, retprobe: ret, ..Default::default() };
-        match prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts) {
-            Ok(l) => links.push(Attachment::Lib(l)),
+        let attached = if cookie {
+            let opts = UprobeOpts { cookie: i as u64, retprobe: ret, ..Default::default() };
+            prog.attach_uprobe_with_opts(pid, path, *offset as usize, opts)
+                .map(Attachment::Lib)
+                .map_err(anyhow::Error::new)
+        } else {
+            let probe = PerfProbe::Uprobe { path, offset: *offset, pid };
+            indexed_clone(prog, FL_IDX_MAGIC, i as u32, &probe, ret)
+        };
+        match attached {
+            Ok(l) => links.push(l),
             Err(e) if ret && format!("{e:#}").contains("(os error 524)") => return Ok(false),
             Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!(
-                    "attaching a uprobe to {} ({} at {offset:#x})",
-                    p.name,
-                    path.display()
-                )))
+                return Err(e.context(format!("attaching a uprobe to {} ({} at {offset:#x})", p.name, path.display())))
             }
         }
     }
@@ -516,12 +536,22 @@ fn attach_uprobe(
 
 /// The syscalls:sys_exit_NAME (`ret`) or sys_enter_NAME tracepoint of
 /// target `i`.
-fn attach_syscall(skel: &FunclatencySkel<'_>, i: usize, name: &str, ret: bool) -> anyhow::Result<Attachment> {
+fn attach_syscall(
+    skel: &FunclatencySkel<'_>,
+    i: usize,
+    name: &str,
+    ret: bool,
+    cookie: bool,
+) -> anyhow::Result<Attachment> {
     let (prog, tp) = if ret {
         (&skel.progs.fl_sys_exit, format!("sys_exit_{name}"))
     } else {
         (&skel.progs.fl_sys_enter, format!("sys_enter_{name}"))
     };
+    if !cookie {
+        return indexed_clone(prog, FL_IDX_MAGIC, i as u32, &PerfProbe::Tracepoint("syscalls", &tp), false)
+            .with_context(|| format!("attaching syscalls:{tp}"));
+    }
     let opts = TracepointOpts { cookie: i as u64, ..Default::default() };
     Ok(Attachment::Lib(
         prog.attach_tracepoint_with_opts(TracepointCategory::Syscalls, &tp, opts)
@@ -613,20 +643,20 @@ fn attach_user_multi(
 /// `kfuncs` (cookie = target index, name) by `kmech`.
 fn attach_kernel(
     skel: &FunclatencySkel<'_>,
-    kmech: Option<KernelMechanism>,
+    way: Way,
     btf: Option<&VmlinuxBtf>,
     kfuncs: &[(u64, &str)],
     ret: bool,
     links: &mut Vec<Attachment>,
     unprobeable: &mut Vec<usize>,
 ) -> anyhow::Result<()> {
-    match kmech {
+    match way.kmech {
         Some(KernelMechanism::Fentry) => {
             let btf = btf.context("fentry without the kernel's BTF")?;
             attach_fentry(skel, btf, kfuncs, ret, links, unprobeable)
         }
         Some(KernelMechanism::KprobeMulti) => attach_kprobe_multi(skel, kfuncs, ret, links),
-        Some(KernelMechanism::Kprobe) => attach_kprobes(skel, kfuncs, ret, links),
+        Some(KernelMechanism::Kprobe) => attach_kprobes(skel, kfuncs, ret, way.cookie, links),
         None => anyhow::bail!("kernel functions without a mechanism"),
     }
 }
@@ -702,10 +732,18 @@ fn attach_kprobes(
     skel: &FunclatencySkel<'_>,
     kfuncs: &[(u64, &str)],
     ret: bool,
+    has_cookie: bool,
     links: &mut Vec<Attachment>,
 ) -> anyhow::Result<()> {
     let prog = if ret { &skel.progs.fl_kpexit } else { &skel.progs.fl_kpentry };
     for &(cookie, name) in kfuncs {
+        if !has_cookie {
+            links.push(
+                indexed_clone(prog, FL_IDX_MAGIC, cookie as u32, &PerfProbe::Kprobe(name), ret)
+                    .with_context(|| format!("kprobe on kernel:{name} ({})", direction(ret)))?,
+            );
+            continue;
+        }
         let opts = KprobeOpts { cookie, ..Default::default() };
         links.push(Attachment::Lib(
             prog.attach_kprobe_with_opts(ret, name, opts)
@@ -738,22 +776,33 @@ fn load_with_fallback(
     let softirq = probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_)));
     let kernel = probes.iter().any(|p| matches!(p.kind, ProbeKind::Kernel(_)));
     let user = probes.iter().any(|p| matches!(p.kind, ProbeKind::User { .. }));
+    // Without attach cookies (before 5.15) each target gets a copy of its
+    // probe program; fentry and kprobe.multi links take a target's index
+    // only as a cookie, so kernel functions go by kprobes there.
+    let cookie = features::has_attach_cookie();
     let korder: Vec<Option<KernelMechanism>> = match (kernel, scope.kernel_mechanism) {
         (false, _) => vec![None],
+        (true, Some(m)) if !cookie && m != KernelMechanism::Kprobe => {
+            return Err(crate::engine::error::env(format!(
+                "--kernel-mechanism {}: this kernel has no bpf_get_attach_cookie (Linux 5.15+), which that mechanism needs to tell functions apart; use --kernel-mechanism kprobe",
+                m.name()
+            )))
+        }
         (true, Some(m)) => vec![Some(m)],
+        (true, None) if !cookie => vec![Some(KernelMechanism::Kprobe)],
         (true, None) => KERNEL_MECHANISMS.iter().map(|(m, _)| Some(*m)).collect(),
     };
     let umulti = user && !scope.single_uprobes && features::btf_has_type("bpf_uprobe_multi_link");
     let mut failures = Vec::new();
     for &kmech in &korder {
-        let mut ways = vec![Way { typed: true, kmech, umulti }];
+        let mut ways = vec![Way { typed: true, kmech, umulti, cookie }];
         if softirq {
-            ways.push(Way { typed: false, kmech, umulti });
+            ways.push(Way { typed: false, kmech, umulti, cookie });
         }
         if umulti {
-            ways.push(Way { typed: true, kmech, umulti: false });
+            ways.push(Way { typed: true, kmech, umulti: false, cookie });
             if softirq {
-                ways.push(Way { typed: false, kmech, umulti: false });
+                ways.push(Way { typed: false, kmech, umulti: false, cookie });
             }
         }
         let mut errs: Vec<anyhow::Error> = Vec::new();
@@ -899,7 +948,6 @@ fn validate(a: &FunclatencyArgs) -> anyhow::Result<(TaskFilter, Vec<Probe>)> {
 /// Step 2: loads and attaches, by the first way the kernel allows.
 fn load(a: &FunclatencyArgs, tf: &TaskFilter, probes: &[Probe]) -> anyhow::Result<Loaded> {
     features::require_tracing_privileges()?;
-    features::require_attach_cookie("funclatency")?;
     stacktool::raise_open_files();
     load_with_fallback(&a.scope.pid, tf, probes, &a.scope, None)
 }
@@ -1011,15 +1059,23 @@ pub fn run_with(
 /// How funclatency runs on this kernel (`sonde doctor`): uprobes for user functions, syscall tracepoints, softirq
 /// tracepoints; kernel functions need fentry or kprobes.
 pub fn doctor(cx: &Caps) -> Value {
-    if let Err(e) = features::require_attach_cookie("funclatency") {
-        return crate::tools::doctor::cannot(format!("{e:#}"));
-    }
     let ok = |n: &str| cx.ok(n);
-    let allowed: Vec<&str> = KERNEL_MECHANISMS.iter().filter(|(m, _)| ok(m.needs())).map(|(_, d)| *d).collect();
+    let cookie = features::has_attach_cookie();
+    // Without cookies only kprobes take a per-target program copy.
+    let allowed: Vec<&str> = KERNEL_MECHANISMS
+        .iter()
+        .filter(|(m, _)| ok(m.needs()) && (cookie || *m == KernelMechanism::Kprobe))
+        .map(|(_, d)| *d)
+        .collect();
     let kernel_fn = if allowed.is_empty() {
         "kernel:GLOB unavailable: neither fentry nor kprobes here".to_string()
     } else {
         format!("kernel:GLOB: {}", allowed.join(", else "))
+    };
+    let copies = if cookie {
+        ""
+    } else {
+        "; no bpf_get_attach_cookie (5.15): a program copy per target, attached by perf event"
     };
     let multi = features::btf_has_type("bpf_uprobe_multi_link");
     let syscalls = features::tracepoint_exists("syscalls", "sys_enter_read");
@@ -1030,9 +1086,10 @@ pub fn doctor(cx: &Caps) -> Value {
         "uprobe_multi": ok("uprobe") && multi,
         "syscalls": ok("tracepoint") && syscalls,
         "softirqs": ok("tp_btf") || ok("raw_tp"),
-        "kernel_functions": ok("fentry") || ok("kprobe"),
+        "kernel_functions": (ok("fentry") && cookie) || ok("kprobe"),
+        "attach_cookie": cookie,
         "detail": format!(
-            "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}",
+            "user functions: {}; syscalls: {}; softirqs: {}; {kernel_fn}{copies}",
             match (ok("uprobe"), multi) {
                 (true, true) => "uprobe.multi links, one per binary",
                 (true, false) => "a uprobe/uretprobe per function (no uprobe.multi here)",
