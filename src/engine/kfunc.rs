@@ -149,27 +149,31 @@ impl FuncInfo {
     }
 }
 
-/// Loads `template` (a loaded fentry or fexit program) again for function
-/// `btf_id` and links it with `cookie`. The program fd is closed once the
-/// link holds it.
-pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) -> anyhow::Result<Attachment> {
+/// Loads `insns` (the loaded `template`'s instructions, perhaps patched) as
+/// a new program of `prog_type`, with the template's function records:
+/// without them every global function (the stack walk) would be verified
+/// inline at each call, which takes minutes and then exceeds the verifier's
+/// budget. `attach` is the expected attach type and BTF id (0, 0: none).
+/// An error names `what` and the verifier's last line.
+fn load_copy(
+    template: &Program,
+    insns: &[libbpf_sys::bpf_insn],
+    prog_type: u32,
+    attach: (u32, u32),
+    name: &std::ffi::CStr,
+    what: &str,
+) -> anyhow::Result<OwnedFd> {
     use std::os::fd::AsRawFd;
-    let insns = template.insns();
-    let (attach, kind) =
-        if exit { (libbpf_sys::BPF_TRACE_FEXIT, "fexit") } else { (libbpf_sys::BPF_TRACE_FENTRY, "fentry") };
     let mut log = vec![0u8; 64 * 1024];
     let mut opts = libbpf_sys::bpf_prog_load_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
-        expected_attach_type: attach,
-        attach_btf_id: btf_id,
+        expected_attach_type: attach.0,
+        attach_btf_id: attach.1,
         log_buf: log.as_mut_ptr().cast(),
         log_size: log.len() as u32,
         log_level: 0,
         ..Default::default()
     };
-    // The template's function records: without them every global function
-    // (the stack walk) would be verified inline at each call, which takes
-    // minutes and then exceeds the verifier's budget.
     let funcs = FuncInfo::of(template, insns);
     if let Some(f) = &funcs {
         opts.prog_btf_fd = f.btf.as_raw_fd() as u32;
@@ -177,11 +181,10 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
         opts.func_info_cnt = f.recs.len() as u32;
         opts.func_info_rec_size = std::mem::size_of::<libbpf_sys::bpf_func_info>() as u32;
     }
-    let name = CString::new(if exit { "fl_kexit" } else { "fl_kentry" }).unwrap();
     // SAFETY: insns outlive the call; opts is sized and its buffer valid.
     let fd = unsafe {
         libbpf_sys::bpf_prog_load(
-            libbpf_sys::BPF_PROG_TYPE_TRACING,
+            prog_type,
             name.as_ptr(),
             c"Dual BSD/GPL".as_ptr(), // as funclatency.bpf.c declares
             insns.as_ptr(),
@@ -196,13 +199,23 @@ pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) ->
             .last()
             .unwrap_or("")
             .to_string();
-        anyhow::bail!(
-            "loading an {kind} program: {err}{}",
-            if msg.is_empty() { String::new() } else { format!(" ({msg})") }
-        );
+        anyhow::bail!("loading {what}: {err}{}", if msg.is_empty() { String::new() } else { format!(" ({msg})") });
     }
     // SAFETY: a new fd we own.
-    let prog = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Loads `template` (a loaded fentry or fexit program) again for function
+/// `btf_id` and links it with `cookie`. The program fd is closed once the
+/// link holds it.
+pub fn fentry_clone(template: &Program, exit: bool, btf_id: u32, cookie: u64) -> anyhow::Result<Attachment> {
+    use std::os::fd::AsRawFd;
+    let insns = template.insns();
+    let (attach, kind) =
+        if exit { (libbpf_sys::BPF_TRACE_FEXIT, "fexit") } else { (libbpf_sys::BPF_TRACE_FENTRY, "fentry") };
+    let name = if exit { c"fl_kexit" } else { c"fl_kentry" };
+    let what = format!("an {kind} program");
+    let prog = load_copy(template, insns, libbpf_sys::BPF_PROG_TYPE_TRACING, (attach, btf_id), name, &what)?;
     let mut lopts = libbpf_sys::bpf_link_create_opts {
         sz: std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _,
         ..Default::default()
@@ -258,46 +271,7 @@ pub fn indexed_clone(
     };
     insns[at].imm = index as i32;
     let prog_type = template.prog_type() as u32;
-    let mut log = vec![0u8; 64 * 1024];
-    let mut opts = libbpf_sys::bpf_prog_load_opts {
-        sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
-        log_buf: log.as_mut_ptr().cast(),
-        log_size: log.len() as u32,
-        ..Default::default()
-    };
-    let funcs = FuncInfo::of(template, &insns);
-    if let Some(f) = &funcs {
-        opts.prog_btf_fd = f.btf.as_raw_fd() as u32;
-        opts.func_info = f.recs.as_ptr().cast();
-        opts.func_info_cnt = f.recs.len() as u32;
-        opts.func_info_rec_size = std::mem::size_of::<libbpf_sys::bpf_func_info>() as u32;
-    }
-    let name = CString::new("fl_indexed").unwrap();
-    // SAFETY: insns outlive the call; opts is sized and its buffer valid.
-    let fd = unsafe {
-        libbpf_sys::bpf_prog_load(
-            prog_type,
-            name.as_ptr(),
-            c"Dual BSD/GPL".as_ptr(),
-            insns.as_ptr(),
-            insns.len() as _,
-            &mut opts,
-        )
-    };
-    if fd < 0 {
-        let err = std::io::Error::from_raw_os_error(-fd);
-        let msg = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(0)])
-            .lines()
-            .last()
-            .unwrap_or("")
-            .to_string();
-        anyhow::bail!(
-            "loading a copy of the probe program: {err}{}",
-            if msg.is_empty() { String::new() } else { format!(" ({msg})") }
-        );
-    }
-    // SAFETY: a new fd we own.
-    let prog = unsafe { OwnedFd::from_raw_fd(fd) };
+    let prog = load_copy(template, &insns, prog_type, (0, 0), c"fl_indexed", "a copy of the probe program")?;
     let pfd = super::perf::open_probe(probe, ret)?;
     // SAFETY: ioctls on our own perf event fd with a program fd we own.
     unsafe {
