@@ -14,9 +14,13 @@
 //!
 //! A table is built once per run for each distinct content (keyed as the
 //! disk cache is, see [`super::cache`]) and shared by every process that
-//! maps it. Tables stay loaded until the run ends.
+//! maps it. When the last process that maps it is gone (or has unmapped
+//! it), its rows and pages go back to free lists, and a chunk left empty
+//! is dropped: on a busy host, wakers and samples meet one short-lived
+//! binary after another, and kernel memory must follow the processes
+//! alive, not every binary the run ever met.
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     fs::File,
     os::{fd::AsFd, unix::fs::MetadataExt},
     time::{Duration, Instant},
@@ -68,6 +72,89 @@ struct FileId {
 struct FileTable {
     segments: Vec<Segment>,
     placed: Option<Placed>,
+    /// The table's content key (None: the file has no usable table).
+    key: Option<Key>,
+}
+
+/// A table in the kernel's maps and who uses it.
+#[derive(Debug)]
+struct Loaded {
+    /// None: it did not fit the budget (tried again once unloaded).
+    placed: Option<Placed>,
+    /// Its rows: (first global row, count), each inside one chunk.
+    rows: Vec<(u32, u32)>,
+    /// The entries of `unw_pages` it wrote (the others stayed 0).
+    pages_written: Vec<u32>,
+    /// Distinct mapped files (and the vDSO) with this content.
+    files: u32,
+}
+
+/// A process given to the walk.
+#[derive(Debug)]
+struct Proc {
+    /// Hash of its executable lines in maps when loaded.
+    maps_hash: u64,
+    at: Instant,
+    /// The mapped files it holds a reference on, one per mapping.
+    files: Vec<FileId>,
+}
+
+/// First-fit free list of index ranges, merged when adjacent unless the
+/// seam between them is a multiple of `1 << seam_shift` (a chunk's end:
+/// rows of one page must stay in one chunk).
+#[derive(Debug, Default)]
+struct FreeList {
+    free: BTreeMap<u32, u32>,
+    seam_shift: u32,
+}
+
+impl FreeList {
+    fn new(seam_shift: u32) -> FreeList {
+        FreeList { free: BTreeMap::new(), seam_shift }
+    }
+
+    fn joins(&self, a: u32, b: u32) -> bool {
+        self.seam_shift >= 32 || (a as u64 >> self.seam_shift) == (b as u64 >> self.seam_shift)
+    }
+
+    /// The start of `n` free indexes, taken from the first range that holds them.
+    fn take(&mut self, n: u32) -> Option<u32> {
+        let (&at, &len) = self.free.iter().find(|(_, &len)| len >= n)?;
+        self.free.remove(&at);
+        if len > n {
+            self.free.insert(at + n, len - n);
+        }
+        Some(at)
+    }
+
+    /// Gives `[at, at + n)` back; returns the free range it is now part of.
+    fn give(&mut self, mut at: u32, mut n: u32) -> (u32, u32) {
+        if let Some((&p, &pn)) = self.free.range(..at).next_back() {
+            if p + pn == at && self.joins(p, at) {
+                self.free.remove(&p);
+                at = p;
+                n += pn;
+            }
+        }
+        let end = at + n;
+        if let Some(&nn) = self.free.get(&end) {
+            if self.joins(at, end) {
+                self.free.remove(&end);
+                n += nn;
+            }
+        }
+        self.free.insert(at, n);
+        (at, n)
+    }
+
+    fn remove(&mut self, at: u32) {
+        self.free.remove(&at);
+    }
+
+    #[cfg(test)]
+    fn free_total(&self) -> u64 {
+        self.free.values().map(|&n| n as u64).sum()
+    }
 }
 
 /// What loading tables cost and found, for the summary.
@@ -100,6 +187,10 @@ pub struct TableStats {
     pub procs_full: u64,
     /// Tables not loaded because the chunk or page budget ran out.
     pub budget_full: u64,
+    /// Tables unloaded because no process mapped them any more.
+    pub unloaded: u64,
+    /// Chunks dropped once all their rows were free.
+    pub chunks_dropped: u64,
 }
 
 fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
@@ -132,15 +223,16 @@ pub struct Maps<'a> {
 /// The tables of a run.
 pub struct Tables {
     cache: Cache,
-    chunks: Vec<Chunk>,
-    chunk_used: usize,
+    /// Chunk slots of `unw_chunks` (None: dropped, free for a new one).
+    chunks: Vec<Option<Chunk>>,
+    free_rows: FreeList,
+    free_pages: FreeList,
     pages_cap: u32,
-    next_page: u32,
-    by_key: HashMap<Key, Option<Placed>>,
-    by_file: HashMap<FileId, FileTable>,
-    /// Per process: the exec lines of its maps when loaded, and when.
-    procs: HashMap<u32, (u64, Instant)>,
-    /// The vDSO's table (the same image in every process).
+    by_key: HashMap<Key, Loaded>,
+    /// Mapped files, with the number of process mappings holding each.
+    by_file: HashMap<FileId, (FileTable, u32)>,
+    procs: HashMap<u32, Proc>,
+    /// The vDSO's table (the same image in every process, never unloaded).
     vdso: Option<Option<FileTable>>,
     /// What it cost and found.
     pub stats: TableStats,
@@ -191,12 +283,16 @@ impl Tables {
     pub fn new(pages_cap: u32) -> Tables {
         let cache = Cache::open();
         let stats = TableStats { cache_disabled: cache.disabled.clone(), ..Default::default() };
+        let mut free_pages = FreeList::new(32);
+        if pages_cap > 0 {
+            free_pages.give(0, pages_cap);
+        }
         Tables {
             cache,
             chunks: Vec::new(),
-            chunk_used: CHUNK_ROWS,
+            free_rows: FreeList::new(CHUNK_SHIFT),
+            free_pages,
             pages_cap,
-            next_page: 0,
             by_key: HashMap::new(),
             by_file: HashMap::new(),
             procs: HashMap::new(),
@@ -217,21 +313,33 @@ impl Tables {
     /// read at most every 100 ms.
     pub fn load_process(&mut self, m: &Maps<'_>, pid: u32, refresh: bool) -> bool {
         if refresh {
-            if let Some((_, at)) = self.procs.get(&pid) {
-                if at.elapsed() < Duration::from_millis(100) {
+            if let Some(p) = self.procs.get(&pid) {
+                if p.at.elapsed() < Duration::from_millis(100) {
                     return true;
                 }
             }
         }
         let t0 = Instant::now();
         let Some((mappings, h)) = exec_mappings(pid) else { return false };
-        if refresh && self.procs.get(&pid).is_some_and(|(old, _)| *old == h) {
-            self.procs.insert(pid, (h, Instant::now()));
-            return true;
+        if refresh {
+            if let Some(p) = self.procs.get_mut(&pid).filter(|p| p.maps_hash == h) {
+                p.at = Instant::now();
+                return true;
+            }
         }
         let mut entries: Vec<[u64; 5]> = Vec::new();
+        // References are taken on what the new maps hold before those of
+        // the old ones are dropped, so a table both hold stays loaded.
+        let mut files = Vec::new();
         for mp in &mappings {
-            let ft = if mp.vdso { self.vdso_table(m) } else { self.file_table(m, pid, &mp.range) };
+            let ft = if mp.vdso {
+                self.vdso_table(m)
+            } else {
+                self.file_table(m, pid, &mp.range).map(|(id, ft)| {
+                    files.push(id);
+                    ft
+                })
+            };
             // Known to the walk either way: a mapping without a table is
             // walked by frame pointers and asks for no refresh.
             let placed =
@@ -255,28 +363,88 @@ impl Tables {
         }
         if m.procs.update(&pid.to_ne_bytes(), &v, MapFlags::ANY).is_err() {
             self.stats.procs_full += 1;
-        } else if self.procs.insert(pid, (h, Instant::now())).is_none() {
-            self.stats.processes += 1;
+            self.release(m, files);
+        } else {
+            match self.procs.insert(pid, Proc { maps_hash: h, at: Instant::now(), files }) {
+                Some(old) => self.release(m, old.files),
+                None => self.stats.processes += 1,
+            }
         }
         self.stats.load_time += t0.elapsed();
         true
     }
 
     /// Forgets processes that are gone (their entries, if the exit hook
-    /// missed them, and our record).
+    /// missed them, and our record), unloading tables no one maps now.
     pub fn forget_gone(&mut self, m: &Maps<'_>) {
         let gone: Vec<u32> = self.procs.keys().copied().filter(|p| !super::super::pid_exists(*p)).collect();
         for p in gone {
-            self.procs.remove(&p);
             let _ = m.procs.delete(&p.to_ne_bytes());
+            if let Some(old) = self.procs.remove(&p) {
+                self.release(m, old.files);
+            }
         }
     }
 
-    /// Drops our record of `pid` (its entry was deleted by an exec).
-    pub fn forget(&mut self, pid: u32) {
-        self.procs.remove(&pid);
+    /// Drops one reference on each of `files`; a file no mapping holds is
+    /// forgotten, and a table no file holds is unloaded.
+    fn release(&mut self, m: &Maps<'_>, files: Vec<FileId>) {
+        for id in files {
+            let Some((ft, refs)) = self.by_file.get_mut(&id) else { continue };
+            *refs -= 1;
+            if *refs > 0 {
+                continue;
+            }
+            let key = ft.key;
+            self.by_file.remove(&id);
+            if let Some(k) = key {
+                self.unref_key(m, &k);
+            }
+        }
     }
 
+    fn unref_key(&mut self, m: &Maps<'_>, k: &Key) {
+        let Some(l) = self.by_key.get_mut(k) else { return };
+        l.files -= 1;
+        if l.files > 0 {
+            return;
+        }
+        let l = self.by_key.remove(k).expect("looked up above");
+        if l.placed.is_some() {
+            self.stats.unloaded += 1;
+        }
+        self.unplace(m, l.placed, l.rows, l.pages_written);
+    }
+
+    /// Gives a table's pages and rows back. Its pages are zeroed first, so
+    /// no walk finds rows that a later table may reuse.
+    fn unplace(&mut self, m: &Maps<'_>, placed: Option<Placed>, rows: Vec<(u32, u32)>, pages_written: Vec<u32>) {
+        for p in pages_written {
+            let _ = m.pages.update(&p.to_ne_bytes(), &0u64.to_ne_bytes(), MapFlags::ANY);
+        }
+        for (at, n) in rows {
+            let (start, len) = self.free_rows.give(at, n);
+            if len as usize == CHUNK_ROWS {
+                self.drop_chunk(m, start >> CHUNK_SHIFT);
+            }
+        }
+        if let Some(p) = placed {
+            self.free_pages.give(p.first_page, p.n_pages);
+        }
+    }
+
+    fn drop_chunk(&mut self, m: &Maps<'_>, idx: u32) {
+        self.free_rows.remove(idx << CHUNK_SHIFT);
+        let _ = m.chunks.delete(&idx.to_ne_bytes());
+        if let Some(slot) = self.chunks.get_mut(idx as usize) {
+            if slot.take().is_some() {
+                self.stats.kernel_bytes -= (CHUNK_ROWS * 8) as u64;
+                self.stats.chunks_dropped += 1;
+            }
+        }
+    }
+
+    /// The vDSO's table; the reference `table_of` takes is never dropped.
     fn vdso_table(&mut self, m: &Maps<'_>) -> Option<FileTable> {
         if self.vdso.is_none() {
             let t = crate::engine::stacks::own_vdso().and_then(|f| self.table_of(m, f).ok());
@@ -285,7 +453,9 @@ impl Tables {
         self.vdso.clone().flatten()
     }
 
-    fn file_table(&mut self, m: &Maps<'_>, pid: u32, range: &str) -> Option<FileTable> {
+    /// The table of the file `pid` maps at `range`, with one more reference
+    /// on it for the caller.
+    fn file_table(&mut self, m: &Maps<'_>, pid: u32, range: &str) -> Option<(FileId, FileTable)> {
         // map_files opens the very inode mapped (also in other mount
         // namespaces, also when deleted) without resolving a path.
         let Some((f, md)) = File::open(format!("/proc/{pid}/map_files/{range}"))
@@ -306,30 +476,33 @@ impl Tables {
             mtime: (md.mtime(), md.mtime_nsec()),
             ctime: (md.ctime(), md.ctime_nsec()),
         };
-        if let Some(t) = self.by_file.get(&id) {
-            return Some(t.clone());
+        if let Some((t, refs)) = self.by_file.get_mut(&id) {
+            *refs += 1;
+            return Some((id, t.clone()));
         }
-        // A file without a usable table is remembered too, so a process
-        // that maps it is not read again at every refresh.
+        // A file without a usable table is remembered too (while mapped), so
+        // a process that maps it is not read again at every refresh.
         let t = self.table_of(m, f).unwrap_or_else(|e| {
             *self.stats.without_table.entry(reason(&e)).or_default() += 1;
-            FileTable { segments: Vec::new(), placed: None }
+            FileTable { segments: Vec::new(), placed: None, key: None }
         });
-        self.by_file.insert(id, t.clone());
-        Some(t)
+        self.by_file.insert(id, (t.clone(), 1));
+        Some((id, t))
     }
 
-    /// Reads `f`, finds or builds its table and places it.
+    /// Reads `f`, finds or builds its table and places it; the caller owns
+    /// one reference on the table's key.
     fn table_of(&mut self, m: &Maps<'_>, f: File) -> Result<FileTable, UnwindError> {
         let info = elf::read(f)?;
         let segments = info.segments.clone();
         if info.eh_frame.is_none() && info.debug_frame.is_none() {
             *self.stats.without_table.entry(reason(&UnwindError::NoUnwindInfo)).or_default() += 1;
-            return Ok(FileTable { segments, placed: None });
+            return Ok(FileTable { segments, placed: None, key: None });
         }
         let key = cache::key(&info);
-        if let Some(p) = self.by_key.get(&key) {
-            return Ok(FileTable { segments, placed: *p });
+        if let Some(l) = self.by_key.get_mut(&key) {
+            l.files += 1;
+            return Ok(FileTable { segments, placed: l.placed, key: Some(key) });
         }
         let cfi =
             info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
@@ -346,20 +519,24 @@ impl Tables {
             }
         };
         drop(info);
-        let placed = self.place(m, &table);
-        if placed.is_some() {
+        let loaded = self.place(m, &table);
+        if loaded.placed.is_some() {
             self.stats.executables += 1;
             self.stats.rows += table.rows.len() as u64;
             self.stats.cfi_bytes += cfi as u64;
         }
-        self.by_key.insert(key, placed);
-        Ok(FileTable { segments, placed })
+        let placed = loaded.placed;
+        self.by_key.insert(key, loaded);
+        Ok(FileTable { segments, placed, key: Some(key) })
     }
 
+    /// Makes a chunk in the first free slot and gives its rows to the free list.
     fn new_chunk(&mut self, m: &Maps<'_>) -> Option<()> {
-        if self.chunks.len() >= MAX_CHUNKS {
-            return None;
-        }
+        let idx = match self.chunks.iter().position(Option::is_none) {
+            Some(i) => i,
+            None if self.chunks.len() < MAX_CHUNKS => self.chunks.len(),
+            None => return None,
+        };
         let opts = libbpf_sys::bpf_map_create_opts {
             sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
             map_flags: libbpf_sys::BPF_F_MMAPABLE,
@@ -382,12 +559,15 @@ impl Tables {
         if p == libc::MAP_FAILED {
             return None;
         }
-        let idx = self.chunks.len() as u32;
         let fd = map.as_fd().as_raw_fd() as u32;
         let chunk = Chunk { _map: map, rows: p.cast() };
-        m.chunks.update(&idx.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).ok()?;
-        self.chunks.push(chunk);
-        self.chunk_used = 0;
+        m.chunks.update(&(idx as u32).to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY).ok()?;
+        if idx == self.chunks.len() {
+            self.chunks.push(Some(chunk));
+        } else {
+            self.chunks[idx] = Some(chunk);
+        }
+        self.free_rows.give((idx << CHUNK_SHIFT) as u32, CHUNK_ROWS as u32);
         self.stats.kernel_bytes += (CHUNK_ROWS * 8) as u64;
         Some(())
     }
@@ -397,49 +577,61 @@ impl Tables {
         if n > CHUNK_ROWS {
             return None;
         }
-        if self.chunk_used + n > CHUNK_ROWS {
-            self.new_chunk(m)?;
+        if let Some(at) = self.free_rows.take(n as u32) {
+            return Some(at);
         }
-        let at = ((self.chunks.len() - 1) << CHUNK_SHIFT) + self.chunk_used;
-        self.chunk_used += n;
-        Some(at as u32)
+        self.new_chunk(m)?;
+        self.free_rows.take(n as u32)
     }
 
-    /// Lays `t` out in pages and rows; None when the budget ran out.
-    fn place(&mut self, m: &Maps<'_>, t: &Table) -> Option<Placed> {
+    /// Lays `t` out in pages and rows. When the budget runs out, what was
+    /// taken goes back and the result holds no placement.
+    fn place(&mut self, m: &Maps<'_>, t: &Table) -> Loaded {
+        let mut l = Loaded { placed: None, rows: Vec::new(), pages_written: Vec::new(), files: 1 };
         // The pages its span needs, before laying anything out: a crafted
         // table spanning 2^62 bytes must not allocate a page list for it.
-        let n_pages = page_span(t)?;
-        if self.next_page as u64 + n_pages > self.pages_cap as u64 {
+        let Some(n_pages) = page_span(t).and_then(|n| u32::try_from(n).ok()) else { return l };
+        let Some(pages) = layout(t) else { return l };
+        let Some(lo_page) = pages.first().map(|p| p.0) else { return l };
+        let Some(first_page) = self.free_pages.take(n_pages) else {
             self.stats.budget_full += 1;
-            return None;
-        }
-        let n_pages = n_pages as u32;
-        let pages = layout(t)?;
-        let lo_page = pages.first()?.0;
-        let first_page = self.next_page;
-        self.next_page += n_pages;
+            return l;
+        };
+        let mut ok = true;
         for (page, rows) in pages {
-            let idx = first_page + (page - lo_page) as u32;
-            let val = if rows.is_empty() {
-                0
-            } else {
-                let Some(at) = self.alloc_rows(m, rows.len()) else {
-                    self.stats.budget_full += 1;
-                    return None;
-                };
-                let chunk = &self.chunks[(at >> CHUNK_SHIFT) as usize];
-                let off = (at as usize) & (CHUNK_ROWS - 1);
-                // SAFETY: alloc_rows keeps [off, off + len) inside the chunk's mapping.
-                let dst = unsafe { std::slice::from_raw_parts_mut(chunk.rows.add(off), rows.len()) };
-                dst.copy_from_slice(&rows);
-                (at as u64) | ((rows.len() as u64) << 32)
-            };
-            if val != 0 && m.pages.update(&idx.to_ne_bytes(), &val.to_ne_bytes(), MapFlags::ANY).is_err() {
-                return None;
+            if rows.is_empty() {
+                continue;
             }
+            let idx = first_page + (page - lo_page) as u32;
+            let Some(at) = self.alloc_rows(m, rows.len()) else {
+                self.stats.budget_full += 1;
+                ok = false;
+                break;
+            };
+            match l.rows.last_mut() {
+                Some((a, n)) if *a + *n == at && (*a >> CHUNK_SHIFT) == (at >> CHUNK_SHIFT) => *n += rows.len() as u32,
+                _ => l.rows.push((at, rows.len() as u32)),
+            }
+            let chunk = self.chunks[(at >> CHUNK_SHIFT) as usize].as_ref().expect("rows come from live chunks");
+            let off = (at as usize) & (CHUNK_ROWS - 1);
+            // SAFETY: alloc_rows keeps [off, off + len) inside the chunk's mapping.
+            let dst = unsafe { std::slice::from_raw_parts_mut(chunk.rows.add(off), rows.len()) };
+            dst.copy_from_slice(&rows);
+            let val = (at as u64) | ((rows.len() as u64) << 32);
+            if m.pages.update(&idx.to_ne_bytes(), &val.to_ne_bytes(), MapFlags::ANY).is_err() {
+                ok = false;
+                break;
+            }
+            l.pages_written.push(idx);
         }
-        Some(Placed { first_page, n_pages, lo_page })
+        let placed = Placed { first_page, n_pages, lo_page };
+        if ok {
+            l.placed = Some(placed);
+        } else {
+            let (rows, written) = (std::mem::take(&mut l.rows), std::mem::take(&mut l.pages_written));
+            self.unplace(m, Some(placed), rows, written);
+        }
+        l
     }
 
     /// Kernel memory in use now: chunks, the page index, process entries.
@@ -581,6 +773,158 @@ mod tests {
         };
         assert_eq!(page_span(&top), Some(1));
         assert_eq!(layout(&top).unwrap().len(), 1, "no overflow at the top page");
+    }
+
+    #[test]
+    fn free_ranges_merge_but_never_across_a_chunk_seam() {
+        let mut f = FreeList::new(4); // chunks of 16
+        f.give(0, 16);
+        f.give(16, 16);
+        assert_eq!(f.free.len(), 2, "the seam at 16 keeps two ranges: {:?}", f.free);
+        let a = f.take(10).unwrap();
+        let b = f.take(6).unwrap();
+        let c = f.take(7).unwrap();
+        assert_eq!((a, b, c), (0, 10, 16));
+        assert_eq!(f.take(10), None, "9 left, in one range");
+        // Given back out of order, they join into the whole chunk again.
+        assert_eq!(f.give(10, 6), (10, 6));
+        assert_eq!(f.give(0, 10), (0, 16));
+        assert_eq!(f.give(16, 7), (16, 16));
+        assert_eq!(f.free_total(), 32);
+        let mut pages = FreeList::new(32);
+        pages.give(0, 100);
+        let x = pages.take(60).unwrap();
+        let y = pages.take(40).unwrap();
+        assert_eq!(pages.take(1), None);
+        pages.give(x, 60);
+        assert_eq!(pages.take(61), None);
+        assert_eq!(pages.give(y, 40), (0, 100), "page ranges have no seam");
+    }
+
+    /// Kernel maps shaped as `unwind.h`'s, made by hand.
+    fn maps(pages_cap: u32) -> (MapHandle, MapHandle, MapHandle) {
+        use std::os::fd::AsRawFd;
+        let o = libbpf_sys::bpf_map_create_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+            ..Default::default()
+        };
+        let procs = MapHandle::create(MapType::Hash, Some("t_procs"), 4, PROC_BYTES as u32, 64, &o).unwrap();
+        let pages = MapHandle::create(MapType::Array, Some("t_pages"), 4, 8, pages_cap, &o).unwrap();
+        let inner_o = libbpf_sys::bpf_map_create_opts { map_flags: libbpf_sys::BPF_F_MMAPABLE, ..o };
+        let inner = MapHandle::create(MapType::Array, Some("t_inner"), 4, 8, CHUNK_ROWS as u32, &inner_o).unwrap();
+        let outer_o = libbpf_sys::bpf_map_create_opts { inner_map_fd: inner.as_fd().as_raw_fd() as u32, ..o };
+        let chunks =
+            MapHandle::create(MapType::ArrayOfMaps, Some("t_chunks"), 4, 4, MAX_CHUNKS as u32, &outer_o).unwrap();
+        (procs, pages, chunks)
+    }
+
+    fn bpf_map_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|l| l.to_string_lossy() == "anon_inode:bpf-map")
+            .count()
+    }
+
+    fn nonzero_pages(pages: &MapHandle) -> usize {
+        (0..pages.max_entries())
+            .filter(|i| pages.lookup(&i.to_ne_bytes(), MapFlags::ANY).unwrap().unwrap() != [0u8; 8])
+            .count()
+    }
+
+    #[test]
+    fn tables_are_unloaded_when_no_process_maps_them_and_empty_chunks_dropped() {
+        use std::process::{Child, Command, Stdio};
+        let (procs, pages, chunks) = maps(1 << 16);
+        let m = Maps { procs: &procs, pages: &pages, chunks: &chunks };
+        let spawn = |cmd: &[&str]| -> Child {
+            let c = Command::new(cmd[0]).args(&cmd[1..]).stdout(Stdio::null()).spawn().unwrap();
+            // Until exec has replaced the fork's maps.
+            let exe = std::fs::canonicalize(cmd[0]).unwrap();
+            let t0 = Instant::now();
+            while std::fs::read_link(format!("/proc/{}/exe", c.id())).ok().as_ref() != Some(&exe) {
+                assert!(t0.elapsed() < Duration::from_secs(10));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            c
+        };
+        let end = |mut c: Child| {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        };
+        let base_fds = bpf_map_fds();
+        let mut t = Tables::new(pages.max_entries());
+        // The vDSO's table is loaded with the first process and kept.
+        let perl = spawn(&["/usr/bin/perl", "-e", "sleep 60"]);
+        assert!(t.load_process(&m, perl.id(), false));
+        let with_perl = (t.by_key.len(), t.chunks.iter().flatten().count(), nonzero_pages(&pages));
+        assert!(with_perl.0 >= 3, "perl, libc, vdso and more: {with_perl:?}");
+        let sleep_a = spawn(&["/usr/bin/sleep", "60"]);
+        let sleep_b = spawn(&["/usr/bin/sleep", "60"]);
+        assert!(t.load_process(&m, sleep_a.id(), false));
+        let with_sleep = t.by_key.len();
+        assert_eq!(with_sleep, with_perl.0 + 1, "sleep adds only its own table (libc is shared)");
+        assert!(t.load_process(&m, sleep_b.id(), false));
+        assert_eq!(t.by_key.len(), with_sleep, "a second sleep shares every table");
+        let rows_all = t.free_rows.free_total();
+
+        end(sleep_a);
+        t.forget_gone(&m);
+        assert_eq!(t.by_key.len(), with_sleep, "sleep B still maps sleep");
+        assert_eq!(t.stats.unloaded, 0);
+        end(sleep_b);
+        t.forget_gone(&m);
+        assert_eq!(t.by_key.len(), with_perl.0, "sleep's table went with the last sleep");
+        assert_eq!(t.stats.unloaded, 1);
+        assert_eq!(nonzero_pages(&pages), with_perl.2, "its pages are zeroed");
+        assert!(t.free_rows.free_total() > rows_all, "its rows are free again");
+
+        // A new process reuses the freed rows and pages: no chunk is added.
+        let chunks_before = t.chunks.iter().flatten().count();
+        let sleep_c = spawn(&["/usr/bin/sleep", "60"]);
+        assert!(t.load_process(&m, sleep_c.id(), false));
+        assert_eq!(t.chunks.iter().flatten().count(), chunks_before);
+        end(sleep_c);
+        end(perl);
+        t.forget_gone(&m);
+        // Only the vDSO is left: at most one chunk, its pages only.
+        assert_eq!(t.by_key.len(), 1, "the vDSO's table stays");
+        assert!(t.chunks.iter().flatten().count() <= 1);
+        assert_eq!(t.by_file.len(), 0, "no mapped file is remembered");
+        let live = t.chunks.iter().flatten().count();
+        assert_eq!(t.stats.kernel_bytes, (live * CHUNK_ROWS * 8) as u64);
+        assert_eq!(bpf_map_fds(), base_fds + live, "dropped chunks closed their maps");
+        let vdso_pages = nonzero_pages(&pages);
+        assert!(vdso_pages >= 1 && vdso_pages < with_perl.2);
+        let vdso_span: u64 = t.by_key.values().filter_map(|l| l.placed).map(|p| p.n_pages as u64).sum();
+        assert_eq!(
+            t.free_pages.free_total() + vdso_span,
+            pages.max_entries() as u64,
+            "every page is free or the vDSO's"
+        );
+
+        // A table of 300,000 rows takes more chunks; unloaded, they are
+        // dropped and their maps closed.
+        let r = |n| Rule { cfa: Cfa::Rsp(n), rbp: SavedRbp::Same }.encode();
+        let mut rows: Vec<Row> =
+            (0..300_000u64).map(|i| Row { addr: 0x4000_0000 + i * 16, rule: r(8 + (i % 2) as i32 * 8) }).collect();
+        rows.push(Row { addr: 0x4000_0000 + 300_000 * 16, rule: Rule::GAP.encode() });
+        let big = Table { rows, ..Default::default() };
+        let l = t.place(&m, &big);
+        assert!(l.placed.is_some() && l.rows.len() >= 3, "{:?}", l.rows);
+        let key = [7u8; 32];
+        t.by_key.insert(key, l);
+        // 300,000 rows need 2 chunks beside what the first one has free.
+        let added = t.chunks.iter().flatten().count() - live;
+        assert!(added >= 2, "{added}");
+        assert_eq!(bpf_map_fds(), base_fds + live + added);
+        t.unref_key(&m, &key);
+        assert_eq!(t.chunks.iter().flatten().count(), live);
+        assert_eq!(t.stats.chunks_dropped, added as u64);
+        assert_eq!(bpf_map_fds(), base_fds + live);
+        assert_eq!(nonzero_pages(&pages), vdso_pages);
+        assert_eq!(t.free_pages.free_total() + vdso_span, pages.max_entries() as u64);
     }
 
     #[test]

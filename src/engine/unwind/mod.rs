@@ -343,6 +343,12 @@ impl Report {
             t.load_time.as_secs_f64() * 1e3,
             t.kernel_bytes as f64 / (1 << 20) as f64,
         ));
+        if t.unloaded > 0 {
+            s.push_str(&format!(
+                "; {} unloaded once no process mapped them ({} chunks freed)",
+                t.unloaded, t.chunks_dropped
+            ));
+        }
         if !t.without_table.is_empty() {
             let mut v: Vec<String> = t.without_table.iter().map(|(k, n)| format!("{n} {k}")).collect();
             v.sort();
@@ -411,10 +417,8 @@ impl Session {
         let built = t.stats.built + t.stats.cache_hits;
         for (pid, what) in asked {
             let _ = m.need.delete(&pid.to_ne_bytes());
-            // 1: no entry (new, or deleted by an exec): load afresh.
-            if what == 1 {
-                t.forget(pid);
-            }
+            // 1: no entry (new, or deleted by an exec): load afresh (the
+            // record of an earlier image is replaced); 2: refresh.
             t.load_process(&km, pid, what == 2);
         }
         if t.stats.built + t.stats.cache_hits != built {
