@@ -230,7 +230,11 @@ pub fn finish_wakeup(
                     s.frames.push(sep("[waker not walked]"));
                 } else if wr.kstack.is_empty() && wr.ustack.is_empty() {
                     s.frames.push(sep("[no waker]"));
-                } else if ws.frames.iter().any(|f| f.kind == FrameKind::Kernel && in_interrupt(&f.name)) {
+                } else if ws
+                    .frames
+                    .iter()
+                    .any(|f| f.kind == FrameKind::Kernel && crate::engine::symbols::is_interrupt_entry(&f.name))
+                {
                     // Woken from interrupt context: the task that was
                     // interrupted (its comm, its user stack) had no part in it.
                     s.frames.extend(ws.frames.into_iter().rev().filter(|f| f.kind == FrameKind::Kernel));
@@ -245,14 +249,6 @@ pub fn finish_wakeup(
         let n = stacks.len() as u64;
         Ok((stacks, n))
     })
-}
-
-/// Kernel functions that only run on entry from a hardware interrupt: a
-/// wake-up below one is the interrupt's doing, not the interrupted task's.
-/// Softirq work run by a task itself (`local_bh_enable` after it queued a
-/// packet, e.g. a loopback send) keeps the task as the waker.
-fn in_interrupt(name: &str) -> bool {
-    name.starts_with("asm_sysvec_") || name.starts_with("asm_common_interrupt") || name.starts_with("irq_exit")
 }
 
 fn finish_with(

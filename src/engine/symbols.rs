@@ -31,3 +31,93 @@ impl KernelSymbols {
         }
     }
 }
+
+/// Kernel functions that only run on entry from a hardware interrupt: a
+/// wake-up below one is the interrupt's doing, not the interrupted task's.
+/// Softirq work run by a task itself (`local_bh_enable` after it queued a
+/// packet, e.g. a loopback send) keeps the task as the waker.
+pub fn is_interrupt_entry(name: &str) -> bool {
+    name.starts_with("asm_sysvec_") || name.starts_with("asm_common_interrupt") || name.starts_with("irq_exit")
+}
+
+/// The kernel text of [`is_interrupt_entry`] functions as merged address
+/// ranges, from `/proc/kallsyms` (empty when its addresses are hidden).
+/// Each function ends where the next symbol starts; the 16-byte `__pfx_`
+/// padding between two of them joins their ranges.
+pub fn interrupt_entry_ranges() -> Vec<(u64, u64)> {
+    let Ok(text) = std::fs::read_to_string("/proc/kallsyms") else { return Vec::new() };
+    interrupt_ranges_in(&text)
+}
+
+fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
+    let mut syms: Vec<(u64, bool)> = kallsyms
+        .lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let (a, t, n) = (it.next()?, it.next()?, it.next()?);
+            if !matches!(t, "t" | "T") || it.next().is_some() || n.starts_with("__pfx_") {
+                return None; // data, module text, padding
+            }
+            let a = u64::from_str_radix(a, 16).ok().filter(|&a| a != 0)?;
+            Some((a, is_interrupt_entry(n)))
+        })
+        .collect();
+    syms.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for w in syms.windows(2) {
+        let ((lo, want), (hi, _)) = (w[0], w[1]);
+        if !want || hi <= lo {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if lo <= last.1 + 16 => last.1 = hi,
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interrupt_ranges_merge_neighbours_across_padding() {
+        let ks = "\
+ffffffff81000c60 T asm_exc_page_fault
+ffffffff81000d40 T asm_common_interrupt
+ffffffff81000d80 T asm_spurious_interrupt
+ffffffff81000df0 T asm_sysvec_apic_timer_interrupt
+ffffffff81000e10 T asm_sysvec_x86_platform_ipi
+ffffffff81000f70 T __irqentry_text_end
+ffffffff81362ce0 T irq_exit_rcu
+ffffffff81362cf0 T __pfx_irq_exit
+ffffffff81362d00 T irq_exit
+ffffffff81362d40 T irq_enter
+ffffffff81369000 d irq_exit_data
+ffffffffc0001000 t irq_exit_mod\t[somemod]
+";
+        assert_eq!(
+            interrupt_ranges_in(ks),
+            vec![
+                (0xffffffff81000d40, 0xffffffff81000d80),
+                (0xffffffff81000df0, 0xffffffff81000f70),
+                (0xffffffff81362ce0, 0xffffffff81362d40)
+            ]
+        );
+        assert!(interrupt_ranges_in("0000000000000000 T asm_sysvec_x\n0000000000000000 T y\n").is_empty());
+    }
+
+    #[test]
+    fn this_kernel_has_the_timer_interrupt_entry_in_a_range() {
+        let ks = std::fs::read_to_string("/proc/kallsyms").unwrap();
+        let timer = ks
+            .lines()
+            .find(|l| l.ends_with(" asm_sysvec_apic_timer_interrupt"))
+            .map(|l| u64::from_str_radix(l.split(' ').next().unwrap(), 16).unwrap())
+            .expect("x86-64 kallsyms");
+        let r = interrupt_entry_ranges();
+        assert!(r.iter().any(|&(lo, hi)| lo <= timer && timer < hi), "{r:x?}");
+        assert!(r.len() <= 4, "{r:x?}");
+    }
+}

@@ -39,7 +39,8 @@ const OS_STARTS_FULL: u32 = 4;
 const OS_SAMPLED: u32 = 5;
 const OS_SAMPLED_OUT: u32 = 6;
 const OS_NOT_WALKED: u32 = 7;
-const OS_STACKS: u32 = 8;
+const OS_IRQ_WAKERS: u32 = 8;
+const OS_STACKS: u32 = 9;
 
 /// Which blocked states to count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -179,6 +180,13 @@ fn load(
     ro.min_block_ns = a.min_block.as_nanos() as u64;
     ro.max_block_ns = a.max_block.map(|d| d.as_nanos() as u64).unwrap_or(u64::MAX);
     ro.want_waker = wake;
+    if wake && !a.kernel_only {
+        // Wake-ups from interrupt context: no user stack of the interrupted task.
+        for (i, (lo, hi)) in crate::engine::symbols::interrupt_entry_ranges().into_iter().take(4).enumerate() {
+            ro.irq_lo[i] = lo;
+            ro.irq_hi[i] = hi;
+        }
+    }
     ro.at_exit = at_exit;
     ro.sample_ns = if at_exit { a.sample_below.as_nanos() as u64 } else { 0 };
     let typed = mech == Mechanism::TpBtf;
@@ -276,6 +284,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let (switches, recorded, short, long, full) =
         (st(OS_SWITCHES)?, st(OS_RECORDED)?, st(OS_SHORT)?, st(OS_LONG)?, st(OS_STARTS_FULL)?);
     let (sampled, sampled_out, not_walked) = (st(OS_SAMPLED)?, st(OS_SAMPLED_OUT)?, st(OS_NOT_WALKED)?);
+    let irq_wakers = st(OS_IRQ_WAKERS)?;
     let hook = if at_exit { "sched_exit_tp" } else { "sched_switch" };
     let sample_below_us = if at_exit { a.sample_below.as_micros() as u64 } else { 0 };
     let loss = StackLoss::read(&skel.maps.stats, OS_STACKS)?;
@@ -313,6 +322,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
         lost: Lost { stacks: loss, starts_full: full },
         stacks: StackSummary::of(&f, &unwind),
         waker_not_walked: wake.then_some(not_walked),
+        interrupt_wakers: wake.then_some(irq_wakers),
     };
     let text = summary_text(&summary, &stacktool::sym_summary(&f, "us", Some(&unwind)));
     Ok(Outcome { stacks: f.stacks, summary, text, stop })
@@ -356,6 +366,10 @@ pub struct Summary {
     /// wakeup only: periods counted without the waker's stack.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waker_not_walked: Option<u64>,
+    /// wakeup only: wake-ups in interrupt context, found in the kernel,
+    /// whose interrupted task's user stack was not walked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interrupt_wakers: Option<u64>,
 }
 
 /// The summary's `"lost"` object.
@@ -375,7 +389,7 @@ fn summary_text(s: &Summary, sym: &str) -> String {
     let (sampled, sampled_out, not_walked) = (s.sampled_periods, s.sampled_out, s.waker_not_walked.unwrap_or(0));
     let (sample_below_us, loss) = (s.sample_below_us, &s.lost.stacks);
     format!(
-        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}, {hook}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\n{}lost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
+        "{recorded} blocked periods, {} blocked, {} unique stacks ({mech}, {hook}); {switches} context switches seen; skipped: {short} shorter than --min-block, {long} longer than --max-block\n{}{}lost: {full} with the start map full, {} stacks to hash collisions, {} kernel and {} user stacks not captured, {} with the count map full\n{}",
         us(s.blocked_us),
         s.unique_stacks,
         if sampled + sampled_out > 0 {
@@ -390,6 +404,12 @@ fn summary_text(s: &Summary, sym: &str) -> String {
             )
         } else {
             String::new()
+        },
+        match s.interrupt_wakers {
+            Some(n) if n > 0 => format!(
+                "{n} wake-ups in interrupt context: kernel stack only, the interrupted task's user stack not walked ([interrupt] (waker))\n"
+            ),
+            _ => String::new(),
         },
         loss.collisions,
         loss.kernel_errors,

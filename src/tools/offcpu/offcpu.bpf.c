@@ -35,6 +35,15 @@ const volatile bool want_waker = false;
 const volatile bool at_exit = false;
 /* Periods shorter than this are sampled (see keep()); 0 = all kept. */
 const volatile __u64 sample_ns = 0;
+/* wakeup: kernel text of hardware-interrupt entry (kallsyms; lo 0: none).
+ * A wake-up with one of these below it runs on whatever task the interrupt
+ * hit: that task's user stack is not walked (nor its tables loaded). */
+#define IRQ_RANGES 4
+const volatile __u64 irq_lo[IRQ_RANGES] = {};
+const volatile __u64 irq_hi[IRQ_RANGES] = {};
+/* Kernel frames looked at: a timer or NIC interrupt's entry is within the
+ * first ~25 above sched_waking. */
+#define IRQ_SCAN_FRAMES 40
 
 /* When this CPU last switched (raw_tp; under tp_btf the switch-in time goes
  * into the start record of the thread switched in): a period ends when its
@@ -46,6 +55,37 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } switch_at SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[IRQ_SCAN_FRAMES]);
+} irq_scan SEC(".maps");
+
+/* Whether the current kernel stack passes through interrupt entry. */
+static __always_inline bool woken_in_interrupt(void *ctx)
+{
+	if (!irq_lo[0])
+		return false;
+	__u32 zero = 0;
+	__u64 *f = bpf_map_lookup_elem(&irq_scan, &zero);
+	if (!f)
+		return false;
+	long n = bpf_get_stack(ctx, f, IRQ_SCAN_FRAMES * sizeof(__u64), 0);
+	if (n <= 0)
+		return false;
+	n /= sizeof(__u64);
+	for (int i = 0; i < IRQ_SCAN_FRAMES; i++) {
+		if (i >= n)
+			break;
+		__u64 a = f[i];
+		for (int j = 0; j < IRQ_RANGES; j++)
+			if (a >= irq_lo[j] && a < irq_hi[j])
+				return true;
+	}
+	return false;
+}
 
 /* Start records: in the thread's own task storage under tp_btf (a pointer
  * chase, no hashing, freed with the thread); a hash by thread id under raw_tp,
@@ -383,7 +423,12 @@ static __always_inline int on_waking(void *ctx, struct task_struct *p, bool dire
 	struct stk_key tmp = {};
 	__u64 id = bpf_get_current_pid_tgid();
 	tmp.pid = id >> 32;
-	STK_CAPTURE(ctx, &tmp, true, want_user, stk_stat);
+	bool user = want_user;
+	if (user && woken_in_interrupt(ctx)) {
+		user = false;
+		stat_add(OS_IRQ_WAKERS);
+	}
+	STK_CAPTURE(ctx, &tmp, true, user, stk_stat);
 	struct oc_waker w = {
 	        .kstack = tmp.kstack, .ustack = tmp.ustack, .uhash = tmp.uhash, .pid = tmp.pid};
 	bpf_get_current_comm(w.comm, sizeof(w.comm));

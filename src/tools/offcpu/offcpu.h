@@ -47,8 +47,9 @@ enum oc_stat {
 	OS_SAMPLED,      /* kept by sampling, weighted up */
 	OS_SAMPLED_OUT,  /* left out by sampling */
 	OS_NOT_WALKED,   /* wakeup: counted at the end without its waker's stack */
-	OS_MAX = OS_NOT_WALKED + 1 + STK_STAT_MAX,
+	OS_IRQ_WAKERS,   /* wakeup: woken in interrupt context, no user stack walked */
+	OS_MAX = OS_IRQ_WAKERS + 1 + STK_STAT_MAX,
 };
-#define OS_STACKS (OS_NOT_WALKED + 1) /* + enum stk_stat */
+#define OS_STACKS (OS_IRQ_WAKERS + 1) /* + enum stk_stat */
 
 #endif
