@@ -61,6 +61,16 @@ pub fn has_attach_cookie() -> bool {
     has_helper(libbpf_sys::BPF_PROG_TYPE_KPROBE, libbpf_sys::BPF_FUNC_get_attach_cookie)
 }
 
+/// Whether tracepoint programs can read the current task's saved user
+/// registers: `bpf_get_current_task_btf` (Linux 5.11) and
+/// `bpf_task_pt_regs` (5.15). msglat reads a receive's arguments so at its
+/// exit; without them it keeps them from the call's entry.
+pub fn has_task_regs() -> bool {
+    [libbpf_sys::BPF_FUNC_get_current_task_btf, libbpf_sys::BPF_FUNC_task_pt_regs]
+        .into_iter()
+        .all(|f| has_helper(libbpf_sys::BPF_PROG_TYPE_TRACEPOINT, f))
+}
+
 /// Whether the verifier takes atomic fetch operations (BPF_ATOMIC with
 /// BPF_FETCH, compare-and-exchange: Linux 5.12): a four-instruction socket
 /// filter that fetch-adds on its stack, loaded and closed.
@@ -100,6 +110,51 @@ pub fn has_atomic_fetch() -> bool {
     // SAFETY: a program fd we own.
     unsafe { libc::close(fd) };
     true
+}
+
+/// The helper id libbpf itself calls in code it proves dead (its "poisoned"
+/// CO-RE relocations): no such helper exists, so the verifier rejects the
+/// program if that instruction is reachable and ignores it otherwise.
+const POISON_HELPER: i32 = 0xbad2310;
+
+/// Replaces, in a program not yet loaded, every atomic operation a kernel
+/// before 5.12 rejects (BPF_ATOMIC other than plain add: fetch, exchange,
+/// compare-and-exchange, and/or/xor) with a call to a helper that does not
+/// exist. Such kernels reject those instructions before they look at which
+/// code can run, even behind a constant in `.rodata` that makes them dead;
+/// the program must keep them behind such a constant (msglat's
+/// `has_fetch`). If one is reachable after all, the load fails with
+/// "invalid func unknown#195896080" (`SONDE_DEBUG=1` prints the log)
+/// instead of running wrong. Same length, so every relocation stays valid.
+/// Returns how many were replaced.
+pub fn poison_atomic_fetch(prog: &mut libbpf_rs::OpenProgramMut<'_>) -> Result<usize, std::io::Error> {
+    use libbpf_rs::AsRawLibbpf;
+    const BPF_STX_ATOMIC_W: u8 = 0xc3;
+    const BPF_STX_ATOMIC_DW: u8 = 0xdb;
+    const BPF_CALL: u8 = 0x85;
+    let mut insns = prog.insns().to_vec();
+    let mut n = 0;
+    for i in insns.iter_mut() {
+        if matches!(i.code, BPF_STX_ATOMIC_W | BPF_STX_ATOMIC_DW) && i.imm != 0 {
+            i.code = BPF_CALL;
+            i.set_dst_reg(0);
+            i.set_src_reg(0);
+            i.off = 0;
+            i.imm = POISON_HELPER;
+            n += 1;
+        }
+    }
+    if n > 0 {
+        // SAFETY: the program is open and not loaded (an OpenProgramMut);
+        // libbpf copies the instructions.
+        let rc = unsafe {
+            libbpf_sys::bpf_program__set_insns(prog.as_libbpf_object().as_ptr(), insns.as_mut_ptr(), insns.len() as _)
+        };
+        if rc != 0 {
+            return Err(std::io::Error::from_raw_os_error(-rc));
+        }
+    }
+    Ok(n)
 }
 
 /// True when this kernel skips tracing programs while a thread of PID 1 is

@@ -69,15 +69,11 @@ pub struct UnwindArgs {
 /// Whether this kernel can run the walk (`unwind.h`): the helpers it calls
 /// from sampling and tracing programs. `Err` names what is missing.
 pub fn kernel_can_walk() -> Result<(), String> {
-    let helper = |prog: libbpf_sys::bpf_prog_type, f: libbpf_sys::bpf_func_id| {
-        // SAFETY: a probe with no options; it loads and frees a tiny program.
-        unsafe { libbpf_sys::libbpf_probe_bpf_helper(prog, f, std::ptr::null()) == 1 }
-    };
     for (f, name, since) in [
         (libbpf_sys::BPF_FUNC_get_current_task_btf, "bpf_get_current_task_btf", "5.11"),
         (libbpf_sys::BPF_FUNC_task_pt_regs, "bpf_task_pt_regs", "5.15"),
     ] {
-        if !helper(libbpf_sys::BPF_PROG_TYPE_PERF_EVENT, f) {
+        if !crate::engine::features::has_helper(libbpf_sys::BPF_PROG_TYPE_PERF_EVENT, f) {
             return Err(format!("this kernel has no {name} helper (Linux {since}+)"));
         }
     }
@@ -333,7 +329,7 @@ impl Report {
             w.nested,
         );
         s.push_str(&format!(
-            "\nunwind tables: {} executables of {} processes, {} rows from {:.1} MB of CFI, {} built, {} from cache, {:.0} ms; kernel memory {:.1} MiB (charged to sonde's cgroup, not in its RSS)",
+            "\nunwind tables: {} executables of {} processes, {} rows from {:.1} MB of CFI, {} built, {} from cache, {:.0} ms; kernel memory {:.1} MiB (charged to sonde's cgroup; the row chunks, mapped to fill them, also count in its RSS)",
             t.executables,
             t.processes,
             t.rows,

@@ -323,15 +323,19 @@ fn print_text(caps: &Caps, tools: &[(&str, Value)]) -> anyhow::Result<()> {
 /// msglat: the socket tracepoints as BTF tracepoints where the kernel has
 /// them (the default hooks), else the syscall tracepoints.
 fn msglat_report(cx: &Caps) -> Value {
-    if !features::has_atomic_fetch() {
-        return cannot(
-            "this kernel's verifier has no atomic fetch-and-add or compare-and-exchange (BPF_ATOMIC, Linux 5.12+)",
-        );
+    let fetch = features::has_atomic_fetch();
+    let regs = features::has_task_regs();
+    let mut limits = String::new();
+    if !fetch {
+        limits.push_str("; no BPF atomic fetch or compare-and-exchange (5.12): every flow in the per-CPU hash, --fifo positions taken by read-then-add");
+    }
+    if !regs {
+        limits.push_str("; no bpf_task_pt_regs (5.15): a receive's arguments kept from its entry (one more program per receive; one already blocked at start is not timed)");
     }
     if cx.ok("tp_btf") && crate::tools::msglat::socket_tracepoints_exist() {
-        json!({"usable": true, "mechanism": "tp_btf", "detail": "sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available"})
+        json!({"usable": true, "mechanism": "tp_btf", "atomic_fetch": fetch, "task_regs": regs, "detail": format!("sock:sock_recv_length + tcp:tcp_sendmsg_locked (--hooks sockets); --hooks syscalls and raw also available{limits}")})
     } else if features::tracepoint_exists("syscalls", "sys_enter_write") {
-        json!({"usable": true, "mechanism": "tracepoint", "detail": "syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load"})
+        json!({"usable": true, "mechanism": "tracepoint", "atomic_fetch": fetch, "task_regs": regs, "detail": format!("syscalls:sys_enter_write/sys_exit_read ... (--hooks syscalls); the socket tracepoints are missing or tp_btf does not load{limits}")})
     } else {
         cannot("neither the socket tracepoints (tp_btf) nor the syscall tracepoints are available")
     }

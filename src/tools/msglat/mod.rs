@@ -53,7 +53,8 @@ const FLOW_FULL: usize = 9;
 const FDS_FULL: usize = 10;
 const NEW_FDS: usize = 11;
 const OTHER_CALL: usize = 12;
-const STAT_MAX: usize = 13;
+const ENTRY_NOT_SEEN: usize = 13;
+const STAT_MAX: usize = 14;
 /// ml_event/ml_flow_key's descriptor for a send not made by a write or send call.
 const NO_FD: u32 = u32::MAX;
 
@@ -295,6 +296,23 @@ struct Loaded {
 }
 
 fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded> {
+    let has_fetch = features::has_atomic_fetch();
+    load_with(a, hooks, socks, has_fetch, !has_fetch, features::has_task_regs())
+}
+
+/// [`load`] with the choice made: `has_fetch` goes to `.rodata`, and
+/// `poison` replaces the atomic fetch instructions (kernels before 5.12
+/// reject them even where `has_fetch` false makes them dead).
+/// `has_task_regs` false: receive arguments are kept from entry (the
+/// ml_args_* programs) instead of read from the task's registers at exit.
+fn load_with(
+    a: &MsglatArgs,
+    hooks: Hooks,
+    socks: &[SockFd],
+    has_fetch: bool,
+    poison: bool,
+    has_task_regs: bool,
+) -> anyhow::Result<Loaded> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = MsglatSkelBuilder::default().open(storage).context("opening BPF object")?;
     let ncpus = PerCpuRings::size_outer(&mut open.maps.sonde_rings)?;
@@ -312,6 +330,8 @@ fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded
     ro.id_off = off;
     ro.id_len = len;
     ro.fifo = a.fifo;
+    ro.has_fetch = has_fetch;
+    ro.has_task_regs = has_task_regs;
     ro.per_message = a.per_message;
     ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
     for mut prog in open.open_object_mut().progs_mut() {
@@ -322,18 +342,24 @@ fn load(a: &MsglatArgs, hooks: Hooks, socks: &[SockFd]) -> anyhow::Result<Loaded
             "ml_null" => (a.calibrate || a.floor) && features::tracepoint_exists("sock", "sock_recv_length"),
             "ml_null_send" => a.floor && features::tracepoint_exists("tcp", "tcp_sendmsg_locked"),
             // ml_in_write, ml_out_read, ...: kernels without a syscall's
-            // tracepoint (no accept4 on some arches) skip it.
+            // tracepoint (no accept4 on some arches) skip it. ml_args_read,
+            // ...: only where exit cannot read the task's registers.
             _ => {
                 hooks == Hooks::Syscalls
                     && name.split_once('_').map(|(_, r)| r).and_then(|r| r.split_once('_')).is_some_and(|(dir, sc)| {
-                        features::tracepoint_exists(
-                            "syscalls",
-                            &format!("sys_{}_{sc}", if dir == "in" { "enter" } else { "exit" }),
-                        )
+                        (dir != "args" || !has_task_regs)
+                            && features::tracepoint_exists(
+                                "syscalls",
+                                &format!("sys_{}_{sc}", if dir == "out" { "exit" } else { "enter" }),
+                            )
                     })
             }
         };
         prog.set_autoload(on);
+        if on && poison {
+            features::poison_atomic_fetch(&mut prog)
+                .with_context(|| format!("rewriting {name} for a kernel without atomic fetch"))?;
+        }
     }
     let what = match hooks {
         Hooks::Sockets => "tp_btf sock:sock_recv_length and tcp:tcp_sendmsg_locked",
@@ -442,6 +468,10 @@ pub struct Summary {
     pub sockets: Sockets,
     /// Message calls without a buffer to read the id from.
     pub calls_without_buffer: u64,
+    /// Kernels before 5.15 (arguments kept from entry): receives and
+    /// connects whose entry sonde did not see (begun before it attached, or
+    /// the per-thread table full); not timed.
+    pub entry_not_seen: u64,
     /// Per flow (received-on socket, sent-on socket), busiest first.
     pub flows: Vec<FlowLine>,
     /// Whether every traced process exited (the run ended with them).
@@ -519,11 +549,6 @@ fn label(socks: &BTreeMap<(u32, u32), SockFd>, pid: u32, fd: u32, sock: u32) -> 
 pub fn run_with(a: &MsglatArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let json_out = validate(a)?;
     features::require_tracing_privileges()?;
-    if !features::has_atomic_fetch() {
-        return Err(crate::engine::error::env(
-            "msglat: this kernel's verifier has no atomic fetch-and-add or compare-and-exchange (BPF_ATOMIC, Linux 5.12+), which its per-flow message queues need; run it on a 5.12 or newer kernel",
-        ));
-    }
     let socks = sockets(a)?;
     let hooks = Hooks::pick(a.hooks)?;
     let mut sink = Sink::open(a.run.path())?;
@@ -813,6 +838,7 @@ fn summarize(
         short_send: st[SHORT_SEND],
         id_fault: st[ID_FAULT] + st[SEND_ID_FAULT],
         map_full: MapFull { flows: st[FLOW_FULL], sockets_past_fd_limit: st[FDS_FULL] },
+        entry_not_seen: st[ENTRY_NOT_SEEN],
         sockets: Sockets { at_start, added: st[NEW_FDS] },
         calls_without_buffer: st[OTHER_CALL],
         flows: c
@@ -865,8 +891,9 @@ fn summary_text(s: &Summary, hist: &Hist) -> String {
         table(&["PID", "RECEIVED ON", "SENT ON", "MESSAGES", "AVG", "MAX"], &rows)
     ));
     t.push_str(&format!(
-        "unmatched: {} receives never sent ({} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}",
+        "unmatched: {} receives never sent ({} waiting at the end, {} replaced by a later one with their id, {} FIFO overflow), {} sends with no receive\nnot paired: {} receives and {} sends shorter than the id's end, {} ids unreadable  lost records: {}  map full: flows {}, sockets past fd {MAX_FD} {}{}{}",
         s.unmatched_recv, s.waiting_at_end, s.replaced, s.fifo_overflow, s.unmatched_send, s.short_recv, s.short_send, s.id_fault, s.lost, s.map_full.flows, s.map_full.sockets_past_fd_limit,
+        if s.entry_not_seen > 0 { format!("\nnot timed: {} receives or connects begun before sonde attached (this kernel gives their arguments only at entry)", s.entry_not_seen) } else { String::new() },
         if s.process_exited { "\nthe process exited" } else { "" }
     ));
     if s.hooks == Hooks::Sockets && s.sends == 0 && s.received > 0 {
@@ -910,5 +937,38 @@ mod tests {
         let mut storage = MaybeUninit::uninit();
         let open = MsglatSkelBuilder::default().open(&mut storage).expect("open the object");
         assert_eq!(open.maps.stats.max_entries() as usize, STAT_MAX);
+    }
+
+    /// The path for kernels before 5.12, checked by this kernel's verifier:
+    /// with `has_fetch` false and every atomic fetch replaced by a call to
+    /// no helper, the programs load (the replaced code is dead); with
+    /// `has_fetch` true the same replacement is reached and the load fails.
+    /// So the replacement only ever removes code that cannot run.
+    #[test]
+    fn without_atomic_fetch_the_programs_load_only_where_that_code_is_dead() {
+        let a = MsglatArgs { pid: vec![std::process::id()], fifo: true, ..Default::default() };
+        for hooks in [Hooks::Syscalls, Hooks::Raw] {
+            for regs in [true, false] {
+                load_with(&a, hooks, &[], false, true, regs)
+                    .unwrap_or_else(|e| panic!("{hooks:?} without atomic fetch: {e:#}"));
+            }
+            assert!(
+                load_with(&a, hooks, &[], true, true, true).is_err(),
+                "{hooks:?}: a reachable poisoned call loaded"
+            );
+            load_with(&a, hooks, &[], true, false, true)
+                .unwrap_or_else(|e| panic!("{hooks:?} with atomic fetch: {e:#}"));
+        }
+        let mut storage = MaybeUninit::uninit();
+        let mut open = MsglatSkelBuilder::default().open(&mut storage).expect("open the object");
+        let replaced: usize = open
+            .open_object_mut()
+            .progs_mut()
+            .map(|mut p| features::poison_atomic_fetch(&mut p).expect("set_insns"))
+            .sum();
+        assert!(
+            replaced >= 4,
+            "the FIFO head and tail fetch-adds and the flow slots' compare-and-exchange: {replaced}"
+        );
     }
 }

@@ -60,6 +60,22 @@ const volatile __u16 ports[ML_MAX_PORTS] = {};
 const volatile __u32 id_off = 0;
 const volatile __u32 id_len = 8;
 const volatile bool fifo = false;
+/* Atomic fetch and compare-and-exchange (BPF_FETCH, BPF_CMPXCHG: 5.12). Set
+ * false before them: FIFO positions are read, then advanced by a plain atomic
+ * add (two threads of one process receiving on two CPUs at once can then take
+ * one position), and every flow is counted in the per-CPU hash instead of
+ * a shared slot. The verifier never walks the other path, as the value is
+ * known at load; kernels before 5.12 still reject its instructions, so the
+ * user side replaces them first (features::poison_atomic_fetch). */
+const volatile bool has_fetch = true;
+
+/* A plain atomic add (BPF_XADD: every kernel), written out so that the
+ * compiler cannot merge it with the fetch-add of the other path into one
+ * fetch-add that both paths reach. */
+static __always_inline void add_nofetch(__u64 *p, __u64 v)
+{
+	asm volatile("lock *(u64 *)(%0 + 0) += %1" : : "r"(p), "r"(v) : "memory");
+}
 const volatile bool per_message = false;
 
 /* The socket table: per (process slot, descriptor) the socket's id (its
@@ -274,7 +290,13 @@ static __always_inline void on_recv(__u32 tgid, int slot, __u32 fd, __u32 sock, 
 		struct ml_fifo_pos *pos = bpf_map_lookup_elem(&fifo_pos, &s);
 		if (!pos)
 			return;
-		__u64 t = __sync_fetch_and_add(&pos->tail, 1);
+		__u64 t;
+		if (has_fetch) {
+			t = __sync_fetch_and_add(&pos->tail, 1);
+		} else {
+			t = pos->tail;
+			add_nofetch(&pos->tail, 1);
+		}
 		if (t - pos->head >= ML_RING) {
 			__sync_fetch_and_add(&pos->head, 1);
 			stat_add(ML_FIFO_OVERFLOW);
@@ -312,7 +334,7 @@ static __always_inline void count_flow(__u32 tgid, int slot, __u32 in_fd, __u32 
 	__u32 idx = (slot * ML_FLOW_WAYS + (in_fd & (ML_FLOW_WAYS - 1))) * ML_FLOW_WAYS +
 	            (out_fd & (ML_FLOW_WAYS - 1));
 	__u64 key1 = ((__u64)in_sock << 32 | out_sock) + 1;
-	struct ml_flow_slot *f = bpf_map_lookup_elem(&flow_slots, &idx);
+	struct ml_flow_slot *f = has_fetch ? bpf_map_lookup_elem(&flow_slots, &idx) : NULL;
 	if (f) {
 		__u64 k = f->key1;
 		if (!k) {
@@ -374,7 +396,13 @@ static __always_inline void on_send(__u32 tgid, int slot, __u32 fd, __u32 sock, 
 			stat_add(ML_UNMATCHED_SEND);
 			return;
 		}
-		__u64 h = __sync_fetch_and_add(&pos->head, 1);
+		__u64 h;
+		if (has_fetch) {
+			h = __sync_fetch_and_add(&pos->head, 1);
+		} else {
+			h = pos->head;
+			add_nofetch(&pos->head, 1);
+		}
 		__u32 idx = s * ML_RING + (h & (ML_RING - 1));
 		struct ml_pending *q = bpf_map_lookup_elem(&fifo_ring, &idx);
 		if (!q)
@@ -543,14 +571,57 @@ int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 		                  ctx->args[2]);                                                   \
 	}
 
+/* A receive's or connect's first two arguments from its entry, per thread:
+ * where the kernel has no bpf_task_pt_regs (5.15) or
+ * bpf_get_current_task_btf (5.11) to read them at exit from the task's
+ * saved registers. Only then do the ml_args_* programs load, one more
+ * program run per call. A call whose entry was not seen (begun before they
+ * attached, or the table full) is counted, not timed. */
+const volatile bool has_task_regs = true;
+
+struct ml_args {
+	__u64 a0, a1;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u32);
+	__type(value, struct ml_args);
+} call_args SEC(".maps");
+
+#define ML_ARGS(name)                                                                              \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                                                \
+	int ml_args_##name(struct trace_event_raw_sys_enter *ctx)                                  \
+	{                                                                                          \
+		TRACED(tgid, slot);                                                                \
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();                                     \
+		struct ml_args v = {ctx->args[0], ctx->args[1]};                                   \
+		bpf_map_update_elem(&call_args, &tid, &v, BPF_ANY);                                \
+		return 0;                                                                          \
+	}
+
 #define ML_EXIT(name)                                                                              \
 	SEC("tracepoint/syscalls/sys_exit_" #name)                                                 \
 	int ml_out_##name(struct trace_event_raw_sys_exit *ctx)                                    \
 	{                                                                                          \
 		TRACED(tgid, slot);                                                                \
-		struct pt_regs *regs =                                                             \
-		        (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());            \
-		return exit_call(tgid, slot, NR_##name, regs->di, regs->si, ctx->ret);             \
+		if (has_task_regs) {                                                               \
+			struct pt_regs *regs =                                                     \
+			        (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());    \
+			return exit_call(tgid, slot, NR_##name, regs->di, regs->si, ctx->ret);     \
+		}                                                                                  \
+		if (NR_##name == NR_accept || NR_##name == NR_accept4)                             \
+			return exit_call(tgid, slot, NR_##name, 0, 0, ctx->ret);                   \
+		__u32 tid = (__u32)bpf_get_current_pid_tgid();                                     \
+		struct ml_args *v = bpf_map_lookup_elem(&call_args, &tid);                         \
+		if (!v) {                                                                          \
+			stat_add(ML_ENTRY_NOT_SEEN);                                               \
+			return 0;                                                                  \
+		}                                                                                  \
+		__u64 a0 = v->a0, a1 = v->a1;                                                      \
+		bpf_map_delete_elem(&call_args, &tid);                                             \
+		return exit_call(tgid, slot, NR_##name, a0, a1, ctx->ret);                         \
 	}
 
 ML_ENTER(write)
@@ -558,6 +629,11 @@ ML_ENTER(writev)
 ML_ENTER(sendto)
 ML_ENTER(sendmsg)
 ML_ENTER(close)
+ML_ARGS(read)
+ML_ARGS(readv)
+ML_ARGS(recvfrom)
+ML_ARGS(recvmsg)
+ML_ARGS(connect)
 ML_EXIT(read)
 ML_EXIT(readv)
 ML_EXIT(recvfrom)

@@ -115,6 +115,7 @@ enum ml_stat {
 	ML_FDS_FULL,       /* sockets past ML_MAX_FD, not traced */
 	ML_NEW_FDS,        /* syscall hooks: sockets added at accept/connect */
 	ML_OTHER_CALL, /* sockets hooks: receives or sends by calls with no user buffer (recvmmsg, io_uring, sendfile) */
+	ML_ENTRY_NOT_SEEN, /* kernels before 5.15: receives and connects whose entry was not seen */
 	ML_STAT_MAX,
 };
 
