@@ -205,6 +205,16 @@ fn slow_samples_only_inside_slow_calls_and_names_their_callers() {
     }
     let via_fast = calls.len() as u64 - via_slow;
     assert!(via_fast * 5 <= via_slow, "{via_fast} preempted fast calls against {via_slow} slow ones: {s}");
+    // Call sites hold every slow call, each listed call in the site of its
+    // stack; the via_slow site exactly the via_slow calls.
+    let sites: Vec<&Value> = lines.iter().filter(|v| v["type"] == "slow_site").collect();
+    let n = |v: &Value| v["calls"].as_u64().unwrap();
+    assert_eq!(sites.iter().map(|x| n(x)).sum::<u64>(), s["slow_calls"].as_u64().unwrap(), "{s}");
+    assert_eq!(s["slow_calls_listed"].as_u64().unwrap(), calls.len() as u64, "{s}");
+    assert_eq!(sites.iter().filter(|x| from(x, "via_slow")).map(|x| n(x)).sum::<u64>(), via_slow, "{sites:?}");
+    let slowest = calls.iter().map(|c| c["latency_ns"].as_u64().unwrap()).max().unwrap();
+    assert_eq!(sites[0]["max_ns"].as_u64().unwrap(), slowest, "the slowest call's site first: {sites:?}");
+    assert_eq!(s["lost"]["sites_full"], 0, "{s}");
     // The flame graph: what slow calls did once slow is inner_slow(); fast
     // calls are never sampled.
     let rows = read_folded(&folded);

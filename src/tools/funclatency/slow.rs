@@ -10,7 +10,7 @@
 use std::{
     cell::RefCell,
     cmp::Reverse,
-    collections::{BTreeSet, BinaryHeap},
+    collections::{BTreeSet, BinaryHeap, HashMap},
     path::PathBuf,
     rc::Rc,
     time::{Duration, Instant},
@@ -41,8 +41,14 @@ use crate::engine::{
 use crate::tools::doctor::Caps;
 use serde_json::{json, Value};
 
-/// Most slow calls kept for the list, the slowest (all are counted).
-const KEEP: usize = 100_000;
+/// Most slow calls listed one by one: the slowest. Every slow call is
+/// counted, and grouped into its call site.
+const KEEP: usize = 10_000;
+
+/// Most call sites (target, process and the stacks as the kernel keyed them)
+/// a run groups slow calls into. A call at a site past them is counted
+/// (`lost.sites_full`) but in no site.
+const SITES_MAX: usize = 65_536;
 
 /// Calls slower than a threshold, and what they were doing while slow.
 ///
@@ -113,6 +119,9 @@ pub struct Lost {
     pub stacks: StackLoss,
     /// Slow calls dropped because the ring buffer was full.
     pub slow_calls: u64,
+    /// Slow calls counted but in no call site: [`SITES_MAX`] sites were
+    /// held already.
+    pub sites_full: u64,
 }
 
 /// The last `--json` line of a run; the text summary is printed from it too.
@@ -126,8 +135,13 @@ pub struct Summary {
     pub over_ns: u64,
     /// Calls timed, over every target.
     pub calls: u64,
-    /// Calls over the threshold (all counted; the 100,000 slowest kept).
+    /// Calls over the threshold (all counted and grouped by call site; the
+    /// 10,000 slowest listed one by one).
     pub slow_calls: u64,
+    /// Slow calls listed one by one (`slow_call` lines).
+    pub slow_calls_listed: u64,
+    /// Call sites the slow calls were grouped into (`slow_site` lines).
+    pub sites: u64,
     /// Calls still running at the stop.
     pub in_flight: u64,
     /// Those of them already past the threshold.
@@ -165,12 +179,40 @@ pub struct Summary {
 pub struct Outcome {
     /// The slowest calls kept, slowest first.
     pub calls: Vec<SlowCall>,
+    /// Every slow call grouped by target and the stack it was called from,
+    /// the site with the slowest call first.
+    pub sites: Vec<Site>,
     /// Samples inside slow calls, rooted at `TARGET [process]`.
     pub stacks: Vec<Stack>,
     /// The summary.
     pub summary: Summary,
     /// Why it stopped.
     pub stop: Stop,
+}
+
+/// Slow calls of one target from one stack.
+pub struct Site {
+    /// The slowest of them.
+    pub slowest: SlowCall,
+    /// How many.
+    pub calls: u64,
+    /// Their total latency.
+    pub sum_ns: u64,
+}
+
+/// A call site's `--json` line.
+#[derive(Serialize)]
+struct SiteLine<'a> {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    target: &'a str,
+    calls: u64,
+    avg_ns: u64,
+    max_ns: u64,
+    pid: u32,
+    tid: u32,
+    comm: &'a str,
+    stack: Vec<String>,
 }
 
 /// A slow call's `--json` line.
@@ -186,6 +228,7 @@ struct SlowCallLine<'a> {
     stack: Vec<String>,
 }
 
+#[derive(Clone)]
 struct Event {
     latency_ns: u64,
     pid: u32,
@@ -216,10 +259,32 @@ fn parse(d: &[u8]) -> Option<Event> {
     })
 }
 
-/// Slow calls from the ring buffer: the [`KEEP`] slowest, and how many
-/// there were.
+/// Where a slow call came from, as the kernel handed it over (stack ids
+/// stay valid: the stack map never reuses one).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct SiteKey {
+    idx: u32,
+    pid: u32,
+    ustack: i32,
+    kstack: i32,
+    uhash: u64,
+}
+
+/// The slow calls of one [`SiteKey`].
+struct SiteAgg {
+    count: u64,
+    sum_ns: u64,
+    slowest: Event,
+}
+
+/// Slow calls from the ring buffer: the [`KEEP`] slowest, how many there
+/// were, and all of them by call site.
 #[derive(Default)]
 struct Seen {
+    /// Every slow call's site (up to [`SITES_MAX`]).
+    sites: HashMap<SiteKey, SiteAgg>,
+    /// Slow calls at sites past [`SITES_MAX`].
+    sites_full: u64,
     /// Min-heap on (latency, arrival): the fastest kept call is on top, to
     /// make room for a slower one once [`KEEP`] are kept.
     kept: BinaryHeap<Reverse<Ranked>>,
@@ -255,6 +320,23 @@ impl Seen {
     fn add(&mut self, e: Event) {
         self.total += 1;
         self.arrivals += 1;
+        let key = SiteKey { idx: e.idx, pid: e.pid, ustack: e.ustack, kstack: e.kstack, uhash: e.uhash };
+        let n = self.sites.len();
+        match self.sites.entry(key) {
+            std::collections::hash_map::Entry::Occupied(mut o) => {
+                let a = o.get_mut();
+                a.count += 1;
+                a.sum_ns += e.latency_ns;
+                if e.latency_ns > a.slowest.latency_ns {
+                    a.slowest = e.clone();
+                }
+            }
+            std::collections::hash_map::Entry::Vacant(v) if n < SITES_MAX => {
+                self.new_pids.insert(e.pid);
+                v.insert(SiteAgg { count: 1, sum_ns: e.latency_ns, slowest: e.clone() });
+            }
+            std::collections::hash_map::Entry::Vacant(_) => self.sites_full += 1,
+        }
         if self.kept.len() >= KEEP {
             match self.kept.peek() {
                 Some(Reverse(min)) if min.0 < e.latency_ns => {
@@ -336,14 +418,13 @@ fn drain(
     )
 }
 
-/// Step 4: the slow calls, slowest first, with their callers' stacks.
+/// Step 4: the slow calls, in the order given, with their callers' stacks.
 fn slow_calls(
     skel: &FunclatencySkel<'_>,
     probes: &[Probe],
-    mut evs: Vec<Event>,
+    evs: Vec<Event>,
     images: &mut Images,
 ) -> anyhow::Result<(Vec<SlowCall>, SymStats)> {
-    evs.sort_by_key(|e| std::cmp::Reverse(e.latency_ns));
     let raws: Vec<RawSample> = evs
         .iter()
         .map(|e| {
@@ -380,6 +461,28 @@ fn slow_calls(
         })
         .collect();
     Ok((calls, sym))
+}
+
+/// The sites' slowest calls, symbolized and in the order of `aggs`, merged
+/// where the names come out the same (one function called from one place
+/// under two stack ids, or by two processes of one program).
+fn group_sites(calls: Vec<SlowCall>, aggs: &[SiteAgg]) -> Vec<Site> {
+    let mut out: Vec<Site> = Vec::new();
+    let mut at: HashMap<(String, Vec<String>), usize> = HashMap::new();
+    for (c, a) in calls.into_iter().zip(aggs) {
+        let key = (c.target.clone(), names(&c.stack));
+        match at.get(&key) {
+            Some(&i) => {
+                out[i].calls += a.count;
+                out[i].sum_ns += a.sum_ns;
+            }
+            None => {
+                at.insert(key, out.len());
+                out.push(Site { calls: a.count, sum_ns: a.sum_ns, slowest: c });
+            }
+        }
+    }
+    out
 }
 
 /// Step 5: the samples inside slow calls, rooted at their target, written
@@ -419,6 +522,9 @@ fn flame_graph(
 struct Totals {
     at_stop: AtStop,
     slow_total: u64,
+    sites_full: u64,
+    listed: usize,
+    sites: usize,
     loss: StackLoss,
     unwind: unwind::Report,
     /// Stacks truncated among the slow calls'.
@@ -437,13 +543,15 @@ fn summary(
     let st = |slot| percpu_sum(&skel.maps.stats, slot);
     let over_ns = a.over.as_nanos() as u64;
     let flight = &t.at_stop.flight;
-    let lost = Lost { stacks: t.loss, slow_calls: st(FL_SLOW_LOST)? };
+    let lost = Lost { stacks: t.loss, slow_calls: st(FL_SLOW_LOST)?, sites_full: t.sites_full };
     Ok(Summary {
         ty: "summary",
         duration_s: t.at_stop.elapsed.as_secs_f64(),
         over_ns,
         calls: t.at_stop.hists.iter().map(|h| h.count).sum(),
         slow_calls: t.slow_total,
+        slow_calls_listed: t.listed as u64,
+        sites: t.sites as u64,
         in_flight: flight.iter().map(|f| f.0).sum(),
         in_flight_over: flight.iter().filter(|(c, age)| *c > 0 && *age >= over_ns).map(|(c, _)| *c).sum(),
         samples: st(FL_SAMPLES)?,
@@ -483,13 +591,20 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let _ = rb.consume();
     let loss = StackLoss::read(&skel.maps.stats, FL_STACKS)?;
     let unwind = loaded.session.report(&um)?;
-    let Seen { kept, total: slow_total, .. } = std::mem::take(&mut *seen.borrow_mut());
-    let kept = kept.into_iter().map(|Reverse(Ranked(_, _, e))| e).collect();
-    let (calls, call_sym) = slow_calls(skel, &probes, kept, &mut images)?;
+    let Seen { kept, total: slow_total, sites, sites_full, .. } = std::mem::take(&mut *seen.borrow_mut());
+    // The listed calls and each site's slowest, symbolized in one pass.
+    let mut evs: Vec<Event> = kept.into_sorted_vec().into_iter().map(|Reverse(Ranked(_, _, e))| e).collect();
+    let listed = evs.len();
+    let mut aggs: Vec<SiteAgg> = sites.into_values().collect();
+    aggs.sort_by_key(|s| Reverse(s.slowest.latency_ns));
+    evs.extend(aggs.iter().map(|s| s.slowest.clone()));
+    let (mut calls, call_sym) = slow_calls(skel, &probes, evs, &mut images)?;
+    let sites = group_sites(calls.split_off(listed), &aggs);
+    drop(aggs);
     let f = flame_graph(a, &outs, skel, &probes, images, at_stop.elapsed)?;
-    let totals = Totals { at_stop, slow_total, loss, unwind, call_sym };
+    let totals = Totals { at_stop, slow_total, sites_full, listed, sites: sites.len(), loss, unwind, call_sym };
     let summary = summary(a, skel, totals, &f, loaded.probing)?;
-    Ok(Outcome { calls, stacks: f.stacks, summary, stop })
+    Ok(Outcome { calls, sites, stacks: f.stacks, summary, stop })
 }
 
 fn names(s: &Stack) -> Vec<String> {
@@ -524,7 +639,8 @@ pub fn run(a: &SlowArgs) -> anyhow::Result<i32> {
     Ok(out.stop.exit_code())
 }
 
-/// A line per slow call, then the flame-graph stacks, then the summary.
+/// A line per slow call, per call site, then the flame-graph stacks, then
+/// the summary.
 fn print_json(out: &Outcome) -> anyhow::Result<()> {
     use std::io::Write;
     let mut w = std::io::BufWriter::new(std::io::stdout().lock());
@@ -533,6 +649,22 @@ fn print_json(out: &Outcome) -> anyhow::Result<()> {
             ty: "slow_call",
             target: &c.target,
             latency_ns: c.latency_ns,
+            pid: c.pid,
+            tid: c.tid,
+            comm: &c.comm,
+            stack: names(&c.stack),
+        };
+        serde_json::to_writer(&mut w, &line)?;
+        writeln!(w)?;
+    }
+    for s in &out.sites {
+        let c = &s.slowest;
+        let line = SiteLine {
+            ty: "slow_site",
+            target: &c.target,
+            calls: s.calls,
+            avg_ns: s.sum_ns.checked_div(s.calls).unwrap_or(0),
+            max_ns: c.latency_ns,
             pid: c.pid,
             tid: c.tid,
             comm: &c.comm,
@@ -560,7 +692,7 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
         s.calls,
         s.samples
     )?;
-    print_sites(&out.calls, a.top)?;
+    print_sites(&out.sites, a.top)?;
     if a.scope.run.output.is_empty() && !out.stacks.is_empty() {
         crate::outln!()?;
         stacktool::print_top(&out.stacks, a.top, "SAMPLES", |v| v.to_string())?;
@@ -575,29 +707,22 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `top` slowest call sites: calls grouped by target and the stack they
-/// were called from, slowest first.
-fn print_sites(calls: &[SlowCall], top: usize) -> anyhow::Result<()> {
-    let mut sites: Vec<(&str, Vec<String>, Vec<&SlowCall>)> = Vec::new();
-    for c in calls {
-        let n = names(&c.stack);
-        match sites.iter_mut().find(|x| x.0 == c.target && x.1 == n) {
-            Some(x) => x.2.push(c),
-            None => sites.push((&c.target, n, vec![c])),
-        }
-    }
+/// The `top` slowest call sites: every slow call grouped by target and the
+/// stack it was called from, the site of the slowest call first.
+fn print_sites(sites: &[Site], top: usize) -> anyhow::Result<()> {
     if !sites.is_empty() {
         crate::outln!("{:>9} {:>9} {:>7}  TARGET  (slowest: pid/tid comm)  CALLED FROM", "MAX", "AVG", "CALLS")?;
     }
-    for (target, n, cs) in sites.iter().take(top) {
-        let max = cs[0];
-        let avg = cs.iter().map(|c| c.latency_ns).sum::<u64>() / cs.len() as u64;
+    for s in sites.iter().take(top) {
+        let max = &s.slowest;
+        let target = &max.target;
+        let n = names(&max.stack);
         let tail = &n[n.len().saturating_sub(8)..];
         crate::outln!(
             "{:>9} {:>9} {:>7}  {target}  ({}/{} {})  {}{}",
             human(max.latency_ns),
-            human(avg),
-            cs.len(),
+            human(s.sum_ns.checked_div(s.calls).unwrap_or(0)),
+            s.calls,
             max.pid,
             max.tid,
             max.comm,
@@ -625,14 +750,43 @@ mod tests {
             s.add(ev(1_000_000 + i, 1));
         }
         s.new_pids.clear();
-        s.add(ev(5, 2)); // faster than all kept: counted only
+        s.add(ev(5, 2)); // faster than all kept: not listed, but its site is new
         s.add(ev(9_000_000_000, 3)); // the slowest of the run
         assert_eq!(s.total, KEEP as u64 + 2);
         assert_eq!(s.kept.len(), KEEP);
-        assert_eq!(s.new_pids.iter().copied().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(s.new_pids.iter().copied().collect::<Vec<_>>(), vec![2, 3], "both to symbolize");
         let lat: Vec<u64> = s.kept.into_sorted_vec().into_iter().map(|Reverse(r)| r.0).collect();
         // into_sorted_vec of Reverse: slowest first.
         assert_eq!(lat[0], 9_000_000_000);
         assert_eq!(*lat.last().unwrap(), 1_000_001, "the fastest kept call was replaced");
+    }
+
+    /// Every slow call lands in its site, listed or not: counts, sums and
+    /// the slowest per site are exact; calls at sites past SITES_MAX are
+    /// counted as such.
+    #[test]
+    fn every_slow_call_is_counted_in_its_site() {
+        let mut s = Seen::default();
+        let n = 3 * KEEP as u64;
+        for i in 0..n {
+            let mut e = ev(1_000 + i, 1);
+            e.ustack = (i % 3) as i32;
+            s.add(e);
+        }
+        assert_eq!(s.kept.len(), KEEP);
+        assert_eq!(s.sites.len(), 3);
+        for (k, a) in &s.sites {
+            let mine: Vec<u64> = (0..n).filter(|i| (i % 3) as i32 == k.ustack).map(|i| 1_000 + i).collect();
+            assert_eq!(a.count, mine.len() as u64);
+            assert_eq!(a.sum_ns, mine.iter().sum::<u64>());
+            assert_eq!(a.slowest.latency_ns, *mine.last().unwrap());
+        }
+        let mut s = Seen::default();
+        for i in 0..SITES_MAX as u64 + 5 {
+            let mut e = ev(1_000, 1);
+            e.kstack = i as i32;
+            s.add(e);
+        }
+        assert_eq!((s.sites.len(), s.sites_full, s.total), (SITES_MAX, 5, SITES_MAX as u64 + 5));
     }
 }
