@@ -153,8 +153,12 @@ fn funclatency_times_syscalls_and_softirqs_here() {
     let in_range =
         |lo: u64, hi: u64| filled(ns).iter().filter(|(le, _)| *le > lo && *le <= hi).map(|b| b.1).sum::<u64>();
     let (tens, twenties) = (in_range(10_000_000, 20_000_000), in_range(20_000_000, u64::MAX));
+    // A sleep ~9 ms late (the tests beside this one, a soak on the host)
+    // moves into the next range: the halves are equal within a fifth of
+    // them, not exactly.
+    let slack = 2.max((tens + twenties) as i64 / 5);
     assert!(
-        tens >= 15 && twenties >= 15 && (tens as i64 - twenties as i64).abs() <= 2,
+        tens >= 15 && twenties >= 15 && (tens as i64 - twenties as i64).abs() <= slack,
         "10 ms: {tens}, 20 ms: {twenties}: {ns}"
     );
     assert!(t["softirq:TIMER"]["count"].as_u64().unwrap() > 0, "{}", t["softirq:TIMER"]);
