@@ -21,9 +21,21 @@ fn main() {
     build_lab_workloads(&out, &manifest, script);
     let include = manifest.join("src/bpf");
     println!("cargo:rerun-if-changed=src/bpf");
+    // The runtimes' kernel halves (src/engine/runtime/runtime.h and one
+    // folder per runtime), included by the unwinder.
+    let runtimes = manifest.join("src/engine/runtime");
+    println!("cargo:rerun-if-changed=src/engine/runtime");
     // New tool folders too.
     println!("cargo:rerun-if-changed=src/tools");
-    let shared = headers(&include);
+    let mut shared = headers(&include);
+    shared.extend(headers(&runtimes));
+    for entry in fs::read_dir(&runtimes).unwrap() {
+        let dir = entry.unwrap().path();
+        if dir.is_dir() {
+            println!("cargo:rerun-if-changed={}", dir.display());
+            shared.extend(headers(&dir));
+        }
+    }
     for entry in fs::read_dir(manifest.join("src/tools")).unwrap() {
         let dir = entry.unwrap().path();
         if !dir.is_dir() {
@@ -49,6 +61,8 @@ fn main() {
                     include.as_os_str(),
                     "-I".as_ref(),
                     dir.as_os_str(),
+                    "-I".as_ref(),
+                    runtimes.as_os_str(),
                     "-Wall".as_ref(),
                     "-Werror".as_ref(),
                     "-Wno-unused-function".as_ref(),

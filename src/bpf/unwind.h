@@ -22,6 +22,7 @@
 #define SONDE_UNWIND_H
 
 #include <bpf/bpf_core_read.h>
+#include "runtime.h"
 
 #define UNW_MAX_MAPS     256 /* executable mappings per process */
 #define UNW_CHUNK_SHIFT  17  /* rows per chunk: 128 Ki (1 MiB) */
@@ -80,6 +81,7 @@ enum unw_end {
 /* How a walked stack was made (unw_stack.how bits). */
 #define UNW_HOW_TABLE 1 /* at least one frame from a table */
 #define UNW_HOW_FP    2 /* at least one frame from its frame pointer */
+#define UNW_HOW_RT    4 /* language frames in rt_walked under the same key */
 
 /* A walked user stack: unw_walked's value. */
 struct unw_stack {
@@ -118,6 +120,13 @@ struct unw_state {
 	__u32 buf_ok; /* buf holds UNW_BUF bytes from buf_at */
 	__u32 pad2;
 	__u8 buf[UNW_BUF];
+	/* The interpreter loop of the process's runtime (runtime.h), and
+	 * which frames of the walk lie in it. */
+	__u32 rt_n;
+	__u32 rt_pad;
+	__u64 rt_lo[RT_MAX_RANGES];
+	__u64 rt_hi[RT_MAX_RANGES];
+	__u64 rt_marks[2];
 	struct unw_stack st;
 	/* The process's mappings, copied once per walk (no map lookup per frame). */
 	struct unw_proc proc;
@@ -358,6 +367,14 @@ __noinline int unw_step(__u32 slot)
 	s->hash ^= s->hash >> 29;
 
 	__u64 at = exact ? pc : pc - 1;
+	for (int i = 0; i < RT_MAX_RANGES; i++) {
+		if (i >= s->rt_n)
+			break;
+		if (at >= s->rt_lo[i] && at < s->rt_hi[i]) {
+			s->rt_marks[(len >> 6) & 1] |= 1ULL << (len & 63);
+			break;
+		}
+	}
 	if (len == 0 && s->in_syscall) {
 		/* A task in a system call (off-CPU, or sampled in the kernel)
 		 * stands after its syscall instruction, which may end its
@@ -571,6 +588,24 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	s->last_map = 0;
 	s->last_hi = 0;
 	s->buf_ok = 0;
+	s->rt_n = 0;
+	s->rt_marks[0] = 0;
+	s->rt_marks[1] = 0;
+	struct rt_state *rs = NULL;
+	if (rt_mode) {
+		struct rt_proc *rp = bpf_map_lookup_elem(&rt_procs, &pid);
+		if (rp)
+			rs = bpf_map_lookup_elem(&rt_scratch, &slot);
+		if (rs && bpf_probe_read_kernel(&rs->cfg, sizeof(rs->cfg), rp) == 0) {
+			__u32 nr = rs->cfg.nranges;
+			s->rt_n = nr > RT_MAX_RANGES ? RT_MAX_RANGES : nr;
+			for (int i = 0; i < RT_MAX_RANGES; i++) {
+				s->rt_lo[i] = rs->cfg.lo[i];
+				s->rt_hi[i] = rs->cfg.hi[i];
+			}
+			rs->fsbase = BPF_CORE_READ(task, thread.fsbase);
+		}
+	}
 	__u32 n = p->n;
 	if (n > UNW_MAX_MAPS)
 		n = UNW_MAX_MAPS;
@@ -586,16 +621,37 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	                                : UNW_S_TABLES);
 	if (end < UNW_END_MAX)
 		unw_stat(UNW_S_END + end);
-	__u64 h = s->hash ^ ((__u64)end << 56) ^ ((__u64)how << 48) ^ s->st.len;
+	/* Language frames, when the walk went through an interpreter loop. */
+	__u64 rh = 0;
+	if (rs && s->rt_n && (s->rt_marks[0] | s->rt_marks[1])) {
+		rs->st.marks[0] = s->rt_marks[0];
+		rs->st.marks[1] = s->rt_marks[1];
+		rt_walk(slot);
+		if (rs->st.n) {
+			rh = rs->hash | 1;
+			s->st.how |= UNW_HOW_RT;
+			how = s->st.how;
+		}
+	}
+	__u64 h = s->hash ^ ((__u64)end << 56) ^ ((__u64)how << 48) ^ s->st.len ^ rh;
 	h *= 0x9e3779b97f4a7c15ULL;
 	h ^= h >> 31;
 	if (!h)
 		h = 1;
-	if (!bpf_map_lookup_elem(&unw_walked, &h) &&
-	    bpf_map_update_elem(&unw_walked, &h, &s->st, BPF_NOEXIST) &&
-	    !bpf_map_lookup_elem(&unw_walked, &h)) {
-		unw_stat(UNW_S_STORE_FULL);
-		h = 0;
+	if (!bpf_map_lookup_elem(&unw_walked, &h)) {
+		if (rh) {
+			if (bpf_map_update_elem(&rt_walked, &h, &rs->st, BPF_ANY)) {
+				rt_stat(RT_S_STORE_FULL, 1);
+				s->st.how &= ~UNW_HOW_RT;
+			} else {
+				rt_note(slot, pid);
+			}
+		}
+		if (bpf_map_update_elem(&unw_walked, &h, &s->st, BPF_NOEXIST) &&
+		    !bpf_map_lookup_elem(&unw_walked, &h)) {
+			unw_stat(UNW_S_STORE_FULL);
+			h = 0;
+		}
 	}
 	s->busy = 0;
 	*uhash = h;
@@ -610,6 +666,8 @@ int unw_exec(void *ctx)
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	if (bpf_map_lookup_elem(&unw_procs, &pid))
 		bpf_map_delete_elem(&unw_procs, &pid);
+	if (bpf_map_lookup_elem(&rt_procs, &pid))
+		bpf_map_delete_elem(&rt_procs, &pid);
 	return 0;
 }
 

@@ -19,6 +19,7 @@ pub mod record;
 pub mod render;
 pub mod ringbuf;
 pub mod run;
+pub mod runtime;
 pub mod stacks;
 pub mod stacktool;
 pub mod symbols;

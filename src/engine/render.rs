@@ -43,14 +43,19 @@ impl Format {
     }
 }
 
+/// The marker that ends a Python frame's label in folded output.
+pub const PY_MARK: &str = "_[py]";
+
 /// The label of a frame in folded output: kernel frames end in `_[k]` (as
-/// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`.
+/// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`,
+/// JIT ones in `_[j]`, Python functions in `_[py]`.
 fn label(f: &super::stacks::Frame) -> String {
     // `;` separates frames and a trailing number is the count: keep both out.
     let name = f.name.replace(';', ":");
     match (f.kind, f.inlined) {
         (FrameKind::Kernel, _) => format!("{name}_[k]"),
         (FrameKind::Jit, _) => format!("{name}_[j]"),
+        (FrameKind::Python, _) => format!("{name}{PY_MARK}"),
         (_, true) => format!("{name}_[i]"),
         _ => name,
     }
@@ -165,13 +170,53 @@ fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8
         write!(out, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"600\" height=\"40\"><text x=\"10\" y=\"25\">{}: no samples</text></svg>", html_escape(title))?;
         return Ok(out);
     }
+    let (lines, mut palette) = language_colours(lines);
     let mut opts = inferno::flamegraph::Options::default();
     opts.title = title.to_string();
     opts.count_name = count_name.to_string();
     opts.colors = inferno::flamegraph::color::Palette::Multi(inferno::flamegraph::color::MultiPalette::Java);
+    opts.palette_map = Some(&mut palette);
     inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), &mut out)
         .context("rendering the flame graph")?;
     Ok(out)
+}
+
+/// Python frames in a flame graph: shown without their folded marker, in
+/// blues of their own (inferno colours by name: each such name gets its
+/// colour up front, unless a native frame of the graph has the same name).
+fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::color::PaletteMap) {
+    use std::collections::HashSet;
+    let (mut lang, mut native): (HashSet<String>, HashSet<String>) = Default::default();
+    let out = lines
+        .iter()
+        .map(|l| {
+            if !l.contains(PY_MARK) {
+                return l.clone();
+            }
+            let (stack, count) = l.rsplit_once(' ').unwrap_or((l, ""));
+            let frames: Vec<&str> = stack
+                .split(';')
+                .map(|f| match f.strip_suffix(PY_MARK) {
+                    Some(n) => {
+                        lang.insert(n.to_string());
+                        n
+                    }
+                    None => {
+                        native.insert(f.to_string());
+                        f
+                    }
+                })
+                .collect();
+            format!("{} {count}", frames.join(";"))
+        })
+        .collect();
+    let mut map = inferno::flamegraph::color::PaletteMap::default();
+    for name in lang.difference(&native) {
+        let h = name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+        let v = (h % 60) as u8;
+        map.insert(name, inferno::flamegraph::color::Color { r: 60 + v, g: 120 + v, b: 230 - v / 2 });
+    }
+    (out, map)
 }
 
 /// One row of the top-functions table.
@@ -195,7 +240,11 @@ pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
         let names: Vec<String> = s
             .frames
             .iter()
-            .map(|f| if f.kind == FrameKind::Kernel { format!("{} [k]", f.name) } else { f.name.clone() })
+            .map(|f| match f.kind {
+                FrameKind::Kernel => format!("{} [k]", f.name),
+                FrameKind::Python => format!("{} [py]", f.name),
+                _ => f.name.clone(),
+            })
             .collect();
         let leaf = names.last().cloned().unwrap_or_else(|| format!("[{}]", s.process));
         *selfc.entry(leaf.clone()).or_default() += s.count;

@@ -26,6 +26,7 @@ use libbpf_rs::{MapCore, MapFlags};
 use super::{
     perfmap::{self, JitSymbol, Tally},
     procroot::{LastSymlink, Root},
+    runtime::{self, Frames, Names, Part, RtStack},
 };
 
 /// Deepest stack the kernel records (PERF_MAX_STACK_DEPTH).
@@ -59,6 +60,8 @@ pub struct RawSample {
     pub ustack: Vec<u64>,
     /// For a user stack walked from unwind tables: how the walk went.
     pub walk: Option<Walk>,
+    /// Language frames the kernel read beside the walk (`runtime.h`).
+    pub lang: Option<Rc<RtStack>>,
     /// Samples (or the tool's weight) with these stacks.
     pub count: u64,
 }
@@ -76,6 +79,17 @@ pub struct StackMaps<'a> {
     pub traces: &'a dyn MapCore,
     /// `unw_walked`.
     pub walked: &'a dyn MapCore,
+    /// `rt_walked`: language frames of walked stacks.
+    pub rt_walked: &'a dyn MapCore,
+}
+
+/// The [`StackMaps`] of a loaded skeleton `$skel`.
+#[macro_export]
+macro_rules! stack_maps {
+    ($skel:expr) => {{
+        let m = &$skel.maps;
+        $crate::engine::stacks::StackMaps { traces: &m.stk_traces, walked: &m.unw_walked, rt_walked: &m.rt_walked }
+    }};
 }
 
 /// Reads every `stk_key` -> count of `counts` and the stacks they name.
@@ -121,6 +135,15 @@ pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Ve
     Ok(Some((pcs, Walk { end: v[4], how: v[5], sigframe: u16::from_ne_bytes([v[6], v[7]]) })))
 }
 
+/// A user stack as a tool's record names it (frame-pointer stack id,
+/// walked hash): addresses leaf first, how the walk went, language frames.
+pub fn read_user_stack(maps: StackMaps<'_>, id: i32, hash: u64) -> anyhow::Result<UserStack> {
+    StackReader { maps, ids: HashMap::new(), walked: HashMap::new() }.user(id, hash)
+}
+
+/// What [`read_user_stack`] gives.
+pub type UserStack = (Vec<u64>, Option<Walk>, Option<Rc<RtStack>>);
+
 /// A count-map row: the sample, and for wakeup keys the waker and whether
 /// its stack was walked.
 type Keyed = (RawSample, Option<(RawSample, bool)>);
@@ -132,7 +155,7 @@ const KEY_BYTES: usize = 40;
 struct StackReader<'a> {
     maps: StackMaps<'a>,
     ids: HashMap<i32, Vec<u64>>,
-    walked: HashMap<u64, Option<(Vec<u64>, Walk)>>,
+    walked: HashMap<u64, Option<UserStack>>,
 }
 
 impl StackReader<'_> {
@@ -148,18 +171,33 @@ impl StackReader<'_> {
         Ok(s)
     }
 
-    /// The user stack of (frame-pointer id, walked hash).
-    fn user(&mut self, id: i32, hash: u64) -> anyhow::Result<(Vec<u64>, Option<Walk>)> {
+    /// The user stack of (frame-pointer id, walked hash), with its
+    /// language frames.
+    fn user(&mut self, id: i32, hash: u64) -> anyhow::Result<UserStack> {
         if hash == 0 {
-            return Ok((self.id(id)?, None));
+            return Ok((self.id(id)?, None, None));
         }
         if !self.walked.contains_key(&hash) {
-            let w = read_walked(self.maps.walked, hash)?;
+            let w = match read_walked(self.maps.walked, hash)? {
+                Some((pcs, w)) => {
+                    let rt = if w.how & runtime::HOW_RT != 0 {
+                        self.maps
+                            .rt_walked
+                            .lookup(&hash.to_ne_bytes(), MapFlags::ANY)?
+                            .and_then(|v| RtStack::decode(&v))
+                            .map(Rc::new)
+                    } else {
+                        None
+                    };
+                    Some((pcs, Some(w), rt))
+                }
+                None => None,
+            };
             self.walked.insert(hash, w);
         }
         Ok(match &self.walked[&hash] {
-            Some((pcs, w)) => (pcs.clone(), Some(*w)),
-            None => (Vec::new(), None),
+            Some((pcs, w, rt)) => (pcs.clone(), *w, rt.clone()),
+            None => (Vec::new(), None, None),
         })
     }
 }
@@ -175,7 +213,7 @@ fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<K
         let u32_at = |o: usize| u32::from_ne_bytes(key[o..o + 4].try_into().unwrap());
         let u64_at = |o: usize| u64::from_ne_bytes(key[o..o + 8].try_into().unwrap());
         let count = u64::from_ne_bytes(val[..8].try_into().unwrap());
-        let (ustack, walk) = rd.user(u32_at(12) as i32, u64_at(16))?;
+        let (ustack, walk, lang) = rd.user(u32_at(12) as i32, u64_at(16))?;
         let blocked = RawSample {
             pid: u32_at(0),
             tid: u32_at(4),
@@ -183,13 +221,14 @@ fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<K
             kstack: rd.id(u32_at(8) as i32)?,
             ustack,
             walk,
+            lang,
             count,
         };
         // struct oc_waker: kstack, ustack, uhash, pid, comm.
         let w = KEY_BYTES;
         let waker = if key.len() >= w + 36 {
             let wk = u32_at(w) as i32;
-            let (ustack, walk) = rd.user(u32_at(w + 4) as i32, u64_at(w + 8))?;
+            let (ustack, walk, lang) = rd.user(u32_at(w + 4) as i32, u64_at(w + 8))?;
             Some((
                 RawSample {
                     pid: u32_at(w + 16),
@@ -198,6 +237,7 @@ fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<K
                     kstack: rd.id(wk)?,
                     ustack,
                     walk,
+                    lang,
                     count,
                 },
                 wk != WAKER_NOT_WALKED,
@@ -219,6 +259,8 @@ pub enum FrameKind {
     User,
     /// Code named by the process's perf map (JIT).
     Jit,
+    /// A Python function, read from the interpreter's own frames.
+    Python,
     /// An address nothing could name.
     Unknown,
     /// Marks a user stack cut short (no frame pointers, or deeper than the
@@ -292,6 +334,10 @@ pub struct Images {
     vdso: Option<Option<Rc<MappedFile>>>,
     /// Processes whose perf map was warned about (once each).
     warned: HashSet<u32>,
+    /// Code objects of language runtimes named during the run.
+    lang: Names,
+    /// What stacks show of them (`--frames`).
+    frames: Frames,
 }
 
 /// This process's `[vdso]` as a file: a memfd holding a copy of it (the
@@ -345,6 +391,13 @@ impl Images {
         if let Some(img) = self.snapshot(pid) {
             self.by_pid.insert(pid, img);
         }
+    }
+
+    /// Hands over the language runtimes' names read during the run
+    /// ([`super::unwind::Session::finish_names`]) and the `--frames` view.
+    pub fn set_lang(&mut self, names: Names, frames: Frames) {
+        self.lang = names;
+        self.frames = frames;
     }
 
     /// The process's name (its main thread's comm) when we saw it alive.
@@ -514,6 +567,13 @@ pub struct SymStats {
     /// gone), by reason: their frames are `[unknown]` in their module. Also
     /// `dwarf_skipped`: files named from their symbol tables only.
     pub unsymbolized_files: std::collections::BTreeMap<&'static str, u64>,
+    /// Samples (weight) whose stack has language frames.
+    pub lang_samples: u64,
+    /// Language frames (in unique stacks) whose code object was not named.
+    pub lang_unnamed_frames: u64,
+    /// Unique stacks whose interpreter-loop frames and language frames did
+    /// not pair up one to one (kept, see [`runtime::merge`]).
+    pub lang_unpaired_stacks: u64,
 }
 
 /// One symbolizer for the whole run; each unique address is symbolized once.
@@ -696,6 +756,25 @@ impl Symbols {
         }
     }
 
+    /// A language frame, named from what was read of its code object.
+    fn lang_frame(&self, pid: u32, f: &runtime::RtFrame, images: &Images, stats: &mut SymStats) -> Frame {
+        let module = images.lang.module(pid).cloned().unwrap_or_else(|| self.unknown.clone());
+        match images.lang.get(pid, f) {
+            Some(c) => Frame {
+                name: c.name.clone(),
+                file: Some(c.file.clone()),
+                line: c.line(f.loc),
+                kind: FrameKind::Python,
+                module,
+                inlined: false,
+            },
+            None => {
+                stats.lang_unnamed_frames += 1;
+                Frame::simple("[unknown]", FrameKind::Python, module)
+            }
+        }
+    }
+
     /// Symbolizes every sample into a [`Stack`]. `images` must hold the
     /// processes' snapshots (taken while they lived).
     pub fn stacks(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Stack> {
@@ -806,7 +885,18 @@ impl Symbols {
         // User part, outermost first.
         let mut user: Vec<Frame> = Vec::new();
         let sigframe = s.walk.map_or(0, |w| w.sigframe as usize);
-        for (i, place) in places.iter().enumerate().rev() {
+        let (parts, paired) = runtime::merge(places.len(), s.lang.as_deref(), images.frames);
+        let mut has_lang = false;
+        for part in parts {
+            let i = match part {
+                Part::Native(i) => i,
+                Part::Lang(f) => {
+                    has_lang = true;
+                    user.push(self.lang_frame(s.pid, f, images, stats));
+                    continue;
+                }
+            };
+            let place = &places[i];
             match place {
                 Place::Elf { file, offset } => {
                     let id = Rc::as_ptr(file) as usize;
@@ -823,7 +913,14 @@ impl Symbols {
                 Place::Unknown => user.push(Frame::simple("[unknown]", FrameKind::Unknown, self.unknown.clone())),
             }
         }
-        if !user.is_empty() {
+        if has_lang {
+            stats.lang_samples += s.count;
+        }
+        if !paired {
+            stats.lang_unpaired_stacks += 1;
+        }
+        let lang_only = has_lang && images.frames == Frames::Lang;
+        if !user.is_empty() && !lang_only {
             // A walk that reached a frame whose unwind row says it has
             // no caller is complete. Otherwise: frames outside the
             // outermost known root are leftovers of a frame-pointer walk
@@ -852,6 +949,11 @@ impl Symbols {
             }
         }
         frames.extend(user);
+        if has_lang && images.frames == Frames::Lang {
+            // Only the language frames: no kernel either.
+            let process = images.name(s.pid).map(str::to_string).unwrap_or_else(|| s.comm.clone());
+            return Stack { pid: s.pid, tid: s.tid, process, frames, count: s.count };
+        }
         // The leaf kernel frames of a stack taken inside a tracing program
         // are the program and its dispatch: not the traced code.
         let own = |f: &Frame| {

@@ -132,6 +132,9 @@ pub fn run_until_stop(
     if tty {
         eprintln!();
     }
+    // Code objects met since the last tick, named while their processes live.
+    let names = session.finish_names(um);
+    images.set_lang(names, session.frames());
     Ok((stop, images))
 }
 
@@ -329,6 +332,64 @@ pub struct StackSummary {
     pub unsymbolized_files: std::collections::BTreeMap<&'static str, u64>,
     /// How user stacks were walked.
     pub unwind: unwind::Report,
+    /// Language runtimes' frames (`--frames`).
+    pub language_frames: LangSummary,
+}
+
+/// The summary's `language_frames`: what was read of language runtimes.
+#[derive(Debug, serde::Serialize)]
+pub struct LangSummary {
+    /// Samples (weight) whose stack names language functions.
+    pub samples: u64,
+    /// Language frames (in unique stacks) whose code object was not named.
+    pub unnamed_frames: u64,
+    /// Unique stacks whose interpreter-loop frames and language frames did
+    /// not pair up one to one.
+    pub unpaired_stacks: u64,
+    /// Runtimes found, the kernel walk's counts, code objects named.
+    #[serde(flatten)]
+    pub report: super::runtime::Report,
+}
+
+impl LangSummary {
+    /// The summary's text line(s); empty when no runtime was met.
+    pub fn text(&self, unit: &str) -> String {
+        let r = &self.report;
+        if r.processes.is_empty() && r.walks.walks == 0 {
+            return String::new();
+        }
+        let procs: Vec<String> = r
+            .processes
+            .iter()
+            .map(|p| match &p.why {
+                None => format!("{} {}", p.pid, p.runtime),
+                Some(why) => format!("{} {} NOT READ ({why})", p.pid, p.runtime),
+            })
+            .collect();
+        let cut: Vec<String> = r.walks.cut.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let unnamed: Vec<String> = r.unnamed.iter().map(|(k, n)| format!("{n} {k}")).collect();
+        let mut s = format!(
+            "language frames (--frames {}): {} {unit} name language functions; processes: {}; runtime walks: {}, {} complete{}; {} code objects named{}; {} frames unnamed, {} stacks unpaired",
+            serde_json::to_value(r.frames).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+            self.samples,
+            if procs.is_empty() { "none".to_string() } else { procs.join(", ") },
+            r.walks.walks,
+            r.walks.complete,
+            if cut.is_empty() { String::new() } else { format!(", cut short: {}", cut.join(", ")) },
+            r.named,
+            if unnamed.is_empty() { String::new() } else { format!(" ({} not: {})", r.unnamed.values().sum::<u64>(), unnamed.join(", ")) },
+            self.unnamed_frames,
+            self.unpaired_stacks,
+        );
+        if r.walks.store_full + r.walks.seen_full > 0 {
+            s.push_str(&format!(
+                "
+language frame limits hit: {} stacks kept without their language frames, {} code objects not handed over",
+                r.walks.store_full, r.walks.seen_full
+            ));
+        }
+        s
+    }
 }
 
 impl StackSummary {
@@ -341,6 +402,12 @@ impl StackSummary {
             perf_maps: f.sym.perf_maps,
             unsymbolized_files: f.sym.unsymbolized_files.clone(),
             unwind: unw.clone(),
+            language_frames: LangSummary {
+                samples: f.sym.lang_samples,
+                unnamed_frames: f.sym.lang_unnamed_frames,
+                unpaired_stacks: f.sym.lang_unpaired_stacks,
+                report: unw.runtimes.clone(),
+            },
         }
     }
 }
@@ -373,6 +440,11 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
     if let Some(u) = unw {
         s.push('\n');
         s.push_str(&u.text());
+        let lang = StackSummary::of(f, u).language_frames.text(unit);
+        if !lang.is_empty() {
+            s.push('\n');
+            s.push_str(&lang);
+        }
     }
     if f.sym.truncated_by.contains_key("frame_pointers") {
         match unw {

@@ -39,7 +39,12 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{error::env, record::percpu_sum, taskfilter::TaskFilter};
+use super::{
+    error::env,
+    record::percpu_sum,
+    runtime::{Frames, RtMaps, Runtimes},
+    taskfilter::TaskFilter,
+};
 
 /// How user stacks are walked (`--unwind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default, serde::Serialize)]
@@ -64,6 +69,13 @@ pub struct UnwindArgs {
     /// pointers only), dwarf (as auto, but exit 2 when this kernel cannot).
     #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
     pub unwind: UnwindMode,
+    /// What stacks show of language runtimes (Python; see the README's
+    /// "Language frames"): mixed (each interpreter-loop frame replaced by the
+    /// functions it ran, native callers kept), lang (only those functions),
+    /// native (the interpreter's own frames, nothing read of the runtime).
+    /// Needs the table walk (Linux 5.15+).
+    #[arg(long, value_enum, default_value_t = Frames::Mixed)]
+    pub frames: Frames,
 }
 
 /// Whether this kernel can run the walk (`unwind.h`): the helpers it calls
@@ -89,25 +101,27 @@ pub struct Plan {
     pub asked: UnwindMode,
     /// Why tables are not walked in auto mode, if they are not.
     pub fallback: Option<String>,
+    /// `--frames`.
+    pub frames: Frames,
 }
 
 impl Plan {
     /// Frame pointers only (for programs that take no user stacks).
     pub fn fp() -> Plan {
-        Plan { tables: false, asked: UnwindMode::Fp, fallback: None }
+        Plan { tables: false, asked: UnwindMode::Fp, fallback: None, frames: Frames::Native }
     }
 
     /// Decides from `--unwind` and the kernel; `--unwind dwarf` on a kernel
     /// that cannot walk tables is an environment error (exit 2).
     pub fn new(a: &UnwindArgs) -> anyhow::Result<Plan> {
         match a.unwind {
-            UnwindMode::Fp => Ok(Plan { tables: false, asked: a.unwind, fallback: None }),
+            UnwindMode::Fp => Ok(Plan { tables: false, asked: a.unwind, fallback: None, frames: a.frames }),
             m => match kernel_can_walk() {
-                Ok(()) => Ok(Plan { tables: true, asked: m, fallback: None }),
+                Ok(()) => Ok(Plan { tables: true, asked: m, fallback: None, frames: a.frames }),
                 Err(why) if m == UnwindMode::Dwarf => Err(env(format!(
                     "--unwind dwarf: {why}, so user stacks cannot be walked from unwind tables; use --unwind fp"
                 ))),
-                Err(why) => Ok(Plan { tables: false, asked: m, fallback: Some(why) }),
+                Err(why) => Ok(Plan { tables: false, asked: m, fallback: Some(why), frames: a.frames }),
             },
         }
     }
@@ -149,6 +163,7 @@ macro_rules! set_unwind {
             open.maps.unw_need.set_max_entries(1)?;
             open.maps.unw_chunks.set_max_entries(1)?;
         }
+        $crate::set_runtimes!(open, plan);
     }};
 }
 
@@ -166,6 +181,10 @@ pub struct UnwMaps<'a> {
     pub stats: &'a dyn MapCore,
     /// `unw_walked`.
     pub walked: &'a dyn MapCore,
+    /// The language runtimes' maps (`runtime.h`).
+    pub rt: RtMaps<'a>,
+    /// `rt_walked`.
+    pub rt_walked: &'a dyn MapCore,
 }
 
 /// The [`UnwMaps`] of a loaded skeleton `$skel`.
@@ -180,6 +199,8 @@ macro_rules! unw_maps {
             need: &m.unw_need,
             stats: &m.unw_stats,
             walked: &m.unw_walked,
+            rt: $crate::engine::runtime::RtMaps { procs: &m.rt_procs, seen: &m.rt_seen, stats: &m.rt_stats },
+            rt_walked: &m.rt_walked,
         }
     }};
 }
@@ -290,6 +311,9 @@ pub struct Report {
     pub walks: WalkCounts,
     /// Table loading.
     pub table_stats: kernel::TableStats,
+    /// Language runtimes (in the summary as `language_frames`).
+    #[serde(skip)]
+    pub runtimes: super::runtime::Report,
 }
 
 impl Report {
@@ -369,6 +393,7 @@ pub struct Session {
     plan: Plan,
     tables: Option<kernel::Tables>,
     last_sweep: Instant,
+    runtimes: Runtimes,
 }
 
 impl Session {
@@ -376,7 +401,9 @@ impl Session {
     /// the processes `tf` selects now (before anything is attached, so their
     /// first samples are walked).
     pub fn start(plan: &Plan, m: &UnwMaps<'_>, tf: &TaskFilter) -> Session {
-        let mut s = Session { plan: plan.clone(), tables: None, last_sweep: Instant::now() };
+        let frames = if plan.tables { plan.frames } else { Frames::Native };
+        let mut s =
+            Session { plan: plan.clone(), tables: None, last_sweep: Instant::now(), runtimes: Runtimes::new(frames) };
         if !plan.tables {
             return s;
         }
@@ -384,6 +411,7 @@ impl Session {
         let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
         for pid in tf.processes_now().unwrap_or_default() {
             t.load_process(&km, pid, false);
+            s.runtimes.on_load(&m.rt, pid);
         }
         s.tables = Some(t);
         s
@@ -415,8 +443,11 @@ impl Session {
             let _ = m.need.delete(&pid.to_ne_bytes());
             // 1: no entry (new, or deleted by an exec): load afresh (the
             // record of an earlier image is replaced); 2: refresh.
-            t.load_process(&km, pid, what == 2);
+            if t.load_process(&km, pid, what == 2) {
+                self.runtimes.on_load(&m.rt, pid);
+            }
         }
+        self.runtimes.drain(&m.rt);
         if t.stats.built + t.stats.cache_hits != built {
             // Building a table allocates ~16 bytes per row for a moment (a
             // large library: ~100 MB), all freed once the rows are in the
@@ -429,12 +460,31 @@ impl Session {
         if self.last_sweep.elapsed() > Duration::from_secs(2) {
             self.last_sweep = Instant::now();
             t.forget_gone(&km);
+            self.runtimes.sweep(&m.rt);
+        }
+    }
+
+    /// What stacks show of language runtimes (`--frames`, `native` when
+    /// tables are not walked).
+    pub fn frames(&self) -> Frames {
+        if self.plan.tables {
+            self.plan.frames
+        } else {
+            Frames::Native
         }
     }
 
     /// Whether tables are walked.
     pub fn tables(&self) -> bool {
         self.plan.tables
+    }
+
+    /// Names the code objects the kernel handed over since the last tick
+    /// (call once more when the run stops, before the processes may exit),
+    /// and gives them, with the `--frames` view, to the symbolizer.
+    pub fn finish_names(&mut self, m: &UnwMaps<'_>) -> super::runtime::Names {
+        self.runtimes.drain(&m.rt);
+        self.runtimes.take_names()
     }
 
     /// The run's report (read after the programs are detached).
@@ -449,6 +499,7 @@ impl Session {
             fallback: self.plan.fallback.clone(),
             walks: WalkCounts::read(m.stats)?,
             table_stats,
+            runtimes: self.runtimes.report(&m.rt)?,
         })
     }
 }

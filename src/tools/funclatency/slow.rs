@@ -33,7 +33,7 @@ use crate::engine::{
     record::percpu_sum,
     render::Format,
     run::{duration_arg, RunControl, Stop},
-    stacks::{read_stack, read_walked, Images, RawSample, Stack, StackMaps, SymStats, Symbols},
+    stacks::{read_stack, read_user_stack, Images, RawSample, Stack, SymStats, Symbols},
     stacktool::{self, Finished, StackLoss},
     taskfilter::TaskFilter,
     unwind::{self, UnwMaps, UnwindArgs},
@@ -428,9 +428,9 @@ fn slow_calls(
     let raws: Vec<RawSample> = evs
         .iter()
         .map(|e| {
-            let (ustack, walk) = match read_walked(&skel.maps.unw_walked, e.uhash)? {
-                Some((pcs, w)) => (pcs, Some(w)),
-                None => (read_stack(&skel.maps.stk_traces, e.ustack)?, None),
+            let (ustack, walk, lang) = match read_user_stack(crate::stack_maps!(skel), -1, e.uhash)? {
+                (pcs, Some(w), lang) => (pcs, Some(w), lang),
+                _ => (read_stack(&skel.maps.stk_traces, e.ustack)?, None, None),
             };
             Ok(RawSample {
                 pid: e.pid,
@@ -439,6 +439,7 @@ fn slow_calls(
                 kstack: read_stack(&skel.maps.stk_traces, e.kstack)?,
                 ustack,
                 walk,
+                lang,
                 count: 1,
             })
         })
@@ -503,7 +504,7 @@ fn flame_graph(
     };
     stacktool::finish(
         &skel.maps.stk_counts,
-        StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
+        crate::stack_maps!(skel),
         images,
         &stacktool::Outputs {
             outs,

@@ -19,7 +19,7 @@ use crate::engine::{
     record::percpu_sum,
     render::Format,
     run::{duration_arg, duration_or_zero_arg, RunControl, Stop},
-    stacks::{Stack, StackMaps},
+    stacks::Stack,
     stacktool::{self, StackLoss, StackSummary},
     taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
@@ -292,7 +292,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let finish = if wake { stacktool::finish_wakeup } else { stacktool::finish };
     let f = finish(
         counts,
-        StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
+        crate::stack_maps!(skel),
         images,
         &stacktool::Outputs {
             outs: &outs,

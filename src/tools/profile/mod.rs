@@ -19,7 +19,6 @@ use crate::engine::{
     record::percpu_sum,
     render::Format,
     run::{RunControl, Stop},
-    stacks::StackMaps,
     stacks::SymStats,
     stacktool::{self, StackLoss, StackSummary},
     taskfilter::{TaskArgs, TaskFilter},
@@ -204,7 +203,12 @@ fn load(a: &ProfileArgs, tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result
 /// walk every stack tool shares), for `sonde doctor`.
 pub fn table_walk_loads() -> anyhow::Result<()> {
     unwind::kernel_can_walk().map_err(anyhow::Error::msg)?;
-    let plan = unwind::Plan { tables: true, asked: unwind::UnwindMode::Dwarf, fallback: None };
+    let plan = unwind::Plan {
+        tables: true,
+        asked: unwind::UnwindMode::Dwarf,
+        fallback: None,
+        frames: crate::engine::runtime::Frames::Mixed,
+    };
     let mut storage = MaybeUninit::uninit();
     let mut open = ProfileSkelBuilder::default().open(&mut storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, &plan, true);
@@ -246,7 +250,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     };
     let f = stacktool::finish(
         &skel.maps.stk_counts,
-        StackMaps { traces: &skel.maps.stk_traces, walked: &skel.maps.unw_walked },
+        crate::stack_maps!(skel),
         images,
         &stacktool::Outputs {
             outs: &outs,

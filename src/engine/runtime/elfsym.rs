@@ -1,0 +1,194 @@
+//! What the runtimes read of an executable a traced process maps: its
+//! `PT_LOAD` segments, a few named symbols, a named section, bytes at a
+//! virtual address. The file is the process's (hostile): sizes are checked
+//! before anything is read, reads go through a cache of the file (never the
+//! whole file at once), and a malformed file is an error, never a panic.
+use std::{collections::HashMap, fs::File};
+
+use object::{
+    elf,
+    read::elf::{ElfFile64, FileHeader, ProgramHeader},
+    Endianness, Object, ObjectSection, ObjectSymbol, ReadCache,
+};
+
+use crate::engine::unwind::elf::Segment;
+
+/// Most symbols looked at per table (a large library has ~100,000).
+const MAX_SYMBOLS: usize = 4 << 20;
+/// Most bytes read of one section or at one address.
+pub const MAX_BYTES: u64 = 64 << 20;
+
+/// A symbol's virtual address and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sym {
+    /// Virtual address in the file.
+    pub addr: u64,
+    /// Size in bytes (0 when the table does not say).
+    pub size: u64,
+}
+
+/// An ELF file opened for symbol and data look-ups.
+pub struct ElfSyms {
+    data: ReadCache<File>,
+    /// `PT_LOAD` segments.
+    pub segments: Vec<Segment>,
+}
+
+impl ElfSyms {
+    /// Reads the program headers of `file`; an error names what is wrong.
+    pub fn open(file: File) -> Result<ElfSyms, String> {
+        let data = ReadCache::new(file);
+        let segments = {
+            let elf = ElfFile64::<Endianness, _>::parse(&data).map_err(|e| format!("not a 64-bit ELF file: {e}"))?;
+            let endian = elf.endian();
+            let mut segs = Vec::new();
+            for ph in elf.elf_program_headers() {
+                if ph.p_type(endian) == elf::PT_LOAD {
+                    segs.push(Segment {
+                        offset: ph.p_offset(endian),
+                        vaddr: ph.p_vaddr(endian),
+                        filesz: ph.p_filesz(endian),
+                        exec: ph.p_flags(endian) & elf::PF_X != 0,
+                    });
+                }
+            }
+            if elf.elf_header().e_machine(endian) != elf::EM_X86_64 {
+                return Err("not an x86-64 ELF file".into());
+            }
+            segs
+        };
+        Ok(ElfSyms { data, segments })
+    }
+
+    fn parse(&self) -> Option<ElfFile64<'_, Endianness, &ReadCache<File>>> {
+        ElfFile64::parse(&self.data).ok()
+    }
+
+    /// The symbols named in `names` (dynamic table first, then the full
+    /// one), by name; a name defined twice keeps its first definition.
+    pub fn find(&self, names: &[&str]) -> HashMap<String, Sym> {
+        let mut out = HashMap::new();
+        let Some(elf) = self.parse() else { return out };
+        for table in [elf.dynamic_symbols(), elf.symbols()] {
+            for s in table.take(MAX_SYMBOLS) {
+                if out.len() == names.len() {
+                    return out;
+                }
+                if s.is_undefined() || s.address() == 0 {
+                    continue;
+                }
+                let Ok(n) = s.name() else { continue };
+                if names.contains(&n) && !out.contains_key(n) {
+                    out.insert(n.to_string(), Sym { addr: s.address(), size: s.size() });
+                }
+            }
+        }
+        out
+    }
+
+    /// The symbols whose name starts with `prefix` (full table and dynamic),
+    /// at most `max` of them.
+    pub fn with_prefix(&self, prefix: &str, max: usize) -> Vec<(String, Sym)> {
+        let mut out = Vec::new();
+        let Some(elf) = self.parse() else { return out };
+        for table in [elf.dynamic_symbols(), elf.symbols()] {
+            for s in table.take(MAX_SYMBOLS) {
+                if out.len() >= max {
+                    return out;
+                }
+                if s.is_undefined() || s.address() == 0 {
+                    continue;
+                }
+                if let Ok(n) = s.name() {
+                    if n.starts_with(prefix) && !out.iter().any(|(m, _)| m == n) {
+                        out.push((n.to_string(), Sym { addr: s.address(), size: s.size() }));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// A section's virtual address and bytes (at most [`MAX_BYTES`]).
+    pub fn section(&self, name: &str) -> Option<(u64, Vec<u8>)> {
+        let elf = self.parse()?;
+        let s = elf.section_by_name(name)?;
+        if s.size() > MAX_BYTES {
+            return None;
+        }
+        Some((s.address(), s.data().ok()?.to_vec()))
+    }
+
+    /// `len` bytes of the file at virtual address `vaddr` (from the
+    /// segment that holds them in the file).
+    pub fn read_vaddr(&self, vaddr: u64, len: u64) -> Option<Vec<u8>> {
+        if len > MAX_BYTES {
+            return None;
+        }
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| s.vaddr <= vaddr && vaddr.saturating_add(len) <= s.vaddr.saturating_add(s.filesz))?;
+        let off = seg.offset.checked_add(vaddr - seg.vaddr)?;
+        use object::ReadRef;
+        (&self.data).read_bytes_at(off, len).ok().map(|b| b.to_vec())
+    }
+}
+
+/// `/proc/PID/maps` lines of files, as the runtimes read them.
+#[derive(Debug, Clone)]
+pub struct MapLine {
+    /// First address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Whether the mapping is executable.
+    pub exec: bool,
+    /// The path as the process sees it (in its mount namespace).
+    pub path: String,
+}
+
+impl MapLine {
+    /// The file's base name.
+    pub fn base(&self) -> &str {
+        self.path.trim_end_matches(" (deleted)").rsplit('/').next().unwrap_or("")
+    }
+
+    /// The file, opened through `/proc/PID/map_files` (works in other mount
+    /// namespaces and for deleted files, and follows no path the process
+    /// controls).
+    pub fn open(&self, pid: u32) -> Option<File> {
+        File::open(format!("/proc/{pid}/map_files/{:x}-{:x}", self.start, self.end)).ok()
+    }
+}
+
+/// The file-backed mappings of `pid`, in address order.
+pub fn map_lines(pid: u32) -> Option<Vec<MapLine>> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let mut out = Vec::new();
+    for line in maps.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) =
+            (it.next(), it.next(), it.next(), it.next(), it.next())
+        else {
+            continue;
+        };
+        let path: String = it.collect::<Vec<_>>().join(" ");
+        if !path.starts_with('/') {
+            continue;
+        }
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(start), Ok(end), Ok(offset)) =
+            (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
+        else {
+            continue;
+        };
+        out.push(MapLine { start, end, offset, exec: perms.contains('x'), path });
+    }
+    Some(out)
+}
+
+/// Re-exported so runtimes need not reach into the unwinder.
+pub use crate::engine::unwind::elf::bias_of;

@@ -1,0 +1,248 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * Language runtimes' own frames, read in the kernel beside the native walk
+ * (unwind.h). User space (src/engine/runtime/) recognises a process's
+ * runtime, learns where its interpreter loop lies and how to find the
+ * running thread's frames, and hands that over in rt_procs. While the
+ * native walk goes up the stack it marks the frames whose pc lies in the
+ * interpreter loop; when it marked any, the runtime's walker (one folder per
+ * runtime, dispatched in rt_walk below) reads the thread's interpreter frame
+ * chain and records, per language frame, what user space needs to name it:
+ * the code object's address, where in it the frame is, and a cookie that
+ * tells a freed and reused code object apart. User space replaces each
+ * marked native frame by the language frames it was running.
+ *
+ * Reads only: bpf_probe_read_user of the current task's memory, every
+ * pointer and length bounded. Included by unwind.h before struct unw_state.
+ */
+#ifndef SONDE_RUNTIME_H
+#define SONDE_RUNTIME_H
+
+#define RT_MAX_FRAMES 128 /* language frames kept per stack (a power of two) */
+#define RT_MAX_RANGES 4   /* interpreter-loop pc ranges per process */
+#define RT_BUF        128 /* bytes of a frame or code object read at once */
+
+enum rt_kind {
+	RT_NONE = 0,
+	RT_PYTHON = 1,
+};
+
+/* Why a runtime walk ended (rt_stack.end; slots RT_S_END + this). */
+enum rt_end {
+	RT_END_DONE = 0,  /* the outermost frame */
+	RT_END_NO_THREAD, /* the thread has no interpreter state (it runs no code of the runtime) */
+	RT_END_READ,      /* a read of the process's memory failed */
+	RT_END_DEPTH,     /* RT_MAX_FRAMES frames */
+	RT_END_BAD_FRAME, /* a frame that is not one (a code object of the wrong type) */
+	RT_END_MAX,
+};
+
+/* rt_frame.flags */
+#define RT_F_ENTRY 1 /* the outermost frame run by one native interpreter-loop frame */
+
+/* One language frame. */
+struct rt_frame {
+	__u64 addr;   /* the code object */
+	__u32 loc;    /* where in it: runtime-specific (instruction offset or index) */
+	__u16 cookie; /* from fields of the code object, to tell a reused address apart */
+	__u8 flags;   /* RT_F_* */
+	__u8 kind;    /* enum rt_kind */
+};
+
+/* The language frames of a walked stack: rt_walked's value. */
+struct rt_stack {
+	__u16 n;
+	__u8 end;  /* enum rt_end */
+	__u8 kind; /* enum rt_kind */
+	__u32 pad;
+	__u64 marks[2]; /* bit i: native frame i (leaf first) is in the interpreter loop */
+	struct rt_frame f[RT_MAX_FRAMES];
+};
+
+#include "python/python.h"
+
+/* What the kernel needs to know of a process's runtime: rt_procs' value. */
+struct rt_proc {
+	__u32 kind; /* enum rt_kind */
+	__u32 nranges;
+	__u64 lo[RT_MAX_RANGES]; /* the interpreter loop: [lo, hi) */
+	__u64 hi[RT_MAX_RANGES];
+	struct py_proc py;
+};
+
+/* The walker's per-CPU state (two slots, as unw_scratch). */
+struct rt_state {
+	struct rt_proc cfg;
+	__u64 fsbase; /* the thread pointer */
+	__u64 frame;  /* the next frame to read */
+	__u64 hash;
+	__u8 buf[RT_BUF];
+	__u8 code[RT_BUF];
+	struct rt_stack st;
+};
+
+/* The runtime's counters (rt_stats, summed per CPU by user space). */
+enum rt_stat {
+	RT_S_WALKS = 0,  /* stacks whose native walk met an interpreter loop */
+	RT_S_FRAMES,     /* language frames recorded */
+	RT_S_STORE_FULL, /* language frames not kept: rt_walked was full */
+	RT_S_SEEN_FULL,  /* code objects not handed to user space: rt_seen was full */
+	RT_S_END,        /* + enum rt_end */
+	RT_S_MAX = RT_S_END + RT_END_MAX,
+};
+
+/* 1: read language frames where user space described the runtime. */
+const volatile __u32 rt_mode = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1); /* sized by user space */
+	__type(key, __u32);
+	__type(value, struct rt_proc);
+} rt_procs SEC(".maps");
+
+/* Language frames of walked stacks, by the stack's key in unw_walked. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1); /* sized by user space */
+	__type(key, __u64);
+	__type(value, struct rt_stack);
+} rt_walked SEC(".maps");
+
+/* A code object met in a new stack, for user space to name while the
+ * process lives (it drains the map). */
+struct rt_seen_key {
+	__u32 pid;
+	__u16 cookie;
+	__u8 kind;
+	__u8 pad;
+	__u64 addr;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1); /* sized by user space */
+	__type(key, struct rt_seen_key);
+	__type(value, __u8);
+} rt_seen SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct rt_state);
+} rt_scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RT_S_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} rt_stats SEC(".maps");
+
+static __always_inline void rt_stat(__u32 slot, __u64 n)
+{
+	__u64 *p = bpf_map_lookup_elem(&rt_stats, &slot);
+	if (p)
+		*p += n;
+}
+
+/* Reads a u64 at byte `off` of a RT_BUF buffer (offsets from user space,
+ * bounded here). */
+static __always_inline __u64 rt_u64(const __u8 *buf, __u32 off)
+{
+	__u64 v = 0;
+	if (off <= RT_BUF - 8)
+		__builtin_memcpy(&v, buf + (off & (RT_BUF - 1)), 8);
+	return v;
+}
+
+static __always_inline __u32 rt_u32(const __u8 *buf, __u32 off)
+{
+	__u32 v = 0;
+	if (off <= RT_BUF - 4)
+		__builtin_memcpy(&v, buf + (off & (RT_BUF - 1)), 4);
+	return v;
+}
+
+static __always_inline __u8 rt_u8(const __u8 *buf, __u32 off)
+{
+	return off < RT_BUF ? buf[off & (RT_BUF - 1)] : 0;
+}
+
+/* Appends a frame; false when the stack is full. */
+static __always_inline bool rt_push(struct rt_state *r, __u64 addr, __u32 loc, __u16 cookie,
+                                    __u8 flags, __u8 kind)
+{
+	__u16 n = r->st.n;
+	if (n >= RT_MAX_FRAMES)
+		return false;
+	struct rt_frame *f = &r->st.f[n & (RT_MAX_FRAMES - 1)];
+	f->addr = addr;
+	f->loc = loc;
+	f->cookie = cookie;
+	f->flags = flags;
+	f->kind = kind;
+	r->st.n = n + 1;
+	r->hash = (r->hash ^ addr ^ ((__u64)loc << 40)) * 0x100000001b3ULL;
+	r->hash ^= r->hash >> 29;
+	return true;
+}
+
+#include "python/python_walk.h"
+
+/*
+ * The dispatch point: reads the language frames of the current thread into
+ * rt_scratch[slot].st (set up by unw_capture: cfg, fsbase, marks). Global,
+ * so the verifier checks it once.
+ */
+__noinline int rt_walk(__u32 slot)
+{
+	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
+	if (!r)
+		return 0;
+	r->st.n = 0;
+	r->st.end = RT_END_DONE;
+	r->st.kind = r->cfg.kind;
+	r->hash = 0xcbf29ce484222325ULL;
+	rt_stat(RT_S_WALKS, 1);
+	switch (r->cfg.kind) {
+	case RT_PYTHON:
+		py_walk(slot);
+		break;
+	default:
+		break;
+	}
+	rt_stat(RT_S_FRAMES, r->st.n);
+	if (r->st.end < RT_END_MAX)
+		rt_stat(RT_S_END + r->st.end, 1);
+	return 0;
+}
+
+/* Hands the code objects of a new stack to user space (rt_seen). */
+__noinline int rt_note(__u32 slot, __u32 pid)
+{
+	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
+	if (!r)
+		return 0;
+	__u32 n = r->st.n;
+	struct rt_seen_key k = {};
+	__u8 one = 1;
+	k.pid = pid;
+	for (int i = 0; i < RT_MAX_FRAMES; i++) {
+		if (i >= n)
+			break;
+		struct rt_frame *f = &r->st.f[i];
+		k.addr = f->addr;
+		k.cookie = f->cookie;
+		k.kind = f->kind;
+		if (bpf_map_lookup_elem(&rt_seen, &k))
+			continue;
+		if (bpf_map_update_elem(&rt_seen, &k, &one, BPF_NOEXIST) &&
+		    !bpf_map_lookup_elem(&rt_seen, &k))
+			rt_stat(RT_S_SEEN_FULL, 1);
+	}
+	return 0;
+}
+
+#endif
