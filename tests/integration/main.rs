@@ -28,6 +28,8 @@ mod offcpu;
 mod perfmap;
 /// `sonde profile`.
 mod profile;
+/// Python frames read in the kernel, on every CPython here, against py-spy.
+mod python;
 /// `sonde retrans`.
 mod retrans;
 /// `sonde serve`: a real Prometheus, go tool pprof, a push receiver, bad input.
