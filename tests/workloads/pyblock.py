@@ -1,7 +1,9 @@
 """Blocked time with a split built in, for sonde offcpu's Python test: a
-worker thread waits in time.sleep (10 ms), a socket recv (20 ms, until a
-helper thread sends) and a threading.Lock (30 ms, until a helper releases
-it), under three named functions: 1:2:3. The helpers are told to go by
+worker thread waits in time.sleep (50 ms), a socket recv (100 ms, until a
+helper thread sends) and a threading.Lock (150 ms, until a helper releases
+it), under three named functions: 1:2:3. Long enough that a busy host's
+wake-up latency (a few ms per wait, two wake-ups for the helpers' waits)
+moves the shares by under 2 points. The helpers are told to go by
 semaphores, which never block the worker. Runs argv[1] seconds."""
 import socket
 import sys
@@ -10,7 +12,7 @@ import time
 
 
 def sleeper():
-    time.sleep(0.010)
+    time.sleep(0.050)
 
 
 def receiver(a, go):
@@ -28,14 +30,14 @@ def locker(lock, go):
 def sender(b, go):
     while True:
         go.acquire()
-        time.sleep(0.020)
+        time.sleep(0.100)
         b.send(b"x")
 
 
 def releaser(lock, go):
     while True:
         go.acquire()
-        time.sleep(0.030)
+        time.sleep(0.150)
         lock.release()
 
 

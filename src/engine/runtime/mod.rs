@@ -503,6 +503,42 @@ impl Runtimes {
     }
 }
 
+/// The runtimes this build reads, for `doctor` and the docs.
+pub fn supported() -> Vec<(&'static str, &'static str)> {
+    vec![("python", python::VERSIONS)]
+}
+
+/// What `doctor --pid` says of one process: its runtime, if any, whether
+/// its frames are read, and what was learnt (offsets' source, thread-state
+/// key, interpreter-loop ranges).
+pub fn inspect(pid: u32) -> serde_json::Value {
+    use serde_json::json;
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim_end().to_string());
+    let Ok(comm) = comm else { return json!({"pid": pid, "error": "no such process"}) };
+    let (Some(maps), Some(mem)) = (elfsym::map_lines(pid), Mem::open(pid)) else {
+        return json!({"pid": pid, "comm": comm, "error": "its maps or memory cannot be read"});
+    };
+    match detect(pid, &maps, &mem) {
+        None => {
+            json!({"pid": pid, "comm": comm, "runtime": null, "detail": "no runtime sonde reads (native frames only)"})
+        }
+        Some(python::Found::Python(p)) => json!({
+            "pid": pid, "comm": comm, "runtime": format!("Python {}", p.version), "read": true,
+            "image": p.image,
+            "offsets": if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
+            "thread_state_key": p.key,
+            "thread_specific_data": format!("{:#x}", p.tsd),
+            "interpreter_loop": p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>(),
+        }),
+        Some(python::Found::Unsupported { what, why }) => {
+            json!({"pid": pid, "comm": comm, "runtime": what, "read": false, "why": why})
+        }
+        Some(python::Found::Later(why)) => {
+            json!({"pid": pid, "comm": comm, "runtime": "Python", "read": false, "why": why})
+        }
+    }
+}
+
 /// The dispatch point of the user halves: which runtime, if any, `pid` runs.
 fn detect(pid: u32, maps: &[elfsym::MapLine], mem: &Mem) -> Option<python::Found> {
     python::detect(pid, maps, mem)

@@ -34,6 +34,11 @@ pub struct DoctorArgs {
     /// disk cache.
     #[arg(long, value_name = "FILE")]
     pub unwind: Vec<std::path::PathBuf>,
+    /// Instead of the kernel checks: what sonde finds of the language
+    /// runtime in this process (repeatable): which one, whether its frames
+    /// are read, and what was learnt to read them.
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pid: Vec<u32>,
 }
 
 /// Result of one check.
@@ -137,6 +142,9 @@ fn yesno(name: &'static str, ok: bool, yes: &str, no: &str) -> Check {
 pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
     if !a.unwind.is_empty() {
         return unwind_report(a);
+    }
+    if !a.pid.is_empty() {
+        return runtime_report(a);
     }
     let caps = Caps::probe();
     let tools: Vec<(&str, Value)> = TOOLS
@@ -277,6 +285,58 @@ pub fn cannot(why: impl Into<String>) -> Value {
     json!({"usable": false, "why": why.into()})
 }
 
+/// `doctor --pid`: the runtime of each process; exit 2 when one is gone.
+fn runtime_report(a: &DoctorArgs) -> anyhow::Result<i32> {
+    features::require_tracing_privileges()?;
+    let mut code = 0;
+    for &pid in &a.pid {
+        let v = crate::engine::runtime::inspect(pid);
+        if v.get("error").is_some() {
+            code = 2;
+        }
+        if a.json {
+            crate::outln!("{v}")?;
+            continue;
+        }
+        let s = |k: &str| v[k].as_str().unwrap_or("").to_string();
+        if let Some(e) = v.get("error") {
+            crate::outln!("process {pid}: {}", e.as_str().unwrap_or("?"))?;
+        } else if v["runtime"].is_null() {
+            crate::outln!("process {pid} ({}): {}", s("comm"), s("detail"))?;
+        } else if v["read"] == json!(true) {
+            crate::outln!(
+                "process {pid} ({}): {} in {}: its frames are read (offsets: {}; thread-state key {}, thread-specific data at thread pointer + {}; interpreter loop {})",
+                s("comm"),
+                s("runtime"),
+                s("image"),
+                s("offsets"),
+                v["thread_state_key"],
+                s("thread_specific_data"),
+                v["interpreter_loop"].as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", ")).unwrap_or_default()
+            )?;
+        } else {
+            crate::outln!(
+                "process {pid} ({}): {} NOT READ: {}; its stacks stay native",
+                s("comm"),
+                s("runtime"),
+                s("why")
+            )?;
+        }
+    }
+    Ok(code)
+}
+
+/// The language runtimes whose frames stack tools read, and whether this
+/// kernel runs that reading (it rides on the table walk).
+fn runtimes_report(caps: &Caps) -> Value {
+    let walk = caps.ok("unwind");
+    json!({
+        "read_in_kernel": walk,
+        "detail": if walk { "read beside the table walk of user stacks (--frames mixed, the default)".to_string() } else { "not here: language frames ride on the table walk, which does not load here (see unwind above)".to_string() },
+        "runtimes": crate::engine::runtime::supported().into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+    })
+}
+
 fn print_json(caps: &Caps, tools: &[(&str, Value)], usable: bool) -> anyhow::Result<()> {
     let mut feats = serde_json::Map::new();
     for c in &caps.checks {
@@ -289,6 +349,7 @@ fn print_json(caps: &Caps, tools: &[(&str, Value)], usable: bool) -> anyhow::Res
         "usable": usable,
         "features": feats,
         "tools": tools.iter().map(|(n, v)| (n.to_string(), v.clone())).collect::<serde_json::Map<_, _>>(),
+        "language_frames": runtimes_report(caps),
     });
     crate::outln!("{v}")?;
     Ok(())
@@ -312,6 +373,12 @@ fn print_text(caps: &Caps, tools: &[(&str, Value)]) -> anyhow::Result<()> {
             crate::outln!("  {t:<11} CANNOT RUN: {}", v["why"].as_str().unwrap_or("?"))?;
         }
     }
+    let rt = runtimes_report(caps);
+    let names: Vec<String> = rt["runtimes"]
+        .as_object()
+        .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_string)).collect())
+        .unwrap_or_default();
+    crate::outln!("language frames: {}: {}", names.join("; "), rt["detail"].as_str().unwrap_or(""))?;
     match crate::engine::cgroup::cgroup2_root() {
         Some(r) => crate::outln!("cgroup v2 at {r} (--cgroup paths are relative to it)")?,
         None => crate::outln!("note: no cgroup v2 mounted; --cgroup filters will not resolve")?,
