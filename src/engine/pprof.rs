@@ -216,7 +216,7 @@ pub fn encode(stacks: &[Stack], meta: &Meta<'_>) -> Vec<u8> {
         id
     };
     for s in stacks {
-        let user = || s.frames.iter().filter(|f| f.kind == FrameKind::User);
+        let user = || s.frames.iter().filter(|f| matches!(f.kind, FrameKind::User | FrameKind::Go));
         // The executable: the file named like the process (comm is cut at
         // 15 bytes), else the outermost user frame's.
         let base = |m: &str| m.rsplit('/').next().unwrap_or(m).to_string();

@@ -45,6 +45,8 @@ impl Format {
 
 /// The marker that ends a Python frame's label in folded output.
 pub const PY_MARK: &str = "_[py]";
+/// The marker that ends a Go frame's label in folded output.
+pub const GO_MARK: &str = "_[go]";
 
 /// The label of a frame in folded output: kernel frames end in `_[k]` (as
 /// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`,
@@ -56,6 +58,7 @@ fn label(f: &super::stacks::Frame) -> String {
         (FrameKind::Kernel, _) => format!("{name}_[k]"),
         (FrameKind::Jit, _) => format!("{name}_[j]"),
         (FrameKind::Python, _) => format!("{name}{PY_MARK}"),
+        (FrameKind::Go, false) => format!("{name}{GO_MARK}"),
         (_, true) => format!("{name}_[i]"),
         _ => name,
     }
@@ -181,40 +184,47 @@ fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8
     Ok(out)
 }
 
-/// Python frames in a flame graph: shown without their folded marker, in
-/// blues of their own (inferno colours by name: each such name gets its
-/// colour up front, unless a native frame of the graph has the same name).
+/// Language frames in a flame graph: shown without their folded marker, in
+/// colours of their own, Python blue and Go teal (inferno colours by name:
+/// each such name gets its colour up front, unless a native frame of the
+/// graph has the same name).
 fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::color::PaletteMap) {
-    use std::collections::HashSet;
-    let (mut lang, mut native): (HashSet<String>, HashSet<String>) = Default::default();
+    use std::collections::{HashMap, HashSet};
+    let mut lang: HashMap<String, &str> = HashMap::new();
+    let mut native: HashSet<String> = HashSet::new();
     let out = lines
         .iter()
         .map(|l| {
-            if !l.contains(PY_MARK) {
+            if !l.contains(PY_MARK) && !l.contains(GO_MARK) {
                 return l.clone();
             }
             let (stack, count) = l.rsplit_once(' ').unwrap_or((l, ""));
             let frames: Vec<&str> = stack
                 .split(';')
-                .map(|f| match f.strip_suffix(PY_MARK) {
-                    Some(n) => {
-                        lang.insert(n.to_string());
-                        n
+                .map(|f| {
+                    for mark in [PY_MARK, GO_MARK] {
+                        if let Some(n) = f.strip_suffix(mark) {
+                            lang.insert(n.to_string(), mark);
+                            return n;
+                        }
                     }
-                    None => {
-                        native.insert(f.to_string());
-                        f
-                    }
+                    native.insert(f.to_string());
+                    f
                 })
                 .collect();
             format!("{} {count}", frames.join(";"))
         })
         .collect();
     let mut map = inferno::flamegraph::color::PaletteMap::default();
-    for name in lang.difference(&native) {
+    for (name, mark) in lang.iter().filter(|(n, _)| !native.contains(*n)) {
         let h = name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
         let v = (h % 60) as u8;
-        map.insert(name, inferno::flamegraph::color::Color { r: 60 + v, g: 120 + v, b: 230 - v / 2 });
+        let c = if *mark == PY_MARK {
+            inferno::flamegraph::color::Color { r: 60 + v, g: 120 + v, b: 230 - v / 2 }
+        } else {
+            inferno::flamegraph::color::Color { r: 40 + v / 2, g: 170 + v, b: 160 + v / 2 }
+        };
+        map.insert(name, c);
     }
     (out, map)
 }
@@ -243,6 +253,7 @@ pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
             .map(|f| match f.kind {
                 FrameKind::Kernel => format!("{} [k]", f.name),
                 FrameKind::Python => format!("{} [py]", f.name),
+                FrameKind::Go if !f.inlined => format!("{} [go]", f.name),
                 _ => f.name.clone(),
             })
             .collect();

@@ -261,6 +261,8 @@ pub enum FrameKind {
     Jit,
     /// A Python function, read from the interpreter's own frames.
     Python,
+    /// A Go function, named from the binary's own function table.
+    Go,
     /// An address nothing could name.
     Unknown,
     /// Marks a user stack cut short (no frame pointers, or deeper than the
@@ -585,6 +587,22 @@ pub struct Symbols {
     jitmod: Rc<str>,
     unknown: Rc<str>,
     build_ids: HashMap<String, String>,
+    /// Go binaries' function tables, by mapped file (None: not Go).
+    go: HashMap<usize, Option<Rc<GoFile>>>,
+}
+
+/// A Go binary's table and where its segments lie in the file.
+struct GoFile {
+    table: runtime::go::Pclntab,
+    segments: Vec<super::unwind::elf::Segment>,
+}
+
+impl GoFile {
+    /// The file's virtual address at file offset `off`.
+    fn vaddr(&self, off: u64) -> Option<u64> {
+        let s = self.segments.iter().find(|s| s.offset <= off && off < s.offset + s.filesz)?;
+        Some(off - s.offset + s.vaddr)
+    }
 }
 
 /// The symbolizer every stack tool uses: code locations, inlined calls and
@@ -639,6 +657,7 @@ impl Default for Symbols {
             jitmod: Rc::from("[jit]"),
             unknown: Rc::from("[unknown]"),
             build_ids: HashMap::new(),
+            go: HashMap::new(),
         }
     }
 }
@@ -775,6 +794,20 @@ impl Symbols {
         }
     }
 
+    /// The Go table of a mapped file, read once (None: not a Go binary, or
+    /// its table is unreadable).
+    fn go_file(&mut self, id: usize, file: &MappedFile) -> Option<Rc<GoFile>> {
+        self.go
+            .entry(id)
+            .or_insert_with(|| {
+                let f = File::open(&file.open_path).ok()?;
+                let elf = runtime::elfsym::ElfSyms::open(f).ok()?;
+                let table = super::elfcheck::guarded(|| runtime::go::load(&elf)).ok().flatten()?;
+                Some(Rc::new(GoFile { table, segments: elf.segments.clone() }))
+            })
+            .clone()
+    }
+
     /// Symbolizes every sample into a [`Stack`]. `images` must hold the
     /// processes' snapshots (taken while they lived).
     pub fn stacks(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Stack> {
@@ -848,6 +881,33 @@ impl Symbols {
             offs.dedup();
             stats.user_addrs += offs.len() as u64;
             let module: Rc<str> = file.shown.clone();
+            // Go code is named from the binary's own function table (also
+            // stripped ones); what it does not cover (cgo's C) goes on.
+            if images.frames != Frames::Native {
+                if let Some(g) = self.go_file(id, &file) {
+                    offs.retain(|&o| match g.vaddr(o).and_then(|v| g.table.frames(v)) {
+                        Some(fr) => {
+                            let frames = fr
+                                .into_iter()
+                                .map(|f| Frame {
+                                    name: f.name,
+                                    file: f.file,
+                                    line: f.line,
+                                    kind: FrameKind::Go,
+                                    module: module.clone(),
+                                    inlined: f.inlined,
+                                })
+                                .collect();
+                            self.user.insert((id, o), frames);
+                            false
+                        }
+                        None => true,
+                    });
+                    if offs.is_empty() {
+                        continue;
+                    }
+                }
+            }
             match self.file_frames(&file.open_path, &module, &offs) {
                 Ok(ff) => {
                     if let Some(id) = ff.build_id {

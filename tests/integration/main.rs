@@ -14,6 +14,8 @@ mod cwnd;
 mod cycles;
 /// `sonde funclatency` and `sonde slow`.
 mod funclatency;
+/// Go binaries, stripped or not, named and walked from Go's own table.
+mod golang;
 /// Crafted ELF files and perf maps: a corpus and a bounded fuzzer.
 mod hostile_elf;
 /// The labs, end to end.

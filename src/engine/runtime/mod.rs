@@ -19,6 +19,7 @@
 //! `NAME/NAME.h` (its kernel walker), plugged in at [`detect`] and at
 //! `rt_walk` in `runtime.h`.
 pub mod elfsym;
+pub mod go;
 pub mod mem;
 pub mod python;
 

@@ -29,7 +29,7 @@ use super::{
 };
 
 /// Bumped whenever the row encoding or the builder's output changes.
-pub const FORMAT: u32 = 2;
+pub const FORMAT: u32 = 4;
 const MAGIC: &[u8; 8] = b"SONDEUW\0";
 const HEADER: usize = 8 + 4 + 4 + 32 + 8 + 6 * 8;
 /// Most bytes the cache directory may hold.
@@ -49,7 +49,7 @@ pub fn key(info: &ElfUnwindInfo) -> Key {
         h.update(n.to_le_bytes());
         h.update([*lazy as u8]);
     }
-    for s in [&info.eh_frame, &info.debug_frame] {
+    for s in [&info.eh_frame, &info.debug_frame, &info.gopclntab] {
         match s {
             Some(s) => {
                 h.update([1]);

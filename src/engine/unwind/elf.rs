@@ -65,6 +65,11 @@ pub struct ElfUnwindInfo {
     /// PLT sections: (address, size, lazy). Their stubs often have no CFI;
     /// the table gives them rules of their own (see `table::build`).
     pub plt: Vec<(u64, u64, bool)>,
+    /// A Go binary's function table (`.gopclntab`): its stack-pointer deltas
+    /// give Go code, which has no CFI, rows of its own.
+    pub gopclntab: Option<Section>,
+    /// The `.text` section's address (where Go's table counts from).
+    pub text: u64,
 }
 
 /// Most bytes of the section-name string table and of a note segment.
@@ -209,7 +214,22 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
             }
         }
     }
-    Ok(ElfUnwindInfo { segments, build_id, eh_frame, eh_frame_hdr, debug_frame, via_program_headers, plt })
+    let gopclntab = match section(".gopclntab")? {
+        Some(s) => Some(s),
+        None => section(".data.rel.ro.gopclntab")?,
+    };
+    let text = sections.section_by_name(endian, b".text").map(|(_, sh)| sh.sh_addr(endian)).unwrap_or(0);
+    Ok(ElfUnwindInfo {
+        segments,
+        build_id,
+        eh_frame,
+        eh_frame_hdr,
+        debug_frame,
+        via_program_headers,
+        plt,
+        gopclntab,
+        text,
+    })
 }
 
 impl ElfUnwindInfo {

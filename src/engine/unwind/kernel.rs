@@ -495,7 +495,7 @@ impl Tables {
     fn table_of(&mut self, m: &Maps<'_>, f: File) -> Result<FileTable, UnwindError> {
         let info = elf::read(f)?;
         let segments = info.segments.clone();
-        if info.eh_frame.is_none() && info.debug_frame.is_none() {
+        if info.eh_frame.is_none() && info.debug_frame.is_none() && info.gopclntab.is_none() {
             *self.stats.without_table.entry(reason(&UnwindError::NoUnwindInfo)).or_default() += 1;
             return Ok(FileTable { segments, placed: None, key: None });
         }

@@ -493,7 +493,23 @@ where
 /// address is at rsp; lazy `.plt`: GCC's PLT rule). Other code without CFI
 /// stays a gap, walked by its frame pointer.
 pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
-    let t = build_cfi(info)?;
+    let t = match (build_cfi(info), &info.gopclntab) {
+        (Err(UnwindError::NoUnwindInfo), Some(_)) => Table { rows: Vec::new(), stats: BuildStats::default() },
+        (t, _) => t?,
+    };
+    // Go's own table first: the DWARF .debug_frame of an unstripped Go
+    // binary says the same of each frame but not where stacks start, and
+    // stripped and unstripped builds must walk alike. CFI covers the rest
+    // (a cgo binary's C code).
+    let t = match &info.gopclntab {
+        Some(g) => {
+            let stats = t.stats;
+            let mut merged = merge(go_rows(g, info.text)?, t);
+            merged.stats = stats;
+            merged
+        }
+        None => t,
+    };
     if info.plt.is_empty() {
         return Ok(t);
     }
@@ -512,6 +528,35 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     let mut merged = merge(t, b.finish()?);
     merged.stats = stats;
     Ok(merged)
+}
+
+/// Rows for Go code from its function table (Go emits no `.eh_frame`): at
+/// each instruction the stack pointer is the entry's minus the table's
+/// delta, so CFA = rsp + delta + 8; a function that has pushed anything has
+/// saved its caller's rbp at CFA - 16 (Go's frame layout, both the old
+/// `SUBQ; MOVQ BP` and the newer `PUSHQ BP` prologues), one that has not
+/// left it alone. Functions where a stack starts or is switched (goexit,
+/// mstart, systemstack, mcall, morestack, asmcgocall) end the walk.
+fn go_rows(g: &super::elf::Section, text: u64) -> Result<Table, UnwindError> {
+    let t = crate::engine::runtime::go::Pclntab::parse(g.data.clone(), text)
+        .map_err(|e| UnwindError::Malformed(format!(".gopclntab: {e}")))?;
+    let mut b = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
+    use crate::engine::runtime::go::SpKind;
+    for (start, end, delta, kind) in t.sp_rows() {
+        let rule = if kind == SpKind::Stop {
+            Rule { cfa: Cfa::Stop, rbp: SavedRbp::Same }
+        } else if kind == SpKind::Signal {
+            Rule { cfa: Cfa::Signal, rbp: SavedRbp::Same }
+        } else if delta == 0 {
+            Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }
+        } else {
+            Rule { cfa: Cfa::Rsp(delta.saturating_add(8)), rbp: SavedRbp::AtCfa(-16) }
+        };
+        b.stats.fdes += 1;
+        // Runs come in address order; one a crafted table overlaps is cut.
+        b.add(start, end, rule)?;
+    }
+    b.finish()
 }
 
 fn build_cfi(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
@@ -833,6 +878,8 @@ mod tests {
             debug_frame: None,
             via_program_headers: false,
             plt: Vec::new(),
+            gopclntab: None,
+            text: 0,
         }
     }
 

@@ -1,0 +1,522 @@
+//! Go: the runtime's own function table (`.gopclntab`), which every Go
+//! binary keeps, stripped ones (`-ldflags=-s -w`) too, because the runtime
+//! needs it for its tracebacks and garbage collector. From it come names,
+//! source files, lines and inlined calls ([`Pclntab::frames`]), and the
+//! stack-pointer delta of every instruction ([`Pclntab::sp_rows`]), which
+//! the unwinder turns into table rows: Go code has no `.eh_frame`, and a
+//! leaf that sets up no frame would hide its caller from a frame-pointer
+//! walk.
+//!
+//! Formats of Go 1.16 to the newest (the header's magic says which); the
+//! table is the traced program's, so every offset, count and varint is
+//! checked against the bytes there are, and a malformed table is an error or
+//! a frame without a name, never a panic or an endless loop.
+use crate::engine::runtime::mem::le;
+
+/// Table formats (by the header's magic).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Version {
+    /// Go 1.16 and 1.17 (0xfffffffa).
+    Go116,
+    /// Go 1.18 and 1.19 (0xfffffff0).
+    Go118,
+    /// Go 1.20 and later (0xfffffff1).
+    Go120,
+}
+
+/// Function flags (`abi.FuncFlag`).
+const FLAG_TOPFRAME: u8 = 1;
+const FLAG_SPWRITE: u8 = 2;
+/// `abi.PCDATA_InlTreeIndex`, `abi.FUNCDATA_InlTree`.
+const PCDATA_INLTREE: u32 = 2;
+const FUNCDATA_INLTREE: u32 = 3;
+/// Longest name or path read.
+const MAX_STR: usize = 4096;
+/// Most inlined calls followed at one pc.
+const MAX_INLINE: usize = 64;
+
+/// A function's entry in the table.
+#[derive(Debug, Clone, Copy)]
+struct Func {
+    /// Offset of its `_func` in `pclntable`.
+    off: usize,
+    entry: u64,
+    name_off: u32,
+    pcsp: u32,
+    pcfile: u32,
+    pcln: u32,
+    npcdata: u32,
+    cu_offset: u32,
+    flag: u8,
+    nfuncdata: u8,
+    /// Where pcdata begins (bytes from `off`).
+    pcdata_at: usize,
+}
+
+/// One frame at a pc: a function, its file and line; `inlined` for calls
+/// the compiler inlined into the function below (their caller).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GoFrame {
+    /// Function name as the Go runtime prints it (`main.work`).
+    pub name: String,
+    /// Source file.
+    pub file: Option<String>,
+    /// Source line.
+    pub line: Option<u32>,
+    /// Inlined into the frame outside it.
+    pub inlined: bool,
+}
+
+/// A parsed `.gopclntab` (and, for inlined calls, the `go:func.*` data).
+#[derive(Debug, Clone)]
+pub struct Pclntab {
+    data: Vec<u8>,
+    /// The format.
+    pub version: Version,
+    ptrsize: usize,
+    quantum: u64,
+    nfunc: usize,
+    text_start: u64,
+    funcnametab: usize,
+    cutab: usize,
+    filetab: usize,
+    pctab: usize,
+    pclntable: usize,
+    functab: usize,
+    /// `go:func.*` (1.18+: funcdata are offsets from it): its address and
+    /// the bytes of the section holding it, from that address on.
+    gofunc: Option<(u64, Vec<u8>)>,
+}
+
+/// What a run of [`Pclntab::sp_rows`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpKind {
+    /// An ordinary frame: CFA = rsp + delta + 8.
+    Frame,
+    /// The walk ends here.
+    Stop,
+    /// A signal handler returns through here: the interrupted registers are
+    /// in the signal frame at the stack pointer.
+    Signal,
+}
+
+/// The magic of each format.
+pub fn version_of(magic: u32) -> Option<Version> {
+    match magic {
+        0xffff_fffa => Some(Version::Go116),
+        0xffff_fff0 => Some(Version::Go118),
+        0xffff_fff1 => Some(Version::Go120),
+        _ => None,
+    }
+}
+
+impl Pclntab {
+    /// Parses a table (`data`, starting at its header). `text` is the
+    /// address of the text segment's start (`runtime.text`, the `.text`
+    /// section), used when the header's own is not relocated (PIE).
+    pub fn parse(data: Vec<u8>, text: u64) -> Result<Pclntab, String> {
+        if data.len() < 64 {
+            return Err("too short for a header".into());
+        }
+        let version = version_of(le::<4>(&data, 0) as u32).ok_or("no Go 1.16+ magic")?;
+        if data[4] != 0 || data[5] != 0 || data[6] != 1 || data[7] != 8 {
+            return Err("not an x86-64 Go table (quantum 1, pointer size 8)".into());
+        }
+        let word = |i: usize| le::<8>(&data, 8 + 8 * i);
+        let nfunc = word(0) as usize;
+        let (text_start, first) = match version {
+            Version::Go116 => (0, 2),
+            _ => (if word(2) != 0 { word(2) } else { text }, 3),
+        };
+        let off = |i: usize| -> Result<usize, String> {
+            let o = word(first + i) as usize;
+            (o < data.len()).then_some(o).ok_or_else(|| format!("table offset {o} past its {} bytes", data.len()))
+        };
+        let t = Pclntab {
+            version,
+            ptrsize: 8,
+            quantum: 1,
+            nfunc,
+            text_start,
+            funcnametab: off(0)?,
+            cutab: off(1)?,
+            filetab: off(2)?,
+            pctab: off(3)?,
+            pclntable: off(4)?,
+            functab: off(4)?,
+            gofunc: None,
+            data,
+        };
+        let fs = t.field_size();
+        let need = (nfunc.checked_mul(2).and_then(|n| n.checked_add(1)).ok_or("function count overflows")?) * fs;
+        if nfunc == 0 || t.functab.checked_add(need).is_none_or(|e| e > t.data.len()) {
+            return Err(format!("{nfunc} functions do not fit the table"));
+        }
+        Ok(t)
+    }
+
+    /// Gives the `go:func.*` data inlined calls are read from (1.18+).
+    pub fn set_gofunc(&mut self, addr: u64, bytes: Vec<u8>) {
+        self.gofunc = Some((addr, bytes));
+    }
+
+    /// Functions in the table.
+    pub fn len(&self) -> usize {
+        self.nfunc
+    }
+
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.nfunc == 0
+    }
+
+    fn field_size(&self) -> usize {
+        if self.version >= Version::Go118 {
+            4
+        } else {
+            self.ptrsize
+        }
+    }
+
+    /// Entry pc of functab slot `i` (`i == nfunc`: the end of the last).
+    fn ft_pc(&self, i: usize) -> u64 {
+        let fs = self.field_size();
+        let at = self.functab + 2 * i * fs;
+        if fs == 4 {
+            self.text_start.wrapping_add(le::<4>(&self.data, at))
+        } else {
+            le::<8>(&self.data, at)
+        }
+    }
+
+    fn ft_off(&self, i: usize) -> usize {
+        let fs = self.field_size();
+        let at = self.functab + (2 * i + 1) * fs;
+        (if fs == 4 { le::<4>(&self.data, at) } else { le::<8>(&self.data, at) }) as usize
+    }
+
+    /// The text the table covers: [first entry, end of the last function).
+    pub fn range(&self) -> (u64, u64) {
+        (self.ft_pc(0), self.ft_pc(self.nfunc))
+    }
+
+    fn func(&self, i: usize) -> Option<Func> {
+        let off = self.pclntable.checked_add(self.ft_off(i))?;
+        let d = &self.data;
+        let sz0 = if self.version >= Version::Go118 { 4 } else { 8 };
+        if off + sz0 + 44 > d.len() {
+            return None;
+        }
+        let field = |n: usize| le::<4>(d, off + sz0 + (n - 1) * 4) as u32;
+        let entry = if self.version >= Version::Go118 {
+            self.text_start.wrapping_add(le::<4>(d, off))
+        } else {
+            le::<8>(d, off)
+        };
+        // funcID, flag, pad, nfuncdata after the u32 fields (8 of them, 9
+        // from 1.20: startLine).
+        let bytes = off + sz0 + if self.version >= Version::Go120 { 9 } else { 8 } * 4;
+        // 1.16 has padding where 1.17 put the flags: 0 either way.
+        let flag = d[bytes + 1];
+        Some(Func {
+            off,
+            entry,
+            name_off: field(1),
+            pcsp: field(4),
+            pcfile: field(5),
+            pcln: field(6),
+            npcdata: field(7),
+            cu_offset: field(8),
+            flag,
+            nfuncdata: d[bytes + 3],
+            pcdata_at: bytes + 4 - off,
+        })
+    }
+
+    /// The function holding `pc` (a virtual address of the file).
+    fn find(&self, pc: u64) -> Option<Func> {
+        let (lo, hi) = self.range();
+        if pc < lo || pc >= hi {
+            return None;
+        }
+        // The last slot whose entry is <= pc.
+        let (mut a, mut b) = (0usize, self.nfunc);
+        while b - a > 1 {
+            let m = (a + b) / 2;
+            if self.ft_pc(m) <= pc {
+                a = m;
+            } else {
+                b = m;
+            }
+        }
+        self.func(a)
+    }
+
+    fn cstr(&self, at: usize) -> Option<String> {
+        let s = self.data.get(at..)?;
+        let end = s.iter().take(MAX_STR).position(|&c| c == 0)?;
+        Some(String::from_utf8_lossy(&s[..end]).into_owned())
+    }
+
+    fn name(&self, off: u32) -> Option<String> {
+        self.cstr(self.funcnametab.checked_add(off as usize)?)
+    }
+
+    /// The value of pc-value table `off` at `pc` in a function starting at
+    /// `entry` (Go's `pcvalue`): varint pairs of (zig-zag value delta, pc
+    /// delta), the value starting at -1.
+    fn pcvalue(&self, off: u32, entry: u64, pc: u64) -> Option<i32> {
+        let mut p = self.pctab.checked_add(off as usize)?;
+        let (mut val, mut at) = (-1i32, entry);
+        let mut first = true;
+        loop {
+            let uv = self.varint(&mut p)?;
+            if uv == 0 && !first {
+                return None;
+            }
+            first = false;
+            let dv = if uv & 1 != 0 { !(uv >> 1) } else { uv >> 1 } as i32;
+            let dpc = self.varint(&mut p)? as u64 * self.quantum;
+            val = val.wrapping_add(dv);
+            at = at.checked_add(dpc)?;
+            if pc < at {
+                return Some(val);
+            }
+        }
+    }
+
+    fn varint(&self, p: &mut usize) -> Option<u32> {
+        let mut v = 0u32;
+        for shift in (0..35).step_by(7) {
+            let b = *self.data.get(*p)?;
+            *p += 1;
+            v |= ((b & 0x7f) as u32) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    /// Every (start, end, value) run of pc-value table `off` of `f`.
+    fn runs(&self, off: u32, f: &Func, end: u64) -> Vec<(u64, u64, i32)> {
+        let mut out = Vec::new();
+        let Some(mut p) = self.pctab.checked_add(off as usize) else { return out };
+        let (mut val, mut at) = (-1i32, f.entry);
+        let mut first = true;
+        while at < end {
+            let Some(uv) = self.varint(&mut p) else { break };
+            if uv == 0 && !first {
+                break;
+            }
+            first = false;
+            let dv = if uv & 1 != 0 { !(uv >> 1) } else { uv >> 1 } as i32;
+            let Some(dpc) = self.varint(&mut p) else { break };
+            val = val.wrapping_add(dv);
+            let next = at.saturating_add(dpc as u64 * self.quantum).min(end);
+            if next > at {
+                out.push((at, next, val));
+            }
+            at = next;
+        }
+        out
+    }
+
+    fn pcdata_table(&self, f: &Func, table: u32) -> Option<u32> {
+        if table >= f.npcdata {
+            return None;
+        }
+        let v = le::<4>(&self.data, f.off + f.pcdata_at + 4 * table as usize) as u32;
+        (v != 0).then_some(v)
+    }
+
+    /// The address of funcdata `i` of `f`, when it has one.
+    fn funcdata(&self, f: &Func, i: u32) -> Option<u64> {
+        if i >= f.nfuncdata as u32 {
+            return None;
+        }
+        let after = f.off + f.pcdata_at + 4 * f.npcdata as usize;
+        if self.version >= Version::Go118 {
+            let v = le::<4>(&self.data, after + 4 * i as usize) as u32;
+            let (base, _) = self.gofunc.as_ref()?;
+            (v != u32::MAX).then(|| base + v as u64)
+        } else {
+            // Pointer-aligned (the table is), absolute.
+            let at = after.next_multiple_of(8);
+            let v = le::<8>(&self.data, at + 8 * i as usize);
+            (v != 0).then_some(v)
+        }
+    }
+
+    fn gofunc_bytes(&self, addr: u64, len: usize) -> Option<&[u8]> {
+        let (base, bytes) = self.gofunc.as_ref()?;
+        let o = addr.checked_sub(*base)? as usize;
+        bytes.get(o..o.checked_add(len)?)
+    }
+
+    fn file_line(&self, f: &Func, pc: u64) -> (Option<String>, Option<u32>) {
+        let line = self.pcvalue(f.pcln, f.entry, pc).and_then(|l| u32::try_from(l).ok());
+        let file = self.pcvalue(f.pcfile, f.entry, pc).and_then(|n| {
+            let n = u32::try_from(n).ok()?;
+            let at = self.cutab.checked_add((f.cu_offset as usize + n as usize) * 4)?;
+            let off = le::<4>(&self.data, at) as u32;
+            if off == u32::MAX {
+                return None;
+            }
+            self.cstr(self.filetab.checked_add(off as usize)?)
+        });
+        (file, line)
+    }
+
+    /// The frames at `pc` (a virtual address of the file; a return address
+    /// minus one for callers), outermost first: the function, then the
+    /// calls inlined into it. None when no Go function holds `pc`.
+    pub fn frames(&self, pc: u64) -> Option<Vec<GoFrame>> {
+        let f = self.find(pc)?;
+        let mut inner = Vec::new();
+        let mut at = pc;
+        if let (Some(tab), Some(tree)) = (self.pcdata_table(&f, PCDATA_INLTREE), self.funcdata(&f, FUNCDATA_INLTREE)) {
+            let size = if self.version >= Version::Go120 { 16 } else { 20 };
+            let (name_at, parent_at) = if self.version >= Version::Go120 { (4, 8) } else { (12, 16) };
+            for _ in 0..MAX_INLINE {
+                let Some(ix) = self.pcvalue(tab, f.entry, at).filter(|&i| i >= 0) else { break };
+                let Some(ic) = self.gofunc_bytes(tree + ix as u64 * size, size as usize) else { break };
+                let name = self.name(le::<4>(ic, name_at) as u32).unwrap_or_else(|| "[unknown]".into());
+                let (file, line) = self.file_line(&f, at);
+                inner.push(GoFrame { name, file, line, inlined: true });
+                let parent = le::<4>(ic, parent_at) as u32 as i32;
+                at = f.entry.wrapping_add(parent as i64 as u64);
+            }
+        }
+        let (file, line) = self.file_line(&f, at);
+        let name = self.name(f.name_off).unwrap_or_else(|| "[unknown]".into());
+        let mut out = vec![GoFrame { name, file, line, inlined: false }];
+        out.extend(inner.into_iter().rev());
+        Some(out)
+    }
+
+    /// For the unwinder: every function's runs of (start, end, stack
+    /// pointer delta from the entry's, kind): [`SpKind::Stop`] where a stack
+    /// starts (`TOPFRAME`: goexit, mstart, rt0_go) or is switched
+    /// (`SPWRITE`: systemstack, mcall, asmcgocall, morestack; as Go's own
+    /// traceback, except cgocallback, which keeps both stacks walkable),
+    /// [`SpKind::Signal`] for the signal handler's return trampoline.
+    /// Bounded by the table's own size.
+    pub fn sp_rows(&self) -> Vec<(u64, u64, i32, SpKind)> {
+        let mut out = Vec::new();
+        for i in 0..self.nfunc {
+            let Some(f) = self.func(i) else { continue };
+            let end = self.ft_pc(i + 1);
+            if end <= f.entry {
+                continue;
+            }
+            let name = self.name(f.name_off).unwrap_or_default();
+            if name.starts_with("runtime.sigreturn") {
+                out.push((f.entry, end, 0, SpKind::Signal));
+                continue;
+            }
+            let spwrite = f.flag & FLAG_SPWRITE != 0 && name != "runtime.cgocallback";
+            let top = f.flag & FLAG_TOPFRAME != 0
+                || spwrite
+                || (self.version == Version::Go116
+                    && matches!(name.as_str(), "runtime.goexit" | "runtime.mstart" | "runtime.rt0_go"));
+            if top {
+                out.push((f.entry, end, 0, SpKind::Stop));
+                continue;
+            }
+            for (a, b, v) in self.runs(f.pcsp, &f, end) {
+                out.push((a, b, v.max(0), SpKind::Frame));
+            }
+        }
+        out
+    }
+}
+
+/// Where a Go binary's table is: the `.gopclntab` section, the
+/// `runtime.pclntab` symbol, or (section headers and symbols stripped) a
+/// header's magic in a read-only segment. Its address and bytes.
+pub fn locate(elf: &super::elfsym::ElfSyms) -> Option<(u64, Vec<u8>)> {
+    if let Some(s) = elf.section(".gopclntab").or_else(|| elf.section(".data.rel.ro.gopclntab")) {
+        return Some(s);
+    }
+    let syms = elf.find(&["runtime.pclntab", "runtime.epclntab"]);
+    if let (Some(a), Some(b)) = (syms.get("runtime.pclntab"), syms.get("runtime.epclntab")) {
+        if b.addr > a.addr {
+            return elf.read_vaddr(a.addr, b.addr - a.addr).map(|d| (a.addr, d));
+        }
+    }
+    // A header's magic, 8-aligned, in a segment that is not executable.
+    for seg in elf.segments.iter().filter(|s| !s.exec) {
+        let data = elf.read_vaddr(seg.vaddr, seg.filesz.min(super::elfsym::MAX_BYTES))?;
+        let mut at = 0;
+        while at + 64 <= data.len() {
+            if version_of(le::<4>(&data, at) as u32).is_some() && data[at + 4..at + 8] == [0, 0, 1, 8] {
+                let t = Pclntab::parse(data[at..].to_vec(), 0);
+                if t.is_ok() {
+                    return Some((seg.vaddr + at as u64, data[at..].to_vec()));
+                }
+            }
+            at += 8;
+        }
+    }
+    None
+}
+
+/// The Go table of an ELF file, with what inlined calls need, or None for a
+/// file that is not Go.
+pub fn load(elf: &super::elfsym::ElfSyms) -> Option<Pclntab> {
+    let (addr, data) = locate(elf)?;
+    let text = elf.section(".text").map(|(a, _)| a).unwrap_or(0);
+    let mut t = Pclntab::parse(data, text).ok()?;
+    if t.version >= Version::Go118 {
+        if let Some((base, bytes)) = find_gofunc(elf, addr, t.version, t.text_start) {
+            t.set_gofunc(base, bytes);
+        }
+    }
+    Some(t)
+}
+
+/// `runtime.firstmoduledata.gofunc`: the module data is the word-aligned
+/// place in the writable data whose first word is the table's address and
+/// whose `text` word is the text start; `gofunc` is the 41st word (the 39th
+/// before 1.20, which added the coverage counters). The bytes from there to
+/// the end of its segment. (A PIE binary's data words are relocated at load:
+/// in the file they are not addresses, and inlined calls go unnamed.)
+fn find_gofunc(elf: &super::elfsym::ElfSyms, table: u64, v: Version, text: u64) -> Option<(u64, Vec<u8>)> {
+    let gofunc_word = if v >= Version::Go120 { 40 } else { 38 };
+    for seg in elf.segments.iter().filter(|s| !s.exec) {
+        let Some(data) = elf.read_vaddr(seg.vaddr, seg.filesz.min(super::elfsym::MAX_BYTES)) else { continue };
+        let mut at = 0;
+        while at + 8 * (gofunc_word + 1) <= data.len() {
+            if le::<8>(&data, at) == table && le::<8>(&data, at + 8 * 22) == text {
+                let gofunc = le::<8>(&data, at + 8 * gofunc_word);
+                let holder = elf.segments.iter().find(|s| s.vaddr <= gofunc && gofunc < s.vaddr + s.filesz)?;
+                let len = holder.vaddr + holder.filesz - gofunc;
+                return elf.read_vaddr(gofunc, len.min(super::elfsym::MAX_BYTES)).map(|b| (gofunc, b));
+            }
+            at += 8;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_tables_are_errors_not_panics() {
+        assert!(Pclntab::parse(vec![0; 10], 0).is_err());
+        let mut h = vec![0u8; 128];
+        h[..4].copy_from_slice(&0xffff_fff1u32.to_le_bytes());
+        h[6] = 1;
+        h[7] = 8;
+        // A function count far past the bytes.
+        h[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(Pclntab::parse(h.clone(), 0).is_err());
+        // Offsets past the end.
+        h[8..16].copy_from_slice(&1u64.to_le_bytes());
+        h[32..40].copy_from_slice(&9999u64.to_le_bytes());
+        assert!(Pclntab::parse(h, 0).is_err());
+    }
+}

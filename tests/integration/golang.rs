@@ -1,0 +1,147 @@
+//! Go binaries named and walked from their own function table
+//! (`.gopclntab`), stripped (`-ldflags=-s -w`) or not, against the
+//! program's own runtime/pprof CPU profile of the same run.
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::common::*;
+
+/// Builds tests/workloads/gosplit.go with `ldflags` into `dir`.
+fn build(dir: &std::path::Path, name: &str, ldflags: &str) -> std::path::PathBuf {
+    let src = format!("{}/tests/workloads/gosplit.go", env!("CARGO_MANIFEST_DIR"));
+    let bin = dir.join(name);
+    let out = Command::new(go_bin())
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(format!("-ldflags={ldflags}"))
+        .arg(&src)
+        .current_dir(dir)
+        .env("GO111MODULE", "off")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
+    bin
+}
+
+/// (callee, caller, caller's line) of consecutive frames in gosplit.go, by
+/// weight; and the weights under main.heavy and main.light.
+type Calls = BTreeMap<(String, String, u64), u64>;
+
+fn sonde_calls(stacks: &[(Vec<Value>, u64)]) -> Calls {
+    let mut out = Calls::new();
+    for (frames, n) in stacks {
+        let ours: Vec<&Value> =
+            frames.iter().filter(|f| f["file"].as_str().is_some_and(|x| x.ends_with("gosplit.go"))).collect();
+        for w in ours.windows(2) {
+            let key = (
+                w[1]["name"].as_str().unwrap().to_string(),
+                w[0]["name"].as_str().unwrap().to_string(),
+                w[0]["line"].as_u64().unwrap_or(0),
+            );
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
+}
+
+/// The same from `go tool pprof -traces -lines` of the program's profile.
+fn pprof_calls(profile: &std::path::Path) -> Calls {
+    let out = Command::new(go_bin()).args(["tool", "pprof", "-traces", "-lines"]).arg(profile).output().unwrap();
+    assert!(out.status.success(), "go tool pprof: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut calls = Calls::new();
+    for block in text.split("-----------+") {
+        let mut weight = 0u64;
+        let mut frames: Vec<(String, u64)> = Vec::new(); // leaf first
+        for l in block.lines() {
+            let l = l.trim();
+            // "1.79s   main.spin /path/gosplit.go:28" or "main.heavy /path/gosplit.go:35"
+            let mut parts: Vec<&str> = l.split_whitespace().collect();
+            if parts.len() == 3 {
+                let t = parts.remove(0);
+                weight = t
+                    .strip_suffix("ms")
+                    .and_then(|x| x.parse::<f64>().ok())
+                    .or_else(|| t.strip_suffix('s').and_then(|x| x.parse::<f64>().ok()).map(|s| s * 1e3))
+                    .unwrap_or(0.0) as u64;
+            }
+            if parts.len() == 2 && parts[1].contains("gosplit.go:") {
+                let line = parts[1].rsplit(':').next().unwrap().parse().unwrap_or(0);
+                frames.push((parts[0].to_string(), line));
+            }
+        }
+        for w in frames.windows(2) {
+            *calls.entry((w[0].0.clone(), w[1].0.clone(), w[1].1)).or_default() += weight;
+        }
+    }
+    calls
+}
+
+/// Call sites carrying at least 2% of the weight (a stray sample is noise).
+fn main_sites(c: &Calls) -> BTreeSet<(String, String, u64)> {
+    let total: u64 = c.iter().filter(|(k, _)| k.1 == "main.main").map(|(_, n)| n).sum();
+    c.iter().filter(|(_, &n)| n * 50 >= total).map(|(k, _)| k.clone()).collect()
+}
+
+fn heavy_share(c: &Calls) -> f64 {
+    let w =
+        |callee: &str| -> u64 { c.iter().filter(|(k, _)| k.0 == callee && k.1 == "main.parent").map(|(_, n)| n).sum() };
+    let (h, l) = (w("main.heavy"), w("main.light"));
+    h as f64 / (h + l).max(1) as f64
+}
+
+#[test]
+fn go_stripped_and_unstripped_match_the_programs_own_profile() {
+    let dir = std::env::temp_dir().join(format!("sonde-go-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sym = build(&dir, "gosplit-sym", "");
+    let strip = build(&dir, "gosplit-strip", "-s -w");
+    // The stripped binary has neither symbols nor DWARF: only Go's table.
+    let sections =
+        String::from_utf8_lossy(&Command::new("readelf").arg("-S").arg(&strip).output().unwrap().stdout).into_owned();
+    assert!(!sections.contains(".symtab") && !sections.contains(".debug_") && sections.contains(".gopclntab"));
+
+    // The unstripped one writes its own CPU profile of the run.
+    let profile = dir.join("cpu.pprof");
+    let mut w = KillOnDrop(Command::new(&sym).arg("12").arg(&profile).spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+    let ours = sonde_calls(&stacks);
+    w.0.wait().unwrap();
+    let go = pprof_calls(&profile);
+    let (a, b) = (main_sites(&ours), main_sites(&go));
+    assert_eq!(a, b, "sonde's call sites (callee, caller, line) against runtime/pprof's; {err}");
+    // The frameless leaf's caller is there: main.spin under main.heavy.
+    assert!(a.iter().any(|k| k.0 == "main.spin" && k.1 == "main.heavy"), "{a:?}");
+    let (sa, sb) = (heavy_share(&ours), heavy_share(&go));
+    assert!(
+        (sa - 2.0 / 3.0).abs() < 0.05 && (sb - 2.0 / 3.0).abs() < 0.05,
+        "heavy's share: sonde {sa:.3}, pprof {sb:.3}"
+    );
+    // Every stack of the main goroutine is whole, from runtime.goexit.
+    let main_stacks: Vec<&(Vec<Value>, u64)> =
+        stacks.iter().filter(|(f, _)| f.iter().any(|x| x["name"] == "main.parent")).collect();
+    assert!(
+        main_stacks
+            .iter()
+            .all(|(f, _)| f[0]["name"] == "runtime.goexit"
+                && f.iter().all(|x| x["kind"] == "go" || x["kind"] == "kernel")),
+        "main goroutine stacks from runtime.goexit, all Go frames: {:?}",
+        main_stacks.iter().find(|(f, _)| f[0]["name"] != "runtime.goexit")
+    );
+    assert!(err.contains("truncated user stacks: 0"), "{err}");
+
+    // The stripped build: the same names and lines.
+    let w2 = KillOnDrop(Command::new(&strip).arg("60").spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let (stacks2, err2) = profile_json(w2.0.id(), &dir, &[]);
+    let ours2 = sonde_calls(&stacks2);
+    assert_eq!(main_sites(&ours2), a, "stripped against unstripped; {err2}");
+    let s2 = heavy_share(&ours2);
+    assert!((s2 - 2.0 / 3.0).abs() < 0.05, "stripped: heavy's share {s2:.3}");
+    assert!(err2.contains("truncated user stacks: 0") && err2.contains("unknown frames: 0"), "{err2}");
+
+    // With Go's table switched off (--frames native), the stripped binary
+    // has no names: what the test checks comes from the table.
+    let (native, _) = profile_json(w2.0.id(), &dir, &["--frames", "native"]);
+    assert!(native.iter().all(|(f, _)| !f.iter().any(|x| x["name"] == "main.spin")), "--frames native names nothing");
+}

@@ -1,0 +1,66 @@
+// A Go workload with a CPU split built in, for sonde's Go test: parent()
+// calls heavy() and light(), which run the frameless leaf spin() for 2n and
+// n turns (2:1 of the CPU); spin's loop body is step(), inlined into it.
+// spin sets up no frame, so a frame-pointer walk skips its caller; Go's own
+// table says where each frame is. With a path as second argument it writes
+// its own runtime/pprof CPU profile of the run there (the test's oracle).
+//
+//	gosplit SECONDS [CPU.pprof]
+package main
+
+import (
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"time"
+)
+
+var sink uint64
+
+func step(s uint64, i int) uint64 {
+	return s*6364136223846793005 + uint64(i)
+}
+
+//go:noinline
+func spin(n int) uint64 {
+	s := sink
+	for i := 0; i < n; i++ {
+		s = step(s, i)
+	}
+	return s
+}
+
+//go:noinline
+func heavy(n int) uint64 {
+	return spin(2*n) + 1
+}
+
+//go:noinline
+func light(n int) uint64 {
+	return spin(n) + 1
+}
+
+func add(a, b uint64) uint64 {
+	return a ^ b
+}
+
+//go:noinline
+func parent(end time.Time) {
+	for time.Now().Before(end) {
+		sink = add(sink, heavy(2000000))
+		sink = add(sink, light(2000000))
+	}
+}
+
+func main() {
+	secs, _ := strconv.ParseFloat(os.Args[1], 64)
+	if len(os.Args) > 2 {
+		f, err := os.Create(os.Args[2])
+		if err != nil {
+			panic(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	parent(time.Now().Add(time.Duration(secs * float64(time.Second))))
+}
