@@ -369,7 +369,7 @@ impl LangSummary {
         let cut: Vec<String> = r.walks.cut.iter().map(|(k, n)| format!("{n} {k}")).collect();
         let unnamed: Vec<String> = r.unnamed.iter().map(|(k, n)| format!("{n} {k}")).collect();
         let mut s = format!(
-            "language frames (--frames {}): {} {unit} name language functions; processes: {}; runtime walks: {}, {} complete{}; {} code objects named{}; {} frames unnamed, {} stacks unpaired",
+            "language frames (--frames {}): {} {unit} name language functions; processes: {}; runtime walks: {}, {} complete{}; {} code objects named in {:.0} ms{}; {} frames unnamed, {} stacks unpaired",
             serde_json::to_value(r.frames).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
             self.samples,
             if procs.is_empty() { "none".to_string() } else { procs.join(", ") },
@@ -377,6 +377,7 @@ impl LangSummary {
             r.walks.complete,
             if cut.is_empty() { String::new() } else { format!(", cut short: {}", cut.join(", ")) },
             r.named,
+            r.naming_ms,
             if unnamed.is_empty() { String::new() } else { format!(" ({} not: {})", r.unnamed.values().sum::<u64>(), unnamed.join(", ")) },
             self.unnamed_frames,
             self.unpaired_stacks,

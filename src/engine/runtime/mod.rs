@@ -290,6 +290,8 @@ pub struct Report {
     pub named: u64,
     /// Code objects not named, by reason (see [`Names::failed`]).
     pub unnamed: BTreeMap<&'static str, u64>,
+    /// Milliseconds spent handing code objects over and naming them.
+    pub naming_ms: f64,
 }
 
 /// The runtime maps of a loaded object.
@@ -311,6 +313,8 @@ pub struct Runtimes {
     /// Code objects named, and not, when the names were taken.
     named: u64,
     unnamed: BTreeMap<&'static str, u64>,
+    /// Time spent reading names from processes' memory.
+    naming: Duration,
 }
 
 impl Runtimes {
@@ -323,6 +327,7 @@ impl Runtimes {
             names: Names::default(),
             named: 0,
             unnamed: BTreeMap::new(),
+            naming: Duration::ZERO,
         }
     }
 
@@ -425,6 +430,7 @@ impl Runtimes {
         for pid in later {
             self.on_load(m, pid);
         }
+        let t0 = Instant::now();
         let keys: Vec<Vec<u8>> = m.seen.keys().filter(|k| k.len() == 16).collect();
         for k in keys {
             let _ = m.seen.delete(&k);
@@ -455,6 +461,7 @@ impl Runtimes {
                 Err(why) => *self.names.failed.entry(why).or_default() += 1,
             }
         }
+        self.naming += t0.elapsed();
     }
 
     /// Forgets processes that are gone: their memory handles and kernel
@@ -500,6 +507,7 @@ impl Runtimes {
             walks,
             named: self.named,
             unnamed: self.unnamed.clone(),
+            naming_ms: self.naming.as_secs_f64() * 1e3,
         })
     }
 }
