@@ -1,6 +1,8 @@
 //! ELF files and perf maps as hostile input: a corpus of crafted and
 //! truncated files through the unwind-table builder and the symbolizer, and
-//! a bounded fuzzer over both and the perf-map reader.
+//! a bounded fuzzer over both and the perf-map reader; and a second one over
+//! the language runtimes' decoders (Go's function table, CPython's line
+//! tables and code objects crafted in memory).
 //!
 //! The code under test is the tools' own: `unwind::elf::read` and
 //! `unwind::table::build` (what `--unwind auto` runs on every executable a
@@ -685,4 +687,166 @@ fn profile_survives_a_process_running_code_from_crafted_libraries_and_counts_the
     // frame pointers.
     assert_eq!(summary["truncated_stacks"], 0, "{summary}");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The runtime decoders as hostile input, bounded like the ELF fuzzer
+/// (`SONDE_FUZZ_SECS` / 4): Go's function table (a real one from a build of
+/// gosplit.go, mutated: header words, offsets, counts, varints, truncation)
+/// through parsing, naming at random pcs and the unwinder's rows; CPython's
+/// line tables of every format; and code objects crafted in this process's
+/// own memory (lengths, string states, pointers and line-table sizes a
+/// traced process controls) read back through `/proc/self/mem` as sonde
+/// reads a Python process's. Each input must return, within `HANG`, without
+/// a panic; findings are kept like the ELF fuzzer's.
+#[test]
+fn bounded_fuzz_of_the_go_table_and_python_decoders() {
+    use sonde::engine::runtime::{go::Pclntab, mem::Mem, python};
+    let secs: u64 = std::env::var("SONDE_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20) / 4;
+    let seed: u64 = std::env::var("SONDE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    println!("runtime fuzz seed {seed}, {secs} s");
+    let mut rng = Rng(seed);
+    // A real table to mutate.
+    let d = dir("gofuzz");
+    let bin = d.join("gosplit");
+    let st = std::process::Command::new(crate::common::go_bin())
+        .args(["build", "-ldflags=-s -w", "-o"])
+        .arg(&bin)
+        .arg(format!("{}/tests/workloads/gosplit.go", env!("CARGO_MANIFEST_DIR")))
+        .env("GO111MODULE", "off")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let file = std::fs::read(&bin).unwrap();
+    let obj = object::File::parse(&*file).unwrap();
+    let pcln = obj.section_by_name(".gopclntab").unwrap();
+    let seed_table = pcln.data().unwrap().to_vec();
+    let text = obj.section_by_name(".text").unwrap().address();
+    let real = Pclntab::parse(seed_table.clone(), text).expect("the real table parses");
+    let (lo, hi) = real.range();
+    assert!(real.frames(lo + 16).is_some() && !real.sp_rows().is_empty());
+
+    let mut findings = Vec::new();
+    let (mut n_go, mut n_ok, mut n_lines, mut n_code) = (0u64, 0u64, 0u64, 0u64);
+    let start = Instant::now();
+    let mut check = |kind: &str, bytes: &[u8], f: &mut dyn FnMut()| {
+        let t0 = Instant::now();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        if r.is_err() || t0.elapsed() > HANG {
+            findings.push(format!("{kind}: {} ({:?})", keep(kind, bytes).display(), t0.elapsed()));
+        }
+    };
+    while start.elapsed() < Duration::from_secs(secs.max(2)) {
+        // Go: mutate a copy of the table (a window of it, to keep it quick).
+        let mut t = seed_table.clone();
+        for _ in 0..1 + rng.below(8) {
+            match rng.below(5) {
+                0 if t.len() >= 72 => {
+                    // a header word
+                    let at = 8 + 8 * rng.below(8);
+                    let v = [0u64, 1, u64::MAX, rng.next(), rng.next() % t.len() as u64][rng.below(5)];
+                    t[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                1 => {
+                    let at = rng.below(t.len());
+                    t[at] = rng.next() as u8;
+                }
+                2 if t.len() >= 4 => {
+                    let at = rng.below(t.len() - 3);
+                    t[at..at + 4].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+                }
+                3 => t.truncate(rng.below(t.len()).max(8)),
+                0 | 2 => {}
+                _ => {
+                    // varint runs that never end
+                    let at = rng.below(t.len());
+                    for b in t.iter_mut().skip(at).take(64) {
+                        *b = 0xff;
+                    }
+                }
+            }
+        }
+        let bytes = t.clone();
+        let mut ok = false;
+        check("gopclntab", &bytes, &mut || {
+            if let Ok(p) = Pclntab::parse(t.clone(), text) {
+                ok = true;
+                for _ in 0..64 {
+                    let pc = lo + (rng.next() % (hi - lo + 64));
+                    let _ = p.frames(pc);
+                }
+                let _ = p.sp_rows().len();
+            }
+        });
+        n_go += 1;
+        n_ok += ok as u64;
+        // Python line tables, every format, random locations.
+        let table: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+        for minor in [8u8, 9, 10, 11, 12, 13] {
+            let loc = [0, u32::MAX, rng.next() as u32, 200 + rng.below(400) as u32][rng.below(4)];
+            check("pylines", &table, &mut || {
+                let _ = python::line_at(minor, &table, 192, rng.next() as u32, loc);
+            });
+            n_lines += 1;
+        }
+        // A code object in our own memory, read as a traced process's.
+        let mut lay = python::layout([8, 10, 11, 12, 13][rng.below(5)]).unwrap();
+        lay.co_name = lay.co_name.min(200);
+        let mut obj = vec![0u8; 256];
+        let mut strbuf = vec![0u8; 128];
+        let mut lt = vec![0u8; 64];
+        let code_type = 0x1234_5678u64;
+        obj[8..16].copy_from_slice(&code_type.to_le_bytes());
+        let (sp, lp) = (strbuf.as_ptr() as u64, lt.as_ptr() as u64);
+        let ptr = |r: &mut Rng, good: u64| [good, 0, 8, u64::MAX - 3, r.next(), good + (r.next() % 64)][r.below(6)];
+        for off in [lay.co_name, lay.co_filename] {
+            let p = ptr(&mut rng, sp);
+            obj[off as usize..off as usize + 8].copy_from_slice(&p.to_le_bytes());
+        }
+        let p = ptr(&mut rng, lp);
+        obj[lay.co_linetable as usize..lay.co_linetable as usize + 8].copy_from_slice(&p.to_le_bytes());
+        // str: length, state (kind, compact, ascii bits), text.
+        let len = [3u64, 0, u64::MAX, 1 << 40, rng.next() % 10_000][rng.below(5)];
+        strbuf[16..24].copy_from_slice(&len.to_le_bytes());
+        strbuf[32..36].copy_from_slice(&(rng.next() as u32).to_le_bytes());
+        for b in strbuf.iter_mut().skip(40) {
+            *b = b'a' + (rng.next() % 26) as u8;
+        }
+        // bytes: its size, then contents.
+        let blen = [8u64, 0, u64::MAX, 1 << 30, rng.next()][rng.below(5)];
+        lt[16..24].copy_from_slice(&blen.to_le_bytes());
+        for b in lt.iter_mut().skip(32) {
+            *b = rng.next() as u8;
+        }
+        let cookie = python::cookie(
+            sonde::engine::runtime::mem::le::<4>(&obj, lay.co_argcount as usize) as u32,
+            sonde::engine::runtime::mem::le::<4>(&obj, lay.co_firstlineno as usize) as u32,
+            sonde::engine::runtime::mem::le::<4>(&obj, lay.co_flags as usize) as u32,
+        );
+        let py = python::Python {
+            version: format!("3.{}", lay.minor),
+            layout: lay,
+            from_debug_offsets: false,
+            code_type,
+            ranges: vec![],
+            key: 0,
+            tsd: 0,
+            image: String::new(),
+        };
+        let mem = Mem::open(std::process::id()).unwrap();
+        let mut all = obj.clone();
+        all.extend_from_slice(&strbuf);
+        check("pycode", &all, &mut || {
+            if let Ok(info) = python::code_info(&py, &mem, obj.as_ptr() as u64, cookie) {
+                assert!(info.name.chars().count() <= 4096 && info.file.chars().count() <= 4096);
+                let _ = info.line(rng.next() as u32);
+            }
+        });
+        n_code += 1;
+        std::hint::black_box((&strbuf, &lt));
+    }
+    println!("runtime fuzz: {n_go} Go tables ({n_ok} parsed), {n_lines} line tables, {n_code} code objects");
+    assert!(n_go > 10 && n_code > 10);
+    assert!(findings.is_empty(), "seed {seed}:\n{}", findings.join("\n"));
 }

@@ -148,7 +148,11 @@ impl Pclntab {
             data,
         };
         let fs = t.field_size();
-        let need = (nfunc.checked_mul(2).and_then(|n| n.checked_add(1)).ok_or("function count overflows")?) * fs;
+        let need = nfunc
+            .checked_mul(2)
+            .and_then(|n| n.checked_add(1))
+            .and_then(|n| n.checked_mul(fs))
+            .ok_or("function count overflows")?;
         if nfunc == 0 || t.functab.checked_add(need).is_none_or(|e| e > t.data.len()) {
             return Err(format!("{nfunc} functions do not fit the table"));
         }
@@ -339,7 +343,7 @@ impl Pclntab {
         if self.version >= Version::Go118 {
             let v = le::<4>(&self.data, after + 4 * i as usize) as u32;
             let (base, _) = self.gofunc.as_ref()?;
-            (v != u32::MAX).then(|| base + v as u64)
+            (v != u32::MAX).then(|| base.wrapping_add(v as u64))
         } else {
             // Pointer-aligned (the table is), absolute.
             let at = after.next_multiple_of(8);
@@ -380,7 +384,7 @@ impl Pclntab {
             let (name_at, parent_at) = if self.version >= Version::Go120 { (4, 8) } else { (12, 16) };
             for _ in 0..MAX_INLINE {
                 let Some(ix) = self.pcvalue(tab, f.entry, at).filter(|&i| i >= 0) else { break };
-                let Some(ic) = self.gofunc_bytes(tree + ix as u64 * size, size as usize) else { break };
+                let Some(ic) = self.gofunc_bytes(tree.wrapping_add(ix as u64 * size), size as usize) else { break };
                 let name = self.name(le::<4>(ic, name_at) as u32).unwrap_or_else(|| "[unknown]".into());
                 let (file, line) = self.file_line(&f, at);
                 inner.push(GoFrame { name, file, line, inlined: true });

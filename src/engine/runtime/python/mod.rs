@@ -354,7 +354,7 @@ fn read_interpreter(
         }
     }
     // The thread-state key, once the runtime has made it.
-    let tss = match mem.bytes(runtime + layout.rt_autotss, 8) {
+    let tss = match mem.bytes(runtime.wrapping_add(layout.rt_autotss), 8) {
         Some(b) => b,
         None => return unsupported(&what, "its runtime state cannot be read"),
     };
@@ -390,19 +390,19 @@ fn read_interpreter(
 /// is found on a live thread: the offset at which the thread's slot for
 /// `key` holds its own thread state (0x310 on glibc 2.26 to 2.41).
 fn calibrate(mem: &Mem, runtime: u64, l: &Layout, key: u32) -> Option<u64> {
-    let interp = mem.u64(runtime + l.rt_interp_head).filter(|&p| p != 0)?;
-    let mut ts = mem.u64(interp + l.interp_threads)?;
+    let interp = mem.u64(runtime.wrapping_add(l.rt_interp_head)).filter(|&p| p != 0)?;
+    let mut ts = mem.u64(interp.wrapping_add(l.interp_threads))?;
     for _ in 0..256 {
         if ts == 0 {
             break;
         }
-        let me = mem.u64(ts + l.ts_thread_id)?;
+        let me = mem.u64(ts.wrapping_add(l.ts_thread_id))?;
         if me != 0 {
             if let Some(x) = tsd_offset(mem, me, key, ts) {
                 return Some(x);
             }
         }
-        ts = mem.u64(ts + l.ts_next)?;
+        ts = mem.u64(ts.wrapping_add(l.ts_next))?;
     }
     None
 }
@@ -416,7 +416,7 @@ fn tsd_offset(mem: &Mem, me: u64, key: u32, ts: u64) -> Option<u64> {
             le::<8>(&block, at + 8) == ts && le::<8>(&block, at) & 1 == 1
         } else {
             let p = le::<8>(&block, x + 0x200 + (k / 32) * 8);
-            p != 0 && mem.u64(p + (k % 32) as u64 * 16 + 8) == Some(ts)
+            p != 0 && mem.u64(p.wrapping_add((k % 32) as u64 * 16 + 8)) == Some(ts)
         }
     };
     let last = block.len().saturating_sub(0x200 + 32 * 8);
@@ -495,14 +495,14 @@ fn text(mem: &Mem, l: &Layout, addr: u64) -> Option<String> {
         return None;
     }
     if ascii == 1 {
-        let b = mem.bytes(addr + l.ascii_size, len as usize)?;
+        let b = mem.bytes(addr.wrapping_add(l.ascii_size), len as usize)?;
         return Some(String::from_utf8_lossy(&b).into_owned());
     }
     let width = match kind {
         1 | 2 | 4 => kind,
         _ => return None,
     };
-    let b = mem.bytes(addr + l.compact_size, (len * width) as usize)?;
+    let b = mem.bytes(addr.wrapping_add(l.compact_size), (len * width) as usize)?;
     let unit = |c: &[u8]| match c.len() {
         1 => c[0] as u32,
         2 => u16::from_le_bytes([c[0], c[1]]) as u32,
@@ -513,11 +513,11 @@ fn text(mem: &Mem, l: &Layout, addr: u64) -> Option<String> {
 
 /// A `bytes` object's contents.
 fn bytes_object(mem: &Mem, addr: u64) -> Option<Vec<u8>> {
-    let len = mem.u64(addr + 16)?;
+    let len = mem.u64(addr.wrapping_add(16))?;
     if len > MAX_LINETABLE {
         return None;
     }
-    mem.bytes(addr + 32, len as usize)
+    mem.bytes(addr.wrapping_add(32), len as usize)
 }
 
 /// The line of a frame at `loc` (the kernel's: `f_lasti` before 3.11, the
@@ -558,7 +558,7 @@ fn lnotab(t: &[u8], first: i64, lasti: i64) -> i64 {
         if addr > lasti {
             break;
         }
-        line += p[1] as i8 as i64;
+        line = line.wrapping_add(p[1] as i8 as i64);
     }
     line
 }
@@ -571,10 +571,10 @@ fn linetable_310(t: &[u8], first: i64, target: i64) -> Option<i64> {
         let here = if p[1] as i8 == -128 {
             None
         } else {
-            line += p[1] as i8 as i64;
+            line = line.wrapping_add(p[1] as i8 as i64);
             Some(line)
         };
-        let end = addr + p[0] as i64;
+        let end = addr.saturating_add(p[0] as i64);
         if (addr..end).contains(&target) {
             return here;
         }
@@ -614,18 +614,18 @@ fn locations(t: &[u8], first: i64, index: i64) -> Option<i64> {
         let here = match code {
             15 => None,
             14 => {
-                line += svarint(&mut i)?;
+                line = line.wrapping_add(svarint(&mut i)?);
                 varint(&mut i)?;
                 varint(&mut i)?;
                 varint(&mut i)?;
                 Some(line)
             }
             13 => {
-                line += svarint(&mut i)?;
+                line = line.wrapping_add(svarint(&mut i)?);
                 Some(line)
             }
             10..=12 => {
-                line += code as i64 - 10;
+                line = line.wrapping_add(code as i64 - 10);
                 i += 2;
                 Some(line)
             }
