@@ -145,3 +145,51 @@ fn go_stripped_and_unstripped_match_the_programs_own_profile() {
     let (native, _) = profile_json(w2.0.id(), &dir, &["--frames", "native"]);
     assert!(native.iter().all(|(f, _)| !f.iter().any(|x| x["name"] == "main.spin")), "--frames native names nothing");
 }
+
+/// cgo both ways: Go calling C keeps the C frames (the walk ends at
+/// asmcgocall's switch to the system stack, as Go's traceback does there),
+/// C calling back into Go keeps the whole Go stack from runtime.goexit.
+#[test]
+fn go_cgo_calls_keep_their_native_and_go_frames() {
+    let dir = std::env::temp_dir().join(format!("sonde-gocgo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("gocgo");
+    let out = Command::new(go_bin())
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(format!("{}/tests/workloads/gocgo.go", env!("CARGO_MANIFEST_DIR")))
+        .current_dir(&dir)
+        .env("GO111MODULE", "off")
+        .env("CGO_ENABLED", "1")
+        .env("CC", "clang")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "go build (cgo): {}", String::from_utf8_lossy(&out.stderr));
+    let w = KillOnDrop(Command::new(&bin).arg("60").spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+    let names = |f: &[Value]| f.iter().map(|x| x["name"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>();
+    let weight =
+        |p: &dyn Fn(&[String]) -> bool| -> u64 { stacks.iter().filter(|(f, _)| p(&names(f))).map(|s| s.1).sum() };
+    let go_spin = weight(&|n| n.last().is_some_and(|x| x == "main.goSpin"));
+    let whole = weight(&|n| {
+        n.last().is_some_and(|x| x == "main.goSpin")
+            && n.first().is_some_and(|x| x == "runtime.goexit")
+            && n.iter().any(|x| x == "main.viaC")
+            && n.iter().any(|x| x == "main.goBack")
+    });
+    assert!(
+        go_spin > 200 && whole as f64 > 0.95 * go_spin as f64,
+        "C -> Go: {whole} of {go_spin} from goexit through viaC and goBack; {err}"
+    );
+    let c_spin = weight(&|n| n.last().is_some_and(|x| x == "c_spin"));
+    let kept = weight(&|n| {
+        n.last().is_some_and(|x| x == "c_spin")
+            && n.iter().any(|x| x.contains("_Cfunc_c_spin"))
+            && !n.iter().any(|x| x == "[truncated]")
+    });
+    assert!(
+        c_spin > 40 && kept as f64 > 0.95 * c_spin as f64,
+        "Go -> C: {kept} of {c_spin} keep their C frames, not cut; {err}"
+    );
+}

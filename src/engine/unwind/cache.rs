@@ -49,6 +49,8 @@ pub fn key(info: &ElfUnwindInfo) -> Key {
         h.update(n.to_le_bytes());
         h.update([*lazy as u8]);
     }
+    // Go's rows count from where its text starts.
+    h.update(info.text.to_le_bytes());
     for s in [&info.eh_frame, &info.debug_frame, &info.gopclntab] {
         match s {
             Some(s) => {

@@ -466,11 +466,51 @@ pub fn locate(elf: &super::elfsym::ElfSyms) -> Option<(u64, Vec<u8>)> {
     None
 }
 
+/// Where Go's text starts (`runtime.text`), which 1.18+ tables count
+/// function entries from. The table's header says so in a binary Go linked
+/// itself; linked externally (cgo) or as PIE the word is 0 in the file, and
+/// C start-up code may precede Go's at the start of `.text`. In order: the
+/// header, the `runtime.text` symbol, the module data's `text` word (the
+/// 23rd word of the place in the data whose first word is the table's
+/// address), the dynamic relocation that fills the header's word (PIE), and
+/// last `.text`.
+pub fn text_start(elf: &super::elfsym::ElfSyms, table: u64, data: &[u8]) -> u64 {
+    let header = le::<8>(data, 24);
+    if header != 0 && version_of(le::<4>(data, 0) as u32).is_some_and(|v| v >= Version::Go118) {
+        return header;
+    }
+    if let Some(s) = elf.find(&["runtime.text"]).get("runtime.text") {
+        return s.addr;
+    }
+    for seg in elf.segments.iter().filter(|s| !s.exec) {
+        let Some(d) = elf.read_vaddr(seg.vaddr, seg.filesz.min(super::elfsym::MAX_BYTES)) else { continue };
+        let mut at = 0;
+        while at + 8 * 23 <= d.len() {
+            if le::<8>(&d, at) == table && table != 0 {
+                let text = le::<8>(&d, at + 8 * 22);
+                if text != 0 {
+                    return text;
+                }
+            }
+            at += 8;
+        }
+    }
+    if let Some((_, rela)) = elf.section(".rela.dyn") {
+        for r in rela.chunks_exact(24) {
+            // R_X86_64_RELATIVE (8) of the header's textStart word.
+            if le::<8>(r, 0) == table + 24 && le::<4>(r, 8) == 8 {
+                return le::<8>(r, 16);
+            }
+        }
+    }
+    elf.section(".text").map(|(a, _)| a).unwrap_or(0)
+}
+
 /// The Go table of an ELF file, with what inlined calls need, or None for a
 /// file that is not Go.
 pub fn load(elf: &super::elfsym::ElfSyms) -> Option<Pclntab> {
     let (addr, data) = locate(elf)?;
-    let text = elf.section(".text").map(|(a, _)| a).unwrap_or(0);
+    let text = text_start(elf, addr, &data);
     let mut t = Pclntab::parse(data, text).ok()?;
     if t.version >= Version::Go118 {
         if let Some((base, bytes)) = find_gofunc(elf, addr, t.version, t.text_start) {
