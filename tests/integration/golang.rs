@@ -5,11 +5,28 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::common::*;
 
-/// Builds tests/workloads/gosplit.go with `ldflags` into `dir`.
-fn build(dir: &std::path::Path, name: &str, ldflags: &str) -> std::path::PathBuf {
+/// The Go toolchains the test builds with: the machine's own, and the
+/// oldest the Go module proxy serves as a toolchain module (1.21; scripts/
+/// setup fetches it), whose compiler lays out frames as older Go did.
+const OLD_GO: &str = "go1.21.13";
+
+/// The `go` binary of toolchain `version` ("" for the machine's own).
+fn go_of(version: &str) -> String {
+    if version.is_empty() {
+        return go_bin();
+    }
+    let out = Command::new(go_bin()).args(["env", "GOROOT"]).env("GOTOOLCHAIN", version).output().unwrap();
+    let root = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert!(out.status.success() && !root.is_empty(), "{version} from the Go proxy (scripts/setup fetches it)");
+    format!("{root}/bin/go")
+}
+
+/// Builds tests/workloads/gosplit.go with `go` and `ldflags` into `dir`.
+fn build(go: &str, dir: &std::path::Path, name: &str, ldflags: &str) -> std::path::PathBuf {
     let src = format!("{}/tests/workloads/gosplit.go", env!("CARGO_MANIFEST_DIR"));
     let bin = dir.join(name);
-    let out = Command::new(go_bin())
+    let out = Command::new(go)
+        .env("GOTOOLCHAIN", "local")
         .args(["build", "-o"])
         .arg(&bin)
         .arg(format!("-ldflags={ldflags}"))
@@ -91,10 +108,17 @@ fn heavy_share(c: &Calls) -> f64 {
 
 #[test]
 fn go_stripped_and_unstripped_match_the_programs_own_profile() {
-    let dir = std::env::temp_dir().join(format!("sonde-go-{}", std::process::id()));
+    for version in ["", OLD_GO] {
+        go_matches_its_own_profile(version);
+    }
+}
+
+fn go_matches_its_own_profile(version: &str) {
+    let go = go_of(version);
+    let dir = std::env::temp_dir().join(format!("sonde-go-{}{version}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let sym = build(&dir, "gosplit-sym", "");
-    let strip = build(&dir, "gosplit-strip", "-s -w");
+    let sym = build(&go, &dir, "gosplit-sym", "");
+    let strip = build(&go, &dir, "gosplit-strip", "-s -w");
     // The stripped binary has neither symbols nor DWARF: only Go's table.
     let sections =
         String::from_utf8_lossy(&Command::new("readelf").arg("-S").arg(&strip).output().unwrap().stdout).into_owned();
@@ -107,12 +131,12 @@ fn go_stripped_and_unstripped_match_the_programs_own_profile() {
     let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
     let ours = sonde_calls(&stacks);
     w.0.wait().unwrap();
-    let go = pprof_calls(&profile);
-    let (a, b) = (main_sites(&ours), main_sites(&go));
-    assert_eq!(a, b, "sonde's call sites (callee, caller, line) against runtime/pprof's; {err}");
+    let pp = pprof_calls(&profile);
+    let (a, b) = (main_sites(&ours), main_sites(&pp));
+    assert_eq!(a, b, "Go {version}: sonde's call sites (callee, caller, line) against runtime/pprof's; {err}");
     // The frameless leaf's caller is there: main.spin under main.heavy.
     assert!(a.iter().any(|k| k.0 == "main.spin" && k.1 == "main.heavy"), "{a:?}");
-    let (sa, sb) = (heavy_share(&ours), heavy_share(&go));
+    let (sa, sb) = (heavy_share(&ours), heavy_share(&pp));
     assert!(
         (sa - 2.0 / 3.0).abs() < 0.05 && (sb - 2.0 / 3.0).abs() < 0.05,
         "heavy's share: sonde {sa:.3}, pprof {sb:.3}"

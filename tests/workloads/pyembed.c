@@ -17,7 +17,8 @@ int main(int argc, char **argv)
 	}
 	char code[4096];
 	snprintf(code, sizeof(code),
-	         "import runpy, sys\nsys.argv = ['pysplit', '%s']\nrunpy.run_path('%s', run_name='__main__')\n",
+	         "import runpy, sys\nsys.argv = ['pysplit', '%s']\nrunpy.run_path('%s', "
+	         "run_name='__main__')\n",
 	         argc > 2 ? argv[2] : "30", argv[1]);
 	Py_Initialize();
 	int r = host_run(code);

@@ -51,11 +51,15 @@ pub enum Event {
 /// Without -o: the hottest functions (self and total) in the terminal. With
 /// -o FILE (repeatable), by extension: .folded (flamegraph.pl / inferno
 /// input, the process name as root frame, kernel frames ending in _[k],
-/// inlined ones in _[i]), .svg (flame graph) or .json (stacks with file and
+/// inlined ones in _[i], Python functions in _[py], Go functions in _[go]),
+/// .svg (flame graph) or .json (stacks with file and
 /// line per frame) or .pb.gz (pprof, for `go tool pprof`). User stacks are
 /// walked from each executable's unwind tables (.eh_frame), so programs built
 /// without frame pointers get whole stacks (--unwind); stacks that still do
 /// not reach a program's start are marked [truncated] and counted with why.
+/// Python (CPython 3.8-3.13) and Go programs, stripped ones too, show their
+/// own functions, files and lines, read in the kernel without stopping them
+/// (--frames; `sonde doctor --pid PID` says what sonde finds in a process).
 ///
 /// OVERHEAD: one perf-event interrupt per CPU per sample period, a user-stack
 /// walk and one in-kernel hash update per sample; nothing per sample in user
