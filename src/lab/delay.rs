@@ -85,9 +85,14 @@ impl Drop for DelayLink {
     }
 }
 
-/// Moves packets from `from` to `to`, each `delay` after it was read.
+/// Moves packets from `from` to `to`, each `delay` after it was read. The
+/// relay runs under SCHED_FIFO: at normal priority, a busy host held it off
+/// the CPU for milliseconds, and the packets it then sent late took their
+/// delay plus that (CUBIC's HyStart read the extra delay as a queue and
+/// left slow start early).
 fn relay(mut from: File, mut to: File, delay: Duration, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     std::thread::spawn(move || {
+        super::realtime_or_warn();
         let mut queue: VecDeque<(Instant, Vec<u8>)> = VecDeque::new();
         let mut buf = vec![0u8; 65536];
         while !stop.load(Ordering::Relaxed) {

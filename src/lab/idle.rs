@@ -23,7 +23,7 @@ use std::{
 use clap::Args;
 use serde::Serialize;
 
-use super::netns::{sh, Netns, Pair};
+use super::netns::{sh, Mib, Netns, Pair};
 use super::{delay::DelayLink, median};
 use crate::{
     engine::{
@@ -103,6 +103,13 @@ pub struct SettingResult {
     pub median_after_idle_ms: f64,
     /// Round trips those took (median / path RTT).
     pub round_trips: f64,
+    /// The server namespace's own counters over this setting's run: slow
+    /// starts CUBIC's HyStart ended early (TcpExtTCPHystartDelayDetect +
+    /// TcpExtTCPHystartTrainDetect), and segments retransmitted
+    /// (TcpRetransSegs). Either keeps a burst's cwnd from growing.
+    pub hystart_exits: i64,
+    /// See `hystart_exits`.
+    pub retrans_segs: i64,
 }
 
 /// The TCP_CONGESTION socket option.
@@ -121,8 +128,11 @@ fn set_cc(s: &impl AsRawFd, cc: &str) -> anyhow::Result<()> {
 }
 
 /// The server: accepts one connection, sets its congestion control, and
-/// answers every 1-byte request with `size` bytes.
+/// answers every 1-byte request with `size` bytes; under SCHED_FIFO like
+/// the client, so that on a busy host neither waits for a CPU while the
+/// connection could send (an application-limited burst grows no cwnd).
 fn serve(l: TcpListener, cc: &str, size: usize) -> anyhow::Result<()> {
+    super::realtime_or_warn();
     let (mut s, _) = l.accept()?;
     set_cc(&s, cc)?;
     s.set_nodelay(true)?;
@@ -140,14 +150,11 @@ fn ss_cwnd(ns: &Netns, port: u16) -> Option<u32> {
     out.split_whitespace().find_map(|w| w.strip_prefix("cwnd:").and_then(|v| v.parse().ok()))
 }
 
-/// Runs one setting: returns (ss cwnd per gap, response times ms).
-fn run_setting(
-    pair: &Pair,
-    link: &DelayLink,
-    st: &Setting,
-    a: &IdleLabArgs,
-) -> anyhow::Result<(Vec<Option<u32>>, Vec<f64>)> {
+/// Runs one setting: returns (ss cwnd per gap, response times ms, the
+/// server namespace's counters over the run).
+fn run_setting(pair: &Pair, link: &DelayLink, st: &Setting, a: &IdleLabArgs) -> anyhow::Result<SettingRun> {
     pair.a.sysctl("net.ipv4.tcp_slow_start_after_idle", &st.sysctl.to_string())?;
+    let mib0 = pair.a.mib()?;
     let addr = SocketAddr::V4(SocketAddrV4::new(link.a_addr, st.port));
     let l = pair.a.run(move || TcpListener::bind(addr))??;
     let (cc, size) = (st.cc, a.size);
@@ -174,7 +181,7 @@ fn run_setting(
     }
     drop(client);
     server.join().map_err(|_| anyhow::anyhow!("server panicked"))??;
-    Ok((ss, times))
+    Ok((ss, times, pair.a.mib()?.delta(&mib0)))
 }
 
 /// Slow-start rounds to send `segs` segments from `cwnd`, doubling each round.
@@ -229,8 +236,12 @@ fn check(a: &IdleLabArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What `ss -ti` showed in each gap, and each response's time, per setting.
-type Measured = Vec<(Vec<Option<u32>>, Vec<f64>)>;
+/// What `ss -ti` showed in each gap, each response's time, and the server
+/// namespace's counters, for one setting.
+type SettingRun = (Vec<Option<u32>>, Vec<f64>, Mib);
+
+/// [`SettingRun`] per setting.
+type Measured = Vec<SettingRun>;
 
 /// `sonde cwnd` on the server's namespace while each setting runs.
 fn trace(a: &IdleLabArgs, pair: &Pair, link: &DelayLink) -> anyhow::Result<(crate::tools::cwnd::Outcome, Measured)> {
@@ -250,6 +261,8 @@ fn trace(a: &IdleLabArgs, pair: &Pair, link: &DelayLink) -> anyhow::Result<(crat
             if rx.recv().is_err() {
                 anyhow::bail!("tracing did not start");
             }
+            // The client: its clock times the responses.
+            super::realtime_or_warn();
             let r = (|| {
                 for st in &SETTINGS {
                     eprintln!("lab: {} ...", st.name);
@@ -277,7 +290,7 @@ fn trace(a: &IdleLabArgs, pair: &Pair, link: &DelayLink) -> anyhow::Result<(crat
 /// Each setting's idle sends, checks against `ss -ti`, and response times.
 fn settings(a: &IdleLabArgs, result: &crate::tools::cwnd::Outcome, measured: Measured) -> Vec<SettingResult> {
     let mut results = Vec::new();
-    for (st, (ss, times)) in SETTINGS.iter().zip(measured) {
+    for (st, (ss, times, mib)) in SETTINGS.iter().zip(measured) {
         // The server's socket: local port is the setting's port.
         let idle: Vec<IdleSend> = result.idle_sends.iter().filter(|i| i.flow.sport == st.port).cloned().collect();
         // Idle sends after a gap (the first response may count as one when
@@ -299,6 +312,8 @@ fn settings(a: &IdleLabArgs, result: &crate::tools::cwnd::Outcome, measured: Mea
             response_ms: times.iter().map(|t| (t * 10.0).round() / 10.0).collect(),
             median_after_idle_ms: (med * 10.0).round() / 10.0,
             round_trips: (med / rtt_ms * 10.0).round() / 10.0,
+            hystart_exits: mib.get("TcpExtTCPHystartDelayDetect") + mib.get("TcpExtTCPHystartTrainDetect"),
+            retrans_segs: mib.get("TcpRetransSegs"),
         });
     }
     results

@@ -82,3 +82,42 @@ pub fn median(v: &[f64]) -> f64 {
     s.sort_by(|a, b| a.total_cmp(b));
     s.get(s.len() / 2).copied().unwrap_or(0.0)
 }
+
+/// The SCHED_FIFO priority of lab workloads whose timing is what a lab or
+/// test measures (a delayed path's relay, a broker's built-in hold): above
+/// every normal task, so CPU hogs beside the lab cannot preempt them; the
+/// lowest real-time priority, so the kernel's own real-time threads still
+/// run first.
+pub const RT_PRIORITY: i32 = 1;
+
+/// Puts the calling thread (or a process between fork and exec) under
+/// SCHED_FIFO at [`RT_PRIORITY`]; threads it starts inherit it. Needs
+/// CAP_SYS_NICE and real-time time in the caller's cgroup.
+pub fn realtime() -> std::io::Result<()> {
+    let p = libc::sched_param { sched_priority: RT_PRIORITY };
+    // SAFETY: p is a valid sched_param for the duration of the call.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// [`realtime`] for the calling thread of a lab; where it is refused, says
+/// so once on stderr and the lab goes on at normal priority (its timings
+/// then hold on a quiet host only).
+pub fn realtime_or_warn() {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if let Err(e) = realtime() {
+        WARNED.call_once(|| {
+            eprintln!("lab: SCHED_FIFO refused ({e}): the workload runs at normal priority, and CPU hogs beside it will skew its timings");
+        });
+    }
+}
+
+/// Makes `c`'s process run under SCHED_FIFO (see [`realtime`]): its spawn
+/// fails where that is refused.
+pub fn realtime_command(c: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: only sched_setscheduler, a system call, between fork and exec.
+    unsafe { c.pre_exec(realtime) }
+}

@@ -26,7 +26,7 @@ use super::{install, median};
 use crate::{
     engine::{
         cli,
-        error::usage,
+        error::{env, usage},
         features,
         hist::human,
         output::table,
@@ -82,6 +82,11 @@ pub struct MsglatLabArgs {
     /// did (much noisier on a VM: each hop is then a cross-CPU wake-up).
     #[arg(long)]
     pub spread: bool,
+    /// Run the sender, broker and receiver under SCHED_FIFO, so that no
+    /// normal task (CPU hogs on a busy host) preempts a message on its way:
+    /// T2 is then the broker's work and built-in hold only (the tests).
+    #[arg(long)]
+    pub realtime: bool,
     /// Print the findings as one JSON object on stdout.
     #[arg(long)]
     pub json: bool,
@@ -179,13 +184,17 @@ fn set_affinity(cpus: &[usize]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `ip netns exec ...` of the harness, pinned to the harness CPU if any.
-fn harness(ns: &Netns, bin: &Path, cpu: Option<usize>) -> Command {
+/// `ip netns exec ...` of the harness, pinned to the harness CPU if any,
+/// under SCHED_FIFO with `--realtime`.
+fn harness(ns: &Netns, bin: &Path, cpu: Option<usize>, realtime: bool) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &ns.name]).arg(bin);
     if let Some(cpu) = cpu {
         // SAFETY: only sched_setaffinity between fork and exec.
         unsafe { c.pre_exec(move || set_affinity(&[cpu])) };
+    }
+    if realtime {
+        super::realtime_command(&mut c);
     }
     c
 }
@@ -198,7 +207,7 @@ fn broker(
     log: &str,
     logfile: &Path,
 ) -> anyhow::Result<Broker> {
-    let mut c = harness(ns, bin, cpu)
+    let mut c = harness(ns, bin, cpu, a.realtime)
         .args(["broker", &IN_PORT.to_string(), &OUT_PORT.to_string(), &a.size.to_string(), log])
         .args([
             a.delay_every.to_string(),
@@ -217,7 +226,7 @@ fn broker(
 }
 
 fn pair(ns: &Netns, bin: &Path, a: &MsglatLabArgs, cpu: Option<usize>, config: &str) -> anyhow::Result<RunT> {
-    let out = harness(ns, bin, cpu)
+    let out = harness(ns, bin, cpu, a.realtime)
         .args([
             "pair",
             &IN_PORT.to_string(),
@@ -250,7 +259,7 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
     let _cleanup = super::RemoveDir(dir.clone());
     let bin = install(&dir, "msgbench", MSGBENCH)?;
     eprintln!(
-        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s); {}",
+        "lab: sender -> broker -> receiver on loopback in {}; {} messages of {} bytes, {:?} apart; {} round(s); {}{}",
         ns.name,
         a.messages,
         a.size,
@@ -259,7 +268,8 @@ pub fn run(a: &MsglatLabArgs) -> anyhow::Result<i32> {
         match cpu {
             Some(c) => format!("all three on CPU {c}"),
             None => "placed by the scheduler".into(),
-        }
+        },
+        if a.realtime { ", under SCHED_FIFO" } else { "" }
     );
     let configs: &[&str] = match (a.sonde_only, hooks) {
         (true, _) => &["sonde"],
@@ -301,6 +311,11 @@ fn check(a: &MsglatLabArgs) -> anyhow::Result<(Option<usize>, Hooks)> {
         (false, None) => allowed.last().copied(),
     };
     let hooks = Hooks::pick(a.hooks)?;
+    if a.realtime {
+        std::thread::spawn(super::realtime).join().map_err(|_| anyhow::anyhow!("checking SCHED_FIFO"))?.map_err(
+            |e| env(format!("--realtime: SCHED_FIFO refused ({e}): it needs CAP_SYS_NICE and real-time time in this cgroup; or drop --realtime")),
+        )?;
+    }
     Ok((cpu, hooks))
 }
 

@@ -299,26 +299,59 @@ pub(crate) fn profile(args: &[&str]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// `sonde profile ARGS` sampling for `secs` from its ready line, ended with
-/// SIGINT: the exit code, stderr, and the CPU seconds `pid` used in exactly
-/// that window (the kernel's own account, the oracle for sample counts; a
-/// `-d` run would also count the CPU the workload used while sonde loaded
-/// and wrote its files, which under load was 0.8 s of 4.8).
-pub(crate) fn profile_window(args: &[&str], pid: u32, secs: u64) -> (i32, String, f64) {
-    let mut child = Command::new(SONDE).arg("profile").args(args).stderr(Stdio::piped()).spawn().unwrap();
+/// What [`profile_window`] saw: sonde's exit code, stdout and stderr, and
+/// the CPU seconds the workload used while sonde sampled.
+pub(crate) struct Window {
+    pub(crate) code: i32,
+    pub(crate) stdout: Vec<u8>,
+    pub(crate) stderr: String,
+    pub(crate) cpu: f64,
+}
+
+/// `sonde profile ARGS` sampling from its ready line until process `pid`
+/// has used `cpu_secs` of CPU by the kernel's account (or 40 s have
+/// passed, or it has exited), ended with SIGINT; that CPU time is the
+/// oracle for sample counts. A host busy with other work gives the
+/// workload less of a CPU, and the window grows to match: a window of
+/// fixed wall time gave one beside two CPU hogs and a build 1.35 s of CPU
+/// in 4 s (263 samples). A `-d` run would also count the CPU the workload
+/// used while sonde loaded and wrote its files, which under load was 0.8 s
+/// of 4.8.
+pub(crate) fn profile_window(args: &[&str], pid: u32, cpu_secs: f64) -> Window {
+    let mut child =
+        Command::new(SONDE).arg("profile").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let reader = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut out, &mut v);
+        v
+    });
     let mut r = BufReader::new(child.stderr.take().unwrap());
     let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
-    let cpu0 = cpu_ticks(pid);
-    thread::sleep(Duration::from_secs(secs));
-    let cpu1 = cpu_ticks(pid);
+    // SAFETY: sysconf takes no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // None once the process has exited (a zombie until its parent reaps it).
+    let ticks = || {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let state = stat.rsplit_once(')')?.1.split_whitespace().next()?;
+        (state != "Z" && state != "X").then(|| cpu_ticks(pid))
+    };
+    let (cpu0, t0) = (cpu_ticks(pid), Instant::now());
+    let mut cpu1 = cpu0;
+    while let Some(t) = ticks() {
+        cpu1 = t;
+        if (t - cpu0) as f64 >= cpu_secs * hz || t0.elapsed() > Duration::from_secs(40) {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
     // SAFETY: kill takes no pointers.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let code = child.wait().unwrap().code().unwrap_or(-1);
     let mut rest = String::new();
     let _ = std::io::Read::read_to_string(&mut r, &mut rest);
     err.push_str(&rest);
-    // SAFETY: sysconf takes no pointers.
-    (code, err, (cpu1 - cpu0) as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
+    Window { code, stdout: reader.join().unwrap(), stderr: err, cpu: (cpu1 - cpu0) as f64 / hz }
 }
 
 /// Folded lines as (frames, count).
@@ -379,31 +412,14 @@ pub(crate) fn json_stacks(p: &std::path::Path) -> Vec<(Vec<Value>, u64)> {
         .collect()
 }
 
-/// Profiles `pid` at 499 Hz with `args` until it has used 2 s of CPU in
-/// the window (at most 40 s: a host busy with other work gives it less of a
-/// CPU, and the window grows to match): about 1,000 samples, so a 2:1
-/// split's share has a standard error of 1.5 points. The stacks and stderr.
+/// Profiles `pid` at 499 Hz with `args` for 2 s of its CPU
+/// ([`profile_window`]): about 1,000 samples, so a 2:1 split's share has a
+/// standard error of 1.5 points. The stacks and stderr.
 pub(crate) fn profile_json(pid: u32, dir: &std::path::Path, args: &[&str]) -> (Vec<(Vec<Value>, u64)>, String) {
     let json = dir.join("p.json");
-    let mut child = Command::new(SONDE)
-        .args(["profile", "-p", &pid.to_string(), "-F", "499", "-o", json.to_str().unwrap()])
-        .args(args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut r = BufReader::new(child.stderr.take().unwrap());
-    let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
-    let (t0, c0) = (Instant::now(), cpu_ticks(pid));
-    let hz = 100; // USER_HZ
-    while cpu_ticks(pid).saturating_sub(c0) < 2 * hz && t0.elapsed() < Duration::from_secs(40) {
-        thread::sleep(Duration::from_millis(100));
-    }
-    // SAFETY: kill takes no pointers.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let code = child.wait().unwrap().code().unwrap_or(-1);
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut r, &mut rest);
-    err.push_str(&rest);
-    assert_eq!(code, 130, "{err}");
-    (json_stacks(&json), err)
+    let pid_arg = pid.to_string();
+    let base = ["-p", pid_arg.as_str(), "-F", "499", "-o", json.to_str().unwrap()];
+    let w = profile_window(&[&base[..], args].concat(), pid, 2.0);
+    assert_eq!(w.code, 130, "{}", w.stderr);
+    (json_stacks(&json), w.stderr)
 }

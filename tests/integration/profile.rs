@@ -12,10 +12,11 @@ fn profile_shares_names_and_lines_match_the_workload() {
     let (folded, json, svg, pb, html) =
         (dir.join("p.folded"), dir.join("p.json"), dir.join("p.svg"), dir.join("p.pb.gz"), dir.join("p.html"));
     let o = |p: &std::path::Path| p.to_str().unwrap().to_string();
-    let (code, err, cpu) = profile_window(
+    // Until the workload has had 4 s of CPU (the 4 s window alone on a CPU).
+    let Window { code, stderr: err, cpu, .. } = profile_window(
         &["-p", &pid, "-F", "199", "-o", &o(&folded), "-o", &o(&json), "-o", &o(&svg), "-o", &o(&pb), "-o", &o(&html)],
         w.0.id(),
-        4,
+        4.0,
     );
     let _ = w.0.kill();
     assert_eq!(code, 130, "SIGINT ends the run with 130 and the files: {err}");

@@ -33,30 +33,18 @@ fn from_main(rows: &[(Vec<String>, u64)]) -> std::collections::BTreeMap<String, 
     m
 }
 
-/// `sonde profile --user-only -F 999 -d 3s -p PID --unwind MODE`: the
-/// folded rows and the summary line printed with --json.
+/// `sonde profile --user-only -F 999 -p PID --unwind MODE` until the process
+/// has had 2 s of CPU (3 s of wall time on a quiet host; beside CPU hogs a
+/// fixed 3 s window got the workload 0.4 s of CPU: 377 samples): the folded
+/// rows and the summary line printed with --json. The workloads run for
+/// 600 s and are killed when their test ends: on a busy host a window can
+/// take many times its CPU time (a 60 s workload ended before its third).
 fn profile_user(pid: u32, mode: &str, dir: &std::path::Path, tag: &str) -> (Vec<(Vec<String>, u64)>, Value) {
     let folded = dir.join(format!("{tag}.folded"));
-    let out = Command::new(SONDE)
-        .args([
-            "profile",
-            "-p",
-            &pid.to_string(),
-            "-F",
-            "999",
-            "-d",
-            "3s",
-            "--user-only",
-            "--unwind",
-            mode,
-            "--json",
-            "-o",
-            folded.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> = json_lines(&out.stdout);
+    let args = ["-p", &pid.to_string(), "-F", "999", "--user-only", "--unwind", mode, "--json", "-o"];
+    let w = profile_window(&[&args[..], &[folded.to_str().unwrap()]].concat(), pid, 2.0);
+    assert_eq!(w.code, 130, "SIGINT ends the run: {}", w.stderr);
+    let lines: Vec<Value> = json_lines(&w.stdout);
     (read_folded(&folded), summary(&lines).clone())
 }
 
@@ -86,8 +74,8 @@ fn table_and_frame_pointer_walks_agree_on_a_known_call_tree() {
         }
         assert_eq!(s["truncated_stacks"], 0, "{tag}: {s}");
     };
-    let mut a = KillOnDrop(Command::new(&fp).args(["20", "3"]).spawn().unwrap());
-    let mut b = KillOnDrop(Command::new(&nofp).args(["20", "3"]).spawn().unwrap());
+    let mut a = KillOnDrop(Command::new(&fp).args(["600", "3"]).spawn().unwrap());
+    let mut b = KillOnDrop(Command::new(&nofp).args(["600", "3"]).spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let (rows, s) = profile_user(a.0.id(), "fp", &dir, "tree-fp-fp");
     check("frame pointers, --unwind fp", &rows, &s);
@@ -154,22 +142,31 @@ fn perf_dwarf_unwinding_finds_the_same_callers_of_the_hottest_leaves() {
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let nofp = build_workload("calltree", NOFP);
     let dir = nofp.parent().unwrap().to_path_buf();
-    let w = KillOnDrop(Command::new(&nofp).args(["10", "3"]).spawn().unwrap());
+    let w = KillOnDrop(Command::new(&nofp).args(["600", "3"]).spawn().unwrap());
     let pid = w.0.id();
     thread::sleep(Duration::from_millis(200));
-    // Both on the same process over the same 3 s.
+    // Both on the same process over the same window: perf until sonde's
+    // run has ended.
     let data = dir.join("perf.data");
     let perf = Command::new("perf")
         .args(["record", "-q", "-F", "499", "--call-graph", "dwarf", "-p", &pid.to_string(), "-o"])
         .arg(&data)
-        .args(["--", "sleep", "3"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("perf (Debian package linux-perf)");
     let (rows, _) = profile_user(pid, "dwarf", &dir, "perf-oracle");
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(perf.id() as i32, libc::SIGINT) };
     let out = perf.wait_with_output().unwrap();
-    assert!(out.status.success(), "perf record: {}", String::from_utf8_lossy(&out.stderr));
+    // perf writes its data, then ends by the signal it was stopped with.
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGINT),
+        "perf record: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let ours: Vec<(Vec<String>, u64)> =
         rows.into_iter().map(|(f, n)| (f.into_iter().skip(1).rev().collect(), n)).collect();
     let theirs: Vec<(Vec<String>, u64)> = perf_stacks(&data).into_iter().map(|s| (s, 1)).collect();
@@ -203,7 +200,11 @@ fn offcpu_attributes_blocking_libc_calls_to_their_callers() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let bin = build_workload("libcblock", &["-O2", "-g", "-fomit-frame-pointer", "-pthread"]);
     let dir = bin.parent().unwrap().to_path_buf();
-    let w = KillOnDrop(Command::new(&bin).arg("20").spawn().unwrap());
+    // Under SCHED_FIFO: beside CPU hogs the main thread was preempted while
+    // it waited for the helper to take the mutex, and then blocked in
+    // pthread_mutex_lock for only the rest of the helper's 24 ms (in_mutex
+    // 0.238 of the blocked time, built in 0.267).
+    let w = KillOnDrop(sonde::lab::realtime_command(&mut Command::new(&bin)).arg("20").spawn().unwrap());
     let tid = w.0.id().to_string();
     thread::sleep(Duration::from_millis(200));
     let run = |mode: &str| {
@@ -300,7 +301,7 @@ fn rust_and_cxx_release_builds_reach_main() {
             ],
         ),
     ] {
-        let w = KillOnDrop(Command::new(bin).arg("20").spawn().unwrap());
+        let w = KillOnDrop(Command::new(bin).arg("600").spawn().unwrap());
         thread::sleep(Duration::from_millis(300));
         let (rows, s) = profile_user(w.0.id(), "auto", &dir, "lang");
         let total: u64 = rows.iter().map(|r| r.1).sum();
@@ -341,32 +342,14 @@ fn rust_and_cxx_release_builds_reach_main() {
     }
 }
 
-/// Runs edges.c in `mode` and profiles it (999 Hz, 2 s): folded rows and summary.
+/// Runs edges.c in `mode` and profiles it ([`profile_user`], `--unwind
+/// auto`): folded rows and summary.
 fn edges(mode: &[&str]) -> (Vec<(Vec<String>, u64)>, Value) {
     let bin = build_workload("edges", NOFP);
     let dir = bin.parent().unwrap().to_path_buf();
     let w = KillOnDrop(Command::new(&bin).args(mode).spawn().unwrap());
     thread::sleep(Duration::from_millis(100));
-    let folded = dir.join(format!("edges-{}.folded", mode[0]));
-    let out = Command::new(SONDE)
-        .args([
-            "profile",
-            "-p",
-            &w.0.id().to_string(),
-            "-F",
-            "999",
-            "-d",
-            "2s",
-            "--user-only",
-            "--json",
-            "-o",
-            folded.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<Value> = json_lines(&out.stdout);
-    (read_folded(&folded), summary(&lines).clone())
+    profile_user(w.0.id(), "auto", &dir, &format!("edges-{}", mode[0]))
 }
 
 fn index_of(f: &[String], name: &str) -> Option<usize> {
@@ -377,7 +360,7 @@ fn index_of(f: &[String], name: &str) -> Option<usize> {
 fn a_signal_handler_stack_continues_through_the_trampoline() {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    let (rows, s) = edges(&["signal", "4"]);
+    let (rows, s) = edges(&["signal", "600"]);
     let handler: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "on_signal")).collect();
     let n: u64 = handler.iter().map(|r| r.1).sum();
     assert!(n > 20, "samples in the handler: {rows:?}");
@@ -403,7 +386,7 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
 fn recursion_deeper_than_the_walk_is_cut_and_counted() {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    let (rows, s) = edges(&["deep", "4", "300"]);
+    let (rows, s) = edges(&["deep", "600", "300"]);
     let total: u64 = rows.iter().map(|r| r.1).sum();
     assert!(total > 500);
     // Every stack: [truncated], then only recurse frames down to the spin.
@@ -422,7 +405,7 @@ fn a_library_opened_later_is_picked_up() {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
     let plugin = build_workload("plugin", &["-O2", "-g", "-fomit-frame-pointer", "-shared", "-fPIC"]);
-    let (rows, s) = edges(&["dlopen", "4", plugin.to_str().unwrap()]);
+    let (rows, s) = edges(&["dlopen", "600", plugin.to_str().unwrap()]);
     let inplug: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "plugin_work")).collect();
     let n: u64 = inplug.iter().map(|r| r.1).sum();
     let whole: u64 =
@@ -439,7 +422,7 @@ fn a_library_opened_later_is_picked_up() {
 fn vdso_frames_keep_their_callers() {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    let (rows, s) = edges(&["vdso", "4"]);
+    let (rows, s) = edges(&["vdso", "600"]);
     let total: u64 = rows.iter().map(|r| r.1).sum();
     let in_vdso: u64 =
         rows.iter().filter(|(f, _)| f.last().is_some_and(|x| x.contains("clock_gettime"))).map(|r| r.1).sum();
@@ -472,7 +455,7 @@ fn a_binary_without_section_headers_is_walked_through_its_program_headers() {
     assert!(st.success());
     let sh = Command::new("readelf").arg("-S").arg(&stripped).output().unwrap();
     assert!(String::from_utf8_lossy(&sh.stdout).contains("no sections"), "section headers are gone");
-    let w = KillOnDrop(Command::new(&stripped).args(["10", "0"]).spawn().unwrap());
+    let w = KillOnDrop(Command::new(&stripped).args(["600", "0"]).spawn().unwrap());
     thread::sleep(Duration::from_millis(200));
     let dir = stripped.parent().unwrap().to_path_buf();
     let (rows, s) = profile_user(w.0.id(), "dwarf", &dir, "nosections");
@@ -559,7 +542,7 @@ fn go_binaries_are_walked_and_named_from_their_own_table() {
             .status()
             .expect("go");
         assert!(st.success());
-        let w = KillOnDrop(Command::new(&bin).arg("20").spawn().unwrap());
+        let w = KillOnDrop(Command::new(&bin).arg("600").spawn().unwrap());
         thread::sleep(Duration::from_millis(300));
         let (rows, s) = profile_user(w.0.id(), "auto", &dir, name);
         let rows: Vec<(Vec<String>, u64)> = rows
