@@ -589,6 +589,8 @@ pub struct Symbols {
     build_ids: HashMap<String, String>,
     /// Go binaries' function tables, by mapped file (None: not Go).
     go: HashMap<usize, Option<Rc<GoFile>>>,
+    /// PLT stubs' file-offset ranges, by mapped file.
+    plt: HashMap<usize, Vec<(u64, u64)>>,
 }
 
 /// A Go binary's table and where its segments lie in the file.
@@ -658,6 +660,7 @@ impl Default for Symbols {
             unknown: Rc::from("[unknown]"),
             build_ids: HashMap::new(),
             go: HashMap::new(),
+            plt: HashMap::new(),
         }
     }
 }
@@ -794,6 +797,28 @@ impl Symbols {
         }
     }
 
+    /// The file-offset ranges of a mapped file's PLT sections, read once.
+    fn plt_ranges(&mut self, id: usize, file: &MappedFile) -> Vec<(u64, u64)> {
+        self.plt
+            .entry(id)
+            .or_insert_with(|| {
+                let Some(elf) = File::open(&file.open_path).ok().and_then(|f| runtime::elfsym::ElfSyms::open(f).ok())
+                else {
+                    return Vec::new();
+                };
+                [".plt", ".plt.sec", ".plt.got", ".iplt"]
+                    .iter()
+                    .filter_map(|n| elf.section_range(n))
+                    .filter_map(|(addr, size)| {
+                        let s = elf.segments.iter().find(|s| s.vaddr <= addr && addr < s.vaddr + s.filesz)?;
+                        let off = addr - s.vaddr + s.offset;
+                        Some((off, off + size))
+                    })
+                    .collect()
+            })
+            .clone()
+    }
+
     /// The Go table of a mapped file, read once (None: not a Go binary, or
     /// its table is unreadable).
     fn go_file(&mut self, id: usize, file: &MappedFile) -> Option<Rc<GoFile>> {
@@ -920,7 +945,14 @@ impl Symbols {
                         Some(_) => *stats.unsymbolized_files.entry("dwarf_skipped").or_default() += 1,
                         None => {}
                     }
-                    for (o, fr) in offs.iter().zip(ff.frames) {
+                    // A PLT stub lies past every symbol of its section's
+                    // neighbours: the symbolizer names it after the last
+                    // one before it (`_init`), which is wrong.
+                    let plt = self.plt_ranges(id, &file);
+                    for (o, mut fr) in offs.iter().zip(ff.frames) {
+                        if plt.iter().any(|(a, b)| (*a..*b).contains(o)) {
+                            fr = vec![Frame::simple("[plt]", FrameKind::User, module.clone())];
+                        }
                         self.user.insert((id, *o), fr);
                     }
                 }

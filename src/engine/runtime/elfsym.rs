@@ -109,6 +109,13 @@ impl ElfSyms {
         out
     }
 
+    /// A section's virtual address and size, without reading it.
+    pub fn section_range(&self, name: &str) -> Option<(u64, u64)> {
+        let elf = self.parse()?;
+        let s = elf.section_by_name(name)?;
+        (s.size() > 0).then(|| (s.address(), s.size()))
+    }
+
     /// A section's virtual address and bytes (at most [`MAX_BYTES`]).
     pub fn section(&self, name: &str) -> Option<(u64, Vec<u8>)> {
         let elf = self.parse()?;
