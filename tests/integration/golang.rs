@@ -137,8 +137,11 @@ fn go_matches_its_own_profile(version: &str) {
     // The frameless leaf's caller is there: main.spin under main.heavy.
     assert!(a.iter().any(|k| k.0 == "main.spin" && k.1 == "main.heavy"), "{a:?}");
     let (sa, sb) = (heavy_share(&ours), heavy_share(&pp));
+    // The built-in split is the oracle for sonde's share; the program's own
+    // profile (SIGPROF at 100 Hz, its own accounting) gave 0.735 once on a
+    // host busy with two CPU hogs, so it is held to 10 points.
     assert!(
-        (sa - 2.0 / 3.0).abs() < 0.05 && (sb - 2.0 / 3.0).abs() < 0.05,
+        (sa - 2.0 / 3.0).abs() < 0.05 && (sb - 2.0 / 3.0).abs() < 0.10,
         "heavy's share: sonde {sa:.3}, pprof {sb:.3}"
     );
     // Every stack of the main goroutine is whole, from runtime.goexit.
