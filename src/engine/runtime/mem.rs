@@ -34,6 +34,13 @@ impl Mem {
         Some(buf)
     }
 
+    /// `want` bytes at `addr` when they are all readable, else `min` (an
+    /// object near the end of its mapping): one read instead of two for a
+    /// header whose size it gives and the data that follows it.
+    pub fn prefix(&self, addr: u64, want: usize, min: usize) -> Option<Vec<u8>> {
+        self.bytes(addr, want).or_else(|| self.bytes(addr, min))
+    }
+
     /// The u64 at `addr`.
     pub fn u64(&self, addr: u64) -> Option<u64> {
         self.bytes(addr, 8).map(|b| u64::from_ne_bytes(b[..8].try_into().unwrap()))

@@ -487,7 +487,15 @@ pub fn code_info(p: &Python, mem: &Mem, addr: u64, ck: u16) -> Result<CodeInfo, 
 
 /// A `str` object's text (compact ASCII or compact UCS-1/2/4).
 fn text(mem: &Mem, l: &Layout, addr: u64) -> Option<String> {
-    let h = mem.bytes(addr, 40)?;
+    // The header and, for most names, the text in one read.
+    let h = mem.prefix(addr, 256, 40)?;
+    let data = |off: u64, n: u64| -> Option<Vec<u8>> {
+        let end = off.checked_add(n)? as usize;
+        match h.get(off as usize..end) {
+            Some(b) => Some(b.to_vec()),
+            None => mem.bytes(addr.wrapping_add(off), n as usize),
+        }
+    };
     let len = le::<8>(&h, 16);
     let state = le::<4>(&h, 32);
     let (kind, compact, ascii) = ((state >> 2) & 7, (state >> 5) & 1, (state >> 6) & 1);
@@ -495,14 +503,14 @@ fn text(mem: &Mem, l: &Layout, addr: u64) -> Option<String> {
         return None;
     }
     if ascii == 1 {
-        let b = mem.bytes(addr.wrapping_add(l.ascii_size), len as usize)?;
+        let b = data(l.ascii_size, len)?;
         return Some(String::from_utf8_lossy(&b).into_owned());
     }
     let width = match kind {
         1 | 2 | 4 => kind,
         _ => return None,
     };
-    let b = mem.bytes(addr.wrapping_add(l.compact_size), (len * width) as usize)?;
+    let b = data(l.compact_size, len * width)?;
     let unit = |c: &[u8]| match c.len() {
         1 => c[0] as u32,
         2 => u16::from_le_bytes([c[0], c[1]]) as u32,
@@ -513,9 +521,13 @@ fn text(mem: &Mem, l: &Layout, addr: u64) -> Option<String> {
 
 /// A `bytes` object's contents.
 fn bytes_object(mem: &Mem, addr: u64) -> Option<Vec<u8>> {
-    let len = mem.u64(addr.wrapping_add(16))?;
+    let h = mem.prefix(addr, 512, 32)?;
+    let len = le::<8>(&h, 16);
     if len > MAX_LINETABLE {
         return None;
+    }
+    if let Some(b) = h.get(32..32 + len as usize) {
+        return Some(b.to_vec());
     }
     mem.bytes(addr.wrapping_add(32), len as usize)
 }
