@@ -232,6 +232,19 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
     })
 }
 
+/// [`read`] of an opened file, with `text` set where a Go binary's function
+/// entries count from (not always `.text`: see `runtime::go::text_start`).
+pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
+    let dup = f.try_clone().ok();
+    let mut info = read(f)?;
+    if let (Some(g), Some(dup)) = (&info.gopclntab, dup) {
+        if let Ok(e) = crate::engine::runtime::elfsym::ElfSyms::open(dup) {
+            info.text = crate::engine::runtime::go::text_start(&e, g.addr, &g.data);
+        }
+    }
+    Ok(info)
+}
+
 impl ElfUnwindInfo {
     /// The load bias of a mapping of this file at `start` from file offset
     /// `offset`: a process address `pc` in it is the file's virtual address

@@ -493,14 +493,7 @@ impl Tables {
     /// Reads `f`, finds or builds its table and places it; the caller owns
     /// one reference on the table's key.
     fn table_of(&mut self, m: &Maps<'_>, f: File) -> Result<FileTable, UnwindError> {
-        let dup = f.try_clone().ok();
-        let mut info = elf::read(f)?;
-        if let (Some(g), Some(dup)) = (&info.gopclntab, dup) {
-            // Where Go's function entries count from (not always `.text`).
-            if let Ok(e) = crate::engine::runtime::elfsym::ElfSyms::open(dup) {
-                info.text = crate::engine::runtime::go::text_start(&e, g.addr, &g.data);
-            }
-        }
+        let info = elf::read_file(f)?;
         let segments = info.segments.clone();
         if info.eh_frame.is_none() && info.debug_frame.is_none() && info.gopclntab.is_none() {
             *self.stats.without_table.entry(reason(&UnwindError::NoUnwindInfo)).or_default() += 1;

@@ -422,7 +422,7 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
                 path.display()
             )));
         }
-        let info = match elf::read(f) {
+        let info = match elf::read_file(f) {
             Ok(i) => i,
             Err(crate::engine::unwind::UnwindError::NotElf(e)) => {
                 return Err(crate::engine::error::usage(format!(
@@ -452,7 +452,7 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
         let key = cache::key(&info);
         c.put(&key, &t);
         let t1 = Instant::now();
-        let again = elf::read(std::fs::File::open(path)?).ok().and_then(|i| c.get(&cache::key(&i)));
+        let again = elf::read_file(std::fs::File::open(path)?).ok().and_then(|i| c.get(&cache::key(&i)));
         let warm = t1.elapsed();
         let _ = std::fs::remove_dir_all(&dir);
         let Some(pages) = kernel::layout(&t) else {
@@ -461,11 +461,12 @@ fn unwind_report(a: &DoctorArgs) -> anyhow::Result<i32> {
         };
         let page_rows: usize = pages.iter().map(|p| p.1.len()).sum();
         let kbytes = (page_rows + pages.len()) * 8;
-        let cfi =
-            info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
+        let cfi = info.eh_frame.as_ref().map_or(0, |s| s.data.len())
+            + info.debug_frame.as_ref().map_or(0, |s| s.data.len())
+            + info.gopclntab.as_ref().map_or(0, |s| s.data.len());
         out.push(json!({
             "file": path, "table": true,
-            "source": if info.eh_frame.is_some() { if info.via_program_headers { ".eh_frame (through PT_GNU_EH_FRAME: no section headers)" } else { ".eh_frame" } } else { ".debug_frame" },
+            "source": if info.gopclntab.is_some() && info.eh_frame.is_none() { "Go's .gopclntab" } else if info.eh_frame.is_some() { if info.via_program_headers { ".eh_frame (through PT_GNU_EH_FRAME: no section headers)" } else { ".eh_frame" } } else { ".debug_frame" },
             "debug_frame": info.debug_frame.is_some(),
             "build_id": info.build_id.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect::<String>()),
             "cfi_bytes": cfi, "fdes": t.stats.fdes, "cfi_rows": t.stats.cfi_rows, "rows": t.rows.len(),
