@@ -419,22 +419,14 @@ impl Images {
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
         let mut out = Vec::new();
         for line in maps.lines() {
-            let mut it = line.split_whitespace();
-            let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) =
-                (it.next(), it.next(), it.next(), it.next(), it.next())
+            let Some(runtime::elfsym::MapLine { start, end, offset, exec, path }) =
+                runtime::elfsym::parse_maps_line(line)
             else {
                 continue;
             };
-            let path: String = it.collect::<Vec<_>>().join(" ");
-            if !perms.contains('x') || !(path.starts_with('/') || path == "[vdso]") {
+            if !exec || !(path.starts_with('/') || path == "[vdso]") {
                 continue;
             }
-            let Some((s, e)) = range.split_once('-') else { continue };
-            let (Ok(start), Ok(end), Ok(offset)) =
-                (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
-            else {
-                continue;
-            };
             let file = if path == "[vdso]" {
                 self.vdso.get_or_insert_with(copy_own_vdso).clone()
             } else {

@@ -171,31 +171,41 @@ impl MapLine {
     }
 }
 
+/// One line of `/proc/PID/maps` (any mapping: the path may be empty or a
+/// pseudo-name like `[vdso]`); None for a line that is not one.
+pub fn parse_maps_line(line: &str) -> Option<MapLine> {
+    let mut it = line.split_whitespace();
+    let (range, perms, off, _dev, _ino) = (it.next()?, it.next()?, it.next()?, it.next()?, it.next()?);
+    let path: String = it.collect::<Vec<_>>().join(" ");
+    let (s, e) = range.split_once('-')?;
+    let (start, end, offset) =
+        (u64::from_str_radix(s, 16).ok()?, u64::from_str_radix(e, 16).ok()?, u64::from_str_radix(off, 16).ok()?);
+    Some(MapLine { start, end, offset, exec: perms.contains('x'), path })
+}
+
 /// The file-backed mappings of `pid`, in address order.
 pub fn map_lines(pid: u32) -> Option<Vec<MapLine>> {
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mut out = Vec::new();
-    for line in maps.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
-        else {
-            continue;
-        };
-        let path: String = it.collect::<Vec<_>>().join(" ");
-        if !path.starts_with('/') {
-            continue;
-        }
-        let Some((s, e)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end), Ok(offset)) =
-            (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
-        else {
-            continue;
-        };
-        out.push(MapLine { start, end, offset, exec: perms.contains('x'), path });
-    }
-    Some(out)
+    Some(maps.lines().filter_map(parse_maps_line).filter(|m| m.path.starts_with('/')).collect())
 }
 
 /// Re-exported so runtimes need not reach into the unwinder.
 pub use crate::engine::unwind::elf::bias_of;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn maps_lines_parse_with_spaces_pseudo_names_and_garbage() {
+        let m = parse_maps_line("7f00-7f10 r-xp 00001000 08:01 1234   /opt/my lib/libx.so (deleted)").unwrap();
+        assert_eq!((m.start, m.end, m.offset, m.exec), (0x7f00, 0x7f10, 0x1000, true));
+        assert_eq!(m.path, "/opt/my lib/libx.so (deleted)");
+        assert_eq!(m.base(), "libx.so");
+        let v = parse_maps_line("7fff0000-7fff2000 r-xp 00000000 00:00 0 [vdso]").unwrap();
+        assert_eq!(v.path, "[vdso]");
+        assert_eq!(parse_maps_line("1000-2000 rw-p 00000000 00:00 0").unwrap().path, "");
+        assert!(parse_maps_line("zz-2000 r-xp 0 0 0").is_none());
+        assert!(parse_maps_line("1000-2000 r-xp").is_none());
+    }
+}

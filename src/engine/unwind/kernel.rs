@@ -253,22 +253,14 @@ fn exec_mappings(pid: u32) -> Option<(Vec<ExecMapping>, u64)> {
     let mut out = Vec::new();
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for line in maps.lines() {
-        let mut it = line.split_whitespace();
-        let (Some(range), Some(perms), Some(off), Some(_dev), Some(_ino)) =
-            (it.next(), it.next(), it.next(), it.next(), it.next())
+        let Some(crate::engine::runtime::elfsym::MapLine { start, end, offset, exec, path }) =
+            crate::engine::runtime::elfsym::parse_maps_line(line)
         else {
             continue;
         };
-        let path = it.next().unwrap_or("");
-        if !perms.contains('x') || !(path.starts_with('/') || path == "[vdso]") {
+        if !exec || !(path.starts_with('/') || path == "[vdso]") {
             continue;
         }
-        let Some((s, e)) = range.split_once('-') else { continue };
-        let (Ok(start), Ok(end), Ok(offset)) =
-            (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16), u64::from_str_radix(off, 16))
-        else {
-            continue;
-        };
         for b in line.bytes() {
             h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
         }
