@@ -18,9 +18,11 @@
 #ifndef SONDE_RUNTIME_H
 #define SONDE_RUNTIME_H
 
-#define RT_MAX_FRAMES 128 /* language frames kept per stack (a power of two) */
-#define RT_MAX_RANGES 4   /* interpreter-loop pc ranges per process */
-#define RT_BUF        128 /* bytes of a frame or code object read at once */
+#define RT_MAX_FRAMES 128  /* language frames kept per stack (a power of two) */
+#define RT_MAX_RANGES 4    /* interpreter-loop pc ranges per process */
+#define RT_BUF        128  /* bytes of a code object's head, or of a frame, read at once */
+#define RT_SBUF       1024 /* bytes of a runtime's frame stack read at once (a power of two) */
+#define RT_CODES      8    /* code objects remembered per walk (a power of two) */
 
 enum rt_kind {
 	RT_NONE = 0,
@@ -76,8 +78,19 @@ struct rt_state {
 	__u64 fsbase; /* the thread pointer */
 	__u64 frame;  /* the next frame to read */
 	__u64 hash;
-	__u8 buf[RT_BUF];
 	__u8 code[RT_BUF];
+	/* Where the runtime keeps its frames next to each other (CPython's
+	 * data stack, 3.11+), one read serves several: RT_SBUF bytes that end
+	 * at the last frame read outside them, from sb_at, sb_n valid. */
+	__u64 sb_at;
+	__u32 sb_n;
+	__u32 pad;
+	__u8 sb[RT_SBUF];
+	/* The code objects this walk has read (a frame keeps its code object
+	 * alive, so within one walk its address names one object): address and
+	 * cookie, by the address's bits. Recursion reads each once. */
+	__u64 cc_addr[RT_CODES];
+	__u16 cc_cookie[RT_CODES];
 	struct rt_stack st;
 };
 
@@ -205,6 +218,9 @@ __noinline int rt_walk(__u32 slot)
 	r->st.end = RT_END_DONE;
 	r->st.kind = r->cfg.kind;
 	r->hash = 0xcbf29ce484222325ULL;
+	r->sb_n = 0;
+	for (int i = 0; i < RT_CODES; i++)
+		r->cc_addr[i] = 0;
 	rt_stat(RT_S_WALKS, 1);
 	switch (r->cfg.kind) {
 	case RT_PYTHON:
