@@ -43,6 +43,7 @@
 #define UNW_STOP        6
 #define UNW_SIGNAL      7
 #define UNW_UNSUPPORTED 8
+#define UNW_GO_CGO      9
 #define UNW_RBP_SAME    0
 #define UNW_RBP_AT_CFA  1
 #define UNW_RBP_AT_RBP  2
@@ -392,6 +393,7 @@ __noinline int unw_step(__u32 slot)
 	__u32 kind = (row >> 16) & 0xf;
 	__u64 sp = s->sp, bp = s->bp, cfa = 0, ra = 0;
 	__s32 off = (__s32)(row >> 32);
+	bool switched = false; /* to another stack: cfa need not be above sp */
 
 	if (kind == UNW_GAP) {
 		if (!m) {
@@ -453,6 +455,30 @@ __noinline int unw_step(__u32 slot)
 		s->exact = 1;
 		return nip ? 0 : 1;
 	}
+	case UNW_GO_CGO: {
+		/* Go's asmcgocall, returned to from the C it ran on the system
+		 * stack: [sp+off] is the goroutine stack's depth below
+		 * g.stack.hi (g at [sp+off+8], stack.hi its second word) at
+		 * the switch, or the stack pointer itself where g is 0 (it was
+		 * on the system stack already). There its prologue saved the
+		 * caller's rbp, under the return address. Stopped here by a
+		 * sample, the stack is not switched yet or back already: end
+		 * the walk there. */
+		__u64 depth = 0, g = 0, hi = 0;
+		if (exact) {
+			s->st.end = UNW_END_ROOT;
+			return 1;
+		}
+		if (!unw_read(s, &depth, sp + (__u32)off) ||
+		    !unw_read(s, &g, sp + (__u32)off + 8) ||
+		    (g && bpf_probe_read_user(&hi, sizeof(hi), (void *)(g + 8)))) {
+			s->st.end = UNW_END_READ;
+			return 1;
+		}
+		cfa = (g ? hi - depth : depth) + 16;
+		switched = true;
+		break;
+	}
 	case UNW_RSP:
 		cfa = sp + (__s64)off;
 		break;
@@ -503,7 +529,7 @@ __noinline int unw_step(__u32 slot)
 		}
 	}
 	ra = unw_real_ra(s, ra);
-	if (cfa <= sp) {
+	if (cfa <= sp && !switched) {
 		s->st.end = UNW_END_NO_PROGRESS;
 		return 1;
 	}

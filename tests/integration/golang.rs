@@ -173,50 +173,62 @@ fn go_matches_its_own_profile(version: &str) {
     assert!(native.iter().all(|(f, _)| !f.iter().any(|x| x["name"] == "main.spin")), "--frames native names nothing");
 }
 
-/// cgo both ways: Go calling C keeps the C frames (the walk ends at
-/// asmcgocall's switch to the system stack, as Go's traceback does there),
-/// C calling back into Go keeps the whole Go stack from runtime.goexit.
+/// cgo both ways, with both toolchains (their asmcgocall keeps the
+/// goroutine's stack at different places; the old one's build stripped,
+/// which leaves the C functions unnamed): Go calling C keeps the C
+/// frames and, through asmcgocall's switch to the system stack, the Go
+/// callers up to runtime.goexit; C calling back into Go keeps the whole Go
+/// stack from runtime.goexit.
 #[test]
 fn go_cgo_calls_keep_their_native_and_go_frames() {
-    let dir = std::env::temp_dir().join(format!("sonde-gocgo-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let bin = dir.join("gocgo");
-    let out = Command::new(go_bin())
-        .args(["build", "-o"])
-        .arg(&bin)
-        .arg(format!("{}/tests/workloads/gocgo.go", env!("CARGO_MANIFEST_DIR")))
-        .current_dir(&dir)
-        .env("GO111MODULE", "off")
-        .env("CGO_ENABLED", "1")
-        .env("CC", "clang")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "go build (cgo): {}", String::from_utf8_lossy(&out.stderr));
-    let w = KillOnDrop(Command::new(&bin).arg("60").spawn().unwrap());
-    thread::sleep(Duration::from_millis(300));
-    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
-    let names = |f: &[Value]| f.iter().map(|x| x["name"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>();
-    let weight =
-        |p: &dyn Fn(&[String]) -> bool| -> u64 { stacks.iter().filter(|(f, _)| p(&names(f))).map(|s| s.1).sum() };
-    let go_spin = weight(&|n| n.last().is_some_and(|x| x == "main.goSpin"));
-    let whole = weight(&|n| {
-        n.last().is_some_and(|x| x == "main.goSpin")
-            && n.first().is_some_and(|x| x == "runtime.goexit")
-            && n.iter().any(|x| x == "main.viaC")
-            && n.iter().any(|x| x == "main.goBack")
-    });
-    assert!(
-        go_spin > 200 && whole as f64 > 0.95 * go_spin as f64,
-        "C -> Go: {whole} of {go_spin} from goexit through viaC and goBack; {err}"
-    );
-    let c_spin = weight(&|n| n.last().is_some_and(|x| x == "c_spin"));
-    let kept = weight(&|n| {
-        n.last().is_some_and(|x| x == "c_spin")
-            && n.iter().any(|x| x.contains("_Cfunc_c_spin"))
-            && !n.iter().any(|x| x == "[truncated]")
-    });
-    assert!(
-        c_spin > 40 && kept as f64 > 0.95 * c_spin as f64,
-        "Go -> C: {kept} of {c_spin} keep their C frames, not cut; {err}"
-    );
+    for (version, ldflags) in [("", ""), (OLD_GO, "-s -w")] {
+        let dir = std::env::temp_dir().join(format!("sonde-gocgo-{}{version}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("gocgo");
+        let out = Command::new(go_of(version))
+            .env("GOTOOLCHAIN", "local")
+            .args(["build", &format!("-ldflags={ldflags}"), "-o"])
+            .arg(&bin)
+            .arg(format!("{}/tests/workloads/gocgo.go", env!("CARGO_MANIFEST_DIR")))
+            .current_dir(&dir)
+            .env("GO111MODULE", "off")
+            .env("CGO_ENABLED", "1")
+            .env("CC", "clang")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "go build (cgo, {version}): {}", String::from_utf8_lossy(&out.stderr));
+        let w = KillOnDrop(Command::new(&bin).arg("60").spawn().unwrap());
+        thread::sleep(Duration::from_millis(300));
+        let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+        let names = |f: &[Value]| f.iter().map(|x| x["name"].as_str().unwrap_or("").to_string()).collect::<Vec<_>>();
+        let weight =
+            |p: &dyn Fn(&[String]) -> bool| -> u64 { stacks.iter().filter(|(f, _)| p(&names(f))).map(|s| s.1).sum() };
+        let go_spin = weight(&|n| n.last().is_some_and(|x| x == "main.goSpin"));
+        let whole = weight(&|n| {
+            n.last().is_some_and(|x| x == "main.goSpin")
+                && n.first().is_some_and(|x| x == "runtime.goexit")
+                && n.iter().any(|x| x == "main.viaC")
+                && n.iter().any(|x| x == "main.goBack")
+        });
+        assert!(
+            go_spin > 200 && whole as f64 > 0.95 * go_spin as f64,
+            "C -> Go ({version}): {whole} of {go_spin} from goexit through viaC and goBack; {err}"
+        );
+        // Go -> C: the Go callers as the program calls them, then
+        // asmcgocall, cgo's C wrapper and the C function.
+        let to_c = weight(&|n| n.iter().any(|x| x == "main.toC"));
+        let want = ["runtime.goexit", "runtime.main", "main.main", "main.toC", "main._Cfunc_c_spin", "runtime.cgocall"];
+        let kept = weight(&|n| {
+            let go: Vec<&str> = n.iter().map(|x| x.as_str()).take_while(|x| *x != "runtime.asmcgocall").collect();
+            let c = &n[go.len().min(n.len())..];
+            go == want
+                && c.len() == 3
+                && c[0] == "runtime.asmcgocall"
+                && (!ldflags.is_empty() || (c[1].contains("_Cfunc_c_spin") && c[2] == "c_spin"))
+        });
+        assert!(
+            to_c > 40 && kept as f64 > 0.95 * to_c as f64,
+            "Go -> C ({version}): {kept} of {to_c} from goexit through toC, asmcgocall and cgo's wrapper to c_spin; {err}"
+        );
+    }
 }

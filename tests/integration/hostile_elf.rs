@@ -725,7 +725,7 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
     let text = obj.section_by_name(".text").unwrap().address();
     let real = Pclntab::parse(seed_table.clone(), text).expect("the real table parses");
     let (lo, hi) = real.range();
-    assert!(real.frames(lo + 16).is_some() && !real.sp_rows().is_empty());
+    assert!(real.frames(lo + 16).is_some() && !real.sp_rows(&[]).is_empty());
 
     let mut findings = Vec::new();
     let (mut n_go, mut n_ok, mut n_lines, mut n_code) = (0u64, 0u64, 0u64, 0u64);
@@ -776,7 +776,7 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
                     let pc = lo + (rng.next() % (hi - lo + 64));
                     let _ = p.frames(pc);
                 }
-                let _ = p.sp_rows().len();
+                let _ = p.sp_rows(&[]).len();
             }
         });
         n_go += 1;

@@ -29,7 +29,7 @@ use super::{
 };
 
 /// Bumped whenever the row encoding or the builder's output changes.
-pub const FORMAT: u32 = 4;
+pub const FORMAT: u32 = 5;
 const MAGIC: &[u8; 8] = b"SONDEUW\0";
 const HEADER: usize = 8 + 4 + 4 + 32 + 8 + 6 * 8;
 /// Most bytes the cache directory may hold.
@@ -51,6 +51,10 @@ pub fn key(info: &ElfUnwindInfo) -> Key {
     }
     // Go's rows count from where its text starts.
     h.update(info.text.to_le_bytes());
+    for (a, slot) in &info.go_cgo {
+        h.update(a.to_le_bytes());
+        h.update([*slot]);
+    }
     for s in [&info.eh_frame, &info.debug_frame, &info.gopclntab] {
         match s {
             Some(s) => {

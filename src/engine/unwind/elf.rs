@@ -70,6 +70,9 @@ pub struct ElfUnwindInfo {
     pub gopclntab: Option<Section>,
     /// The `.text` section's address (where Go's table counts from).
     pub text: u64,
+    /// Go's `runtime.asmcgocall`: its entry and where it keeps the
+    /// goroutine's stack depth while C runs ([`crate::engine::runtime::go::cgo_depth_slot`]).
+    pub go_cgo: Vec<(u64, u8)>,
 }
 
 /// Most bytes of the section-name string table and of a note segment.
@@ -229,6 +232,7 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
         plt,
         gopclntab,
         text,
+        go_cgo: Vec::new(),
     })
 }
 
@@ -239,7 +243,15 @@ pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
     let mut info = read(f)?;
     if let (Some(g), Some(dup)) = (&info.gopclntab, dup) {
         if let Ok(e) = crate::engine::runtime::elfsym::ElfSyms::open(dup) {
-            info.text = crate::engine::runtime::go::text_start(&e, g.addr, &g.data);
+            use crate::engine::runtime::go;
+            info.text = go::text_start(&e, g.addr, &g.data);
+            if let Ok(t) = go::Pclntab::parse(g.data.clone(), info.text) {
+                info.go_cgo = t
+                    .entries_of("runtime.asmcgocall")
+                    .into_iter()
+                    .filter_map(|(a, b)| Some((a, go::cgo_depth_slot(&e.read_vaddr(a, (b - a).min(512))?)?)))
+                    .collect();
+            }
         }
     }
     Ok(info)

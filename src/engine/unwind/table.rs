@@ -64,6 +64,12 @@ pub enum Cfa {
     /// A signal trampoline: the interrupted frame's registers are saved in
     /// the signal frame at the stack pointer.
     Signal,
+    /// Go's `asmcgocall` once it has switched to the system stack to run
+    /// C: its own frame (saved rbp, return address) is on the goroutine's
+    /// stack at `g.stack.hi - [rsp + n]`, with the goroutine `g` at
+    /// `[rsp + n + 8]` (or at `[rsp + n]` itself where `g` is 0: it was on
+    /// the system stack already); CFA = that + 16.
+    GoCgo(u8),
     /// A rule the kernel walk does not evaluate.
     Unsupported,
 }
@@ -122,6 +128,8 @@ pub mod kind {
     pub const SIGNAL: u64 = 7;
     /// Not evaluated.
     pub const UNSUPPORTED: u64 = 8;
+    /// Go's asmcgocall on the system stack.
+    pub const GO_CGO: u64 = 9;
     /// rbp unchanged.
     pub const RBP_SAME: u64 = 0;
     /// rbp at CFA + rbp_off * 8.
@@ -144,6 +152,7 @@ impl Rule {
             Cfa::DerefRbp(n) => (kind::DEREF_RBP, n),
             Cfa::Stop => (kind::STOP, 0),
             Cfa::Signal => (kind::SIGNAL, 0),
+            Cfa::GoCgo(n) => (kind::GO_CGO, n as i32),
             Cfa::Unsupported => (kind::UNSUPPORTED, 0),
         };
         let (rk, roff) = match self.rbp {
@@ -171,6 +180,7 @@ impl Rule {
             kind::DEREF_RBP => Cfa::DerefRbp(off),
             kind::STOP => Cfa::Stop,
             kind::SIGNAL => Cfa::Signal,
+            kind::GO_CGO => Cfa::GoCgo(off as u8),
             _ => Cfa::Unsupported,
         };
         let rbp = match (row >> RBP_SHIFT) & 0x3 {
@@ -504,7 +514,7 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     let t = match &info.gopclntab {
         Some(g) => {
             let stats = t.stats;
-            let mut merged = merge(go_rows(g, info.text)?, t);
+            let mut merged = merge(go_rows(g, info.text, &info.go_cgo)?, t);
             merged.stats = stats;
             merged
         }
@@ -536,17 +546,20 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
 /// saved its caller's rbp at CFA - 16 (Go's frame layout, both the old
 /// `SUBQ; MOVQ BP` and the newer `PUSHQ BP` prologues), one that has not
 /// left it alone. Functions where a stack starts or is switched (goexit,
-/// mstart, systemstack, mcall, morestack, asmcgocall) end the walk.
-fn go_rows(g: &super::elf::Section, text: u64) -> Result<Table, UnwindError> {
+/// mstart, systemstack, mcall, morestack) end the walk; asmcgocall, which
+/// runs C on the system stack, leads back to the goroutine's stack.
+fn go_rows(g: &super::elf::Section, text: u64, cgo: &[(u64, u8)]) -> Result<Table, UnwindError> {
     let t = crate::engine::runtime::go::Pclntab::parse(g.data.clone(), text)
         .map_err(|e| UnwindError::Malformed(format!(".gopclntab: {e}")))?;
     let mut b = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
     use crate::engine::runtime::go::SpKind;
-    for (start, end, delta, kind) in t.sp_rows() {
+    for (start, end, delta, kind) in t.sp_rows(cgo) {
         let rule = if kind == SpKind::Stop {
             Rule { cfa: Cfa::Stop, rbp: SavedRbp::Same }
         } else if kind == SpKind::Signal {
             Rule { cfa: Cfa::Signal, rbp: SavedRbp::Same }
+        } else if let SpKind::CgoCall(slot) = kind {
+            Rule { cfa: Cfa::GoCgo(slot), rbp: SavedRbp::AtCfa(-16) }
         } else if delta == 0 {
             Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }
         } else {
@@ -735,7 +748,7 @@ mod tests {
             Cfa::DerefRsp(n) => mem(RSP.wrapping_add(n as i64 as u64)),
             Cfa::DerefRbp(n) => mem(RBP.wrapping_add(n as i64 as u64)),
             Cfa::Stop => return Some((0, Some(RBP), true)),
-            Cfa::Gap | Cfa::Signal | Cfa::Unsupported => return None,
+            Cfa::Gap | Cfa::Signal | Cfa::GoCgo(_) | Cfa::Unsupported => return None,
         };
         let rbp = match rule.rbp {
             SavedRbp::Same => Some(RBP),
@@ -880,6 +893,7 @@ mod tests {
             plt: Vec::new(),
             gopclntab: None,
             text: 0,
+            go_cgo: Vec::new(),
         }
     }
 

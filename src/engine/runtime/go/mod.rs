@@ -98,6 +98,32 @@ pub enum SpKind {
     /// A signal handler returns through here: the interrupted registers are
     /// in the signal frame at the stack pointer.
     Signal,
+    /// `runtime.asmcgocall`: C runs above it on the system stack, where it
+    /// keeps the goroutine's stack depth at this byte offset from the stack
+    /// pointer (and `g` 8 bytes above), as [`cgo_depth_slot`] found it (see
+    /// [`crate::engine::unwind::table::Cfa::GoCgo`]).
+    CgoCall(u8),
+}
+
+/// Where `runtime.asmcgocall`'s code (`code`, from its entry) keeps the
+/// goroutine stack's depth below `g.stack.hi` once it has switched to the
+/// system stack: the byte offset from the stack pointer of its
+/// `MOVQ DI, off(SP)` after `SUBQ DX, DI` (0 since Go 1.22 or so, 40
+/// before). Also checks the frame-pointer prologue (`PUSHQ BP; MOVQ SP,
+/// BP`) the walk relies on. None where the code is not the one known.
+pub fn cgo_depth_slot(code: &[u8]) -> Option<u8> {
+    if !code.starts_with(&[0x55, 0x48, 0x89, 0xe5]) {
+        return None;
+    }
+    let sub = code.windows(3).position(|w| w == [0x48, 0x29, 0xd7])?; // SUBQ DX, DI
+    let next = code.get(sub + 3..)?;
+    if next.starts_with(&[0x48, 0x89, 0x3c, 0x24]) {
+        return Some(0); // MOVQ DI, 0(SP)
+    }
+    match next {
+        [0x48, 0x89, 0x7c, 0x24, off, ..] if *off < 0x80 && off % 8 == 0 => Some(*off), // MOVQ DI, off(SP)
+        _ => None,
+    }
 }
 
 /// The magic of each format.
@@ -197,6 +223,18 @@ impl Pclntab {
         let fs = self.field_size();
         let at = self.functab + (2 * i + 1) * fs;
         (if fs == 4 { le::<4>(&self.data, at) } else { le::<8>(&self.data, at) }) as usize
+    }
+
+    /// The (entry, end) of every function named `name` (an assembly
+    /// function and its ABI wrapper share one).
+    pub fn entries_of(&self, name: &str) -> Vec<(u64, u64)> {
+        (0..self.nfunc)
+            .filter_map(|i| {
+                let f = self.func(i)?;
+                (self.name(f.name_off).as_deref() == Some(name)).then(|| (f.entry, self.ft_pc(i + 1)))
+            })
+            .filter(|(a, b)| b > a)
+            .collect()
     }
 
     /// The text the table covers: [first entry, end of the last function).
@@ -402,11 +440,14 @@ impl Pclntab {
     /// For the unwinder: every function's runs of (start, end, stack
     /// pointer delta from the entry's, kind): [`SpKind::Stop`] where a stack
     /// starts (`TOPFRAME`: goexit, mstart, rt0_go) or is switched
-    /// (`SPWRITE`: systemstack, mcall, asmcgocall, morestack; as Go's own
-    /// traceback, except cgocallback, which keeps both stacks walkable),
-    /// [`SpKind::Signal`] for the signal handler's return trampoline.
-    /// Bounded by the table's own size.
-    pub fn sp_rows(&self) -> Vec<(u64, u64, i32, SpKind)> {
+    /// (`SPWRITE`: systemstack, mcall, morestack; as Go's own traceback,
+    /// except cgocallback, which keeps both stacks walkable),
+    /// [`SpKind::Signal`] for the signal handler's return trampoline,
+    /// [`SpKind::CgoCall`] for asmcgocall (the C it calls leads back to the
+    /// goroutine that called it, as Go's profiler shows it) where
+    /// `cgo_slots` holds its entry and depth slot ([`Pclntab::entries_of`],
+    /// [`cgo_depth_slot`]). Bounded by the table's own size.
+    pub fn sp_rows(&self, cgo_slots: &[(u64, u8)]) -> Vec<(u64, u64, i32, SpKind)> {
         let mut out = Vec::new();
         for i in 0..self.nfunc {
             let Some(f) = self.func(i) else { continue };
@@ -417,6 +458,10 @@ impl Pclntab {
             let name = self.name(f.name_off).unwrap_or_default();
             if name.starts_with("runtime.sigreturn") {
                 out.push((f.entry, end, 0, SpKind::Signal));
+                continue;
+            }
+            if let Some(slot) = cgo_slots.iter().find(|c| c.0 == f.entry).map(|c| c.1) {
+                out.push((f.entry, end, 0, SpKind::CgoCall(slot)));
                 continue;
             }
             let spwrite = f.flag & FLAG_SPWRITE != 0 && name != "runtime.cgocallback";
@@ -547,6 +592,21 @@ fn find_gofunc(elf: &super::elfsym::ElfSyms, table: u64, v: Version, text: u64) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn asmcgocall_depth_slot_from_its_code() {
+        // go1.26: PUSHQ BP; MOVQ SP, BP; ... SUBQ DX, DI; MOVQ DI, 0(SP)
+        let new = [0x55, 0x48, 0x89, 0xe5, 0x90, 0x48, 0x29, 0xd7, 0x48, 0x89, 0x3c, 0x24, 0xe8];
+        assert_eq!(cgo_depth_slot(&new), Some(0));
+        // go1.21: ... SUBQ DX, DI; MOVQ DI, 40(SP)
+        let old = [0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89, 0x7c, 0x24, 0x28, 0x48];
+        assert_eq!(cgo_depth_slot(&old), Some(40));
+        // Another prologue, another store, an odd slot, cut short: unknown.
+        assert_eq!(cgo_depth_slot(&old[1..]), None);
+        assert_eq!(cgo_depth_slot(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89, 0x7c, 0x24, 0x29]), None);
+        assert_eq!(cgo_depth_slot(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89]), None);
+        assert_eq!(cgo_depth_slot(&[]), None);
+    }
 
     #[test]
     fn garbage_tables_are_errors_not_panics() {
