@@ -44,6 +44,7 @@
 #define UNW_SIGNAL      7
 #define UNW_UNSUPPORTED 8
 #define UNW_GO_CGO      9
+#define UNW_GO_CALLBACK 10
 #define UNW_RBP_SAME    0
 #define UNW_RBP_AT_CFA  1
 #define UNW_RBP_AT_RBP  2
@@ -108,7 +109,8 @@ struct unw_state {
 	__u8 exact;      /* look the next pc up as is (leaf, or interrupted by a signal) */
 	__u8 why_fp;     /* the end to report if the current frame-pointer step fails */
 	__u8 in_syscall; /* the user registers were saved by a system call */
-	__u8 pad[4];
+	__u8 go_cb;      /* a Go cgocallback was followed to the system stack */
+	__u8 pad[3];
 	/* The last row found, for frames that return into the same code
 	 * (recursion, loops of calls): its page, the range of page offsets it
 	 * covers, the row. */
@@ -479,6 +481,38 @@ __noinline int unw_step(__u32 slot)
 		switched = true;
 		break;
 	}
+	case UNW_GO_CALLBACK: {
+		/* Go's cgocallback, returned to on the goroutine's stack from
+		 * cgocallbackg: the C that called back into Go runs on the
+		 * system stack, where cgocallback's own frame starts at
+		 * g0.sched.sp (g from the thread's TLS, then g.m, m.g0). Only
+		 * the innermost callback's is there (a nested one's was
+		 * restored); a sample in cgocallback itself, or a second
+		 * callback, goes up the goroutine's stack (cgocallback pushed
+		 * its caller there). off packs the CFA's offset, g.m's,
+		 * sched.sp's and the TLS slot's (table.rs, Cfa::GoCallback). */
+		__u64 d = (__u32)off & 0xff;
+		if (exact || s->go_cb) {
+			cfa = sp + d;
+			break;
+		}
+		struct task_struct *task = bpf_get_current_task_btf();
+		__u64 fs = BPF_CORE_READ(task, thread.fsbase);
+		__u64 g = 0, m = 0, g0 = 0, g0sp = 0;
+		__s64 tls = (__s8)(((__u32)off >> 24) & 0xff);
+		if (bpf_probe_read_user(&g, 8, (void *)(fs + tls)) || !g ||
+		    bpf_probe_read_user(&m, 8, (void *)(g + (((__u32)off >> 8) & 0xff))) || !m ||
+		    bpf_probe_read_user(&g0, 8, (void *)m) || !g0 ||
+		    bpf_probe_read_user(&g0sp, 8, (void *)(g0 + (((__u32)off >> 16) & 0xff))) ||
+		    !g0sp) {
+			cfa = sp + d;
+			break;
+		}
+		cfa = g0sp + d;
+		s->go_cb = 1;
+		switched = true;
+		break;
+	}
 	case UNW_RSP:
 		cfa = sp + (__s64)off;
 		break;
@@ -599,6 +633,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	/* orig_ax holds the syscall number in a system call, -1 for an
 	 * interrupt (a sample of user code). */
 	s->in_syscall = (long)r.orig_ax >= 0;
+	s->go_cb = 0;
 	s->pc = r.ip;
 	s->sp = r.sp;
 	s->bp = r.bp;

@@ -175,10 +175,11 @@ fn go_matches_its_own_profile(version: &str) {
 
 /// cgo both ways, with both toolchains (their asmcgocall keeps the
 /// goroutine's stack at different places; the old one's build stripped,
-/// which leaves the C functions unnamed): Go calling C keeps the C
-/// frames and, through asmcgocall's switch to the system stack, the Go
-/// callers up to runtime.goexit; C calling back into Go keeps the whole Go
-/// stack from runtime.goexit.
+/// which leaves the C functions unnamed): Go calling C keeps the C frames
+/// and, through asmcgocall's switch to the system stack, the Go callers up
+/// to runtime.goexit; C calling back into Go keeps all three parts: the Go
+/// callers, the C on the system stack (through cgocallback's switch) and
+/// the Go called back.
 #[test]
 fn go_cgo_calls_keep_their_native_and_go_frames() {
     for (version, ldflags) in [("", ""), (OLD_GO, "-s -w")] {
@@ -204,15 +205,26 @@ fn go_cgo_calls_keep_their_native_and_go_frames() {
         let weight =
             |p: &dyn Fn(&[String]) -> bool| -> u64 { stacks.iter().filter(|(f, _)| p(&names(f))).map(|s| s.1).sum() };
         let go_spin = weight(&|n| n.last().is_some_and(|x| x == "main.goSpin"));
+        // C -> Go: the Go callers, the C between (cgo's wrapper, c_calls_go,
+        // the exported goBack's C stub) on the system stack, then the Go
+        // called back, from runtime.goexit to goSpin.
+        let c_part = ["main.viaC", "main._Cfunc_c_calls_go", "runtime.cgocall", "runtime.asmcgocall"];
         let whole = weight(&|n| {
+            let Some(at) = n.iter().position(|x| x == "main.viaC") else { return false };
+            let c = &n[(at + c_part.len()).min(n.len())..];
             n.last().is_some_and(|x| x == "main.goSpin")
                 && n.first().is_some_and(|x| x == "runtime.goexit")
-                && n.iter().any(|x| x == "main.viaC")
+                && n[at..].starts_with(&c_part.map(String::from))
+                && c.len() > 5
+                && c[3] == "crosscall2"
+                && c[4] == "runtime.cgocallback"
+                && (!ldflags.is_empty()
+                    || (c[0].contains("_Cfunc_c_calls_go") && c[1] == "c_calls_go" && c[2] == "goBack"))
                 && n.iter().any(|x| x == "main.goBack")
         });
         assert!(
             go_spin > 200 && whole as f64 > 0.95 * go_spin as f64,
-            "C -> Go ({version}): {whole} of {go_spin} from goexit through viaC and goBack; {err}"
+            "C -> Go ({version}): {whole} of {go_spin} from goexit through viaC, the C on the system stack, and goBack; {err}"
         );
         // Go -> C: the Go callers as the program calls them, then
         // asmcgocall, cgo's C wrapper and the C function.

@@ -51,10 +51,7 @@ pub fn key(info: &ElfUnwindInfo) -> Key {
     }
     // Go's rows count from where its text starts.
     h.update(info.text.to_le_bytes());
-    for (a, slot) in &info.go_cgo {
-        h.update(a.to_le_bytes());
-        h.update([*slot]);
-    }
+    h.update(format!("{:?}", info.go_cgo).as_bytes());
     for s in [&info.eh_frame, &info.debug_frame, &info.gopclntab] {
         match s {
             Some(s) => {

@@ -70,9 +70,9 @@ pub struct ElfUnwindInfo {
     pub gopclntab: Option<Section>,
     /// The `.text` section's address (where Go's table counts from).
     pub text: u64,
-    /// Go's `runtime.asmcgocall`: its entry and where it keeps the
-    /// goroutine's stack depth while C runs ([`crate::engine::runtime::go::cgo_depth_slot`]).
-    pub go_cgo: Vec<(u64, u8)>,
+    /// Go's cgo stack switches, as the runtime's code shows them
+    /// ([`crate::engine::runtime::go::cgo_switches`]).
+    pub go_cgo: Vec<crate::engine::runtime::go::CgoSwitch>,
 }
 
 /// Most bytes of the section-name string table and of a note segment.
@@ -246,11 +246,7 @@ pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
             use crate::engine::runtime::go;
             info.text = go::text_start(&e, g.addr, &g.data);
             if let Ok(t) = go::Pclntab::parse(g.data.clone(), info.text) {
-                info.go_cgo = t
-                    .entries_of("runtime.asmcgocall")
-                    .into_iter()
-                    .filter_map(|(a, b)| Some((a, go::cgo_depth_slot(&e.read_vaddr(a, (b - a).min(512))?)?)))
-                    .collect();
+                info.go_cgo = go::cgo_switches(&t, &|a, n| e.read_vaddr(a, n));
             }
         }
     }

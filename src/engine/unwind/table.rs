@@ -70,6 +70,11 @@ pub enum Cfa {
     /// `[rsp + n + 8]` (or at `[rsp + n]` itself where `g` is 0: it was on
     /// the system stack already); CFA = that + 16.
     GoCgo(u8),
+    /// Go's `cgocallback`, returned to on the goroutine's stack: the C that
+    /// called back into Go is on the system stack, whose pointer the walk
+    /// finds through the thread's `g`, its `m`, and `m.g0.sched.sp`; the
+    /// packed offsets are [`crate::engine::runtime::go::CgoSwitch::Callback`]'s.
+    GoCallback(u32),
     /// A rule the kernel walk does not evaluate.
     Unsupported,
 }
@@ -130,6 +135,8 @@ pub mod kind {
     pub const UNSUPPORTED: u64 = 8;
     /// Go's asmcgocall on the system stack.
     pub const GO_CGO: u64 = 9;
+    /// Go's cgocallback on the goroutine's stack.
+    pub const GO_CALLBACK: u64 = 10;
     /// rbp unchanged.
     pub const RBP_SAME: u64 = 0;
     /// rbp at CFA + rbp_off * 8.
@@ -153,6 +160,7 @@ impl Rule {
             Cfa::Stop => (kind::STOP, 0),
             Cfa::Signal => (kind::SIGNAL, 0),
             Cfa::GoCgo(n) => (kind::GO_CGO, n as i32),
+            Cfa::GoCallback(how) => (kind::GO_CALLBACK, how as i32),
             Cfa::Unsupported => (kind::UNSUPPORTED, 0),
         };
         let (rk, roff) = match self.rbp {
@@ -181,6 +189,7 @@ impl Rule {
             kind::STOP => Cfa::Stop,
             kind::SIGNAL => Cfa::Signal,
             kind::GO_CGO => Cfa::GoCgo(off as u8),
+            kind::GO_CALLBACK => Cfa::GoCallback(off as u32),
             _ => Cfa::Unsupported,
         };
         let rbp = match (row >> RBP_SHIFT) & 0x3 {
@@ -548,7 +557,11 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
 /// left it alone. Functions where a stack starts or is switched (goexit,
 /// mstart, systemstack, mcall, morestack) end the walk; asmcgocall, which
 /// runs C on the system stack, leads back to the goroutine's stack.
-fn go_rows(g: &super::elf::Section, text: u64, cgo: &[(u64, u8)]) -> Result<Table, UnwindError> {
+fn go_rows(
+    g: &super::elf::Section,
+    text: u64,
+    cgo: &[crate::engine::runtime::go::CgoSwitch],
+) -> Result<Table, UnwindError> {
     let t = crate::engine::runtime::go::Pclntab::parse(g.data.clone(), text)
         .map_err(|e| UnwindError::Malformed(format!(".gopclntab: {e}")))?;
     let mut b = Builder { rows: Vec::new(), end: None, stats: BuildStats::default() };
@@ -560,6 +573,8 @@ fn go_rows(g: &super::elf::Section, text: u64, cgo: &[(u64, u8)]) -> Result<Tabl
             Rule { cfa: Cfa::Signal, rbp: SavedRbp::Same }
         } else if let SpKind::CgoCall(slot) = kind {
             Rule { cfa: Cfa::GoCgo(slot), rbp: SavedRbp::AtCfa(-16) }
+        } else if let SpKind::CgoCallback(how) = kind {
+            Rule { cfa: Cfa::GoCallback(how), rbp: SavedRbp::AtCfa(-16) }
         } else if delta == 0 {
             Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }
         } else {
@@ -748,7 +763,7 @@ mod tests {
             Cfa::DerefRsp(n) => mem(RSP.wrapping_add(n as i64 as u64)),
             Cfa::DerefRbp(n) => mem(RBP.wrapping_add(n as i64 as u64)),
             Cfa::Stop => return Some((0, Some(RBP), true)),
-            Cfa::Gap | Cfa::Signal | Cfa::GoCgo(_) | Cfa::Unsupported => return None,
+            Cfa::Gap | Cfa::Signal | Cfa::GoCgo(_) | Cfa::GoCallback(_) | Cfa::Unsupported => return None,
         };
         let rbp = match rule.rbp {
             SavedRbp::Same => Some(RBP),

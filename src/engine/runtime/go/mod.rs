@@ -100,17 +100,95 @@ pub enum SpKind {
     Signal,
     /// `runtime.asmcgocall`: C runs above it on the system stack, where it
     /// keeps the goroutine's stack depth at this byte offset from the stack
-    /// pointer (and `g` 8 bytes above), as [`cgo_depth_slot`] found it (see
+    /// pointer (and `g` 8 bytes above), as [`cgo_switches`] found it (see
     /// [`crate::engine::unwind::table::Cfa::GoCgo`]).
     CgoCall(u8),
+    /// `runtime.cgocallback`'s call of cgocallbackg, on the goroutine's
+    /// stack: the C that called back into Go is on the system stack, where
+    /// `g0.sched.sp` says (see [`CgoSwitch::Callback`]).
+    CgoCallback(u32),
+}
+
+/// A cgo stack switch the walk follows, found in the Go runtime's own code
+/// ([`cgo_switches`]): where the switch keeps what leads to the other stack
+/// changes between Go versions, so it is read from the instructions that
+/// store it, and code that does not match keeps the walk's old end there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CgoSwitch {
+    /// `runtime.asmcgocall` (Go calling C).
+    AsmCgoCall {
+        /// Its entry.
+        entry: u64,
+        /// The goroutine stack's depth below `g.stack.hi` is this many
+        /// bytes above the system stack's pointer, `g` 8 bytes above that.
+        slot: u8,
+    },
+    /// `runtime.cgocallback` (C calling Go).
+    Callback {
+        /// Its entry.
+        entry: u64,
+        /// Its 2-byte call of cgocallbackg on the goroutine's stack.
+        call: u64,
+        /// Packed, low byte first: its frame's CFA from the stack pointer,
+        /// the offsets of `g.m` and of `g0.sched.sp`, and the thread-local
+        /// `g`'s offset from the thread pointer (signed); `m.g0` is m's
+        /// first word.
+        how: u32,
+    },
+}
+
+/// The cgo switches of a Go binary: `code(entry, end)` reads a function's
+/// first bytes.
+pub fn cgo_switches(t: &Pclntab, code: &dyn Fn(u64, u64) -> Option<Vec<u8>>) -> Vec<CgoSwitch> {
+    let mut out = Vec::new();
+    for (a, b) in t.entries_of("runtime.asmcgocall") {
+        if let Some(slot) = code(a, (b - a).min(512)).and_then(|c| cgo_depth_slot(&c)) {
+            out.push(CgoSwitch::AsmCgoCall { entry: a, slot });
+        }
+    }
+    for (a, b) in t.entries_of("runtime.cgocallback") {
+        if let Some((call, how)) = code(a, (b - a).min(1024)).and_then(|c| cgo_callback(&c)) {
+            out.push(CgoSwitch::Callback { entry: a, call: a + call, how });
+        }
+    }
+    out
+}
+
+/// In `runtime.cgocallback`'s code (from its entry): the offset of its
+/// call of cgocallbackg once on the goroutine's stack, and how the walk
+/// finds the system stack's frame ([`CgoSwitch::Callback`]'s `how`), from
+/// its prologue (`PUSHQ BP; MOVQ SP, BP; SUBQ $n, SP`), the sequence that
+/// saves the system stack's pointer (`MOVQ FS:tls, BX; MOVQ m(BX), BX;
+/// MOVQ 0(BX), SI; MOVQ SP, sp(SI)`), and the switch (`SUBQ AX, DI; MOVQ
+/// DI, SP`) before `CALL AX`.
+pub fn cgo_callback(code: &[u8]) -> Option<(u64, u32)> {
+    let &[0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, n, ..] = code else { return None };
+    if n % 8 != 0 || n > 0x60 {
+        return None;
+    }
+    let (tls, gm, sp) = code.windows(20).find_map(|c| {
+        let ok = c[..5] == [0x64, 0x48, 0x8b, 0x1c, 0x25]
+            && c[9..12] == [0x48, 0x8b, 0x5b]
+            && c[13..16] == [0x48, 0x8b, 0x33]
+            && c[16..19] == [0x48, 0x89, 0x66];
+        ok.then(|| (i32::from_le_bytes([c[5], c[6], c[7], c[8]]), c[12], c[19]))
+    })?;
+    if !(-128..0).contains(&tls) || gm % 8 != 0 || sp % 8 != 0 {
+        return None;
+    }
+    let switch = code.windows(6).position(|w| w == [0x48, 0x29, 0xc7, 0x48, 0x89, 0xfc])? + 6;
+    let after = &code[switch..code.len().min(switch + 48)];
+    let call = switch + after.windows(2).position(|w| w == [0xff, 0xd0])?;
+    let how = (n as u32 + 16) | (gm as u32) << 8 | (sp as u32) << 16 | (tls as i8 as u8 as u32) << 24;
+    Some((call as u64, how))
 }
 
 /// Where `runtime.asmcgocall`'s code (`code`, from its entry) keeps the
 /// goroutine stack's depth below `g.stack.hi` once it has switched to the
 /// system stack: the byte offset from the stack pointer of its
-/// `MOVQ DI, off(SP)` after `SUBQ DX, DI` (0 since Go 1.22 or so, 40
-/// before). Also checks the frame-pointer prologue (`PUSHQ BP; MOVQ SP,
-/// BP`) the walk relies on. None where the code is not the one known.
+/// `MOVQ DI, off(SP)` after `SUBQ DX, DI` (0 in 1.26, 40 in 1.21). Also
+/// checks the frame-pointer prologue (`PUSHQ BP; MOVQ SP, BP`) the walk
+/// relies on. None where the code is not the one known.
 pub fn cgo_depth_slot(code: &[u8]) -> Option<u8> {
     if !code.starts_with(&[0x55, 0x48, 0x89, 0xe5]) {
         return None;
@@ -444,10 +522,11 @@ impl Pclntab {
     /// except cgocallback, which keeps both stacks walkable),
     /// [`SpKind::Signal`] for the signal handler's return trampoline,
     /// [`SpKind::CgoCall`] for asmcgocall (the C it calls leads back to the
-    /// goroutine that called it, as Go's profiler shows it) where
-    /// `cgo_slots` holds its entry and depth slot ([`Pclntab::entries_of`],
-    /// [`cgo_depth_slot`]). Bounded by the table's own size.
-    pub fn sp_rows(&self, cgo_slots: &[(u64, u8)]) -> Vec<(u64, u64, i32, SpKind)> {
+    /// goroutine that called it, as Go's profiler shows it) and
+    /// [`SpKind::CgoCallback`] for cgocallback's call into Go (it leads to
+    /// the C that called), where `switches` has them ([`cgo_switches`]).
+    /// Bounded by the table's own size.
+    pub fn sp_rows(&self, switches: &[CgoSwitch]) -> Vec<(u64, u64, i32, SpKind)> {
         let mut out = Vec::new();
         for i in 0..self.nfunc {
             let Some(f) = self.func(i) else { continue };
@@ -460,9 +539,30 @@ impl Pclntab {
                 out.push((f.entry, end, 0, SpKind::Signal));
                 continue;
             }
-            if let Some(slot) = cgo_slots.iter().find(|c| c.0 == f.entry).map(|c| c.1) {
-                out.push((f.entry, end, 0, SpKind::CgoCall(slot)));
-                continue;
+            let sw = |e: &CgoSwitch| match *e {
+                CgoSwitch::AsmCgoCall { entry, .. } | CgoSwitch::Callback { entry, .. } => entry == f.entry,
+            };
+            match switches.iter().find(|e| sw(e)) {
+                Some(&CgoSwitch::AsmCgoCall { slot, .. }) => {
+                    out.push((f.entry, end, 0, SpKind::CgoCall(slot)));
+                    continue;
+                }
+                Some(&CgoSwitch::Callback { call, how, .. }) => {
+                    // Its runs as any function's, but the call's own bytes
+                    // (where a return address into it is looked up).
+                    for (a, b, v) in self.runs(f.pcsp, &f, end) {
+                        let v = v.max(0);
+                        if call >= a && call + 2 <= b {
+                            out.extend([(a, call, v, SpKind::Frame), (call, call + 2, v, SpKind::CgoCallback(how))]);
+                            out.push((call + 2, b, v, SpKind::Frame));
+                        } else {
+                            out.push((a, b, v, SpKind::Frame));
+                        }
+                    }
+                    out.retain(|r| r.1 > r.0);
+                    continue;
+                }
+                None => {}
             }
             let spwrite = f.flag & FLAG_SPWRITE != 0 && name != "runtime.cgocallback";
             let top = f.flag & FLAG_TOPFRAME != 0
@@ -606,6 +706,36 @@ mod tests {
         assert_eq!(cgo_depth_slot(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89, 0x7c, 0x24, 0x29]), None);
         assert_eq!(cgo_depth_slot(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89]), None);
         assert_eq!(cgo_depth_slot(&[]), None);
+    }
+
+    #[test]
+    fn cgocallback_switch_from_its_code() {
+        // go1.26's and go1.21's cgocallback, shortened: prologue (frame
+        // 0x18), the g0.sched.sp store, the switch and CALL AX.
+        let mut code = vec![0x55, 0x48, 0x89, 0xe5, 0x48, 0x83, 0xec, 0x18, 0x90];
+        code.extend([0x64, 0x48, 0x8b, 0x1c, 0x25, 0xf8, 0xff, 0xff, 0xff]); // MOVQ FS:-8, BX
+        code.extend([0x48, 0x8b, 0x5b, 0x30, 0x48, 0x8b, 0x33, 0x48, 0x89, 0x66, 0x38]); // m, g0, sched.sp
+        code.extend([0x90; 7]);
+        let switch = code.len();
+        code.extend([0x48, 0x29, 0xc7, 0x48, 0x89, 0xfc, 0x48, 0x89, 0x1c, 0x24]);
+        let call = code.len();
+        code.extend([0xff, 0xd0, 0x90, 0x90]);
+        let (at, how) = cgo_callback(&code).unwrap();
+        assert_eq!(at, call as u64);
+        assert_eq!(how, 0x28 | 0x30 << 8 | 0x38 << 16 | 0xf8 << 24);
+        // No switch, a call too far, another prologue, a positive TLS offset.
+        assert!(cgo_callback(&code[..switch]).is_none());
+        let mut far = code[..call].to_vec();
+        far.extend([0x90; 60]);
+        far.extend([0xff, 0xd0]);
+        assert!(cgo_callback(&far).is_none());
+        assert!(cgo_callback(&code[1..]).is_none());
+        let mut pos = code.clone();
+        pos[14..18].copy_from_slice(&8i32.to_le_bytes());
+        assert!(cgo_callback(&pos).is_none());
+        for n in 0..code.len() {
+            let _ = cgo_callback(&code[..n]);
+        }
     }
 
     #[test]
