@@ -73,12 +73,13 @@ pub enum Event {
 /// sonde's process per 8 s run against perf's 0.46-0.55 s. Unwind tables:
 /// 1.1-1.4 bytes of kernel memory per byte of .eh_frame (libc: 187 KB),
 /// built in 3-90 ms per file, read from the disk cache in under 15 ms.
-/// Python frames (bench/python/run, 33 Python frames deep): 175-190 ns per
-/// Python frame per sample in BPF (1.02-1.30x the native walk), naming
-/// 117-121 ms per 10,000 code objects once each; 0.16 s of sonde's CPU per
-/// 8 s at 99 Hz (0.12 s with --frames native); at 999 Hz the target keeps
-/// more of its throughput than under py-spy --nonblocking. Go frames cost
-/// nothing beyond the table walk.
+/// Python frames (bench/python/run, 33 Python frames deep): in BPF 64 ns per
+/// Python frame per sample on a recursion (0.64x the native walk), 152 ns
+/// on as many distinct functions (1.37x: one read per code object); naming
+/// 151-181 ms per 10,000 code objects, once each; 0.18 s of sonde's CPU per
+/// 8 s at 99 Hz (0.16 s with --frames native), 0.23 s at 999 Hz where
+/// py-spy --nonblocking takes 8.3 s. Go frames cost nothing beyond the
+/// table walk.
 #[derive(Debug, Args)]
 #[command(mut_arg("output", |a| a.help("Write here, repeatable; the extension picks the format: .folded, .svg, .html (interactive), .json or .pb.gz (pprof)")))]
 #[command(mut_arg("json", |a| a.help("Print every stack as a JSON line on stdout, then a summary line")))]
