@@ -33,7 +33,36 @@ pub fn exit_code(err: &anyhow::Error) -> i32 {
 
 /// Whether the error chain is a write to a closed stdout (`| head`): the reader
 /// has what it wanted, so sonde ends quietly with status 0.
+/// A JSON write that fails counts too: serde_json's error hides the
+/// `io::Error` from the chain (its `source` is the io error's own source).
 pub fn closed_stdout(err: &anyhow::Error) -> bool {
-    err.chain()
-        .any(|e| e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe))
+    use std::io::ErrorKind::BrokenPipe;
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == BrokenPipe)
+            || e.downcast_ref::<serde_json::Error>().is_some_and(|j| j.io_error_kind() == Some(BrokenPipe))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    /// A JSON line that fills a buffer in front of a closed pipe fails inside
+    /// serde_json: still a closed stdout, not an error.
+    #[test]
+    fn a_json_write_to_a_closed_pipe_is_a_closed_stdout() {
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let e = serde_json::to_writer(Closed, &vec!["x"; 10]).unwrap_err();
+        assert!(super::closed_stdout(&anyhow::Error::from(e).context("writing the summary")));
+        let other = serde_json::from_str::<u32>("x").unwrap_err();
+        assert!(!super::closed_stdout(&anyhow::Error::from(other)));
+    }
 }

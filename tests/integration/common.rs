@@ -56,6 +56,23 @@ impl Tracer {
         Tracer { child, lines, reader: Some(reader) }
     }
 
+    /// Waits until the JSON lines so far satisfy `done`, or `limit` passed
+    /// (a busy host delays the traffic, not the verdict); true if they did.
+    pub(crate) fn wait_until(&self, limit: Duration, done: impl Fn(&[Value]) -> bool) -> bool {
+        let t0 = Instant::now();
+        loop {
+            let vals: Vec<Value> =
+                self.lines.lock().unwrap().iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+            if done(&vals) {
+                return true;
+            }
+            if t0.elapsed() > limit {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// SIGINT, then the exit code and every JSON line.
     pub(crate) fn stop(self) -> (i32, Vec<Value>) {
         self.end(libc::SIGINT)

@@ -187,8 +187,11 @@ fn count_mode_totals_match_the_mib_counters() {
 }
 
 /// A SYN-retransmitting connect from a known process (bash's /dev/tcp).
-fn spawn_connector(pair: &Pair, delay_s: f32) -> Child {
-    let script = format!("sleep {delay_s}; exec 3<>/dev/tcp/{}/{PORT_SYN}", pair.b4);
+/// Connects once `go` exists (so the tracer, started after the spawn to
+/// learn its pid, sees the connect however busy the host is).
+fn spawn_connector(pair: &Pair, go: &std::path::Path) -> Child {
+    let script =
+        format!("while [ ! -e {} ]; do sleep 0.05; done; exec 3<>/dev/tcp/{}/{PORT_SYN}", go.display(), pair.b4);
     Command::new("ip").args(["netns", "exec", &pair.a.name, "bash", "-c", &script]).spawn().unwrap()
 }
 
@@ -204,14 +207,20 @@ fn syn_dropping_lab() -> (Pair, Server) {
 #[test]
 fn retransmits_are_attributed_to_the_owning_process() {
     let (pair, _srv) = syn_dropping_lab();
-    let mut owner = spawn_connector(&pair, 1.5);
-    let mut other = spawn_connector(&pair, 1.5);
+    let go = std::env::temp_dir().join(format!("sonde-retrans-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let mut owner = spawn_connector(&pair, &go);
+    let mut other = spawn_connector(&pair, &go);
     // -p filters on the owner recorded at connect(), not on who runs the timer.
     let pid = owner.id().to_string();
     let args = ["--addr", pair.net4.as_str(), "-p", pid.as_str()];
     let t = Tracer::start(&args);
-    thread::sleep(Duration::from_millis(4200));
+    std::fs::write(&go, b"").unwrap();
+    // SYN retransmits 1 s and 3 s after the connect.
+    t.wait_until(Duration::from_secs(30), |v| v.iter().filter(|e| e["kind"] == "syn").count() >= 2);
+    thread::sleep(Duration::from_millis(300));
     let (_, out) = t.stop();
+    let _ = std::fs::remove_file(&go);
     for c in [&mut owner, &mut other] {
         let _ = c.kill();
         let _ = c.wait();
@@ -235,12 +244,21 @@ fn spawn_named_connector(pair: &Pair, comm: &str, delay_s: f32) -> Child {
 #[test]
 fn comm_filter_sees_only_sockets_of_that_name() {
     let (pair, _srv) = syn_dropping_lab();
-    let mut want = spawn_named_connector(&pair, "sonde_want", 1.5);
-    let mut other = spawn_named_connector(&pair, "sonde_other", 1.5);
-    let mut third = spawn_named_connector(&pair, "sonde_third", 1.5);
     let args = ["--addr", pair.net4.as_str(), "--comm", "sonde_want", "--comm", "sonde_third"];
     let t = Tracer::start(&args);
-    thread::sleep(Duration::from_millis(4200));
+    let mut want = spawn_named_connector(&pair, "sonde_want", 0.2);
+    let mut other = spawn_named_connector(&pair, "sonde_other", 0.2);
+    let mut third = spawn_named_connector(&pair, "sonde_third", 0.2);
+    // Each connector's SYN is retransmitted 1 s and 3 s after it connects;
+    // the three connect at about the same time, whenever a busy host starts
+    // them. Wait for both listed names' two, then a little for the third.
+    let both = |v: &[Value]| {
+        ["sonde_want", "sonde_third"]
+            .iter()
+            .all(|n| v.iter().filter(|e| e["kind"] == "syn" && e["comm"] == *n).count() >= 2)
+    };
+    t.wait_until(Duration::from_secs(30), both);
+    thread::sleep(Duration::from_millis(300));
     let (_, out) = t.stop();
     for c in [&mut want, &mut other, &mut third] {
         let _ = c.kill();
