@@ -831,11 +831,16 @@ mod tests {
         let m = Maps { procs: &procs, pages: &pages, chunks: &chunks };
         let spawn = |cmd: &[&str]| -> Child {
             let c = Command::new(cmd[0]).args(&cmd[1..]).stdout(Stdio::null()).spawn().unwrap();
-            // Until exec has replaced the fork's maps.
+            // Until exec has replaced the fork's maps and the dynamic
+            // loader has mapped libc (a busy host can take its time).
             let exe = std::fs::canonicalize(cmd[0]).unwrap();
             let t0 = Instant::now();
-            while std::fs::read_link(format!("/proc/{}/exe", c.id())).ok().as_ref() != Some(&exe) {
-                assert!(t0.elapsed() < Duration::from_secs(10));
+            let ready = || {
+                std::fs::read_link(format!("/proc/{}/exe", c.id())).ok().as_ref() == Some(&exe)
+                    && std::fs::read_to_string(format!("/proc/{}/maps", c.id())).is_ok_and(|m| m.contains("/libc.so"))
+            };
+            while !ready() {
+                assert!(t0.elapsed() < Duration::from_secs(30), "{cmd:?} did not start");
                 std::thread::sleep(Duration::from_millis(5));
             }
             std::thread::sleep(Duration::from_millis(50));
