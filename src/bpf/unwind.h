@@ -101,8 +101,10 @@ struct unw_state {
 	__u64 sp;
 	__u64 bp;
 	__u64 hash;
-	__u64 tramp; /* the uretprobe trampoline's address in this process */
-	__u64 ri;    /* the next pending uretprobe's return_instance (kernel pointer) */
+	__u64 tramp;  /* the uretprobe trampoline's address in this process */
+	__u64 ri;     /* the next pending uretprobe's return_instance (kernel pointer) */
+	__u64 fsbase; /* the thread pointer (read here: unw_step, verified on its own,
+	               * cannot call bpf_get_current_task_btf on kernels without it) */
 	__u32 pid;
 	__u32 busy;
 	__u8 bp_ok;      /* rbp still known */
@@ -496,8 +498,7 @@ __noinline int unw_step(__u32 slot)
 			cfa = sp + d;
 			break;
 		}
-		struct task_struct *task = bpf_get_current_task_btf();
-		__u64 fs = BPF_CORE_READ(task, thread.fsbase);
+		__u64 fs = s->fsbase;
 		__u64 g = 0, m = 0, g0 = 0, g0sp = 0;
 		__s64 tls = (__s8)(((__u32)off >> 24) & 0xff);
 		if (bpf_probe_read_user(&g, 8, (void *)(fs + tls)) || !g ||
@@ -610,6 +611,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	struct task_struct *task = bpf_get_current_task_btf();
 	if (!BPF_CORE_READ(task, mm))
 		return true; /* a kernel thread: no user stack */
+	s->fsbase = BPF_CORE_READ(task, thread.fsbase);
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
 		return true;
