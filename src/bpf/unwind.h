@@ -666,7 +666,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 				s->rt_lo[i] = rs->cfg.lo[i];
 				s->rt_hi[i] = rs->cfg.hi[i];
 			}
-			rs->fsbase = BPF_CORE_READ(task, thread.fsbase);
+			rs->fsbase = s->fsbase;
 		}
 	}
 	__u32 n = p->n;

@@ -798,9 +798,9 @@ impl Symbols {
                 else {
                     return Vec::new();
                 };
-                [".plt", ".plt.sec", ".plt.got", ".iplt"]
+                super::unwind::elf::PLT_SECTIONS
                     .iter()
-                    .filter_map(|n| elf.section_range(n))
+                    .filter_map(|(n, _)| elf.section_range(n))
                     .filter_map(|(addr, size)| {
                         let s = elf.segments.iter().find(|s| s.vaddr <= addr && addr < s.vaddr + s.filesz)?;
                         let off = addr - s.vaddr + s.offset;

@@ -75,6 +75,12 @@ pub struct ElfUnwindInfo {
     pub go_cgo: Vec<crate::engine::runtime::go::CgoSwitch>,
 }
 
+/// The sections that hold PLT stubs, and whether theirs push an index
+/// before jumping (`.plt`, lazy binding) or jump at once. The unwinder gives
+/// them rules of their own, the symbolizer names them `[plt]`.
+pub const PLT_SECTIONS: [(&str, bool); 4] =
+    [(".plt", true), (".plt.sec", false), (".plt.got", false), (".iplt", false)];
+
 /// Most bytes of the section-name string table and of a note segment.
 const MAX_SMALL: u64 = 1 << 20;
 
@@ -183,9 +189,7 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
         let addr = if name == ".debug_frame" { 0 } else { sh.sh_addr(endian) };
         Ok(section_bytes(sh, endian, &cache, name)?.map(|data| Section { addr, data }))
     };
-    // PLT stubs: `.plt` pushes an index before jumping (lazy binding),
-    // `.plt.sec`, `.plt.got` and `.iplt` jump at once.
-    let plt: Vec<(u64, u64, bool)> = [(".plt", true), (".plt.sec", false), (".plt.got", false), (".iplt", false)]
+    let plt: Vec<(u64, u64, bool)> = PLT_SECTIONS
         .iter()
         .filter_map(|(n, lazy)| {
             let (_, sh) = sections.section_by_name(endian, n.as_bytes())?;
