@@ -113,6 +113,11 @@ struct unw_state {
 	__u8 in_syscall; /* the user registers were saved by a system call */
 	__u8 go_cb;      /* a Go cgocallback was followed to the system stack */
 	__u8 pad[3];
+	/* Code the process's runtime generates and steps itself (runtime_jit.h). */
+	__u64 jit_lo;
+	__u64 jit_hi;
+	__u32 jit_kind;
+	__u32 pad3;
 	/* The last row found, for frames that return into the same code
 	 * (recursion, loops of calls): its page, the range of page offsets it
 	 * covers, the row. */
@@ -347,6 +352,8 @@ static __always_inline __u64 unw_real_ra(struct unw_state *s, __u64 ra)
 	return real;
 }
 
+#include "runtime_jit.h"
+
 /*
  * One frame of the walk in scratch slot `slot`: record the pc, then find
  * the caller's pc, sp and bp. Returns nonzero when the walk ends (the
@@ -372,6 +379,11 @@ __noinline int unw_step(__u32 slot)
 	s->hash ^= s->hash >> 29;
 
 	__u64 at = exact ? pc : pc - 1;
+	if (at >= s->jit_lo && at < s->jit_hi) {
+		int r = rt_jit_step(slot, s->jit_kind);
+		if (r >= 0)
+			return r;
+	}
 	for (int i = 0; i < RT_MAX_RANGES; i++) {
 		if (i >= s->rt_n)
 			break;
@@ -654,6 +666,8 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	s->rt_n = 0;
 	s->rt_marks[0] = 0;
 	s->rt_marks[1] = 0;
+	s->jit_lo = 0;
+	s->jit_hi = 0;
 	struct rt_state *rs = NULL;
 	if (rt_mode) {
 		struct rt_proc *rp = bpf_map_lookup_elem(&rt_procs, &pid);
@@ -666,7 +680,13 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 				s->rt_lo[i] = rs->cfg.lo[i];
 				s->rt_hi[i] = rs->cfg.hi[i];
 			}
+			s->jit_lo = rs->cfg.jit_lo;
+			s->jit_hi = rs->cfg.jit_hi;
+			s->jit_kind = rs->cfg.kind;
 			rs->fsbase = s->fsbase;
+			rs->st.n = 0;
+			rs->st.end = RT_END_DONE;
+			rs->hash = 0xcbf29ce484222325ULL;
 		}
 	}
 	__u32 n = p->n;
@@ -686,7 +706,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 		unw_stat(UNW_S_END + end);
 	/* Language frames, when the walk went through an interpreter loop. */
 	__u64 rh = 0;
-	if (rs && s->rt_n && (s->rt_marks[0] | s->rt_marks[1])) {
+	if (rs && (s->rt_marks[0] | s->rt_marks[1])) {
 		rs->st.marks[0] = s->rt_marks[0];
 		rs->st.marks[1] = s->rt_marks[1];
 		rt_walk(slot);

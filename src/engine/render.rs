@@ -50,7 +50,8 @@ pub const GO_MARK: &str = "_[go]";
 
 /// The label of a frame in folded output: kernel frames end in `_[k]` (as
 /// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`,
-/// JIT ones in `_[j]`, Python functions in `_[py]`.
+/// JIT ones and Java methods in `_[j]` (inlined Java methods `_[i]`, as
+/// async-profiler writes them), Python functions in `_[py]`.
 fn label(f: &super::stacks::Frame) -> String {
     // `;` separates frames and a trailing number is the count: keep both out.
     let name = f.name.replace(';', ":");
@@ -59,6 +60,7 @@ fn label(f: &super::stacks::Frame) -> String {
         (FrameKind::Jit, _) => format!("{name}_[j]"),
         (FrameKind::Python, _) => format!("{name}{PY_MARK}"),
         (FrameKind::Go, false) => format!("{name}{GO_MARK}"),
+        (FrameKind::Java, false) => format!("{name}_[j]"),
         (_, true) => format!("{name}_[i]"),
         _ => name,
     }
@@ -254,6 +256,7 @@ pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
                 FrameKind::Kernel => format!("{} [k]", f.name),
                 FrameKind::Python => format!("{} [py]", f.name),
                 FrameKind::Go if !f.inlined => format!("{} [go]", f.name),
+                FrameKind::Java => format!("{} [java]", f.name),
                 _ => f.name.clone(),
             })
             .collect();

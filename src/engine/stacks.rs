@@ -263,6 +263,8 @@ pub enum FrameKind {
     Python,
     /// A Go function, named from the binary's own function table.
     Go,
+    /// A Java method, read from the JVM's own frames and debug information.
+    Java,
     /// An address nothing could name.
     Unknown,
     /// Marks a user stack cut short (no frame pointers, or deeper than the
@@ -770,21 +772,27 @@ impl Symbols {
         }
     }
 
-    /// A language frame, named from what was read of its code object.
-    fn lang_frame(&self, pid: u32, f: &runtime::RtFrame, images: &Images, stats: &mut SymStats) -> Frame {
+    /// A language frame's source frames, outermost first, named from what
+    /// was read of its code object (several where a JIT inlined callees).
+    fn lang_frames(&self, pid: u32, f: &runtime::RtFrame, images: &Images, stats: &mut SymStats, out: &mut Vec<Frame>) {
         let module = images.lang.module(pid).cloned().unwrap_or_else(|| self.unknown.clone());
+        let kind = if f.kind == runtime::KIND_JAVA { FrameKind::Java } else { FrameKind::Python };
         match images.lang.get(pid, f) {
-            Some(c) => Frame {
-                name: c.name.clone(),
-                file: Some(c.file.clone()),
-                line: c.line(f.loc),
-                kind: FrameKind::Python,
-                module,
-                inlined: false,
-            },
+            Some(c) => {
+                for (name, file, line, inlined) in c.frames(f).into_iter().rev() {
+                    out.push(Frame {
+                        name,
+                        file: (!file.is_empty()).then_some(file),
+                        line,
+                        kind,
+                        module: module.clone(),
+                        inlined,
+                    });
+                }
+            }
             None => {
                 stats.lang_unnamed_frames += 1;
-                Frame::simple("[unknown]", FrameKind::Python, module)
+                out.push(Frame::simple("[unknown]", kind, module));
             }
         }
     }
@@ -976,7 +984,7 @@ impl Symbols {
                 Part::Native(i) => i,
                 Part::Lang(f) => {
                     has_lang = true;
-                    user.push(self.lang_frame(s.pid, f, images, stats));
+                    self.lang_frames(s.pid, f, images, stats, &mut user);
                     continue;
                 }
             };

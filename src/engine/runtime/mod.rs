@@ -20,6 +20,7 @@
 //! `rt_walk` in `runtime.h`.
 pub mod elfsym;
 pub mod go;
+pub mod java;
 pub mod mem;
 pub mod python;
 
@@ -44,8 +45,12 @@ pub const HOW_RT: u8 = 4;
 const FLAG_ENTRY: u8 = 1;
 /// `enum rt_kind`.
 pub const KIND_PYTHON: u8 = 1;
+/// `enum rt_kind`: HotSpot.
+pub const KIND_JAVA: u8 = 2;
+/// Where `struct rt_proc`'s runtime-specific part starts.
+const PROC_CFG: usize = 8 + 16 * MAX_RANGES + 16;
 /// Bytes of `struct rt_proc`.
-pub const PROC_BYTES: usize = 8 + 16 * MAX_RANGES + 40;
+pub const PROC_BYTES: usize = PROC_CFG + java::CONFIG_BYTES;
 /// Bytes of `struct rt_stack`'s head (before the frames).
 const STACK_HEAD: usize = 24;
 /// Processes whose runtime the kernel can hold (`rt_procs`).
@@ -162,6 +167,8 @@ pub enum Lines {
         /// `co_code_adaptive`'s offset.
         code: u32,
     },
+    /// A Java method or nmethod.
+    Java(Rc<java::JavaCode>),
 }
 
 /// A named code object.
@@ -182,12 +189,38 @@ impl CodeInfo {
     pub fn line(&self, loc: u32) -> Option<u32> {
         match &self.lines {
             Lines::Python { minor, table, code } => python::line_at(*minor, table, *code, self.first_line, loc),
+            Lines::Java(c) => c.frames(loc, 0).first().and_then(|f| f.1),
+        }
+    }
+
+    /// The source frames of language frame `f` of this code, innermost
+    /// first: (name, file, line, inlined). One, except where a JIT inlined
+    /// callees into the code (their frames come first), or none for a
+    /// runtime's own stub code (named as the code object itself).
+    pub fn frames(&self, f: &RtFrame) -> Vec<(String, String, Option<u32>, bool)> {
+        match &self.lines {
+            Lines::Java(c) => {
+                let fr = c.frames(f.loc, f.flags);
+                if fr.is_empty() {
+                    return vec![(self.name.clone(), self.file.clone(), None, false)];
+                }
+                let n = fr.len();
+                fr.into_iter()
+                    .enumerate()
+                    .map(|(i, (m, line))| (m.name.clone(), m.file.clone(), line, i + 1 < n))
+                    .collect()
+            }
+            _ => vec![(self.name.clone(), self.file.clone(), self.line(f.loc), false)],
         }
     }
 
     fn bytes(&self) -> usize {
-        let Lines::Python { table, .. } = &self.lines;
-        64 + self.name.len() + self.file.len() + table.len()
+        64 + self.name.len()
+            + self.file.len()
+            + match &self.lines {
+                Lines::Python { table, .. } => table.len(),
+                Lines::Java(c) => java::bytes(c),
+            }
     }
 }
 
@@ -250,8 +283,26 @@ pub struct ProcReport {
     pub offsets: Option<&'static str>,
 }
 
+/// What a runtime's user half found in a process.
+pub enum Found {
+    /// A Python this build reads.
+    Python(Box<python::Python>),
+    /// A JVM this build reads.
+    Java(Box<java::Hotspot>),
+    /// A runtime this build does not read: what it is and why.
+    Unsupported {
+        /// "Python 3.14.0".
+        what: String,
+        /// Why, for the user.
+        why: String,
+    },
+    /// Not ready yet (the runtime is starting): look again later.
+    Later(String),
+}
+
 enum Known {
     Python(Box<python::Python>, Option<Mem>),
+    Java(Box<java::Hotspot>, Option<Mem>),
     /// Not a runtime we know, or one we do not read.
     Other,
     /// To look again at `.0` (try `.1` of at most 60).
@@ -342,7 +393,7 @@ impl Runtimes {
             return;
         }
         match self.procs.get(&pid) {
-            Some(Known::Python(..)) | Some(Known::Other) => return,
+            Some(Known::Python(..)) | Some(Known::Java(..)) | Some(Known::Other) => return,
             Some(Known::Later(at, _)) if at.elapsed() < Duration::from_millis(500) => return,
             _ => {}
         }
@@ -359,7 +410,28 @@ impl Runtimes {
             None => {
                 self.procs.insert(pid, Known::Other);
             }
-            Some((python::Found::Python(p), mem)) => {
+            Some((Found::Java(h), mem)) => {
+                let mut v = vec![0u8; PROC_BYTES];
+                v[..4].copy_from_slice(&(KIND_JAVA as u32).to_ne_bytes());
+                v[8 + 16 * MAX_RANGES..PROC_CFG - 8].copy_from_slice(&h.jit.0.to_ne_bytes());
+                v[PROC_CFG - 8..PROC_CFG].copy_from_slice(&h.jit.1.to_ne_bytes());
+                v[PROC_CFG..].copy_from_slice(&java::bpf_config(&h));
+                let ok = m.procs.update(&pid.to_ne_bytes(), &v, MapFlags::ANY).is_ok();
+                self.names.modules.insert(pid, Rc::from("java"));
+                self.reports.insert(
+                    pid,
+                    ProcReport {
+                        pid,
+                        runtime: format!("Java {} (HotSpot)", h.version),
+                        read: ok,
+                        why: (!ok).then(|| "the kernel's table of runtime processes is full".to_string()),
+                        image: Some(h.image.clone()),
+                        offsets: Some("gHotSpotVMStructs"),
+                    },
+                );
+                self.procs.insert(pid, Known::Java(h, Some(mem)));
+            }
+            Some((Found::Python(p), mem)) => {
                 let mut v = vec![0u8; PROC_BYTES];
                 v[..4].copy_from_slice(&(KIND_PYTHON as u32).to_ne_bytes());
                 let n = p.ranges.len().min(MAX_RANGES);
@@ -368,7 +440,7 @@ impl Runtimes {
                     v[8 + 8 * i..16 + 8 * i].copy_from_slice(&lo.to_ne_bytes());
                     v[8 + 8 * MAX_RANGES + 8 * i..16 + 8 * MAX_RANGES + 8 * i].copy_from_slice(&hi.to_ne_bytes());
                 }
-                v[8 + 16 * MAX_RANGES..].copy_from_slice(&python::bpf_config(&p));
+                v[PROC_CFG..PROC_CFG + 40].copy_from_slice(&python::bpf_config(&p));
                 let ok = m.procs.update(&pid.to_ne_bytes(), &v, MapFlags::ANY).is_ok();
                 let module = p.image.rsplit('/').next().unwrap_or("python").split(".so").next().unwrap_or("python");
                 self.names.modules.insert(pid, Rc::from(module));
@@ -385,7 +457,7 @@ impl Runtimes {
                 );
                 self.procs.insert(pid, Known::Python(p, Some(mem)));
             }
-            Some((python::Found::Unsupported { what, why }, _)) => {
+            Some((Found::Unsupported { what, why }, _)) => {
                 eprintln!("sonde: process {pid} ({}): {what} is not read ({why}); its stacks stay native", comm());
                 self.reports.insert(
                     pid,
@@ -393,14 +465,14 @@ impl Runtimes {
                 );
                 self.procs.insert(pid, Known::Other);
             }
-            Some((python::Found::Later(why), _)) => {
+            Some((Found::Later(why), _)) => {
                 if tries >= 60 {
                     eprintln!("sonde: process {pid} ({}): {why}; its stacks stay native", comm());
                     self.reports.insert(
                         pid,
                         ProcReport {
                             pid,
-                            runtime: "Python".into(),
+                            runtime: why.split(':').next().unwrap_or("a runtime").to_string(),
                             read: false,
                             why: Some(why),
                             image: None,
@@ -442,14 +514,10 @@ impl Runtimes {
             if self.names.map.contains_key(&key) {
                 continue;
             }
-            let r = match self.procs.get(&pid) {
-                Some(Known::Python(p, Some(mem))) if kind == KIND_PYTHON => {
-                    if !super::pid_exists(pid) {
-                        Err("gone")
-                    } else {
-                        python::code_info(p, mem, addr, cookie)
-                    }
-                }
+            let r = match self.procs.get_mut(&pid) {
+                _ if !super::pid_exists(pid) => Err("gone"),
+                Some(Known::Python(p, Some(mem))) if kind == KIND_PYTHON => python::code_info(p, mem, addr, cookie),
+                Some(Known::Java(h, Some(mem))) if kind == KIND_JAVA => h.code_info(mem, addr, cookie),
                 _ => Err("unsupported"),
             };
             match r {
@@ -468,7 +536,7 @@ impl Runtimes {
     /// entries (their names stay for the end of the run).
     pub fn sweep(&mut self, m: &RtMaps<'_>) {
         for (pid, k) in self.procs.iter_mut() {
-            if let Known::Python(_, mem) = k {
+            if let Known::Python(_, mem) | Known::Java(_, mem) = k {
                 if mem.is_some() && !super::pid_exists(*pid) {
                     *mem = None;
                     let _ = m.procs.delete(&pid.to_ne_bytes());
@@ -514,7 +582,7 @@ impl Runtimes {
 
 /// The runtimes this build reads, for `doctor` and the docs.
 pub fn supported() -> Vec<(&'static str, &'static str)> {
-    vec![("python", python::VERSIONS)]
+    vec![("python", python::VERSIONS), ("java", java::VERSIONS)]
 }
 
 /// What `doctor --pid` says of one process: its runtime, if any, whether
@@ -531,7 +599,14 @@ pub fn inspect(pid: u32) -> serde_json::Value {
         None => {
             json!({"pid": pid, "comm": comm, "runtime": null, "detail": "no runtime sonde reads (native frames only)"})
         }
-        Some(python::Found::Python(p)) => json!({
+        Some(Found::Java(h)) => json!({
+            "pid": pid, "comm": comm, "runtime": format!("Java {} (HotSpot)", h.version), "read": true,
+            "image": h.image,
+            "offsets": "gHotSpotVMStructs",
+            "code_heaps": h.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect::<Vec<_>>(),
+            "interpreter": format!("{:#x}-{:#x}", h.interp.0, h.interp.1),
+        }),
+        Some(Found::Python(p)) => json!({
             "pid": pid, "comm": comm, "runtime": format!("Python {}", p.version), "read": true,
             "image": p.image,
             "offsets": if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
@@ -539,18 +614,18 @@ pub fn inspect(pid: u32) -> serde_json::Value {
             "thread_specific_data": format!("{:#x}", p.tsd),
             "interpreter_loop": p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>(),
         }),
-        Some(python::Found::Unsupported { what, why }) => {
+        Some(Found::Unsupported { what, why }) => {
             json!({"pid": pid, "comm": comm, "runtime": what, "read": false, "why": why})
         }
-        Some(python::Found::Later(why)) => {
-            json!({"pid": pid, "comm": comm, "runtime": "Python", "read": false, "why": why})
+        Some(Found::Later(why)) => {
+            json!({"pid": pid, "comm": comm, "runtime": why.split(':').next().unwrap_or("a runtime"), "read": false, "why": why})
         }
     }
 }
 
 /// The dispatch point of the user halves: which runtime, if any, `pid` runs.
-fn detect(pid: u32, maps: &[elfsym::MapLine], mem: &Mem) -> Option<python::Found> {
-    python::detect(pid, maps, mem)
+fn detect(pid: u32, maps: &[elfsym::MapLine], mem: &Mem) -> Option<Found> {
+    java::detect(pid, maps, mem).or_else(|| python::detect(pid, maps, mem))
 }
 
 /// Sets the runtime maps' sizes and `rt_mode` of an open skeleton (part of

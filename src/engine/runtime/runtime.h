@@ -27,6 +27,7 @@
 enum rt_kind {
 	RT_NONE = 0,
 	RT_PYTHON = 1,
+	RT_JAVA = 2,
 };
 
 /* Why a runtime walk ended (rt_stack.end; slots RT_S_END + this). */
@@ -62,6 +63,7 @@ struct rt_stack {
 };
 
 #include "python/python.h"
+#include "java/hotspot.h"
 
 /* What the kernel needs to know of a process's runtime: rt_procs' value. */
 struct rt_proc {
@@ -69,7 +71,14 @@ struct rt_proc {
 	__u32 nranges;
 	__u64 lo[RT_MAX_RANGES]; /* the interpreter loop: [lo, hi) */
 	__u64 hi[RT_MAX_RANGES];
-	struct py_proc py;
+	/* Code the runtime generates, whose frames it steps itself as the
+	 * native walk meets them (rt_jit_step): [jit_lo, jit_hi), or empty. */
+	__u64 jit_lo;
+	__u64 jit_hi;
+	union {
+		struct py_proc py;
+		struct hs_proc hs;
+	};
 };
 
 /* The walker's per-CPU state (two slots, as unw_scratch). */
@@ -101,7 +110,11 @@ enum rt_stat {
 	RT_S_STORE_FULL, /* language frames not kept: rt_walked was full */
 	RT_S_SEEN_FULL,  /* code objects not handed to user space: rt_seen was full */
 	RT_S_END,        /* + enum rt_end */
-	RT_S_MAX = RT_S_END + RT_END_MAX,
+	/* A pc in the runtime's generated code that no code blob holds (code
+	 * freed or being written), or a frame that names no code. */
+	RT_S_JIT_UNKNOWN = RT_S_END + RT_END_MAX,
+	RT_S_JIT_BAD,
+	RT_S_MAX,
 };
 
 /* 1: read language frames where user space described the runtime. */
@@ -206,18 +219,16 @@ static __always_inline bool rt_push(struct rt_state *r, __u64 addr, __u32 loc, _
 
 /*
  * The dispatch point: reads the language frames of the current thread into
- * rt_scratch[slot].st (set up by unw_capture: cfg, fsbase, marks). Global,
- * so the verifier checks it once.
+ * rt_scratch[slot].st (set up by unw_capture: cfg, fsbase, marks, and an
+ * empty stack, or the frames rt_jit_step recorded during the native walk).
+ * Global, so the verifier checks it once.
  */
 __noinline int rt_walk(__u32 slot)
 {
 	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
 	if (!r)
 		return 0;
-	r->st.n = 0;
-	r->st.end = RT_END_DONE;
 	r->st.kind = r->cfg.kind;
-	r->hash = 0xcbf29ce484222325ULL;
 	r->sb_n = 0;
 	for (int i = 0; i < RT_CODES; i++)
 		r->cc_addr[i] = 0;

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use super::{
     elfsym::{bias_of, ElfSyms, MapLine, Sym},
     mem::{le, Mem},
-    CodeInfo, Lines,
+    CodeInfo, Found, Lines,
 };
 
 /// How frames are chained (`enum py_model`).
@@ -246,22 +246,6 @@ pub struct Python {
     pub tsd: u64,
     /// The file holding the interpreter, as the process shows it.
     pub image: String,
-}
-
-/// What looking at a process found.
-#[derive(Debug, Clone)]
-pub enum Found {
-    /// A Python this build reads.
-    Python(Box<Python>),
-    /// A Python this build does not read: what it is and why.
-    Unsupported {
-        /// "Python 3.14.0".
-        what: String,
-        /// Why, for the user.
-        why: String,
-    },
-    /// Not ready yet (the interpreter is starting): look again later.
-    Later(String),
 }
 
 const WANT: &[&str] = &["_PyRuntime", "_PyEval_EvalFrameDefault", "PyCode_Type", "Py_Version"];

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * HotSpot frames, stepped in the kernel as the native walk meets them (types
+ * in hotspot.h; dispatched by runtime_jit.h's rt_jit_step from unw_step).
+ * JIT-compiled code has no unwind tables and, by default, no frame pointer;
+ * the JVM itself knows each frame's size, and so does the walk:
+ *
+ * - The code blob holding the pc is found as HotSpot's CodeCache finds it:
+ *   the heap's segment map gives, per segment, how many segments back its
+ *   block starts (0: here; 0xff: free), and the blob follows the block's
+ *   header.
+ * - Interpreted frames (pc in the template interpreter) keep rbp as a
+ *   frame pointer: [rbp-3 words] is the Method*, [rbp-8 words] the bytecode
+ *   pointer, [rbp-1 word] the caller's stack pointer before the interpreter
+ *   extended it (x86-64 layout of frame_x86.hpp since JDK 9; not exported).
+ * - Compiled frames (nmethods, and stubs with a frame size) are
+ *   CodeBlob::_frame_size words from the stack pointer to the caller's,
+ *   the return address in the last word and the caller's rbp below it. A
+ *   sample in the prologue (before _frame_complete_offset) or in the
+ *   epilogue (at `pop rbp`, the return poll or `ret`) has less on the stack;
+ *   the code at the pc tells which.
+ * - Blobs without a frame size (the call stub) keep rbp as a frame pointer.
+ *
+ * Each Java frame is recorded for user space: the Method* and bytecode index
+ * of an interpreted frame, or the blob and the pc's offset in its code, with
+ * the nmethod's compile id as cookie (a freed and reused blob tells itself
+ * apart); user space reads the inlining scopes at that pc.
+ */
+#ifndef SONDE_HOTSPOT_WALK_H
+#define SONDE_HOTSPOT_WALK_H
+
+#define HS_SEGMAP_STEPS 16 /* segment-map hops (254 segments each) */
+#define HS_FREE         0xff
+
+static __always_inline int hs_end(struct unw_state *s, __u8 why)
+{
+	s->st.end = why;
+	return 1;
+}
+
+/* Records Java frame `len` of the native walk. */
+static __always_inline void hs_push(struct unw_state *s, struct rt_state *r, __u32 len, __u64 addr,
+                                    __u32 loc, __u16 cookie, __u8 flags)
+{
+	if (rt_push(r, addr, loc, cookie, RT_F_ENTRY | flags, RT_JAVA))
+		s->rt_marks[(len >> 6) & 1] |= 1ULL << (len & 63);
+	else
+		r->st.end = RT_END_DEPTH;
+}
+
+/* An interpreted frame at rbp. */
+static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __u32 len)
+{
+	struct hs_proc *c = &r->cfg.hs;
+	__u64 bp = s->bp, sp = s->sp;
+	if (!s->bp_ok || bp < sp || bp & 7)
+		return hs_end(s, UNW_END_NO_TABLE);
+	__u64 method = 0, bcp = 0, ssp = 0, ra = 0, nbp = 0;
+	/* Lowest first: unw_read buffers the stack upwards from a read. */
+	if (!unw_read(s, &bcp, bp - 8 * 8) || !unw_read(s, &method, bp - 3 * 8) ||
+	    !unw_read(s, &ssp, bp - 8) || !unw_read(s, &nbp, bp) || !unw_read(s, &ra, bp + 8))
+		return hs_end(s, UNW_END_READ);
+	__u64 cm = 0;
+	__u16 code_size = 0;
+	__u32 bci = 0xffffffff;
+	if (method && bpf_probe_read_user(&cm, 8, (void *)(method + c->m_const)) == 0 && cm &&
+	    bpf_probe_read_user(&code_size, 2, (void *)(cm + c->cm_code_size)) == 0) {
+		__u64 code = cm + c->cm_size;
+		if (bcp >= code && bcp < code + code_size)
+			bci = bcp - code;
+	}
+	if (!method || !cm) {
+		r->st.end = RT_END_BAD_FRAME;
+		rt_stat(RT_S_JIT_BAD, 1);
+	} else {
+		hs_push(s, r, len, method, bci, (__u16)(cm >> 3), HS_F_INTERP);
+	}
+	s->st.how |= UNW_HOW_FP;
+	if (ssp <= sp || ssp > bp + 16 + 0x100000)
+		ssp = bp + 16;
+	s->pc = ra;
+	s->sp = ssp;
+	s->bp = nbp;
+	s->bp_ok = 1;
+	s->exact = 0;
+	return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
+}
+
+/*
+ * One HotSpot frame of the walk in slot `slot` (its pc lies in the code
+ * cache); the pc is recorded already. Returns nonzero when the walk ends.
+ */
+__noinline int hs_step(__u32 slot)
+{
+	struct unw_state *s = bpf_map_lookup_elem(&unw_scratch, &slot);
+	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
+	if (!s || !r)
+		return 1;
+	struct hs_proc *c = &r->cfg.hs;
+	__u32 len = s->st.len - 1;
+	__u64 pc = s->pc, sp = s->sp;
+	__u64 at = s->exact ? pc : pc - 1;
+	if (at >= c->interp_lo && at < c->interp_hi)
+		return hs_interp(s, r, len);
+	/* The heap holding pc, and its block's first segment. */
+	__u64 lo = 0, segmap = 0, idx = 0;
+	__u32 log2 = 0;
+	bool found = false;
+	for (int i = 0; i < HS_HEAPS; i++) {
+		if (i >= c->nheaps)
+			break;
+		if (at >= c->heap_lo[i] && at < c->heap_hi[i]) {
+			lo = c->heap_lo[i];
+			segmap = c->segmap[i];
+			log2 = c->log2seg[i] & 31;
+			found = true;
+			break;
+		}
+	}
+	if (!found)
+		return hs_end(s, UNW_END_NO_TABLE);
+	idx = (at - lo) >> log2;
+	bool start = false;
+	for (int k = 0; k < HS_SEGMAP_STEPS; k++) {
+		__u8 hop = 0;
+		if (bpf_probe_read_user(&hop, 1, (void *)(segmap + idx)))
+			return hs_end(s, UNW_END_READ);
+		if (hop == HS_FREE || hop > idx)
+			break;
+		if (hop == 0) {
+			start = true;
+			break;
+		}
+		idx -= hop;
+	}
+	if (!start) {
+		rt_stat(RT_S_JIT_UNKNOWN, 1);
+		return hs_end(s, UNW_END_NO_TABLE);
+	}
+	__u64 blob = lo + (idx << log2) + c->blob_head;
+	if (bpf_probe_read_user(r->code, RT_BUF, (void *)blob))
+		return hs_end(s, UNW_END_READ);
+	__u32 size = rt_u32(r->code, c->cb_size);
+	__u32 fs = rt_u32(r->code, c->cb_frame_size);
+	__s32 fc = c->fc_bytes == 2 ? (__s32)(__s16)rt_u32(r->code, c->cb_frame_complete)
+	                            : (__s32)rt_u32(r->code, c->cb_frame_complete);
+	__u64 code = c->code_abs ? rt_u64(r->code, c->cb_code) : blob + rt_u32(r->code, c->cb_code);
+	if (pc >= blob + size || at < code || fs > 0x10000) {
+		rt_stat(RT_S_JIT_UNKNOWN, 1);
+		return hs_end(s, UNW_END_NO_TABLE);
+	}
+	__u32 id = 0;
+	bpf_probe_read_user(&id, 4, (void *)(blob + c->nm_compile_id));
+	hs_push(s, r, len, blob, (__u32)(pc - code), (__u16)id, s->exact ? HS_F_LEAF : 0);
+	s->st.how |= UNW_HOW_FP;
+	if (fs == 0) {
+		/* No frame size: rbp is its frame pointer (the call stub). */
+		__u64 ra = 0, nbp = 0, bp = s->bp;
+		if (!s->bp_ok || bp < sp || !unw_read(s, &ra, bp + 8) || !unw_read(s, &nbp, bp))
+			return hs_end(s, UNW_END_NO_TABLE);
+		s->pc = ra;
+		s->sp = bp + 16;
+		s->bp = nbp;
+		s->exact = 0;
+		return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
+	}
+	__u64 cfa = sp + (__u64)fs * 8;
+	int rbp_at = 16; /* the caller's rbp: 16 bytes under the CFA, or kept in rbp (0) */
+	if (s->exact) {
+		/* A sampled instruction may stand where the frame is not whole. */
+		__u8 ins[16] = {};
+		bpf_probe_read_user(ins, sizeof(ins), (void *)pc);
+		if (ins[0] == 0xc3) {
+			cfa = sp + 8; /* ret */
+			rbp_at = 0;
+		} else if (ins[0] == 0x5d) {
+			cfa = sp + 16; /* pop rbp */
+		} else if ((ins[0] == 0x49 && ins[1] == 0x3b && ins[2] == 0xa7 && ins[7] == 0x0f &&
+		            ins[8] == 0x87 && ins[13] == 0xc3) ||
+		           (ins[0] == 0x0f && ins[1] == 0x87 && ins[6] == 0xc3) ||
+		           (ins[0] == 0x41 && ins[1] == 0x85 && ins[2] == 0x02 && ins[3] == 0xc3)) {
+			cfa = sp + 8; /* the return poll, after pop rbp */
+			rbp_at = 0;
+		} else if (fc >= 0 && pc - code < (__u64)fc) {
+			/* The prologue: `push rbp` done only where `sub rsp` is next. */
+			if (ins[0] == 0x48 && (ins[1] == 0x83 || ins[1] == 0x81) && ins[2] == 0xec) {
+				cfa = sp + 16;
+			} else {
+				cfa = sp + 8;
+				rbp_at = 0;
+			}
+		}
+	}
+	__u64 ra = 0, nbp = 0;
+	if (!unw_read(s, &ra, cfa - 8) || (rbp_at && !unw_read(s, &nbp, cfa - rbp_at)))
+		return hs_end(s, UNW_END_READ);
+	ra = unw_real_ra(s, ra);
+	if (rbp_at) {
+		s->bp = nbp;
+		s->bp_ok = 1;
+	}
+	s->pc = ra;
+	s->sp = cfa;
+	s->exact = 0;
+	return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
+}
+
+#endif
