@@ -18,6 +18,8 @@ mod funclatency;
 mod golang;
 /// Crafted ELF files and perf maps: a corpus and a bounded fuzzer.
 mod hostile_elf;
+/// Java (HotSpot) frames read in the kernel, on JDK 11, 17, 21 and 25, against JFR.
+mod java;
 /// The labs, end to end.
 mod labs;
 /// `sonde msglat`.

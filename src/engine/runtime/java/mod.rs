@@ -228,9 +228,11 @@ impl JavaCode {
             JavaCode::Compiled { method, pcs, scopes } => {
                 // A return address has its own PcDesc; a sampled
                 // instruction takes the next one (its safepoint or call).
+                // Past the last one (an epilogue), the last.
                 let i = pcs.partition_point(|&(o, _)| o < loc);
                 let hit = match pcs.get(i) {
                     Some(&(o, s)) if o == loc || flags & FLAG_LEAF != 0 => Some(s),
+                    None if flags & FLAG_LEAF != 0 => pcs.last().map(|&(_, s)| s),
                     _ => None,
                 };
                 match hit.and_then(|s| scopes.get(s as usize)) {

