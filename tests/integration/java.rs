@@ -192,3 +192,155 @@ fn java_frames_switched_off_leave_the_jit_code_unnamed() {
         .sum();
     assert_eq!(named, 0, "--frames native names no Java method; {err}");
 }
+
+/// Weight of the stacks that have a frame named `name`.
+fn under(stacks: &[(Vec<Value>, u64)], name: &str) -> u64 {
+    stacks.iter().filter(|(f, _)| f.iter().any(|x| x["name"] == name)).map(|s| s.1).sum()
+}
+
+/// offcpu: a thread's Thread.sleep, socket read and monitor wait, under
+/// three methods, 1:2:3 (10, 20 and 30 ms a cycle).
+#[test]
+fn java_offcpu_splits_sleep_read_and_monitor_waits() {
+    let dir = std::env::temp_dir().join(format!("sonde-java-offcpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = classes(&dir);
+    for (v, home) in jdks().into_iter().filter(|(v, _)| ["17", "25"].contains(v)) {
+        let w = java(&home, &cp, &[], &["off", "60"]);
+        thread::sleep(Duration::from_millis(1500));
+        let json = dir.join("o.json");
+        let out = Command::new(SONDE)
+            .args(["offcpu", "-p", &w.0.id().to_string(), "-d", "4s", "-o", json.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        let stacks = json_stacks(&json);
+        // The cycling thread's waits only (the peer thread sleeps too).
+        let ours: Vec<(Vec<Value>, u64)> =
+            stacks.into_iter().filter(|(f, _)| f.iter().any(|x| x["name"] == "JSplit.cycle")).collect();
+        let (a, b, c) = (under(&ours, "JSplit.sleeper"), under(&ours, "JSplit.reader"), under(&ours, "JSplit.waiter"));
+        let t = (a + b + c) as f64;
+        assert!(t > 1.5e6, "JDK {v}: {t} us blocked in the three; {err}");
+        for (name, got, want) in [("sleeper", a, 1.0), ("reader", b, 2.0), ("waiter", c, 3.0)] {
+            let share = got as f64 / t;
+            assert!(
+                (share - want / 6.0).abs() < 0.03,
+                "JDK {v}: {name} {share:.3} of the blocked time, want {:.3}; {err}",
+                want / 6.0
+            );
+        }
+        // Each wait runs from the thread's start through main and cycle into the JDK's
+        // own Java (Thread.sleep, the socket stream, Object.wait) and the JVM's C++.
+        let whole = ours
+            .iter()
+            .filter(|(f, _)| f[0]["name"] == "clone3" && f.iter().any(|x| x["name"] == "JSplit.main"))
+            .map(|s| s.1)
+            .sum::<u64>();
+        assert!(whole as f64 > 0.95 * t, "JDK {v}: {whole} of {t} us from clone3 through JSplit.main; {err}");
+        for (name, jdk) in [("JSplit.sleeper", "java.lang.Thread.sleep"), ("JSplit.waiter", "java.lang.Object.wait")] {
+            let named = ours
+                .iter()
+                .filter(|(f, _)| {
+                    f.iter().position(|x| x["name"] == name)
+                        < f.iter().position(|x| x["name"].as_str().is_some_and(|n| n.starts_with(jdk)))
+                })
+                .map(|s| s.1)
+                .sum::<u64>();
+            assert!(named as f64 > 0.95 * under(&ours, name) as f64, "JDK {v}: {jdk} under {name}; {err}");
+        }
+        eprintln!("JDK {v}: sleeper {a}, reader {b}, waiter {c} us");
+    }
+}
+
+/// A JVM that deoptimizes and recompiles mid-run (a second class
+/// implementing an interface the JIT inlined through makes it throw the
+/// code away): names stay right on both sides, as the JVM's own
+/// -XX:+PrintCompilation shows the code made not entrant.
+#[test]
+fn java_names_stay_right_across_deoptimization() {
+    let dir = std::env::temp_dir().join(format!("sonde-java-deopt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = classes(&dir);
+    let home = Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
+    let log = dir.join("compilation.log");
+    let mut c = Command::new(home.join("bin/java"));
+    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "8"]);
+    c.stdout(std::fs::File::create(&log).unwrap());
+    let w = KillOnDrop(c.spawn().unwrap());
+    thread::sleep(Duration::from_millis(2000));
+    let json = dir.join("d.json");
+    let out = Command::new(SONDE)
+        .args(["profile", "-p", &w.0.id().to_string(), "-F", "499", "-d", "5s", "-o", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    drop(w);
+    let text = std::fs::read_to_string(&log).unwrap();
+    let after = text.split("loaded").nth(1).expect("the second class was loaded in the window");
+    assert!(after.contains("made not entrant"), "the JVM threw compiled code away after the load:\n{text}");
+    let stacks = json_stacks(&json);
+    let known = [
+        "JSplit.main",
+        "JSplit.heavy",
+        "JSplit.light",
+        "JSplit.lightDirect",
+        "JSplit.step",
+        "JSplit$Heavy.run",
+        "JSplit$Other.run",
+    ];
+    let main = under(&stacks, "JSplit.main");
+    let mut bad = Vec::new();
+    for (f, n) in &stacks {
+        if !f.iter().any(|x| x["name"] == "JSplit.main") {
+            continue;
+        }
+        for x in f.iter().filter(|x| x["kind"] == "java") {
+            let name = x["name"].as_str().unwrap_or("");
+            let jdk = ["[jvm] ", "java.", "jdk.", "sun."].iter().any(|p| name.starts_with(p));
+            if !(known.contains(&name) || jdk) {
+                bad.push((name.to_string(), *n));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "frames no method of the program runs: {bad:?}; {err}");
+    // Both halves are there, each 2:1.
+    let (h, l) = (under(&stacks, "JSplit.heavy"), under(&stacks, "JSplit.light"));
+    let share = h as f64 / (h + l).max(1) as f64;
+    assert!(main > 400 && (share - 2.0 / 3.0).abs() < 0.05, "heavy {h}, light {l} of {main}; {err}");
+    assert!(
+        under(&stacks, "JSplit$Other.run") > 100 && under(&stacks, "JSplit.lightDirect") > 100,
+        "both halves; {err}"
+    );
+}
+
+/// A JVM only its own mount namespace sees: the JDK bind-mounted at a path
+/// that is empty in sonde's.
+#[test]
+fn java_in_its_own_mount_namespace() {
+    let dir = std::env::temp_dir().join(format!("sonde-java-mntns-{}", std::process::id()));
+    let hidden = dir.join("hidden");
+    std::fs::create_dir_all(&hidden).unwrap();
+    let cp = classes(&dir);
+    let script = format!(
+        "mount --bind /opt/sonde-jdks/21 {h} && exec {h}/bin/java -cp {cp} JSplit cpu 60",
+        h = hidden.display(),
+        cp = cp.display()
+    );
+    let w = KillOnDrop(
+        Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    thread::sleep(Duration::from_millis(3000));
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", w.0.id())).unwrap();
+    assert!(maps.contains(&format!("{}/lib/server/libjvm.so", hidden.display())), "the JVM runs from the hidden path");
+    assert!(std::fs::read_dir(&hidden).unwrap().next().is_none(), "the path is empty here");
+    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+    let (h, l) = (under(&stacks, "JSplit.heavy"), under(&stacks, "JSplit.light"));
+    let share = h as f64 / (h + l).max(1) as f64;
+    assert!(h + l > 600 && (share - 2.0 / 3.0).abs() < 0.05, "mount namespace: heavy {h}, light {l}; {err}");
+}

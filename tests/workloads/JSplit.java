@@ -2,7 +2,7 @@
 //   cpu SECONDS      parent() runs heavy() and light(): 2:1 iterations of the same loop body
 //   off SECONDS      cycle() sleeps 10 ms (sleeper), waits 20 ms in a socket read (reader),
 //                    waits 30 ms on a monitor (waiter): 1:2:3 off the CPU
-//   deopt SECONDS    as cpu, through an interface the JIT inlines while one class implements
+//   deopt SECONDS    as cpu, through a virtual call the JIT binds while one class implements
 //                    it; a second class loaded halfway makes the JVM deoptimize and recompile
 import java.io.InputStream;
 import java.io.OutputStream;
@@ -31,13 +31,14 @@ public class JSplit {
         sink += light(10_000);
     }
 
-    interface Work { long run(long n); }
-    static final class Heavy implements Work { public long run(long n) { return heavy(n); } }
-    static final class Other implements Work { public long run(long n) { return light(n); } }
+    // While Heavy is its only subclass, the JIT calls run() directly (or
+    // inlines it) in step(); loading Other invalidates that code.
+    abstract static class Work { abstract long run(long n); }
+    static final class Heavy extends Work { long run(long n) { return heavy(n); } }
+    static final class Other extends Work { long run(long n) { return light(n); } }
 
-    static void viaInterface(Work w, Work v) {
-        sink += w.run(2_000_000);
-        sink += v.run(1_000_000);
+    static void step(Work w, long n) {
+        sink += w.run(n);
     }
 
     static void sleeper() throws Exception { Thread.sleep(10); }
@@ -71,13 +72,17 @@ public class JSplit {
             case "deopt": {
                 long half = System.nanoTime() + (end - System.nanoTime()) / 2;
                 Work w = new Heavy();
-                Work v = w;
-                // One implementation: light's share runs through Heavy too at first.
-                while (System.nanoTime() < half) { sink += w.run(2_000_000); sink += lightDirect(); }
-                v = (Work) Class.forName("JSplit$Other").getDeclaredConstructor().newInstance();
+                while (System.nanoTime() < half) {
+                    step(w, 200_000);
+                    sink += lightDirect();
+                }
+                Work v = (Work) Class.forName("JSplit$Other").getDeclaredConstructor().newInstance();
                 System.out.println("loaded");
                 System.out.flush();
-                while (System.nanoTime() < end) viaInterface(w, v);
+                while (System.nanoTime() < end) {
+                    step(w, 200_000);
+                    step(v, 100_000);
+                }
                 break;
             }
             case "off": {
@@ -110,5 +115,5 @@ public class JSplit {
         }
     }
 
-    static long lightDirect() { return light(1_000_000); }
+    static long lightDirect() { return light(100_000); }
 }

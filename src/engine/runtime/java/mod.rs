@@ -641,7 +641,11 @@ impl Hotspot {
         let h = mem.bytes(addr, o.nm_size as usize).ok_or("unreadable")?;
         let is_nm = match o.cb_kind {
             Some((off, k)) => h.get(off as usize) == Some(&k),
-            None => vmstructs::c_string(mem, le::<8>(&h, o.cb_name as usize), 64).as_deref() == Some("nmethod"),
+            // JDK 11-22 name them; native methods' wrappers too.
+            None => matches!(
+                vmstructs::c_string(mem, le::<8>(&h, o.cb_name as usize), 64).as_deref(),
+                Some("nmethod" | "native nmethod")
+            ),
         };
         if !is_nm {
             let name = vmstructs::c_string(mem, le::<8>(&h, o.cb_name as usize), 128).ok_or("not_code")?;
