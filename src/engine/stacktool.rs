@@ -382,6 +382,12 @@ impl LangSummary {
             self.unnamed_frames,
             self.unpaired_stacks,
         );
+        if r.walks.jit_unknown + r.walks.jit_bad > 0 {
+            s.push_str(&format!(
+                "; JIT code: {} walks ended at a pc no code blob held (freed or being written), {} frames without a readable method",
+                r.walks.jit_unknown, r.walks.jit_bad
+            ));
+        }
         if r.walks.store_full + r.walks.seen_full > 0 {
             s.push_str(&format!(
                 "

@@ -693,14 +693,16 @@ fn profile_survives_a_process_running_code_from_crafted_libraries_and_counts_the
 /// (`SONDE_FUZZ_SECS` / 4): Go's function table (a real one from a build of
 /// gosplit.go, mutated: header words, offsets, counts, varints, truncation)
 /// through parsing, naming at random pcs and the unwinder's rows; CPython's
-/// line tables of every format; and code objects crafted in this process's
+/// line tables of every format; HotSpot's compressed line tables and
+/// inlining scopes (UNSIGNED5 before and since JDK 21); and code objects
+/// crafted in this process's
 /// own memory (lengths, string states, pointers and line-table sizes a
 /// traced process controls) read back through `/proc/self/mem` as sonde
 /// reads a Python process's. Each input must return, within `HANG`, without
 /// a panic; findings are kept like the ELF fuzzer's.
 #[test]
 fn bounded_fuzz_of_the_go_table_and_python_decoders() {
-    use sonde::engine::runtime::{go::Pclntab, mem::Mem, python};
+    use sonde::engine::runtime::{go::Pclntab, java, mem::Mem, python};
     let secs: u64 = std::env::var("SONDE_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20) / 4;
     let seed: u64 = std::env::var("SONDE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
@@ -728,7 +730,7 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
     assert!(real.frames(lo + 16).is_some() && !real.sp_rows(&[]).is_empty());
 
     let mut findings = Vec::new();
-    let (mut n_go, mut n_ok, mut n_lines, mut n_code) = (0u64, 0u64, 0u64, 0u64);
+    let (mut n_go, mut n_ok, mut n_lines, mut n_code, mut n_java) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let start = Instant::now();
     let mut check = |kind: &str, bytes: &[u8], f: &mut dyn FnMut()| {
         let t0 = Instant::now();
@@ -797,6 +799,17 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
             });
             n_lines += 1;
         }
+        // HotSpot: line tables and inlining scopes, both UNSIGNED5 forms.
+        let jb: Vec<u8> = (0..rng.below(256)).map(|_| rng.next() as u8).collect();
+        let meta: Vec<u64> = (0..rng.below(8)).map(|_| rng.next()).collect();
+        for x in [0u8, 1] {
+            let off = rng.next() as u32 % (jb.len() as u32 + 8);
+            check("javadebug", &jb, &mut || {
+                assert!(java::line_table(&jb, x).len() <= jb.len());
+                assert!(java::scope_chain(&jb, &meta, off, x).len() <= 64);
+            });
+            n_java += 1;
+        }
         // A code object in our own memory, read as a traced process's.
         let mut lay = python::layout([8, 10, 11, 12, 13][rng.below(5)]).unwrap();
         lay.co_name = lay.co_name.min(200);
@@ -853,7 +866,10 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
         n_code += 1;
         std::hint::black_box((&strbuf, &lt));
     }
-    println!("runtime fuzz: {n_go} Go tables ({n_ok} parsed), {n_lines} line tables, {n_code} code objects");
-    assert!(n_go > 10 && n_code > 10);
+    println!(
+        "runtime fuzz: {n_go} Go tables ({n_ok} parsed), {n_lines} line tables, {n_code} code objects, \
+         {n_java} HotSpot debug tables"
+    );
+    assert!(n_go > 10 && n_code > 10 && n_java > 10);
     assert!(findings.is_empty(), "seed {seed}:\n{}", findings.join("\n"));
 }

@@ -326,6 +326,12 @@ pub struct WalkCounts {
     pub store_full: u64,
     /// Code objects not handed over: the hand-over map was full.
     pub seen_full: u64,
+    /// Pcs in a runtime's generated code that no code blob held (code the
+    /// JIT freed, or was writing, as the sample was taken): the walk ended
+    /// there rather than guess.
+    pub jit_unknown: u64,
+    /// Interpreted frames whose method could not be read (kept unnamed).
+    pub jit_bad: u64,
 }
 
 /// The runtimes part of a stack tool's summary.
@@ -561,6 +567,8 @@ impl Runtimes {
             store_full: st(2)?,
             seen_full: st(3)?,
             complete: st(4)?,
+            jit_unknown: st(9)?,
+            jit_bad: st(10)?,
             ..Default::default()
         };
         for (i, name) in ["no_thread_state", "bad_read", "depth", "bad_frame"].into_iter().enumerate() {
@@ -605,6 +613,12 @@ pub fn inspect(pid: u32) -> serde_json::Value {
             "offsets": "gHotSpotVMStructs",
             "code_heaps": h.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect::<Vec<_>>(),
             "interpreter": format!("{:#x}-{:#x}", h.interp.0, h.interp.1),
+            "detail": format!(
+                "code heaps {}; template interpreter {:#x}-{:#x}",
+                h.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect::<Vec<_>>().join(", "),
+                h.interp.0,
+                h.interp.1
+            ),
         }),
         Some(Found::Python(p)) => json!({
             "pid": pid, "comm": comm, "runtime": format!("Python {}", p.version), "read": true,
@@ -613,6 +627,12 @@ pub fn inspect(pid: u32) -> serde_json::Value {
             "thread_state_key": p.key,
             "thread_specific_data": format!("{:#x}", p.tsd),
             "interpreter_loop": p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>(),
+            "detail": format!(
+                "thread-state key {}, thread-specific data at thread pointer + {:#x}; interpreter loop {}",
+                p.key,
+                p.tsd,
+                p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>().join(", ")
+            ),
         }),
         Some(Found::Unsupported { what, why }) => {
             json!({"pid": pid, "comm": comm, "runtime": what, "read": false, "why": why})

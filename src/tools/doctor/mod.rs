@@ -305,14 +305,12 @@ fn runtime_report(a: &DoctorArgs) -> anyhow::Result<i32> {
             crate::outln!("process {pid} ({}): {}", s("comm"), s("detail"))?;
         } else if v["read"] == json!(true) {
             crate::outln!(
-                "process {pid} ({}): {} in {}: its frames are read (offsets: {}; thread-state key {}, thread-specific data at thread pointer + {}; interpreter loop {})",
+                "process {pid} ({}): {} in {}: its frames are read (offsets: {}; {})",
                 s("comm"),
                 s("runtime"),
                 s("image"),
                 s("offsets"),
-                v["thread_state_key"],
-                s("thread_specific_data"),
-                v["interpreter_loop"].as_array().map(|a| a.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", ")).unwrap_or_default()
+                s("detail")
             )?;
         } else {
             crate::outln!(
