@@ -47,6 +47,10 @@ impl Format {
 pub const PY_MARK: &str = "_[py]";
 /// The marker that ends a Go frame's label in folded output.
 pub const GO_MARK: &str = "_[go]";
+/// The marker that ends a Java method's (and a perf map's JIT) frame label
+/// in folded output, as async-profiler and flamegraph.pl's java palette
+/// have it.
+pub const JIT_MARK: &str = "_[j]";
 
 /// The label of a frame in folded output: kernel frames end in `_[k]` (as
 /// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`,
@@ -57,10 +61,10 @@ fn label(f: &super::stacks::Frame) -> String {
     let name = f.name.replace(';', ":");
     match (f.kind, f.inlined) {
         (FrameKind::Kernel, _) => format!("{name}_[k]"),
-        (FrameKind::Jit, _) => format!("{name}_[j]"),
+        (FrameKind::Jit, _) => format!("{name}{JIT_MARK}"),
         (FrameKind::Python, _) => format!("{name}{PY_MARK}"),
         (FrameKind::Go, false) => format!("{name}{GO_MARK}"),
-        (FrameKind::Java, false) => format!("{name}_[j]"),
+        (FrameKind::Java, false) => format!("{name}{JIT_MARK}"),
         (_, true) => format!("{name}_[i]"),
         _ => name,
     }
@@ -187,7 +191,8 @@ fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8
 }
 
 /// Language frames in a flame graph: shown without their folded marker, in
-/// colours of their own, Python blue and Go teal (inferno colours by name:
+/// colours of their own, Python blue, Go teal, Java and JIT code green
+/// (inferno colours by name:
 /// each such name gets its colour up front, unless a native frame of the
 /// graph has the same name).
 fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::color::PaletteMap) {
@@ -197,14 +202,14 @@ fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::colo
     let out = lines
         .iter()
         .map(|l| {
-            if !l.contains(PY_MARK) && !l.contains(GO_MARK) {
+            if !l.contains(PY_MARK) && !l.contains(GO_MARK) && !l.contains(JIT_MARK) {
                 return l.clone();
             }
             let (stack, count) = l.rsplit_once(' ').unwrap_or((l, ""));
             let frames: Vec<&str> = stack
                 .split(';')
                 .map(|f| {
-                    for mark in [PY_MARK, GO_MARK] {
+                    for mark in [PY_MARK, GO_MARK, JIT_MARK] {
                         if let Some(n) = f.strip_suffix(mark) {
                             lang.insert(n.to_string(), mark);
                             return n;
@@ -223,6 +228,8 @@ fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::colo
         let v = (h % 60) as u8;
         let c = if *mark == PY_MARK {
             inferno::flamegraph::color::Color { r: 60 + v, g: 120 + v, b: 230 - v / 2 }
+        } else if *mark == JIT_MARK {
+            inferno::flamegraph::color::Color { r: 50 + v / 2, g: 165 + v, b: 40 + v / 3 }
         } else {
             inferno::flamegraph::color::Color { r: 40 + v / 2, g: 170 + v, b: 160 + v / 2 }
         };
