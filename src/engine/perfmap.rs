@@ -1,12 +1,18 @@
-//! A traced process's perf map, read as hostile input.
+//! A traced process's perf map and jitdump, read as hostile input.
 //!
 //! JITs name their code in `/tmp/perf-PID.map` (perf's JIT interface:
 //! `START SIZE name` per line, START and SIZE in hex, PID as the process
-//! sees it). The process writes that file and sonde, as root, reads it, so
-//! the process decides what sonde opens and reads. Here:
-//! - the file is opened inside the process's root ([`super::procroot`]:
+//! sees it), or in a jitdump file (`jit-PID.dump`, perf's binary format:
+//! a header, then records, of which code loads give an address, a size and
+//! a name), which the process maps so that perf sees it (Python 3.13's
+//! `-X perf_jit`, Node's `--perf-prof`, JVM agents). The process writes
+//! those files and sonde, as root, reads them, so the process decides what
+//! sonde opens and reads. Here:
+//! - the map is opened inside the process's root ([`super::procroot`]:
 //!   `..` and absolute symlinks on the way stay inside it), the map itself
-//!   must not be a symlink, and a FIFO cannot block the open;
+//!   must not be a symlink, and a FIFO cannot block the open; a jitdump is
+//!   opened as the process maps it (`/proc/PID/map_files`), no path
+//!   followed;
 //! - it must be a regular file owned by one of the process's uids (real,
 //!   effective, saved or filesystem, from `/proc/PID/status`), so a process
 //!   cannot hand sonde a file of another user through a hard link; a root
@@ -122,6 +128,9 @@ pub enum Refusal {
 /// warning line.
 #[derive(Debug, Default, Clone)]
 pub struct Note {
+    /// Which files named its JIT code: (what, symbols), e.g.
+    /// ("/tmp/perf-42.map", 1200) or ("jitdump /tmp/jit-42.dump", 30).
+    pub sources: Vec<(String, usize)>,
     /// Why the map was refused, if it was.
     pub refused: Option<String>,
     /// Why reading stopped early, if it did.
@@ -155,8 +164,12 @@ impl Note {
 }
 
 /// The perf maps of a run, for the summary.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Tally {
+    /// Per process whose JIT code a perf map or jitdump named: pid and
+    /// what named it (file, symbols).
+    #[serde(rename = "jit_named_by", skip_serializing_if = "Vec::is_empty")]
+    pub named_by: Vec<(u32, String)>,
     /// Maps not read at all.
     #[serde(rename = "perf_maps_refused")]
     pub refused: u64,
@@ -170,7 +183,10 @@ pub struct Tally {
 
 impl Tally {
     /// Counts one process's map.
-    pub fn add(&mut self, n: &Note) {
+    pub fn add(&mut self, pid: u32, n: &Note) {
+        for (what, syms) in &n.sources {
+            self.named_by.push((pid, format!("{what}, {syms} symbols")));
+        }
         self.refused += u64::from(n.refused.is_some());
         self.cut += u64::from(n.cut.is_some());
         self.lines_skipped += n.skipped;
@@ -178,23 +194,168 @@ impl Tally {
 
     /// The summary's text line, when there is anything to say.
     pub fn text(&self) -> Option<String> {
-        (*self != Tally::default()).then(|| {
-            format!(
+        let mut parts = Vec::new();
+        if !self.named_by.is_empty() {
+            let by: Vec<String> = self.named_by.iter().map(|(p, w)| format!("{p} by {w}")).collect();
+            parts.push(format!("JIT code named by the process's own files: {}", by.join("; ")));
+        }
+        if self.refused + self.cut + self.lines_skipped > 0 {
+            parts.push(format!(
                 "perf maps: {} refused, {} cut short, {} lines skipped (see the warnings above)",
                 self.refused, self.cut, self.lines_skipped
-            )
-        })
+            ));
+        }
+        (!parts.is_empty()).then(|| parts.join("\n"))
     }
 }
 
 /// The perf map of process `pid` (none when it has none), and what came of
 /// it.
 pub fn load(pid: u32) -> (Vec<JitSymbol>, Note) {
-    match read(pid, &Limits::default()) {
+    let (mut syms, mut note) = match read(pid, &Limits::default()) {
         Ok(None) => (Vec::new(), Note::default()),
-        Ok(Some(m)) => (m.symbols, Note { refused: None, cut: m.cut, skipped: m.skipped }),
+        Ok(Some((path, m))) => {
+            let sources = if m.symbols.is_empty() { vec![] } else { vec![(path, m.symbols.len())] };
+            (m.symbols, Note { sources, refused: None, cut: m.cut, skipped: m.skipped })
+        }
         Err(r) => (Vec::new(), Note { refused: Some(r.to_string()), ..Note::default() }),
+    };
+    // A jitdump the process maps: its code loads, where the map has none.
+    if let Some((path, d)) = read_jitdump(pid, &Limits::default()) {
+        if !d.symbols.is_empty() {
+            note.sources.push((format!("jitdump {path}"), d.symbols.len()));
+        }
+        note.skipped += d.skipped;
+        note.cut = note.cut.or(d.cut);
+        let known = syms.len();
+        syms.extend(d.symbols);
+        if known > 0 {
+            syms.sort_by_key(|s| s.start);
+        }
     }
+    (syms, note)
+}
+
+/// jitdump's magic, as the writing process's byte order has it.
+const JITDUMP_MAGIC: u32 = 0x4A69_5444;
+/// Bytes of a jitdump record's header (id, total size, timestamp).
+const JITDUMP_RECORD: usize = 16;
+
+/// The jitdump file process `pid` maps (`jit-N.dump`), read within
+/// `limits`: its path as the process sees it and its code loads.
+fn read_jitdump(pid: u32, limits: &Limits) -> Option<(String, PerfMap)> {
+    let st = Status::read(pid)?;
+    let maps = super::runtime::elfsym::map_lines(pid)?;
+    let m = maps.iter().find(|m| {
+        let b = m.base();
+        b.starts_with("jit-") && b.ends_with(".dump")
+    })?;
+    let f = m.open(pid)?;
+    if check_owner(&f, &st.uids).is_err() {
+        return Some((m.path.clone(), PerfMap { skipped: 1, ..PerfMap::default() }));
+    }
+    Some((m.path.clone(), parse_jitdump(f, limits)))
+}
+
+/// Parses a jitdump from `r`: code loads (record 0: pid, tid, vma, code
+/// address, size, index, name, code) become symbols, code moves (1) move
+/// them; other records are stepped over by their size. A record that does
+/// not fit, or a name that is not printable, is skipped and counted; at
+/// most `limits.bytes` are read, and code bytes are never held.
+pub fn parse_jitdump(r: impl Read, limits: &Limits) -> PerfMap {
+    let mut out = PerfMap::default();
+    let mut rd = BufReader::with_capacity(64 << 10, r.take(limits.bytes));
+    let mut head = [0u8; 40];
+    if rd.read_exact(&mut head).is_err() {
+        out.skipped = 1;
+        return out;
+    }
+    let u32_at = |b: &[u8], o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+    if u32_at(&head, 0) != JITDUMP_MAGIC {
+        out.skipped = 1;
+        return out;
+    }
+    // The header may be longer than the 40 bytes known.
+    let hsize = u32_at(&head, 8) as u64;
+    if hsize > 40 && std::io::copy(&mut (&mut rd).take(hsize - 40), &mut std::io::sink()).is_err() {
+        return out;
+    }
+    let mut by_addr: std::collections::BTreeMap<u64, JitSymbol> = std::collections::BTreeMap::new();
+    let mut records = 0u64;
+    loop {
+        if records == limits.lines {
+            out.cut = Some(Cut::Lines(limits.lines));
+            break;
+        }
+        let mut rh = [0u8; JITDUMP_RECORD];
+        match rd.read_exact(&mut rh) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
+            Err(e) => {
+                out.cut = Some(Cut::ReadError(e.to_string()));
+                break;
+            }
+        }
+        records += 1;
+        let (id, size) = (u32_at(&rh, 0), u32_at(&rh, 4) as usize);
+        if size < JITDUMP_RECORD {
+            out.skipped += 1;
+            break; // no way to the next record
+        }
+        let body_len = size - JITDUMP_RECORD;
+        // Code loads and moves: their fixed part (and a load's name) only.
+        let fixed = match id {
+            0 => 40,
+            1 => 48,
+            _ => 0,
+        };
+        if fixed == 0 || body_len < fixed {
+            if std::io::copy(&mut (&mut rd).take(body_len as u64), &mut std::io::sink()).ok() != Some(body_len as u64) {
+                break;
+            }
+            if fixed != 0 {
+                out.skipped += 1;
+            }
+            continue;
+        }
+        let keep = if id == 0 { body_len.min(fixed + limits.line_bytes + 1) } else { fixed };
+        let mut body = vec![0u8; keep];
+        if rd.read_exact(&mut body).is_err()
+            || std::io::copy(&mut (&mut rd).take((body_len - keep) as u64), &mut std::io::sink()).ok()
+                != Some((body_len - keep) as u64)
+        {
+            break;
+        }
+        if id == 0 {
+            let (addr, len) = (u64_at(&body, 16), u64_at(&body, 24));
+            let name = &body[fixed..];
+            let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+            match std::str::from_utf8(name).ok().filter(|n| !n.is_empty() && printable(n)) {
+                Some(n) if addr.checked_add(len).is_some() && len > 0 => {
+                    by_addr.insert(addr, JitSymbol { start: addr, end: addr + len, name: n.to_string() });
+                }
+                _ => out.skipped += 1,
+            }
+        } else {
+            let (old, new, len) = (u64_at(&body, 16), u64_at(&body, 24), u64_at(&body, 32));
+            match (by_addr.remove(&old), new.checked_add(len)) {
+                (Some(s), Some(end)) => {
+                    by_addr.insert(new, JitSymbol { start: new, end, name: s.name });
+                }
+                _ => out.skipped += 1,
+            }
+        }
+    }
+    // Stopped at the byte bound with more behind it: cut.
+    if out.cut.is_none() && rd.buffer().is_empty() {
+        let take = rd.get_mut();
+        if take.limit() == 0 && take.get_mut().read(&mut [0u8]).is_ok_and(|n| n > 0) {
+            out.cut = Some(Cut::Bytes(limits.bytes));
+        }
+    }
+    out.symbols = by_addr.into_values().collect();
+    out
 }
 
 /// What of `/proc/PID/status` the map needs: the pid the process sees (last
@@ -216,7 +377,7 @@ impl Status {
 
 /// Reads process `pid`'s map within `limits`: None when it has none (or
 /// has exited).
-fn read(pid: u32, limits: &Limits) -> Result<Option<PerfMap>, Refusal> {
+fn read(pid: u32, limits: &Limits) -> Result<Option<(String, PerfMap)>, Refusal> {
     let Some(st) = Status::read(pid) else { return Ok(None) };
     let Ok(root) = Root::of_process(pid) else { return Ok(None) };
     let path = format!("/tmp/perf-{}.map", st.inner_pid);
@@ -226,7 +387,7 @@ fn read(pid: u32, limits: &Limits) -> Result<Option<PerfMap>, Refusal> {
         Err(e) => return Err(e.into()),
     };
     check_owner(&f, &st.uids)?;
-    Ok(Some(parse(f, limits)))
+    Ok(Some((path, parse(f, limits))))
 }
 
 fn check_owner(f: &File, uids: &[u32]) -> Result<(), Refusal> {
@@ -438,16 +599,16 @@ mod tests {
             refused.warning(7).unwrap(),
             "sonde: perf map of pid 7 refused: a symlink (perf maps must be regular files owned by the process)"
         );
-        let cut = Note { refused: None, cut: Some(Cut::Bytes(MAX_BYTES)), skipped: 1 };
+        let cut = Note { refused: None, cut: Some(Cut::Bytes(MAX_BYTES)), skipped: 1, sources: vec![] };
         let w = cut.warning(8).unwrap();
         assert!(w.starts_with("sonde: perf map of pid 8: cut at 64 MiB (the rest is ignored); 1 line skipped"), "{w}");
         assert!(!w.contains('\n'));
         assert_eq!(Note::default().warning(9), None);
         let mut t = Tally::default();
-        [refused, cut, Note::default()].iter().for_each(|n| t.add(n));
-        assert_eq!(t, Tally { refused: 1, cut: 1, lines_skipped: 1 });
+        [refused, cut, Note::default()].iter().for_each(|n| t.add(1, n));
+        assert_eq!(t, Tally { named_by: vec![], refused: 1, cut: 1, lines_skipped: 1 });
         assert_eq!(
-            serde_json::to_value(t).unwrap(),
+            serde_json::to_value(&t).unwrap(),
             serde_json::json!({"perf_maps_refused": 1, "perf_maps_cut": 1, "perf_map_lines_skipped": 1})
         );
         assert_eq!(Tally::default().text(), None);
@@ -464,5 +625,63 @@ mod tests {
         let e = check_owner(&f, &[me + 1]).unwrap_err().to_string();
         assert_eq!(e, format!("owned by uid {me}, not by the process's uid {}", me + 1));
         std::fs::remove_file(&p).unwrap();
+    }
+
+    fn jitdump_bytes(records: &[(u32, Vec<u8>)]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for w in [JITDUMP_MAGIC, 1, 40, 62, 0, 7] {
+            b.extend_from_slice(&w.to_ne_bytes());
+        }
+        b.extend_from_slice(&[0u8; 16]);
+        for (id, body) in records {
+            b.extend_from_slice(&id.to_ne_bytes());
+            b.extend_from_slice(&((16 + body.len()) as u32).to_ne_bytes());
+            b.extend_from_slice(&[0u8; 8]);
+            b.extend_from_slice(body);
+        }
+        b
+    }
+
+    fn load_record(addr: u64, size: u64, name: &[u8]) -> Vec<u8> {
+        let mut r = vec![0u8; 8];
+        for w in [addr, addr, size, 1] {
+            r.extend_from_slice(&w.to_ne_bytes());
+        }
+        r.extend_from_slice(name);
+        r.push(0);
+        r.extend_from_slice(&[0x90; 3]); // the code, never held
+        r
+    }
+
+    #[test]
+    fn jitdumps_load_move_skip_and_stop_on_bad_records() {
+        let mut mv = vec![0u8; 8];
+        for w in [0x9000u64, 0x1000, 0x5000, 0x20, 1] {
+            mv.extend_from_slice(&w.to_ne_bytes());
+        }
+        let b = jitdump_bytes(&[
+            (0, load_record(0x1000, 0x20, b"moved")),
+            (4, vec![1, 2, 3, 4, 5, 6, 7, 8]), // unwinding info: stepped over
+            (0, load_record(0x2000, 0x10, b"kept")),
+            (0, load_record(0x3000, 0x10, b"bad\x1b[31m")),
+            (1, mv),
+        ]);
+        let m = parse_jitdump(&b[..], &Limits::default());
+        let names: Vec<(u64, u64, &str)> = m.symbols.iter().map(|s| (s.start, s.end, s.name.as_str())).collect();
+        assert_eq!(names, vec![(0x2000, 0x2010, "kept"), (0x5000, 0x5020, "moved")]);
+        assert_eq!(m.skipped, 1, "the name with an escape sequence");
+        // Cut anywhere: no panic, what came before is kept.
+        for n in 0..b.len() {
+            let _ = parse_jitdump(&b[..n], &Limits::default());
+        }
+        // A record smaller than its header: no way on.
+        let mut bad = jitdump_bytes(&[(0, load_record(0x2000, 0x10, b"kept"))]);
+        bad.extend_from_slice(&[0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let m = parse_jitdump(&bad[..], &Limits::default());
+        assert_eq!((m.symbols.len(), m.skipped), (1, 1));
+        // Not a jitdump, and the byte bound.
+        assert_eq!(parse_jitdump(&b"JiTX and more bytes than a header has, surely"[..], &Limits::default()).skipped, 1);
+        let m = parse_jitdump(&b[..], &Limits { bytes: 100, ..Limits::default() });
+        assert_eq!(m.cut, Some(Cut::Bytes(100)));
     }
 }

@@ -412,7 +412,7 @@ impl Images {
     /// What came of the perf maps of every process seen (each as last read).
     pub fn perf_maps(&self) -> Tally {
         let mut t = Tally::default();
-        self.by_pid.values().for_each(|i| t.add(&i.jit_note));
+        self.by_pid.iter().for_each(|(pid, i)| t.add(*pid, &i.jit_note));
         t
     }
 

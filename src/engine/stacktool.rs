@@ -406,7 +406,7 @@ impl StackSummary {
             truncated_stacks: f.sym.truncated_stacks,
             unknown_frames: f.sym.unknown_frames,
             truncated_by: f.sym.truncated_by.clone(),
-            perf_maps: f.sym.perf_maps,
+            perf_maps: f.sym.perf_maps.clone(),
             unsymbolized_files: f.sym.unsymbolized_files.clone(),
             unwind: unw.clone(),
             language_frames: LangSummary {

@@ -186,6 +186,36 @@ fn profile_symbolizes_a_process_that_exits_early_and_honours_perf_maps() {
     assert!(has("burn", "heavy") && has("burn", "light"), "{rows:?}");
     // The JIT process's code is named by its /tmp/perf-PID.map.
     assert!(has("jit", "jitted_spin_[j]"), "{rows:?}");
+    assert!(
+        err.contains(&format!("JIT code named by the process's own files: {jp} by /tmp/perf-{jp}.map, 1 symbols")),
+        "{err}"
+    );
+}
+
+/// A JIT that names its code in a jitdump it maps (perf's binary JIT
+/// interface, as Python 3.13's -X perf_jit and Node's --perf-prof write):
+/// a code load at a decoy address, then a code move to where it runs.
+#[test]
+fn profile_names_jit_code_from_a_mapped_jitdump() {
+    let jit = build_workload("jit", &["-O1", "-fno-omit-frame-pointer"]);
+    let folded = jit.parent().unwrap().join("jitdump.folded");
+    let mut j = KillOnDrop(Command::new(&jit).arg("--jitdump").spawn().unwrap());
+    thread::sleep(Duration::from_millis(200));
+    let jp = j.0.id().to_string();
+    let (code, err) = profile(&["-p", &jp, "-d", "2s", "-F", "199", "-o", folded.to_str().unwrap()]);
+    let _ = j.0.kill();
+    let _ = std::fs::remove_file(format!("/tmp/jit-{jp}.dump"));
+    assert_eq!(code, 0, "{err}");
+    let rows = read_folded(&folded);
+    let named: u64 = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "jitted_dump_spin_[j]")).map(|r| r.1).sum();
+    let all: u64 = rows.iter().map(|r| r.1).sum();
+    assert!(all > 100 && named as f64 > 0.95 * all as f64, "{named} of {all} named from the jitdump: {rows:?}");
+    assert!(
+        err.contains(&format!(
+            "JIT code named by the process's own files: {jp} by jitdump /tmp/jit-{jp}.dump, 1 symbols"
+        )),
+        "{err}"
+    );
 }
 
 #[test]

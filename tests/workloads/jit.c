@@ -3,12 +3,57 @@
  * an anonymous executable page, names it in /tmp/perf-PID.map as perf's JIT
  * interface does, and runs it until killed. With --print it writes no map
  * but prints "START SIZE" (hex) of its code on stdout, for tests that plant
- * the map themselves.
+ * the map themselves. With --jitdump it names the code in a jitdump file
+ * instead (/tmp/jit-PID.dump, mapped executable as perf's JIT interface
+ * wants): a code load of it at a decoy address, then a code move to where
+ * it runs.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
+
+static void put(FILE *f, const void *p, size_t n)
+{
+	fwrite(p, 1, n, f);
+}
+
+static int jitdump(unsigned char *code, size_t size)
+{
+	char path[64];
+	snprintf(path, sizeof(path), "/tmp/jit-%d.dump", getpid());
+	FILE *f = fopen(path, "w+");
+	if (!f)
+		return 1;
+	uint32_t head[6] = {0x4A695444, 1, 40, 62 /* EM_X86_64 */, 0, (uint32_t)getpid()};
+	uint64_t ts = 0, flags = 0;
+	put(f, head, sizeof(head));
+	put(f, &ts, 8);
+	put(f, &flags, 8);
+	static const char name[] = "jitted_dump_spin";
+	uint64_t decoy = 0x1000;
+	/* JIT_CODE_LOAD: id, total size, timestamp; pid, tid, vma, code address, size, index, name, code */
+	uint32_t rec[2] = {0, (uint32_t)(16 + 40 + sizeof(name) + size)};
+	uint32_t ids[2] = {(uint32_t)getpid(), (uint32_t)getpid()};
+	uint64_t load[4] = {decoy, decoy, size, 1};
+	put(f, rec, 8);
+	put(f, &ts, 8);
+	put(f, ids, 8);
+	put(f, load, sizeof(load));
+	put(f, name, sizeof(name));
+	put(f, code, size);
+	/* JIT_CODE_MOVE: pid, tid, vma, old address, new address, size, index */
+	uint32_t mrec[2] = {1, 16 + 48};
+	uint64_t move[5] = {(uint64_t)code, decoy, (uint64_t)code, size, 1};
+	put(f, mrec, 8);
+	put(f, &ts, 8);
+	put(f, ids, 8);
+	put(f, move, sizeof(move));
+	fflush(f);
+	return mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fileno(f), 0) == MAP_FAILED;
+}
 
 int main(int argc, char **argv)
 {
@@ -22,6 +67,12 @@ int main(int argc, char **argv)
 	if (argc > 1 && strcmp(argv[1], "--print") == 0) {
 		printf("%lx %zx\n", (unsigned long)p, sizeof(code));
 		fflush(stdout);
+		((void (*)(void))p)();
+		return 0;
+	}
+	if (argc > 1 && strcmp(argv[1], "--jitdump") == 0) {
+		if (jitdump(p, sizeof(code)))
+			return 1;
 		((void (*)(void))p)();
 		return 0;
 	}

@@ -562,7 +562,7 @@ fn summary(
         not_timed: t.at_stop.not_timed,
         truncated_stacks: f.sym.truncated_stacks + t.call_sym.truncated_stacks,
         truncated_by: f.sym.truncated_by.clone(),
-        perf_maps: f.sym.perf_maps,
+        perf_maps: f.sym.perf_maps.clone(),
         unsymbolized_files: {
             let mut m = f.sym.unsymbolized_files.clone();
             for (k, n) in &t.call_sym.unsymbolized_files {

@@ -51,15 +51,19 @@ pub enum Event {
 /// Without -o: the hottest functions (self and total) in the terminal. With
 /// -o FILE (repeatable), by extension: .folded (flamegraph.pl / inferno
 /// input, the process name as root frame, kernel frames ending in _[k],
-/// inlined ones in _[i], Python functions in _[py], Go functions in _[go]),
+/// inlined ones in _[i], Python functions in _[py], Go functions in _[go],
+/// Java methods and JIT code in _[j]),
 /// .svg (flame graph) or .json (stacks with file and
 /// line per frame) or .pb.gz (pprof, for `go tool pprof`). User stacks are
 /// walked from each executable's unwind tables (.eh_frame), so programs built
 /// without frame pointers get whole stacks (--unwind); stacks that still do
 /// not reach a program's start are marked [truncated] and counted with why.
-/// Python (CPython 3.8-3.13) and Go programs, stripped ones too, show their
-/// own functions, files and lines, read in the kernel without stopping them
-/// (--frames; `sonde doctor --pid PID` says what sonde finds in a process).
+/// Python (CPython 3.8-3.13), Go (stripped too) and Java (HotSpot, JDK
+/// 11-25: interpreted, compiled and inlined methods) programs show their own
+/// functions, files and lines, read in the kernel without stopping them and
+/// with no flag or agent (--frames; `sonde doctor --pid PID` says what sonde
+/// finds in a process); other JITs' code is named from the process's perf
+/// map or mapped jitdump.
 ///
 /// OVERHEAD: one perf-event interrupt per CPU per sample period, a user-stack
 /// walk and one in-kernel hash update per sample; nothing per sample in user
@@ -79,7 +83,10 @@ pub enum Event {
 /// 151-181 ms per 10,000 code objects, once each; 0.18 s of sonde's CPU per
 /// 8 s at 99 Hz (0.16 s with --frames native), 0.23 s at 999 Hz where
 /// py-spy --nonblocking takes 8.3 s. Go frames cost nothing beyond the
-/// table walk.
+/// table walk. Java frames (bench/java/run, JIT-compiled, 30 deep): in BPF
+/// 175 ns per Java frame (0.41x a frame-pointer walk of the same depth);
+/// target throughput loss 0.65% at 99 Hz and 2.0% at 999 Hz, where
+/// async-profiler (an agent in the JVM) costs 0.79% and 5.4%.
 #[derive(Debug, Args)]
 #[command(mut_arg("output", |a| a.help("Write here, repeatable; the extension picks the format: .folded, .svg, .html (interactive), .json or .pb.gz (pprof)")))]
 #[command(mut_arg("json", |a| a.help("Print every stack as a JSON line on stdout, then a summary line")))]

@@ -19,16 +19,16 @@
 struct hs_proc {
 	__u64 heap_lo[HS_HEAPS]; /* each code heap's reserved range */
 	__u64 heap_hi[HS_HEAPS];
-	__u64 segmap[HS_HEAPS];  /* its segment map: a byte per segment */
-	__u64 interp_lo;         /* the template interpreter's code */
+	__u64 segmap[HS_HEAPS]; /* its segment map: a byte per segment */
+	__u64 interp_lo;        /* the template interpreter's code */
 	__u64 interp_hi;
-	__u8 log2seg[HS_HEAPS];  /* log2 of a heap's segment size */
+	__u8 log2seg[HS_HEAPS]; /* log2 of a heap's segment size */
 	__u8 nheaps;
-	__u8 code_abs;  /* CodeBlob's code start: 1 an address (JDK 9-22), 0 an int offset from the blob */
-	__u8 fc_bytes;  /* bytes of CodeBlob::_frame_complete_offset: 4, or 2 (JDK 23+) */
-	__u8 blob_head; /* sizeof(HeapBlock): a blob follows its heap block's header */
-	__u16 cb_size;  /* CodeBlob::_size */
-	__u16 cb_code;  /* CodeBlob::_code_begin or _code_offset */
+	__u8 code_abs; /* CodeBlob's code start: 1 an address (JDK 9-22), 0 an int offset from the blob */
+	__u8 fc_bytes;           /* bytes of CodeBlob::_frame_complete_offset: 4, or 2 (JDK 23+) */
+	__u8 blob_head;          /* sizeof(HeapBlock): a blob follows its heap block's header */
+	__u16 cb_size;           /* CodeBlob::_size */
+	__u16 cb_code;           /* CodeBlob::_code_begin or _code_offset */
 	__u16 cb_frame_size;     /* CodeBlob::_frame_size (words) */
 	__u16 cb_frame_complete; /* CodeBlob::_frame_complete_offset */
 	__u16 nm_compile_id;     /* nmethod::_compile_id */

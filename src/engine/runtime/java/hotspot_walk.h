@@ -183,7 +183,8 @@ __noinline int hs_step(__u32 slot)
 			rbp_at = 0;
 		} else if (fc >= 0 && pc - code < (__u64)fc) {
 			/* The prologue: `push rbp` done only where `sub rsp` is next. */
-			if (ins[0] == 0x48 && (ins[1] == 0x83 || ins[1] == 0x81) && ins[2] == 0xec) {
+			if (ins[0] == 0x48 && (ins[1] == 0x83 || ins[1] == 0x81) &&
+			    ins[2] == 0xec) {
 				cfa = sp + 16;
 			} else {
 				cfa = sp + 8;
