@@ -253,6 +253,35 @@ fn java_offcpu_splits_sleep_read_and_monitor_waits() {
     }
 }
 
+/// wakeup: reader()'s socket read is woken by the peer thread's reply(),
+/// both named in Java.
+#[test]
+fn java_wakeup_names_waiter_and_waker() {
+    let dir = std::env::temp_dir().join(format!("sonde-java-wakeup-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cp = classes(&dir);
+    let w = java(Path::new("/usr/lib/jvm/temurin-25-jdk-amd64"), &cp, &[], &["off", "60"]);
+    thread::sleep(Duration::from_millis(1500));
+    let folded = dir.join("w.folded");
+    let out = Command::new(SONDE)
+        .args(["wakeup", "-p", &w.0.id().to_string(), "-d", "3s", "-o", folded.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows = read_folded(&folded);
+    let waiter = |f: &[String], name: &str| f.iter().take_while(|x| *x != "--").any(|x| x == name);
+    let waker = |f: &[String], name: &str| f.iter().skip_while(|x| *x != "--").any(|x| x == name);
+    let reads: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| waiter(f, "JSplit.reader_[j]")).collect();
+    let total: u64 = reads.iter().map(|r| r.1).sum();
+    let by_reply: u64 = reads.iter().filter(|(f, _)| waker(f, "JSplit.reply_[j]")).map(|r| r.1).sum();
+    assert!(total > 500_000, "reader's waits: {total} us; {err}");
+    assert!(
+        by_reply as f64 > 0.9 * total as f64,
+        "reader's waits woken by the peer's reply: {by_reply} of {total} us; {err}"
+    );
+}
+
 /// A JVM that deoptimizes and recompiles mid-run (a second class
 /// implementing an interface the JIT inlined through makes it throw the
 /// code away): names stay right on both sides, as the JVM's own

@@ -57,6 +57,25 @@ public class JSplit {
         }
     }
 
+    // The other end of reader()'s socket: answers each byte 20 ms later.
+    static void peer(ServerSocket ss) {
+        try (Socket s = ss.accept()) {
+            InputStream in = s.getInputStream();
+            OutputStream out = s.getOutputStream();
+            while (in.read() >= 0) {
+                long t = System.nanoTime() + 20_000_000L;
+                while (System.nanoTime() < t) Thread.sleep(1);
+                reply(out);
+            }
+        } catch (Exception e) {
+        }
+    }
+
+    static void reply(OutputStream out) throws Exception {
+        out.write(1);
+        out.flush();
+    }
+
     static void cycle(OutputStream out, InputStream in) throws Exception {
         sleeper();
         reader(out, in);
@@ -87,19 +106,7 @@ public class JSplit {
             }
             case "off": {
                 ServerSocket ss = new ServerSocket(0);
-                Thread peer = new Thread(() -> {
-                    try (Socket s = ss.accept()) {
-                        InputStream in = s.getInputStream();
-                        OutputStream out = s.getOutputStream();
-                        while (in.read() >= 0) {
-                            long t = System.nanoTime() + 20_000_000L;
-                            while (System.nanoTime() < t) Thread.sleep(1);
-                            out.write(1);
-                            out.flush();
-                        }
-                    } catch (Exception e) {
-                    }
-                }, "peer");
+                Thread peer = new Thread(() -> peer(ss), "peer");
                 peer.setDaemon(true);
                 peer.start();
                 try (Socket s = new Socket("127.0.0.1", ss.getLocalPort())) {
