@@ -158,7 +158,9 @@ fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
                 .map(|s| s.1)
                 .sum();
             assert!(whole as f64 >= 0.95 * with_parent as f64, "{what}: {whole} of {with_parent} from clone3; {err}");
-            assert!(err.contains("truncated user stacks: 0"), "{what}: {err}");
+            // A walk that meets JIT code mid-change ends there, counted: rare.
+            let cut = truncated_samples(&err);
+            assert!(cut * 100 <= main, "{what}: {cut} of {main} samples truncated; {err}");
             // Inlined by the JIT, heavy() and light() are frames of parent()'s
             // code (its debug information's scopes), or parent() one of
             // main()'s; not inlined, heavy() and light() are their own.
@@ -191,6 +193,13 @@ fn java_frames_switched_off_leave_the_jit_code_unnamed() {
         .map(|s| s.1)
         .sum();
     assert_eq!(named, 0, "--frames native names no Java method; {err}");
+}
+
+/// Samples whose user stack was cut short, from the summary's
+/// `truncated user stacks: N (M samples...` line.
+fn truncated_samples(err: &str) -> u64 {
+    let line = err.lines().find(|l| l.starts_with("truncated user stacks:")).expect("the summary's truncated line");
+    line.split('(').nth(1).and_then(|x| x.split_whitespace().next()).and_then(|x| x.parse().ok()).unwrap()
 }
 
 /// Weight of the stacks that have a frame named `name`.
@@ -294,13 +303,13 @@ fn java_names_stay_right_across_deoptimization() {
     let home = Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
     let log = dir.join("compilation.log");
     let mut c = Command::new(home.join("bin/java"));
-    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "8"]);
+    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "10"]);
     c.stdout(std::fs::File::create(&log).unwrap());
     let w = KillOnDrop(c.spawn().unwrap());
     thread::sleep(Duration::from_millis(2000));
     let json = dir.join("d.json");
     let out = Command::new(SONDE)
-        .args(["profile", "-p", &w.0.id().to_string(), "-F", "499", "-d", "5s", "-o", json.to_str().unwrap()])
+        .args(["profile", "-p", &w.0.id().to_string(), "-F", "499", "-d", "6s", "-o", json.to_str().unwrap()])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
@@ -338,9 +347,10 @@ fn java_names_stay_right_across_deoptimization() {
     let (h, l) = (under(&stacks, "JSplit.heavy"), under(&stacks, "JSplit.light"));
     let share = h as f64 / (h + l).max(1) as f64;
     assert!(main > 400 && (share - 2.0 / 3.0).abs() < 0.05, "heavy {h}, light {l} of {main}; {err}");
+    let (other, direct) = (under(&stacks, "JSplit$Other.run"), under(&stacks, "JSplit.lightDirect"));
     assert!(
-        under(&stacks, "JSplit$Other.run") > 100 && under(&stacks, "JSplit.lightDirect") > 100,
-        "both halves; {err}"
+        other * 10 > main && direct * 10 > main,
+        "both halves: Other.run on {other}, lightDirect on {direct} of {main} samples; {err}"
     );
 }
 
