@@ -138,6 +138,11 @@ struct unw_state {
 	__u64 rt_hi[RT_MAX_RANGES];
 	__u64 rt_marks[2];
 	struct unw_stack st;
+	/* The task's user registers, read once per walk (here, not on the
+	 * stack: kernels before private stacks count the stacks of the
+	 * program, unw_capture, unw_step and a runtime's stepper together
+	 * against 512 bytes). */
+	struct pt_regs regs;
 	/* The process's mappings, copied once per walk (no map lookup per frame). */
 	struct unw_proc proc;
 };
@@ -628,12 +633,11 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	if (!regs)
 		return true;
 	/* One read of the registers, not one per field. */
-	struct pt_regs r;
-	if (bpf_probe_read_kernel(&r, sizeof(r), regs))
+	if (bpf_probe_read_kernel(&s->regs, sizeof(s->regs), regs))
 		return true;
 	/* A 32-bit process (cs is not the 64-bit user segment): the kernel's
 	 * walk knows its frames; the tables here are for x86-64 code. */
-	if (r.cs != 0x33)
+	if (s->regs.cs != 0x33)
 		return false;
 	s->busy = 1;
 	s->ri = 0;
@@ -646,11 +650,11 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	}
 	/* orig_ax holds the syscall number in a system call, -1 for an
 	 * interrupt (a sample of user code). */
-	s->in_syscall = (long)r.orig_ax >= 0;
+	s->in_syscall = (long)s->regs.orig_ax >= 0;
 	s->go_cb = 0;
-	s->pc = r.ip;
-	s->sp = r.sp;
-	s->bp = r.bp;
+	s->pc = s->regs.ip;
+	s->sp = s->regs.sp;
+	s->bp = s->regs.bp;
 	s->pid = pid;
 	s->hash = 0xcbf29ce484222325ULL;
 	s->bp_ok = 1;

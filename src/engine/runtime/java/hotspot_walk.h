@@ -48,6 +48,11 @@ static __always_inline void hs_push(struct unw_state *s, struct rt_state *r, __u
 		r->st.end = RT_END_DEPTH;
 }
 
+/* Scratch words in the runtime state (rt_state.sb, unused by Java walks):
+ * the kernel counts the stacks of unw_capture, unw_step and this stepper
+ * together against 512 bytes on kernels before private stacks (6.1). */
+#define HS_W(r, i) (((__u64 *)(r)->sb)[(i)&15])
+
 /* An interpreted frame at rbp. */
 static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __u32 len)
 {
@@ -55,20 +60,25 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
 	__u64 bp = s->bp, sp = s->sp;
 	if (!s->bp_ok || bp < sp || bp & 7)
 		return hs_end(s, UNW_END_NO_TABLE);
-	__u64 method = 0, bcp = 0, ssp = 0, ra = 0, nbp = 0;
-	/* Lowest first: unw_read buffers the stack upwards from a read. */
-	if (!unw_read(s, &bcp, bp - 8 * 8) || !unw_read(s, &method, bp - 3 * 8) ||
-	    !unw_read(s, &ssp, bp - 8) || !unw_read(s, &nbp, bp) || !unw_read(s, &ra, bp + 8))
+	/* 0 bcp, 1 method, 2 caller's sp, 3 caller's rbp, 4 return address,
+	 * 5 ConstMethod, 6 code size. Lowest first: unw_read buffers the
+	 * stack upwards from a read. */
+	if (!unw_read(s, &HS_W(r, 0), bp - 8 * 8) || !unw_read(s, &HS_W(r, 1), bp - 3 * 8) ||
+	    !unw_read(s, &HS_W(r, 2), bp - 8) || !unw_read(s, &HS_W(r, 3), bp) ||
+	    !unw_read(s, &HS_W(r, 4), bp + 8))
 		return hs_end(s, UNW_END_READ);
-	__u64 cm = 0;
-	__u16 code_size = 0;
+	__u64 method = HS_W(r, 1);
 	__u32 bci = 0xffffffff;
-	if (method && bpf_probe_read_user(&cm, 8, (void *)(method + c->m_const)) == 0 && cm &&
-	    bpf_probe_read_user(&code_size, 2, (void *)(cm + c->cm_code_size)) == 0) {
-		__u64 code = cm + c->cm_size;
-		if (bcp >= code && bcp < code + code_size)
+	HS_W(r, 5) = 0;
+	HS_W(r, 6) = 0;
+	if (method && bpf_probe_read_user(&HS_W(r, 5), 8, (void *)(method + c->m_const)) == 0 &&
+	    HS_W(r, 5) &&
+	    bpf_probe_read_user(&HS_W(r, 6), 2, (void *)(HS_W(r, 5) + c->cm_code_size)) == 0) {
+		__u64 code = HS_W(r, 5) + c->cm_size, bcp = HS_W(r, 0);
+		if (bcp >= code && bcp < code + (HS_W(r, 6) & 0xffff))
 			bci = bcp - code;
 	}
+	__u64 cm = HS_W(r, 5);
 	if (!method || !cm) {
 		r->st.end = RT_END_BAD_FRAME;
 		rt_stat(RT_S_JIT_BAD, 1);
@@ -76,11 +86,12 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
 		hs_push(s, r, len, method, bci, (__u16)(cm >> 3), HS_F_INTERP);
 	}
 	s->st.how |= UNW_HOW_FP;
+	__u64 ssp = HS_W(r, 2), ra = HS_W(r, 4);
 	if (ssp <= sp || ssp > bp + 16 + 0x100000)
 		ssp = bp + 16;
 	s->pc = ra;
 	s->sp = ssp;
-	s->bp = nbp;
+	s->bp = HS_W(r, 3);
 	s->bp_ok = 1;
 	s->exact = 0;
 	return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
@@ -123,8 +134,9 @@ __noinline int hs_step(__u32 slot)
 	bool start = false;
 	for (int k = 0; k < HS_SEGMAP_STEPS; k++) {
 		__u8 hop = 0;
-		if (bpf_probe_read_user(&hop, 1, (void *)(segmap + idx)))
+		if (bpf_probe_read_user(&r->sb[0], 1, (void *)(segmap + idx)))
 			return hs_end(s, UNW_END_READ);
+		hop = r->sb[0];
 		if (hop == HS_FREE || hop > idx)
 			break;
 		if (hop == 0) {
@@ -149,18 +161,20 @@ __noinline int hs_step(__u32 slot)
 		rt_stat(RT_S_JIT_UNKNOWN, 1);
 		return hs_end(s, UNW_END_NO_TABLE);
 	}
-	__u32 id = 0;
-	bpf_probe_read_user(&id, 4, (void *)(blob + c->nm_compile_id));
-	hs_push(s, r, len, blob, (__u32)(pc - code), (__u16)id, s->exact ? HS_F_LEAF : 0);
+	HS_W(r, 0) = 0;
+	bpf_probe_read_user(&HS_W(r, 0), 4, (void *)(blob + c->nm_compile_id));
+	hs_push(s, r, len, blob, (__u32)(pc - code), (__u16)HS_W(r, 0), s->exact ? HS_F_LEAF : 0);
 	s->st.how |= UNW_HOW_FP;
 	if (fs == 0) {
 		/* No frame size: rbp is its frame pointer (the call stub). */
-		__u64 ra = 0, nbp = 0, bp = s->bp;
-		if (!s->bp_ok || bp < sp || !unw_read(s, &ra, bp + 8) || !unw_read(s, &nbp, bp))
+		__u64 bp = s->bp;
+		if (!s->bp_ok || bp < sp || !unw_read(s, &HS_W(r, 1), bp) ||
+		    !unw_read(s, &HS_W(r, 0), bp + 8))
 			return hs_end(s, UNW_END_NO_TABLE);
+		__u64 ra = HS_W(r, 0);
 		s->pc = ra;
 		s->sp = bp + 16;
-		s->bp = nbp;
+		s->bp = HS_W(r, 1);
 		s->exact = 0;
 		return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
 	}
@@ -168,8 +182,10 @@ __noinline int hs_step(__u32 slot)
 	int rbp_at = 16; /* the caller's rbp: 16 bytes under the CFA, or kept in rbp (0) */
 	if (s->exact) {
 		/* A sampled instruction may stand where the frame is not whole. */
-		__u8 ins[16] = {};
-		bpf_probe_read_user(ins, sizeof(ins), (void *)pc);
+		__u8 *ins = &r->sb[256];
+		for (int i = 0; i < 16; i++)
+			ins[i] = 0;
+		bpf_probe_read_user(ins, 16, (void *)pc);
 		if (ins[0] == 0xc3) {
 			cfa = sp + 8; /* ret */
 			rbp_at = 0;
@@ -192,12 +208,13 @@ __noinline int hs_step(__u32 slot)
 			}
 		}
 	}
-	__u64 ra = 0, nbp = 0;
-	if (!unw_read(s, &ra, cfa - 8) || (rbp_at && !unw_read(s, &nbp, cfa - rbp_at)))
+	HS_W(r, 1) = 0;
+	if ((rbp_at && !unw_read(s, &HS_W(r, 1), cfa - rbp_at)) ||
+	    !unw_read(s, &HS_W(r, 0), cfa - 8))
 		return hs_end(s, UNW_END_READ);
-	ra = unw_real_ra(s, ra);
+	__u64 ra = unw_real_ra(s, HS_W(r, 0));
 	if (rbp_at) {
-		s->bp = nbp;
+		s->bp = HS_W(r, 1);
 		s->bp_ok = 1;
 	}
 	s->pc = ra;
