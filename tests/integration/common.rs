@@ -429,6 +429,43 @@ pub(crate) fn json_stacks(p: &std::path::Path) -> Vec<(Vec<Value>, u64)> {
         .collect()
 }
 
+/// A fresh directory `sonde-NAME-PID` under the temporary directory.
+pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("sonde-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs `sonde ARGS -o JSON` to its end (ARGS give the duration) and
+/// returns the stacks written and stderr; the run must succeed.
+pub(crate) fn stacks_of(args: &[&str], json: &std::path::Path) -> (Vec<(Vec<Value>, u64)>, String) {
+    let out = Command::new(SONDE).args(args).arg("-o").arg(json).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{err}");
+    (json_stacks(json), err)
+}
+
+/// (callee, caller, caller's line) of consecutive frames, by weight.
+pub(crate) type Calls = std::collections::BTreeMap<(String, String, u64), u64>;
+
+/// The call sites of sonde's stacks among the frames `ours` keeps.
+pub(crate) fn call_sites(stacks: &[(Vec<Value>, u64)], ours: impl Fn(&Value) -> bool) -> Calls {
+    let mut out = Calls::new();
+    for (frames, n) in stacks {
+        let kept: Vec<&Value> = frames.iter().filter(|f| ours(f)).collect();
+        for w in kept.windows(2) {
+            let key = (
+                w[1]["name"].as_str().unwrap().to_string(),
+                w[0]["name"].as_str().unwrap().to_string(),
+                w[0]["line"].as_u64().unwrap_or(0),
+            );
+            *out.entry(key).or_default() += n;
+        }
+    }
+    out
+}
+
 /// Profiles `pid` at 499 Hz with `args` for 2 s of its CPU
 /// ([`profile_window`]): about 1,000 samples, so a 2:1 split's share has a
 /// standard error of 1.5 points. The stacks and stderr.

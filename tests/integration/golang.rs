@@ -1,7 +1,7 @@
 //! Go binaries named and walked from their own function table
 //! (`.gopclntab`), stripped (`-ldflags=-s -w`) or not, against the
 //! program's own runtime/pprof CPU profile of the same run.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use super::common::*;
 
@@ -39,25 +39,9 @@ fn build(go: &str, dir: &std::path::Path, name: &str, ldflags: &str) -> std::pat
     bin
 }
 
-/// (callee, caller, caller's line) of consecutive frames in gosplit.go, by
-/// weight; and the weights under main.heavy and main.light.
-type Calls = BTreeMap<(String, String, u64), u64>;
-
+/// Call sites among the frames in gosplit.go.
 fn sonde_calls(stacks: &[(Vec<Value>, u64)]) -> Calls {
-    let mut out = Calls::new();
-    for (frames, n) in stacks {
-        let ours: Vec<&Value> =
-            frames.iter().filter(|f| f["file"].as_str().is_some_and(|x| x.ends_with("gosplit.go"))).collect();
-        for w in ours.windows(2) {
-            let key = (
-                w[1]["name"].as_str().unwrap().to_string(),
-                w[0]["name"].as_str().unwrap().to_string(),
-                w[0]["line"].as_u64().unwrap_or(0),
-            );
-            *out.entry(key).or_default() += n;
-        }
-    }
-    out
+    call_sites(stacks, |f| f["file"].as_str().is_some_and(|x| x.ends_with("gosplit.go")))
 }
 
 /// The same from `go tool pprof -traces -lines` of the program's profile.
@@ -71,8 +55,9 @@ fn pprof_calls(profile: &std::path::Path) -> Calls {
         let mut frames: Vec<(String, u64)> = Vec::new(); // leaf first
         for l in block.lines() {
             let l = l.trim();
-            // "1.79s   main.spin /path/gosplit.go:28" or "main.heavy /path/gosplit.go:35"
-            let mut parts: Vec<&str> = l.split_whitespace().collect();
+            // "1.79s   main.spin /path/gosplit.go:28" or "main.heavy /path/gosplit.go:35",
+            // either followed by "(inline)" for a call the compiler inlined.
+            let mut parts: Vec<&str> = l.split_whitespace().filter(|x| *x != "(inline)").collect();
             if parts.len() == 3 {
                 let t = parts.remove(0);
                 weight = t

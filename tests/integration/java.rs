@@ -5,7 +5,7 @@
 //! against JFR's `jdk.ExecutionSample` events of the same JVM in the same
 //! seconds, off-CPU waits, a deoptimization mid-run, and a JVM only its own
 //! mount namespace sees.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use super::common::*;
@@ -44,24 +44,9 @@ fn java(home: &Path, cp: &Path, flags: &[&str], args: &[&str]) -> KillOnDrop {
     KillOnDrop(c.spawn().unwrap())
 }
 
-/// (callee, caller, caller's line) of consecutive JSplit frames, by weight.
-type Calls = BTreeMap<(String, String, u64), u64>;
-
+/// Call sites among the JSplit frames.
 fn sonde_calls(stacks: &[(Vec<Value>, u64)]) -> Calls {
-    let mut out = Calls::new();
-    for (frames, n) in stacks {
-        let ours: Vec<&Value> =
-            frames.iter().filter(|f| f["name"].as_str().is_some_and(|x| x.starts_with("JSplit."))).collect();
-        for w in ours.windows(2) {
-            let key = (
-                w[1]["name"].as_str().unwrap().to_string(),
-                w[0]["name"].as_str().unwrap().to_string(),
-                w[0]["line"].as_u64().unwrap_or(0),
-            );
-            *out.entry(key).or_default() += n;
-        }
-    }
-    out
+    call_sites(stacks, |f| f["name"].as_str().is_some_and(|x| x.starts_with("JSplit.")))
 }
 
 /// The same from `jfr print --events jdk.ExecutionSample`.
@@ -109,8 +94,7 @@ fn heavy_share(c: &Calls, caller: &str) -> (f64, u64) {
 
 #[test]
 fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
-    let dir = std::env::temp_dir().join(format!("sonde-java-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("java");
     let cp = classes(&dir);
     let no_inline = [
         "-XX:CompileCommand=quiet",
@@ -181,8 +165,7 @@ fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
 
 #[test]
 fn java_frames_switched_off_leave_the_jit_code_unnamed() {
-    let dir = std::env::temp_dir().join(format!("sonde-java-off-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("java-off");
     let cp = classes(&dir);
     let w = java(Path::new("/usr/lib/jvm/temurin-25-jdk-amd64"), &cp, &[], &["cpu", "30"]);
     thread::sleep(Duration::from_millis(1500));
@@ -211,20 +194,12 @@ fn under(stacks: &[(Vec<Value>, u64)], name: &str) -> u64 {
 /// three methods, 1:2:3 (10, 20 and 30 ms a cycle).
 #[test]
 fn java_offcpu_splits_sleep_read_and_monitor_waits() {
-    let dir = std::env::temp_dir().join(format!("sonde-java-offcpu-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("java-offcpu");
     let cp = classes(&dir);
     for (v, home) in jdks().into_iter().filter(|(v, _)| ["17", "25"].contains(v)) {
         let w = java(&home, &cp, &[], &["off", "60"]);
         thread::sleep(Duration::from_millis(1500));
-        let json = dir.join("o.json");
-        let out = Command::new(SONDE)
-            .args(["offcpu", "-p", &w.0.id().to_string(), "-d", "4s", "-o", json.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{err}");
-        let stacks = json_stacks(&json);
+        let (stacks, err) = stacks_of(&["offcpu", "-p", &w.0.id().to_string(), "-d", "4s"], &dir.join("o.json"));
         // The cycling thread's waits only (the peer thread sleeps too).
         let ours: Vec<(Vec<Value>, u64)> =
             stacks.into_iter().filter(|(f, _)| f.iter().any(|x| x["name"] == "JSplit.cycle")).collect();
@@ -266,8 +241,7 @@ fn java_offcpu_splits_sleep_read_and_monitor_waits() {
 /// both named in Java.
 #[test]
 fn java_wakeup_names_waiter_and_waker() {
-    let dir = std::env::temp_dir().join(format!("sonde-java-wakeup-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("java-wakeup");
     let cp = classes(&dir);
     let w = java(Path::new("/usr/lib/jvm/temurin-25-jdk-amd64"), &cp, &[], &["off", "60"]);
     thread::sleep(Duration::from_millis(1500));
@@ -297,8 +271,7 @@ fn java_wakeup_names_waiter_and_waker() {
 /// -XX:+PrintCompilation shows the code made not entrant.
 #[test]
 fn java_names_stay_right_across_deoptimization() {
-    let dir = std::env::temp_dir().join(format!("sonde-java-deopt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("java-deopt");
     let cp = classes(&dir);
     let home = Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
     let log = dir.join("compilation.log");
@@ -307,18 +280,15 @@ fn java_names_stay_right_across_deoptimization() {
     c.stdout(std::fs::File::create(&log).unwrap());
     let w = KillOnDrop(c.spawn().unwrap());
     thread::sleep(Duration::from_millis(2000));
-    let json = dir.join("d.json");
-    let out = Command::new(SONDE)
-        .args(["profile", "-p", &w.0.id().to_string(), "-F", "499", "-d", "6s", "-o", json.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
+    let (stacks, err) =
+        stacks_of(&["profile", "-p", &w.0.id().to_string(), "-F", "499", "-d", "6s"], &dir.join("d.json"));
     drop(w);
     let text = std::fs::read_to_string(&log).unwrap();
-    let after = text.split("loaded").nth(1).expect("the second class was loaded in the window");
-    assert!(after.contains("made not entrant"), "the JVM threw compiled code away after the load:\n{text}");
-    let stacks = json_stacks(&json);
+    let after = text.split("loading").nth(1).expect("the second class was loaded in the window");
+    assert!(
+        after.lines().any(|l| l.contains("JSplit::step") && l.contains("made not entrant")),
+        "the JVM threw step()'s compiled code away at the load:\n{text}"
+    );
     let known = [
         "JSplit.main",
         "JSplit.heavy",
@@ -358,7 +328,7 @@ fn java_names_stay_right_across_deoptimization() {
 /// that is empty in sonde's.
 #[test]
 fn java_in_its_own_mount_namespace() {
-    let dir = std::env::temp_dir().join(format!("sonde-java-mntns-{}", std::process::id()));
+    let dir = scratch_dir("java-mntns");
     let hidden = dir.join("hidden");
     std::fs::create_dir_all(&hidden).unwrap();
     let cp = classes(&dir);

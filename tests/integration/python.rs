@@ -34,10 +34,7 @@ const PY_SPY: &str = "/opt/sonde-pytools/bin/py-spy";
 
 /// A fresh directory for a test's files.
 fn scratch(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("sonde-py-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir(&format!("py-{name}"))
 }
 
 /// Starts `cmd` and waits until its interpreter has run Python for a moment
@@ -214,14 +211,7 @@ fn python_offcpu_splits_sleep_recv_and_lock_waits() {
     for v in ["debian", "3.13"] {
         let dir = scratch(&format!("block{v}"));
         let w = start(Command::new(python(v)).arg(wl("pyblock.py")).arg("60").current_dir(&dir));
-        let json = dir.join("o.json");
-        let out = Command::new(SONDE)
-            .args(["offcpu", "-p", &w.0.id().to_string(), "-d", "4s", "-o", json.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{err}");
-        let stacks = json_stacks(&json);
+        let (stacks, err) = stacks_of(&["offcpu", "-p", &w.0.id().to_string(), "-d", "4s"], &dir.join("o.json"));
         let (a, b, c) = (under(&stacks, "sleeper"), under(&stacks, "receiver"), under(&stacks, "locker"));
         let t = (a + b + c) as f64;
         assert!(t > 1.5e6, "Python {v}: {t} us blocked in the three: {err}");

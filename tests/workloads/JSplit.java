@@ -95,9 +95,11 @@ public class JSplit {
                     step(w, 200_000);
                     sink += lightDirect();
                 }
-                Work v = (Work) Class.forName("JSplit$Other").getDeclaredConstructor().newInstance();
-                System.out.println("loaded");
+                // Loading Other is what invalidates step()'s code: the JVM
+                // deoptimizes during the load, so the mark goes out first.
+                System.out.println("loading");
                 System.out.flush();
+                Work v = (Work) Class.forName("JSplit$Other").getDeclaredConstructor().newInstance();
                 while (System.nanoTime() < end) {
                     step(w, 200_000);
                     step(v, 100_000);

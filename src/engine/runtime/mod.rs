@@ -422,19 +422,8 @@ impl Runtimes {
                 v[8 + 16 * MAX_RANGES..PROC_CFG - 8].copy_from_slice(&h.jit.0.to_ne_bytes());
                 v[PROC_CFG - 8..PROC_CFG].copy_from_slice(&h.jit.1.to_ne_bytes());
                 v[PROC_CFG..].copy_from_slice(&java::bpf_config(&h));
-                let ok = m.procs.update(&pid.to_ne_bytes(), &v, MapFlags::ANY).is_ok();
-                self.names.modules.insert(pid, Rc::from("java"));
-                self.reports.insert(
-                    pid,
-                    ProcReport {
-                        pid,
-                        runtime: format!("Java {} (HotSpot)", h.version),
-                        read: ok,
-                        why: (!ok).then(|| "the kernel's table of runtime processes is full".to_string()),
-                        image: Some(h.image.clone()),
-                        offsets: Some("gHotSpotVMStructs"),
-                    },
-                );
+                let runtime = format!("Java {} (HotSpot)", h.version);
+                self.install(m, pid, &v, "java", runtime, &h.image, "gHotSpotVMStructs");
                 self.procs.insert(pid, Known::Java(h, Some(mem)));
             }
             Some((Found::Python(p), mem)) => {
@@ -447,20 +436,9 @@ impl Runtimes {
                     v[8 + 8 * MAX_RANGES + 8 * i..16 + 8 * MAX_RANGES + 8 * i].copy_from_slice(&hi.to_ne_bytes());
                 }
                 v[PROC_CFG..PROC_CFG + 40].copy_from_slice(&python::bpf_config(&p));
-                let ok = m.procs.update(&pid.to_ne_bytes(), &v, MapFlags::ANY).is_ok();
                 let module = p.image.rsplit('/').next().unwrap_or("python").split(".so").next().unwrap_or("python");
-                self.names.modules.insert(pid, Rc::from(module));
-                self.reports.insert(
-                    pid,
-                    ProcReport {
-                        pid,
-                        runtime: format!("Python {}", p.version),
-                        read: ok,
-                        why: (!ok).then(|| "the kernel's table of runtime processes is full".to_string()),
-                        image: Some(p.image.clone()),
-                        offsets: Some(if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" }),
-                    },
-                );
+                let offsets = if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" };
+                self.install(m, pid, &v, module, format!("Python {}", p.version), &p.image, offsets);
                 self.procs.insert(pid, Known::Python(p, Some(mem)));
             }
             Some((Found::Unsupported { what, why }, _)) => {
@@ -491,6 +469,34 @@ impl Runtimes {
                 }
             }
         }
+    }
+
+    /// Hands a process's `struct rt_proc` (`v`) to the kernel and records
+    /// what its language frames are shown in and the report's line.
+    #[allow(clippy::too_many_arguments)]
+    fn install(
+        &mut self,
+        m: &RtMaps<'_>,
+        pid: u32,
+        v: &[u8],
+        module: &str,
+        runtime: String,
+        image: &str,
+        offsets: &'static str,
+    ) {
+        let ok = m.procs.update(&pid.to_ne_bytes(), v, MapFlags::ANY).is_ok();
+        self.names.modules.insert(pid, Rc::from(module));
+        self.reports.insert(
+            pid,
+            ProcReport {
+                pid,
+                runtime,
+                read: ok,
+                why: (!ok).then(|| "the kernel's table of runtime processes is full".to_string()),
+                image: Some(image.to_string()),
+                offsets: Some(offsets),
+            },
+        );
     }
 
     /// Looks again at processes that were not ready; names the code objects
@@ -607,33 +613,35 @@ pub fn inspect(pid: u32) -> serde_json::Value {
         None => {
             json!({"pid": pid, "comm": comm, "runtime": null, "detail": "no runtime sonde reads (native frames only)"})
         }
-        Some(Found::Java(h)) => json!({
-            "pid": pid, "comm": comm, "runtime": format!("Java {} (HotSpot)", h.version), "read": true,
-            "image": h.image,
-            "offsets": "gHotSpotVMStructs",
-            "code_heaps": h.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect::<Vec<_>>(),
-            "interpreter": format!("{:#x}-{:#x}", h.interp.0, h.interp.1),
-            "detail": format!(
-                "code heaps {}; template interpreter {:#x}-{:#x}",
-                h.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect::<Vec<_>>().join(", "),
-                h.interp.0,
-                h.interp.1
-            ),
-        }),
-        Some(Found::Python(p)) => json!({
-            "pid": pid, "comm": comm, "runtime": format!("Python {}", p.version), "read": true,
-            "image": p.image,
-            "offsets": if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
-            "thread_state_key": p.key,
-            "thread_specific_data": format!("{:#x}", p.tsd),
-            "interpreter_loop": p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>(),
-            "detail": format!(
-                "thread-state key {}, thread-specific data at thread pointer + {:#x}; interpreter loop {}",
-                p.key,
-                p.tsd,
-                p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>().join(", ")
-            ),
-        }),
+        Some(Found::Java(h)) => {
+            let heaps: Vec<String> = h.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect();
+            let interp = format!("{:#x}-{:#x}", h.interp.0, h.interp.1);
+            json!({
+                "pid": pid, "comm": comm, "runtime": format!("Java {} (HotSpot)", h.version), "read": true,
+                "image": h.image,
+                "offsets": "gHotSpotVMStructs",
+                "detail": format!("code heaps {}; template interpreter {interp}", heaps.join(", ")),
+                "code_heaps": heaps,
+                "interpreter": interp,
+            })
+        }
+        Some(Found::Python(p)) => {
+            let ranges: Vec<String> = p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect();
+            json!({
+                "pid": pid, "comm": comm, "runtime": format!("Python {}", p.version), "read": true,
+                "image": p.image,
+                "offsets": if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
+                "thread_state_key": p.key,
+                "thread_specific_data": format!("{:#x}", p.tsd),
+                "detail": format!(
+                    "thread-state key {}, thread-specific data at thread pointer + {:#x}; interpreter loop {}",
+                    p.key,
+                    p.tsd,
+                    ranges.join(", ")
+                ),
+                "interpreter_loop": ranges,
+            })
+        }
         Some(Found::Unsupported { what, why }) => {
             json!({"pid": pid, "comm": comm, "runtime": what, "read": false, "why": why})
         }

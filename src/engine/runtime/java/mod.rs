@@ -581,11 +581,16 @@ fn symbol(h: &Hotspot, mem: &Mem, sym: u64) -> Option<String> {
 }
 
 impl Hotspot {
-    /// Names the method at `m` (its ConstMethod's address is `cm`, read by
-    /// the caller), reading its class, name, source file and lines.
+    /// Names the method at `m`, reading its ConstMethod's address first.
     fn method(&mut self, mem: &Mem, m: u64) -> Result<Rc<JMethod>, &'static str> {
-        let o = self.o.clone();
-        let cm = mem.u64(m + o.m_const).ok_or("unreadable")?;
+        let cm = mem.u64(m + self.o.m_const).ok_or("unreadable")?;
+        self.method_of(mem, m, cm)
+    }
+
+    /// Names the method at `m` whose ConstMethod is at `cm`: its class,
+    /// name, source file and lines (cached by both addresses).
+    fn method_of(&mut self, mem: &Mem, m: u64, cm: u64) -> Result<Rc<JMethod>, &'static str> {
+        let o = &self.o;
         if cm == 0 {
             return Err("not_code");
         }
@@ -634,7 +639,7 @@ impl Hotspot {
             if (cm >> 3) as u16 != ck {
                 return Err("reused");
             }
-            let m = self.method(mem, addr)?;
+            let m = self.method_of(mem, addr, cm)?;
             return Ok(info(&m, JavaCode::Interpreted(m.clone())));
         }
         let o = self.o.clone();
