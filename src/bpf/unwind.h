@@ -114,8 +114,8 @@ struct unw_state {
 	__u8 go_cb;      /* a Go cgocallback was followed to the system stack */
 	__u8 pad[3];
 	/* Code the process's runtime generates and steps itself (runtime_jit.h). */
-	__u64 jit_lo;
-	__u64 jit_hi;
+	__u64 jit_lo[RT_JIT];
+	__u64 jit_hi[RT_JIT];
 	__u32 jit_kind;
 	__u32 pad3;
 	/* The last row found, for frames that return into the same code
@@ -384,10 +384,13 @@ __noinline int unw_step(__u32 slot)
 	s->hash ^= s->hash >> 29;
 
 	__u64 at = exact ? pc : pc - 1;
-	if (at >= s->jit_lo && at < s->jit_hi) {
-		int r = rt_jit_step(slot, s->jit_kind);
-		if (r >= 0)
-			return r;
+	for (int i = 0; i < RT_JIT; i++) {
+		if (at >= s->jit_lo[i] && at < s->jit_hi[i]) {
+			int r = rt_jit_step(slot, s->jit_kind);
+			if (r >= 0)
+				return r;
+			break;
+		}
 	}
 	for (int i = 0; i < RT_MAX_RANGES; i++) {
 		if (i >= s->rt_n)
@@ -670,8 +673,10 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	s->rt_n = 0;
 	s->rt_marks[0] = 0;
 	s->rt_marks[1] = 0;
-	s->jit_lo = 0;
-	s->jit_hi = 0;
+	for (int i = 0; i < RT_JIT; i++) {
+		s->jit_lo[i] = 0;
+		s->jit_hi[i] = 0;
+	}
 	struct rt_state *rs = NULL;
 	if (rt_mode) {
 		struct rt_proc *rp = bpf_map_lookup_elem(&rt_procs, &pid);
@@ -684,8 +689,10 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 				s->rt_lo[i] = rs->cfg.lo[i];
 				s->rt_hi[i] = rs->cfg.hi[i];
 			}
-			s->jit_lo = rs->cfg.jit_lo;
-			s->jit_hi = rs->cfg.jit_hi;
+			for (int i = 0; i < RT_JIT; i++) {
+				s->jit_lo[i] = rs->cfg.jit_lo[i];
+				s->jit_hi[i] = rs->cfg.jit_hi[i];
+			}
 			s->jit_kind = rs->cfg.kind;
 			rs->fsbase = s->fsbase;
 			rs->st.n = 0;

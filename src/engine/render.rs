@@ -47,6 +47,8 @@ impl Format {
 pub const PY_MARK: &str = "_[py]";
 /// The marker that ends a Go frame's label in folded output.
 pub const GO_MARK: &str = "_[go]";
+/// The marker that ends a JavaScript function's frame label in folded output.
+pub const JS_MARK: &str = "_[js]";
 /// The marker that ends a Java method's (and a perf map's JIT) frame label
 /// in folded output, as async-profiler and flamegraph.pl's java palette
 /// have it.
@@ -55,7 +57,8 @@ pub const JIT_MARK: &str = "_[j]";
 /// The label of a frame in folded output: kernel frames end in `_[k]` (as
 /// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`,
 /// JIT ones and Java methods in `_[j]` (inlined Java methods `_[i]`, as
-/// async-profiler writes them), Python functions in `_[py]`.
+/// async-profiler writes them), Python functions in `_[py]`, JavaScript
+/// functions in `_[js]` (inlined ones `_[i]`).
 fn label(f: &super::stacks::Frame) -> String {
     // `;` separates frames and a trailing number is the count: keep both out.
     let name = f.name.replace(';', ":");
@@ -65,6 +68,7 @@ fn label(f: &super::stacks::Frame) -> String {
         (FrameKind::Python, _) => format!("{name}{PY_MARK}"),
         (FrameKind::Go, false) => format!("{name}{GO_MARK}"),
         (FrameKind::Java, false) => format!("{name}{JIT_MARK}"),
+        (FrameKind::JavaScript, false) => format!("{name}{JS_MARK}"),
         (_, true) => format!("{name}_[i]"),
         _ => name,
     }
@@ -191,7 +195,8 @@ fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8
 }
 
 /// Language frames in a flame graph: shown without their folded marker, in
-/// colours of their own, Python blue, Go teal, Java and JIT code green
+/// colours of their own, Python blue, Go teal, Java and JIT code green,
+/// JavaScript yellow
 /// (inferno colours by name:
 /// each such name gets its colour up front, unless a native frame of the
 /// graph has the same name).
@@ -202,14 +207,14 @@ fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::colo
     let out = lines
         .iter()
         .map(|l| {
-            if !l.contains(PY_MARK) && !l.contains(GO_MARK) && !l.contains(JIT_MARK) {
+            if !l.contains(PY_MARK) && !l.contains(GO_MARK) && !l.contains(JIT_MARK) && !l.contains(JS_MARK) {
                 return l.clone();
             }
             let (stack, count) = l.rsplit_once(' ').unwrap_or((l, ""));
             let frames: Vec<&str> = stack
                 .split(';')
                 .map(|f| {
-                    for mark in [PY_MARK, GO_MARK, JIT_MARK] {
+                    for mark in [PY_MARK, GO_MARK, JIT_MARK, JS_MARK] {
                         if let Some(n) = f.strip_suffix(mark) {
                             lang.insert(n.to_string(), mark);
                             return n;
@@ -230,6 +235,8 @@ fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::colo
             inferno::flamegraph::color::Color { r: 60 + v, g: 120 + v, b: 230 - v / 2 }
         } else if *mark == JIT_MARK {
             inferno::flamegraph::color::Color { r: 50 + v / 2, g: 165 + v, b: 40 + v / 3 }
+        } else if *mark == JS_MARK {
+            inferno::flamegraph::color::Color { r: 195 + v, g: 170 + v / 2, b: 30 + v / 2 }
         } else {
             inferno::flamegraph::color::Color { r: 40 + v / 2, g: 170 + v, b: 160 + v / 2 }
         };
@@ -264,6 +271,7 @@ pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
                 FrameKind::Python => format!("{} [py]", f.name),
                 FrameKind::Go if !f.inlined => format!("{} [go]", f.name),
                 FrameKind::Java => format!("{} [java]", f.name),
+                FrameKind::JavaScript => format!("{} [js]", f.name),
                 _ => f.name.clone(),
             })
             .collect();

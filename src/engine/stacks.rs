@@ -265,6 +265,8 @@ pub enum FrameKind {
     Go,
     /// A Java method, read from the JVM's own frames and debug information.
     Java,
+    /// A JavaScript function, read from V8's own frames and code.
+    JavaScript,
     /// An address nothing could name.
     Unknown,
     /// Marks a user stack cut short (no frame pointers, or deeper than the
@@ -776,7 +778,11 @@ impl Symbols {
     /// was read of its code object (several where a JIT inlined callees).
     fn lang_frames(&self, pid: u32, f: &runtime::RtFrame, images: &Images, stats: &mut SymStats, out: &mut Vec<Frame>) {
         let module = images.lang.module(pid).cloned().unwrap_or_else(|| self.unknown.clone());
-        let kind = if f.kind == runtime::KIND_JAVA { FrameKind::Java } else { FrameKind::Python };
+        let kind = match f.kind {
+            runtime::KIND_JAVA => FrameKind::Java,
+            runtime::KIND_V8 => FrameKind::JavaScript,
+            _ => FrameKind::Python,
+        };
         match images.lang.get(pid, f) {
             Some(c) => {
                 for (name, file, line, inlined) in c.frames(f).into_iter().rev() {

@@ -382,6 +382,11 @@ impl LangSummary {
             self.unnamed_frames,
             self.unpaired_stacks,
         );
+        if let Some(n) = r.partly_named.get("code_not_found") {
+            s.push_str(&format!(
+                "; {n} JavaScript frames named by their function alone (the code they ran, replaced on the stack or thrown away, was not found)"
+            ));
+        }
         if r.walks.jit_unknown + r.walks.jit_bad > 0 {
             s.push_str(&format!(
                 "; JIT code: {} walks ended at a pc no code blob held (freed or being written), {} frames without a readable method",

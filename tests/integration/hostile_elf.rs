@@ -702,7 +702,7 @@ fn profile_survives_a_process_running_code_from_crafted_libraries_and_counts_the
 /// a panic; findings are kept like the ELF fuzzer's.
 #[test]
 fn bounded_fuzz_of_the_go_table_and_python_decoders() {
-    use sonde::engine::runtime::{go::Pclntab, java, mem::Mem, python};
+    use sonde::engine::runtime::{go::Pclntab, java, mem::Mem, python, v8};
     let secs: u64 = std::env::var("SONDE_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20) / 4;
     let seed: u64 = std::env::var("SONDE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
@@ -731,6 +731,7 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
 
     let mut findings = Vec::new();
     let (mut n_go, mut n_ok, mut n_lines, mut n_code, mut n_java) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut n_v8, mut n_js) = (0u64, 0u64);
     let start = Instant::now();
     let mut check = |kind: &str, bytes: &[u8], f: &mut dyn FnMut()| {
         let t0 = Instant::now();
@@ -810,6 +811,78 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
             });
             n_java += 1;
         }
+        // V8: source position tables, baseline offset tables, line ends and
+        // inlining chains from random bytes.
+        let vb: Vec<u8> = (0..rng.below(256)).map(|_| rng.next() as u8).collect();
+        let code: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
+        let sizes: Vec<u8> = (0..3 * rng.below(40)).map(|_| rng.next() as u8).collect();
+        let (at, flags) = (rng.next() as u32 % 4096, rng.next() as u8);
+        check("v8tables", &vb, &mut || {
+            let t = v8::tables::positions(&vb);
+            assert!(t.len() <= vb.len());
+            let _ = v8::tables::position_at(&t, at);
+            let o = v8::tables::baseline_offsets(&vb, &code, &sizes);
+            assert!(o.len() <= vb.len() + 1);
+            let _ = v8::tables::bytecode_at(&o, at);
+            let ends = v8::tables::line_ends(vb.iter().map(|&b| b as u16), 64);
+            assert!(ends.len() <= 65);
+            let f = std::rc::Rc::new(v8::JsFn::named("f", ends, t.clone()));
+            let inlined: Vec<(u64, Option<std::rc::Rc<v8::JsFn>>)> =
+                t.iter().map(|&(_, p)| (p, Some(f.clone()))).collect();
+            let c = v8::JsCode::Optimized { func: f.clone(), positions: t, inlined, shift: at % 16 };
+            assert!(c.frames(at, flags).len() <= 65);
+            let c = v8::JsCode::Baseline { func: f.clone(), offsets: o };
+            let _ = c.frames(at, flags);
+        });
+        n_v8 += 1;
+        // V8 strings of every shape, in our own memory read as a traced
+        // process's: maps with instance types, sequential, cons (pointing
+        // anywhere, themselves included), thin, sliced and external
+        // strings, with lengths and offsets of any size.
+        {
+            let lay = v8::heap::StringLayout {
+                first_nonstring: 128,
+                len: 12,
+                chars: 16,
+                cons: (16, 24),
+                thin: 16,
+                sliced: (16, 24),
+                external_data: 24,
+                repr: (0, 1, 2, 3, 5),
+                repr_mask: 7,
+                encoding: (8, 8),
+            };
+            let n = 8;
+            let mut heap = vec![0u8; 64 * (2 * n)];
+            let base = heap.as_ptr() as u64;
+            let obj = |i: usize| base + 64 * i as u64;
+            for i in 0..n {
+                // map i: its instance type at +12
+                let t = [0u16, 8, 1, 9, 2, 10, 3, 5, 200][rng.below(9)];
+                heap[64 * i + 12..64 * i + 14].copy_from_slice(&t.to_le_bytes());
+                // string n + i: map, length, two tagged words
+                let s = 64 * (n + i);
+                heap[s..s + 8].copy_from_slice(&(obj(rng.below(n)) | 1).to_le_bytes());
+                let len = [3u32, 0, u32::MAX, 1 << 30, rng.next() as u32 % 64][rng.below(5)];
+                heap[s + 12..s + 16].copy_from_slice(&len.to_le_bytes());
+                for w in [16, 24] {
+                    let v = [obj(n + rng.below(n)) | 1, 0, 7u64 << 32, rng.next(), obj(n + i) | 1][rng.below(5)];
+                    heap[s + w..s + w + 8].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let mem = Mem::open(std::process::id()).unwrap();
+            let root = obj(n + rng.below(n)) | 1;
+            let snapshot = heap.clone();
+            check("v8strings", &snapshot, &mut || {
+                let mut types = std::collections::HashMap::new();
+                let mut h = v8::heap::Heap { mem: &mem, map_type: 12, types: &mut types };
+                let mut units = 0usize;
+                h.string_units(&lay, root, 4096, &mut |p| units += p.len());
+                assert!(units <= 4096);
+            });
+            std::hint::black_box(&heap);
+            n_js += 1;
+        }
         // A code object in our own memory, read as a traced process's.
         let mut lay = python::layout([8, 10, 11, 12, 13][rng.below(5)]).unwrap();
         lay.co_name = lay.co_name.min(200);
@@ -868,8 +941,8 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
     }
     println!(
         "runtime fuzz: {n_go} Go tables ({n_ok} parsed), {n_lines} line tables, {n_code} code objects, \
-         {n_java} HotSpot debug tables"
+         {n_java} HotSpot debug tables, {n_v8} V8 tables, {n_js} V8 string heaps"
     );
-    assert!(n_go > 10 && n_code > 10 && n_java > 10);
+    assert!(n_go > 10 && n_code > 10 && n_java > 10 && n_v8 > 10 && n_js > 10);
     assert!(findings.is_empty(), "seed {seed}:\n{}", findings.join("\n"));
 }

@@ -26,6 +26,8 @@ mod labs;
 mod msglat;
 /// `sonde msglat` on a relay that reuses its listener's fd for the onward connection.
 mod msglat_relay;
+/// JavaScript (V8) frames read in the kernel, on Node.js 18, 20 and 22, against `--cpu-prof`.
+mod node;
 /// `sonde offcpu` and `sonde wakeup`.
 mod offcpu;
 /// Perf maps of traced processes as hostile input.

@@ -23,6 +23,7 @@ pub mod go;
 pub mod java;
 pub mod mem;
 pub mod python;
+pub mod v8;
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -47,12 +48,29 @@ const FLAG_ENTRY: u8 = 1;
 pub const KIND_PYTHON: u8 = 1;
 /// `enum rt_kind`: HotSpot.
 pub const KIND_JAVA: u8 = 2;
+/// `enum rt_kind`: V8.
+pub const KIND_V8: u8 = 3;
+/// Ranges of generated code a runtime steps itself (`RT_JIT`).
+pub const JIT_RANGES: usize = 2;
 /// Where `struct rt_proc`'s runtime-specific part starts.
-const PROC_CFG: usize = 8 + 16 * MAX_RANGES + 16;
+const PROC_CFG: usize = 8 + 16 * MAX_RANGES + 16 * JIT_RANGES;
 /// Bytes of `struct rt_proc`.
-pub const PROC_BYTES: usize = PROC_CFG + java::CONFIG_BYTES;
+pub const PROC_BYTES: usize =
+    PROC_CFG + if java::CONFIG_BYTES > v8::CONFIG_BYTES { java::CONFIG_BYTES } else { v8::CONFIG_BYTES };
 /// Bytes of `struct rt_stack`'s head (before the frames).
 const STACK_HEAD: usize = 24;
+/// Bytes of `struct rt_seen_key`.
+const SEEN_KEY: usize = 24;
+
+/// Writes a process's ranges of generated code (`rt_proc.jit_lo`, `jit_hi`).
+fn set_jit(v: &mut [u8], ranges: &[(u64, u64)]) {
+    let at = 8 + 16 * MAX_RANGES;
+    for (i, (lo, hi)) in ranges.iter().take(JIT_RANGES).enumerate() {
+        v[at + 8 * i..at + 8 * i + 8].copy_from_slice(&lo.to_ne_bytes());
+        v[at + 8 * JIT_RANGES + 8 * i..at + 8 * JIT_RANGES + 8 * i + 8].copy_from_slice(&hi.to_ne_bytes());
+    }
+}
+
 /// Processes whose runtime the kernel can hold (`rt_procs`).
 pub const MAX_PROCS: u32 = 4096;
 /// Walked stacks with language frames kept (`rt_walked`, allocated as used).
@@ -169,6 +187,8 @@ pub enum Lines {
     },
     /// A Java method or nmethod.
     Java(Rc<java::JavaCode>),
+    /// JavaScript: a function, or V8's code for one.
+    V8(Rc<v8::JsCode>),
 }
 
 /// A named code object.
@@ -190,6 +210,7 @@ impl CodeInfo {
         match &self.lines {
             Lines::Python { minor, table, code } => python::line_at(*minor, table, *code, self.first_line, loc),
             Lines::Java(c) => c.frames(loc, 0).first().and_then(|f| f.1),
+            Lines::V8(c) => c.frames(loc, 0).first().and_then(|f| f.1),
         }
     }
 
@@ -210,6 +231,14 @@ impl CodeInfo {
                     .map(|(i, (m, line))| (m.name.clone(), m.file.clone(), line, i + 1 < n))
                     .collect()
             }
+            Lines::V8(c) => {
+                let fr = c.frames(f.loc, f.flags);
+                let n = fr.len();
+                fr.into_iter()
+                    .enumerate()
+                    .map(|(i, (func, line))| (func.name.clone(), func.script.name.clone(), line, i + 1 < n))
+                    .collect()
+            }
             _ => vec![(self.name.clone(), self.file.clone(), self.line(f.loc), false)],
         }
     }
@@ -220,12 +249,25 @@ impl CodeInfo {
             + match &self.lines {
                 Lines::Python { table, .. } => table.len(),
                 Lines::Java(c) => java::bytes(c),
+                Lines::V8(c) => v8::bytes(c),
             }
     }
 }
 
-/// A code object as the kernel saw it: process, kind, address, cookie.
-pub type NameKey = (u32, u8, u64, u16);
+/// A code object as the kernel saw it: process, kind, address, cookie, and
+/// for V8 the frame's kind (`V8_F_*`) and, for a frame in code other than
+/// its function's current code, the pc (whose name depends on it).
+pub type NameKey = (u32, u8, u64, u16, u8, u32);
+
+/// The parts of a language frame that choose its name (`rt_seen_key`'s
+/// flags and loc, as `rt_note` fills them).
+fn key_parts(kind: u8, flags: u8, loc: u32) -> (u8, u32) {
+    if kind != KIND_V8 {
+        return (0, 0);
+    }
+    let sel = flags & (v8::FLAG_INTERP | v8::FLAG_CODE | v8::FLAG_BASELINE | v8::FLAG_PC);
+    (sel, if sel & v8::FLAG_PC != 0 { loc } else { 0 })
+}
 
 /// Code objects named during the run, and what could not be.
 #[derive(Debug, Default)]
@@ -244,7 +286,8 @@ pub struct Names {
 impl Names {
     /// The name of a code object, when it was read.
     pub fn get(&self, pid: u32, f: &RtFrame) -> Option<&Rc<CodeInfo>> {
-        self.map.get(&(pid, f.kind, f.addr, f.cookie))
+        let (sel, loc) = key_parts(f.kind, f.flags, f.loc);
+        self.map.get(&(pid, f.kind, f.addr, f.cookie, sel, loc))
     }
 
     /// The module language frames of `pid` are shown in.
@@ -289,6 +332,8 @@ pub enum Found {
     Python(Box<python::Python>),
     /// A JVM this build reads.
     Java(Box<java::Hotspot>),
+    /// A V8 (Node.js) this build reads.
+    V8(Box<v8::V8>),
     /// A runtime this build does not read: what it is and why.
     Unsupported {
         /// "Python 3.14.0".
@@ -303,6 +348,7 @@ pub enum Found {
 enum Known {
     Python(Box<python::Python>, Option<Mem>),
     Java(Box<java::Hotspot>, Option<Mem>),
+    V8(Box<v8::V8>, Option<Mem>),
     /// Not a runtime we know, or one we do not read.
     Other,
     /// To look again at `.0` (try `.1` of at most 60).
@@ -347,6 +393,10 @@ pub struct Report {
     pub named: u64,
     /// Code objects not named, by reason (see [`Names::failed`]).
     pub unnamed: BTreeMap<&'static str, u64>,
+    /// Code objects named in part, by reason: `code_not_found` (a V8
+    /// frame in code other than its function's current code, named by the
+    /// function alone: no inlined functions, no line).
+    pub partly_named: BTreeMap<&'static str, u64>,
     /// Milliseconds spent handing code objects over and naming them.
     pub naming_ms: f64,
 }
@@ -398,8 +448,19 @@ impl Runtimes {
         if !self.enabled() {
             return;
         }
-        match self.procs.get(&pid) {
-            Some(Known::Python(..)) | Some(Known::Java(..)) | Some(Known::Other) => return,
+        match self.procs.get_mut(&pid) {
+            Some(Known::V8(v, Some(_))) => {
+                // New mappings (the unwinder reloads on a pc outside every
+                // one): V8's code range may have grown.
+                let r = v8::code_range(pid, &v.blobs);
+                if r.is_some() && r != v.code_range {
+                    v.code_range = r;
+                    let cfg = Self::v8_config(v);
+                    let _ = m.procs.update(&pid.to_ne_bytes(), &cfg, MapFlags::ANY);
+                }
+                return;
+            }
+            Some(Known::Python(..)) | Some(Known::Java(..)) | Some(Known::V8(..)) | Some(Known::Other) => return,
             Some(Known::Later(at, _)) if at.elapsed() < Duration::from_millis(500) => return,
             _ => {}
         }
@@ -419,12 +480,17 @@ impl Runtimes {
             Some((Found::Java(h), mem)) => {
                 let mut v = vec![0u8; PROC_BYTES];
                 v[..4].copy_from_slice(&(KIND_JAVA as u32).to_ne_bytes());
-                v[8 + 16 * MAX_RANGES..PROC_CFG - 8].copy_from_slice(&h.jit.0.to_ne_bytes());
-                v[PROC_CFG - 8..PROC_CFG].copy_from_slice(&h.jit.1.to_ne_bytes());
-                v[PROC_CFG..].copy_from_slice(&java::bpf_config(&h));
+                set_jit(&mut v, &[h.jit]);
+                v[PROC_CFG..PROC_CFG + java::CONFIG_BYTES].copy_from_slice(&java::bpf_config(&h));
                 let runtime = format!("Java {} (HotSpot)", h.version);
                 self.install(m, pid, &v, "java", runtime, &h.image, "gHotSpotVMStructs");
                 self.procs.insert(pid, Known::Java(h, Some(mem)));
+            }
+            Some((Found::V8(x), mem)) => {
+                let v = Self::v8_config(&x);
+                let runtime = format!("Node.js (V8 {})", x.version);
+                self.install(m, pid, &v, "node", runtime, &x.image, "v8dbg_ metadata");
+                self.procs.insert(pid, Known::V8(x, Some(mem)));
             }
             Some((Found::Python(p), mem)) => {
                 let mut v = vec![0u8; PROC_BYTES];
@@ -471,6 +537,15 @@ impl Runtimes {
         }
     }
 
+    /// A V8 process's `struct rt_proc`.
+    fn v8_config(x: &v8::V8) -> Vec<u8> {
+        let mut v = vec![0u8; PROC_BYTES];
+        v[..4].copy_from_slice(&(KIND_V8 as u32).to_ne_bytes());
+        set_jit(&mut v, &v8::jit_ranges(x));
+        v[PROC_CFG..PROC_CFG + v8::CONFIG_BYTES].copy_from_slice(&v8::bpf_config(x));
+        v
+    }
+
     /// Hands a process's `struct rt_proc` (`v`) to the kernel and records
     /// what its language frames are shown in and the report's line.
     #[allow(clippy::too_many_arguments)]
@@ -515,14 +590,17 @@ impl Runtimes {
             self.on_load(m, pid);
         }
         let t0 = Instant::now();
-        let keys: Vec<Vec<u8>> = m.seen.keys().filter(|k| k.len() == 16).collect();
+        let keys: Vec<Vec<u8>> = m.seen.keys().filter(|k| k.len() == SEEN_KEY).collect();
         for k in keys {
             let _ = m.seen.delete(&k);
             let pid = u32::from_ne_bytes(k[..4].try_into().unwrap());
             let cookie = u16::from_ne_bytes([k[4], k[5]]);
             let kind = k[6];
+            let flags = k[7];
             let addr = u64::from_ne_bytes(k[8..16].try_into().unwrap());
-            let key = (pid, kind, addr, cookie);
+            let loc = u32::from_ne_bytes(k[16..20].try_into().unwrap());
+            let (sel, loc) = key_parts(kind, flags, loc);
+            let key = (pid, kind, addr, cookie, sel, loc);
             if self.names.map.contains_key(&key) {
                 continue;
             }
@@ -530,6 +608,7 @@ impl Runtimes {
                 _ if !super::pid_exists(pid) => Err("gone"),
                 Some(Known::Python(p, Some(mem))) if kind == KIND_PYTHON => python::code_info(p, mem, addr, cookie),
                 Some(Known::Java(h, Some(mem))) if kind == KIND_JAVA => h.code_info(mem, addr, cookie),
+                Some(Known::V8(x, Some(mem))) if kind == KIND_V8 => x.code_info(mem, addr, cookie, sel, loc),
                 _ => Err("unsupported"),
             };
             match r {
@@ -541,6 +620,11 @@ impl Runtimes {
                 Err(why) => *self.names.failed.entry(why).or_default() += 1,
             }
         }
+        for k in self.procs.values_mut() {
+            if let Known::V8(x, _) = k {
+                x.end_drain();
+            }
+        }
         self.naming += t0.elapsed();
     }
 
@@ -548,7 +632,7 @@ impl Runtimes {
     /// entries (their names stay for the end of the run).
     pub fn sweep(&mut self, m: &RtMaps<'_>) {
         for (pid, k) in self.procs.iter_mut() {
-            if let Known::Python(_, mem) | Known::Java(_, mem) = k {
+            if let Known::Python(_, mem) | Known::Java(_, mem) | Known::V8(_, mem) = k {
                 if mem.is_some() && !super::pid_exists(*pid) {
                     *mem = None;
                     let _ = m.procs.delete(&pid.to_ne_bytes());
@@ -589,6 +673,15 @@ impl Runtimes {
             walks,
             named: self.named,
             unnamed: self.unnamed.clone(),
+            partly_named: {
+                let n: u64 =
+                    self.procs.values().map(|k| if let Known::V8(x, _) = k { x.code_not_found } else { 0 }).sum();
+                if n > 0 {
+                    BTreeMap::from([("code_not_found", n)])
+                } else {
+                    BTreeMap::new()
+                }
+            },
             naming_ms: self.naming.as_secs_f64() * 1e3,
         })
     }
@@ -596,7 +689,7 @@ impl Runtimes {
 
 /// The runtimes this build reads, for `doctor` and the docs.
 pub fn supported() -> Vec<(&'static str, &'static str)> {
-    vec![("python", python::VERSIONS), ("java", java::VERSIONS)]
+    vec![("python", python::VERSIONS), ("java", java::VERSIONS), ("node", v8::VERSIONS)]
 }
 
 /// What `doctor --pid` says of one process: its runtime, if any, whether
@@ -623,6 +716,24 @@ pub fn inspect(pid: u32) -> serde_json::Value {
                 "detail": format!("code heaps {}; template interpreter {interp}", heaps.join(", ")),
                 "code_heaps": heaps,
                 "interpreter": interp,
+            })
+        }
+        Some(Found::V8(x)) => {
+            let fmt = |r: &[(u64, u64)]| r.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>();
+            let code = x.code_range.map(|(a, b)| format!("{a:#x}-{b:#x}"));
+            json!({
+                "pid": pid, "comm": comm, "runtime": format!("Node.js (V8 {})", x.version), "read": true,
+                "image": x.image,
+                "offsets": "v8dbg_ metadata",
+                "detail": format!(
+                    "code range {}; builtins {}; interpreter {}",
+                    code.as_deref().unwrap_or("not found"),
+                    fmt(&x.blobs).join(", "),
+                    fmt(&x.interp).join(", ")
+                ),
+                "code_range": code,
+                "builtins": fmt(&x.blobs),
+                "interpreter": fmt(&x.interp),
             })
         }
         Some(Found::Python(p)) => {
@@ -653,7 +764,7 @@ pub fn inspect(pid: u32) -> serde_json::Value {
 
 /// The dispatch point of the user halves: which runtime, if any, `pid` runs.
 fn detect(pid: u32, maps: &[elfsym::MapLine], mem: &Mem) -> Option<Found> {
-    java::detect(pid, maps, mem).or_else(|| python::detect(pid, maps, mem))
+    java::detect(pid, maps, mem).or_else(|| v8::detect(pid, maps, mem)).or_else(|| python::detect(pid, maps, mem))
 }
 
 /// Sets the runtime maps' sizes and `rt_mode` of an open skeleton (part of

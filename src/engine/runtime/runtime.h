@@ -23,11 +23,13 @@
 #define RT_BUF        128  /* bytes of a code object's head, or of a frame, read at once */
 #define RT_SBUF       1024 /* bytes of a runtime's frame stack read at once (a power of two) */
 #define RT_CODES      8    /* code objects remembered per walk (a power of two) */
+#define RT_JIT        2    /* ranges of code the runtime generates and steps itself */
 
 enum rt_kind {
 	RT_NONE = 0,
 	RT_PYTHON = 1,
 	RT_JAVA = 2,
+	RT_V8 = 3,
 };
 
 /* Why a runtime walk ended (rt_stack.end; slots RT_S_END + this). */
@@ -64,6 +66,7 @@ struct rt_stack {
 
 #include "python/python.h"
 #include "java/hotspot.h"
+#include "v8/v8.h"
 
 /* What the kernel needs to know of a process's runtime: rt_procs' value. */
 struct rt_proc {
@@ -73,11 +76,12 @@ struct rt_proc {
 	__u64 hi[RT_MAX_RANGES];
 	/* Code the runtime generates, whose frames it steps itself as the
 	 * native walk meets them (rt_jit_step): [jit_lo, jit_hi), or empty. */
-	__u64 jit_lo;
-	__u64 jit_hi;
+	__u64 jit_lo[RT_JIT];
+	__u64 jit_hi[RT_JIT];
 	union {
 		struct py_proc py;
 		struct hs_proc hs;
+		struct v8_proc v8;
 	};
 };
 
@@ -141,8 +145,10 @@ struct rt_seen_key {
 	__u32 pid;
 	__u16 cookie;
 	__u8 kind;
-	__u8 pad;
+	__u8 flags; /* V8: the frame's kind (V8_F_INTERP, _CODE, _BASELINE, _PC) */
 	__u64 addr;
+	__u32 loc; /* V8_F_PC frames: the pc (their name depends on it) */
+	__u32 pad;
 };
 
 struct {
@@ -263,6 +269,13 @@ __noinline int rt_note(__u32 slot, __u32 pid)
 		k.addr = f->addr;
 		k.cookie = f->cookie;
 		k.kind = f->kind;
+		k.flags = 0;
+		k.loc = 0;
+		if (f->kind == RT_V8) {
+			k.flags = f->flags & (V8_F_INTERP | V8_F_CODE | V8_F_BASELINE | V8_F_PC);
+			if (k.flags & V8_F_PC)
+				k.loc = f->loc;
+		}
 		if (bpf_map_lookup_elem(&rt_seen, &k))
 			continue;
 		if (bpf_map_update_elem(&rt_seen, &k, &one, BPF_NOEXIST) &&

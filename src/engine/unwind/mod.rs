@@ -69,10 +69,11 @@ pub struct UnwindArgs {
     /// pointers only), dwarf (as auto, but exit 2 when this kernel cannot).
     #[arg(long, value_enum, default_value_t = UnwindMode::Auto)]
     pub unwind: UnwindMode,
-    /// What stacks show of language runtimes (Python; see the README's
-    /// "Language frames"): mixed (each interpreter-loop frame replaced by the
-    /// functions it ran, native callers kept), lang (only those functions),
-    /// native (the interpreter's own frames, nothing read of the runtime).
+    /// What stacks show of language runtimes (Python, Go, Java, Node.js; see
+    /// the README's "Language frames"): mixed (each interpreter-loop or JIT
+    /// frame replaced by the functions it ran, native callers kept), lang
+    /// (only those functions), native (the runtime's own frames, nothing
+    /// read of the runtime).
     /// Needs the table walk (Linux 5.15+).
     #[arg(long, value_enum, default_value_t = Frames::Mixed)]
     pub frames: Frames,

@@ -52,15 +52,16 @@ pub enum Event {
 /// -o FILE (repeatable), by extension: .folded (flamegraph.pl / inferno
 /// input, the process name as root frame, kernel frames ending in _[k],
 /// inlined ones in _[i], Python functions in _[py], Go functions in _[go],
-/// Java methods and JIT code in _[j]),
+/// Java methods and JIT code in _[j], JavaScript functions in _[js]),
 /// .svg (flame graph) or .json (stacks with file and
 /// line per frame) or .pb.gz (pprof, for `go tool pprof`). User stacks are
 /// walked from each executable's unwind tables (.eh_frame), so programs built
 /// without frame pointers get whole stacks (--unwind); stacks that still do
 /// not reach a program's start are marked [truncated] and counted with why.
-/// Python (CPython 3.8-3.13), Go (stripped too) and Java (HotSpot, JDK
-/// 11-25: interpreted, compiled and inlined methods) programs show their own
-/// functions, files and lines, read in the kernel without stopping them and
+/// Python (CPython 3.8-3.13), Go (stripped too), Java (HotSpot, JDK 11-25:
+/// interpreted, compiled and inlined methods) and Node.js (18, 20, 22:
+/// interpreted, baseline, optimized and inlined functions) programs show
+/// their own functions, files and lines, read in the kernel without stopping them and
 /// with no flag or agent (--frames; `sonde doctor --pid PID` says what sonde
 /// finds in a process); other JITs' code is named from the process's perf
 /// map or mapped jitdump.

@@ -1,0 +1,1209 @@
+//! V8 (Node.js): find V8 in a process, tell the kernel where its generated
+//! code and interpreter lie and which JSFunction and Code fields name a
+//! frame (`v8.h`, `v8_walk.h`), and name what the kernel recorded:
+//! JavaScript functions with script and line, and in optimized code the
+//! functions the JIT inlined at the pc, from the Code's own source
+//! positions and deoptimization data (the same data V8's own profiler
+//! reads).
+//!
+//! Offsets come from the postmortem metadata V8 builds into Node's binary
+//! (the `v8dbg_` symbols); where the metadata lacks a field the walk or the
+//! naming needs, the field's place in that V8 line is built in below,
+//! checked on the processes of the Node.js releases the tests run (18, 20
+//! and 22: V8 10.2, 11.3 and 12.4). Other V8 lines are reported, once per
+//! process, as not read: their stacks stay native.
+pub mod heap;
+pub mod tables;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    rc::Rc,
+};
+
+use super::{
+    elfsym::{bias_of, ElfSyms, MapLine},
+    mem::{le, Mem},
+    CodeInfo, Found, Lines,
+};
+use heap::{smi, untag, Heap, StringLayout};
+
+/// What this build reads.
+pub const VERSIONS: &str = "Node.js 18, 20 and 22 (V8 10.2, 11.3 and 12.4; x86-64)";
+/// Bytes of `struct v8_proc`.
+pub const CONFIG_BYTES: usize = 192;
+/// `V8_INTERP`, `V8_BLOBS`.
+const INTERP: usize = 8;
+const BLOBS: usize = 2;
+/// `V8_F_*`.
+pub const FLAG_INTERP: u8 = 2;
+/// An optimized frame: addr is the Code.
+pub const FLAG_CODE: u8 = 4;
+/// A baseline frame: addr is the SharedFunctionInfo.
+pub const FLAG_BASELINE: u8 = 8;
+/// A frame in code other than its function's current code.
+pub const FLAG_PC: u8 = 16;
+/// The sampled instruction.
+pub const FLAG_LEAF: u8 = 32;
+/// Longest function or file name read (UTF-16 units).
+const MAX_NAME: usize = 4096;
+/// Longest script source read to find its lines (units).
+const MAX_SOURCE: usize = 32 << 20;
+/// Most lines kept of a script.
+const MAX_LINES: usize = 4 << 20;
+/// Largest table read of one function or code object.
+const MAX_TABLE: usize = 1 << 20;
+/// Most inlined functions read per code object.
+const MAX_INLINED: usize = 4096;
+/// Deepest inlining chain followed.
+const MAX_CHAIN: usize = 64;
+/// How far below a pc the start of its code is looked for (bytes).
+const MAX_SCAN: u64 = 1 << 20;
+
+/// The x86-64 frame slots the kernel reads (`V8_FP_*`), as the binary's
+/// `v8dbg_off_fp_*` must give them.
+const FP_SLOTS: [(&str, i32); 4] =
+    [("off_fp_context", -8), ("off_fp_function", -16), ("off_fp_bytecode_array", -32), ("off_fp_bytecode_offset", -40)];
+
+/// Where each field the walk and the naming read lies (bytes), for one V8.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Layout {
+    /// `Map::instance_type`.
+    pub map_type: u64,
+    /// Strings.
+    pub strings: StringLayout,
+    /// Instance types: SharedFunctionInfo, ScopeInfo, Script, Code,
+    /// BytecodeArray, InstructionStream (V8 11+), InterpreterData.
+    pub t_sfi: u16,
+    /// `SCOPE_INFO_TYPE`.
+    pub t_scope: u16,
+    /// `SCRIPT_TYPE`.
+    pub t_script: u16,
+    /// `CODE_TYPE`.
+    pub t_code: u16,
+    /// `BYTECODE_ARRAY_TYPE`.
+    pub t_bytecode: u16,
+    /// `INSTRUCTION_STREAM_TYPE` (V8 11 and later).
+    pub t_istream: Option<u16>,
+    /// `INTERPRETER_DATA_TYPE`.
+    pub t_interp_data: Option<u16>,
+    /// `JSFunction::shared`, `code`.
+    pub fn_shared: u64,
+    /// `JSFunction::code`.
+    pub fn_code: u64,
+    /// Code: the instructions' address, or (V8 10) where they start in it.
+    pub code_start: u64,
+    /// Whether the instructions are inside the Code (V8 10).
+    pub code_inline: bool,
+    /// Code: instruction size.
+    pub code_size: u64,
+    /// Code: flags.
+    pub code_flags: u64,
+    /// `CodeKind` in the flags: mask, shift, and BASELINE's value.
+    pub kind: (u32, u8, u8),
+    /// Code: deoptimization data (baseline: its bytecode or interpreter data).
+    pub code_deopt: u64,
+    /// Code: source position table (baseline: its bytecode offset table).
+    pub code_spt: u64,
+    /// Code: its InstructionStream (V8 11+).
+    pub code_istream: Option<u64>,
+    /// Bytes from an InstructionStream (or V8 10's Code) to its instructions.
+    pub istream_hdr: u64,
+    /// Deoptimization data indices: inlined function count, literal
+    /// array, the code's SharedFunctionInfo, inlining positions.
+    pub dd: (u64, u64, u64, u64),
+    /// Arrays: length (a Smi) and first element.
+    pub arr: (u64, u64),
+    /// SharedFunctionInfo: function data, name or scope info, script.
+    pub sfi: (u64, u64, u64),
+    /// Script: source, name, line ends.
+    pub script: (u64, u64, u64),
+    /// BytecodeArray: length, source position table, first bytecode.
+    pub ba: (u64, u64, u64),
+    /// ScopeInfo: index of the context-local count, of the first variable part.
+    pub scope: (u64, u64),
+}
+
+/// A script's name and where its lines end.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Script {
+    /// Its file name or URL ("" for an eval).
+    pub name: String,
+    /// Offsets of its line terminators (empty: not known).
+    pub ends: Vec<u32>,
+}
+
+/// A JavaScript function, named.
+#[derive(Debug, PartialEq, Eq)]
+pub struct JsFn {
+    /// Its name, "(anonymous)" when it has none.
+    pub name: String,
+    /// Its script.
+    pub script: Rc<Script>,
+    /// Where it starts in the script (a script offset).
+    pub start: Option<u32>,
+    /// Its bytecode's source positions (empty: V8 has not made them).
+    pub positions: Vec<(u32, u64)>,
+    /// Its BytecodeArray (tagged; 0 when it has none).
+    pub bytecode: u64,
+    /// Its name-or-scope-info word when read (a V8_F_PC frame's cookie).
+    nos: u64,
+    /// Its script and function-data words when read: with `nos`, they
+    /// tell a SharedFunctionInfo moved away and another put in its place.
+    ident: (u64, u64),
+}
+
+impl JsFn {
+    /// A function named `name` in a script whose lines end at `ends`, with
+    /// bytecode positions `positions` (for tests and the fuzzer).
+    pub fn named(name: &str, ends: Vec<u32>, positions: Vec<(u32, u64)>) -> JsFn {
+        JsFn {
+            name: name.into(),
+            script: Rc::new(Script { name: String::new(), ends }),
+            start: Some(0),
+            positions,
+            bytecode: 0,
+            nos: 0,
+            ident: (0, 0),
+        }
+    }
+
+    /// The line of script offset `off`.
+    pub fn line(&self, off: Option<u32>) -> Option<u32> {
+        tables::line_of(&self.script.ends, off?)
+    }
+
+    /// The line of its first line.
+    pub fn first_line(&self) -> Option<u32> {
+        self.line(self.start)
+    }
+
+    /// The line of bytecode offset `off` (-1: the function's entry).
+    pub fn line_at_bytecode(&self, off: i64) -> Option<u32> {
+        if off < 0 {
+            return self.first_line();
+        }
+        let pos = tables::position_at(&self.positions, off.min(u32::MAX as i64) as u32)?;
+        self.line(tables::script_offset(pos)).or_else(|| self.first_line())
+    }
+
+    fn bytes(&self) -> usize {
+        96 + self.name.len() + 12 * self.positions.len()
+    }
+}
+
+/// What a JavaScript frame's code is.
+#[derive(Debug, PartialEq, Eq)]
+pub enum JsCode {
+    /// An interpreted function; the location is the bytecode-offset slot's
+    /// value, `hdr` more than the offset.
+    Interpreted {
+        /// The function.
+        func: Rc<JsFn>,
+        /// What the slot adds to the offset.
+        hdr: u32,
+    },
+    /// Baseline code: (pc offset where each bytecode's code starts, bytecode offset).
+    Baseline {
+        /// The function.
+        func: Rc<JsFn>,
+        /// By pc offset.
+        offsets: Vec<(u32, i32)>,
+    },
+    /// Optimized code: its source positions by pc offset, and per inlined
+    /// call its position in the caller and the function inlined.
+    Optimized {
+        /// The function compiled.
+        func: Rc<JsFn>,
+        /// (pc offset, source position).
+        positions: Vec<(u32, u64)>,
+        /// (the call's source position, the inlined function; None: the
+        /// code's own).
+        inlined: Vec<(u64, Option<Rc<JsFn>>)>,
+        /// What the location adds to the pc offset (V8_F_PC frames' loc is
+        /// from pc_base, not from the code's start).
+        shift: u32,
+    },
+    /// A function whose code at the pc could not be found: its name only.
+    Function(Rc<JsFn>),
+}
+
+impl JsCode {
+    /// The source frames at `loc`, innermost first: (function, line).
+    pub fn frames(&self, loc: u32, flags: u8) -> Vec<(Rc<JsFn>, Option<u32>)> {
+        // A return address stands after its call: look up the call.
+        let back = |x: u32| if flags & FLAG_LEAF != 0 { x } else { x.saturating_sub(1) };
+        match self {
+            JsCode::Interpreted { func, hdr } => {
+                vec![(func.clone(), func.line_at_bytecode(loc as i64 - *hdr as i64))]
+            }
+            JsCode::Baseline { func, offsets } => {
+                let bc = tables::bytecode_at(offsets, back(loc)).unwrap_or(-1);
+                vec![(func.clone(), func.line_at_bytecode(bc as i64))]
+            }
+            JsCode::Optimized { func, positions, inlined, shift } => {
+                let Some(mut pos) = loc.checked_sub(*shift).and_then(|o| tables::position_at(positions, back(o)))
+                else {
+                    return vec![(func.clone(), func.first_line())];
+                };
+                let mut out = Vec::new();
+                for _ in 0..MAX_CHAIN {
+                    let id = tables::inlining_id(pos) as usize;
+                    let off = tables::script_offset(pos);
+                    if id == 0 || id > inlined.len() {
+                        break;
+                    }
+                    let (call, f) = &inlined[id - 1];
+                    let f = f.clone().unwrap_or_else(|| func.clone());
+                    out.push((f.clone(), f.line(off)));
+                    // Inlined calls are numbered after their callers'.
+                    if tables::inlining_id(*call) as usize >= id {
+                        pos = 0;
+                        break;
+                    }
+                    pos = *call;
+                }
+                let off = tables::script_offset(pos);
+                out.push((func.clone(), func.line(off).or_else(|| func.first_line())));
+                out
+            }
+            JsCode::Function(func) => vec![(func.clone(), None)],
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            JsCode::Optimized { positions, inlined, .. } => 64 + 12 * positions.len() + 24 * inlined.len(),
+            JsCode::Baseline { offsets, .. } => 64 + 8 * offsets.len(),
+            _ => 32,
+        }
+    }
+}
+
+/// A V8 sonde reads, in one process.
+#[derive(Debug)]
+pub struct V8 {
+    /// "11.3.244.8".
+    pub version: String,
+    /// The binary that holds V8 as the process maps it.
+    pub image: String,
+    /// Field offsets.
+    pub l: Layout,
+    /// The embedded builtins (in the binary; V8's copy in its code range).
+    pub blobs: Vec<(u64, u64)>,
+    /// The interpreter's code in them.
+    pub interp: Vec<(u64, u64)>,
+    /// V8's code range, where it generates code.
+    pub code_range: Option<(u64, u64)>,
+    /// V8_F_PC frames count from here.
+    pub pc_base: u64,
+    /// `Bytecodes::kBytecodeSizes` (empty when the binary names none).
+    sizes: Vec<u8>,
+    /// Map → instance type.
+    types: HashMap<u64, u16>,
+    /// Functions named, by SharedFunctionInfo.
+    fns: HashMap<u64, Rc<JsFn>>,
+    /// Scripts read, by (Script, its source string).
+    scripts: HashMap<(u64, u64), Rc<Script>>,
+    /// Code found, by instructions' start: (end, the Code).
+    codes: BTreeMap<u64, (u64, u64)>,
+    /// Pages of generated code the search for a pc's code may still read
+    /// in this drain.
+    scan_pages: u32,
+    /// Frames in code other than their function's current code named by
+    /// the function alone: its code was not found below the pc, or the
+    /// drain's search budget was spent.
+    pub code_not_found: u64,
+    /// ... of those, because the budget was spent.
+    pub search_budget_spent: u64,
+}
+
+/// Pages of generated code read per drain looking for the code at a pc.
+const SCAN_PAGES: u32 = 4096;
+
+/// Whether a mapped file's name is a Node.js binary or library.
+fn is_node(base: &str) -> bool {
+    let b = base.trim_end_matches(" (deleted)");
+    b == "node" || b == "nodejs" || b.starts_with("node1") || b.starts_with("node2") || b.starts_with("libnode.so")
+}
+
+/// The v8dbg_ values of a binary, by name without the prefix.
+type Dbg = HashMap<String, i64>;
+
+fn dbg_values(elf: &ElfSyms) -> Dbg {
+    let mut out = Dbg::new();
+    for (name, s) in elf.with_prefix("v8dbg_", 8192) {
+        if let Some(b) = elf.read_vaddr(s.addr, 4) {
+            out.insert(name["v8dbg_".len()..].to_string(), le::<4>(&b, 0) as u32 as i32 as i64);
+        }
+    }
+    out
+}
+
+/// The V8 in `pid`, if it runs one.
+pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
+    let m = maps.iter().find(|m| m.exec && is_node(m.base()))?;
+    let unsupported = |why: &str| Found::Unsupported { what: "Node.js (V8)".into(), why: why.into() };
+    let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else {
+        return Some(unsupported("its binary cannot be read as an x86-64 ELF file"));
+    };
+    let d = dbg_values(&elf);
+    if d.is_empty() {
+        return Some(unsupported("its binary carries no V8 postmortem metadata (v8dbg_ symbols)"));
+    }
+    let vs = elf.find(&[
+        "_ZN2v88internal7Version6major_E",
+        "_ZN2v88internal7Version6minor_E",
+        "_ZN2v88internal7Version6build_E",
+        "_ZN2v88internal7Version6patch_E",
+    ]);
+    let part = |n: &str| {
+        vs.get(&format!("_ZN2v88internal7Version6{n}_E"))
+            .and_then(|s| elf.read_vaddr(s.addr, 4))
+            .map(|b| le::<4>(&b, 0) as u32)
+    };
+    let (Some(major), Some(minor), Some(build)) = (part("major"), part("minor"), part("build")) else {
+        return Some(unsupported("its binary does not say which V8 it is"));
+    };
+    let version = format!("{major}.{minor}.{build}.{}", part("patch").unwrap_or(0));
+    let what = format!("Node.js (V8 {version})");
+    let unsupported = |why: String| Found::Unsupported { what: what.clone(), why };
+    if !matches!((major, minor), (10, 2) | (11, 3) | (12, 4)) {
+        return Some(unsupported(format!("this sonde reads {VERSIONS}")));
+    }
+    let l = match layout(&d, (major, minor)) {
+        Ok(l) => l,
+        Err(e) => return Some(unsupported(e)),
+    };
+    let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&elf.segments, x.start, x.offset))?;
+    let sizes = elf
+        .find(&["_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE"])
+        .into_values()
+        .next()
+        .filter(|s| s.size % 3 == 0 && s.size > 0 && s.size <= 3 * 256)
+        .and_then(|s| elf.read_vaddr(s.addr, s.size))
+        .filter(|b| b.iter().all(|&x| (1..32).contains(&x)))
+        .unwrap_or_default();
+    let (blobs, interp) = builtins(&elf, m, maps, bias);
+    if blobs.is_empty() {
+        return Some(unsupported("its binary names no embedded builtins (v8_Default_embedded_blob_code_)".into()));
+    }
+    let _ = mem;
+    let code_range = code_range(pid, &blobs);
+    let pc_base = code_range.map(|r| r.0).unwrap_or(0);
+    Some(Found::V8(Box::new(V8 {
+        version,
+        image: m.path.clone(),
+        l,
+        blobs,
+        interp,
+        code_range,
+        pc_base,
+        sizes,
+        types: HashMap::new(),
+        fns: HashMap::new(),
+        scripts: HashMap::new(),
+        codes: BTreeMap::new(),
+        scan_pages: SCAN_PAGES,
+        code_not_found: 0,
+        search_budget_spent: 0,
+    })))
+}
+
+/// The offsets of V8 `ver` (10.2, 11.3 or 12.4) from its metadata, with the
+/// fields it lacks placed as that V8 line lays them out.
+fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
+    let get = |names: &[&str]| names.iter().find_map(|n| d.get(*n).copied());
+    let need = |names: &[&str]| get(names).ok_or_else(|| format!("its V8 metadata lacks v8dbg_{}", names[0]));
+    let off = |names: &[&str]| -> Result<u64, String> {
+        let v = need(names)?;
+        if (0..=4096).contains(&v) {
+            Ok(v as u64)
+        } else {
+            Err(format!("its V8 metadata gives v8dbg_{} as {v}", names[0]))
+        }
+    };
+    let ty = |names: &[&str]| -> Result<u16, String> { Ok(need(names)? as u16) };
+    // The tagging scheme the kernel assumes: heap objects tagged 01, Smis
+    // in the upper half of a word (no pointer compression).
+    if get(&["HeapObjectTag"]) != Some(1)
+        || get(&["HeapObjectTagMask"]) != Some(3)
+        || get(&["SmiTag"]).unwrap_or(0) != 0
+        || get(&["SmiTagMask"]) != Some(1)
+        || get(&["SmiShiftSize"]) != Some(31)
+    {
+        return Err("it tags values as this sonde does not read (a build with pointer compression)".into());
+    }
+    for (n, want) in FP_SLOTS {
+        if get(&[n]) != Some(want as i64) {
+            return Err(format!("its frames keep v8dbg_{n} at {:?}, not {want}", get(&[n])));
+        }
+    }
+    let strings = StringLayout {
+        first_nonstring: ty(&["FirstNonstringType"])?,
+        len: off(&["class_String__length__int32_t"])?,
+        chars: off(&["class_SeqOneByteString__chars__char"])?,
+        cons: (off(&["class_ConsString__first__String"])?, off(&["class_ConsString__second__String"])?),
+        thin: off(&["class_ThinString__actual__String"])?,
+        sliced: (off(&["class_SlicedString__parent__String"])?, off(&["class_SlicedString__offset__SMI"])?),
+        // The characters' address, cached after the resource's.
+        external_data: off(&["class_ExternalString__resource__Object"])? + 8,
+        repr: (
+            get(&["SeqStringTag"]).unwrap_or(0) as u16,
+            ty(&["ConsStringTag"])?,
+            ty(&["ExternalStringTag"])?,
+            ty(&["SlicedStringTag"])?,
+            ty(&["ThinStringTag"])?,
+        ),
+        repr_mask: ty(&["StringRepresentationMask"])?,
+        encoding: (ty(&["StringEncodingMask"])?, ty(&["OneByteStringTag"])?),
+    };
+    let fn_shared = off(&["class_JSFunction__shared__SharedFunctionInfo"])?;
+    // JSFunction::code: named in 10.2 and 12.4's metadata; in 11.3 three
+    // words after `shared`.
+    let fn_code = match get(&["class_JSFunction__code__CodeT", "class_JSFunction__code__Tagged_Code_"]) {
+        Some(v) => v as u64,
+        None => fn_shared + 24,
+    };
+    let arr = (off(&["class_FixedArrayBase__length__SMI"])?, off(&["class_FixedArray__data__uintptr_t"])?);
+    let kind = (
+        need(&["CodeKindFieldMask"])? as u32,
+        get(&["CodeKindFieldShift"]).unwrap_or(0) as u8,
+        need(&["CodeKindBaseline"])? as u8,
+    );
+    let (code_start, code_inline, code_size, code_flags, code_deopt, code_spt, code_istream, istream_hdr) = match ver {
+        (10, _) => {
+            // Code holds its instructions; the position table and the
+            // deoptimization data are the two words before its size's.
+            let start = off(&["class_Code__instruction_start__uintptr_t"])?;
+            let size = off(&["class_Code__instruction_size__int"])?;
+            (start, true, size, off(&["class_Code__flags__uint32_t"])?, size - 24, size - 16, None, start)
+        }
+        (11, _) => {
+            // The metadata names the tables; the instruction start follows
+            // the InstructionStream, then flags and (before 11.4) two
+            // 16-bit fields, then the size.
+            let spt = off(&["class_Code__source_position_table__ByteArray"])?;
+            let deopt = off(&["class_Code__deoptimization_data__FixedArray"])?;
+            let hdr = off(&["class_InstructionStream__instruction_start__uintptr_t"])?;
+            (spt + 16, false, spt + 32, spt + 24, deopt, spt, Some(spt + 8), hdr)
+        }
+        _ => {
+            // 12.4: the tables are the two words after the map.
+            let start = off(&["class_Code__instruction_start__Address"])?;
+            (
+                start,
+                false,
+                off(&["class_Code__instruction_size__int"])?,
+                off(&["class_Code__flags__uint32_t"])?,
+                start - 32,
+                start - 24,
+                Some(off(&["class_Code__instruction_stream__Tagged_InstructionStream_"])?),
+                off(&["class_InstructionStream__instruction_start__uintptr_t"])?,
+            )
+        }
+    };
+    let dd = (
+        get(&["DeoptimizationDataInlinedFunctionCountIndex"]).unwrap_or(1) as u64,
+        get(&["DeoptimizationDataLiteralArrayIndex"]).unwrap_or(2) as u64,
+        get(&["DeoptimizationDataSharedFunctionInfoIndex"]).unwrap_or(6) as u64,
+        get(&["DeoptimizationDataInliningPositionsIndex"]).unwrap_or(7) as u64,
+    );
+    let sfi = (
+        // The function data (the trusted one in 12.4) is the word after the map.
+        get(&["class_SharedFunctionInfo__function_data__Object"]).unwrap_or(8) as u64,
+        off(&[
+            "class_SharedFunctionInfo__name_or_scope_info__Object",
+            "class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
+        ])?,
+        off(&[
+            "class_SharedFunctionInfo__script_or_debug_info__HeapObject",
+            "class_SharedFunctionInfo__script__Tagged_HeapObject_",
+            "class_SharedFunctionInfo__raw_script__Tagged_Object_",
+        ])?,
+    );
+    let script = (
+        off(&["class_Script__source__Object"])?,
+        off(&["class_Script__name__Object"])?,
+        off(&["class_Script__line_ends__Object"])?,
+    );
+    // BytecodeArray: its position table is the fourth word in 10.2 and
+    // 11.3 (after the constant pool and handler table), the third in 12.4
+    // (after its wrapper).
+    let ba = (
+        get(&["class_BytecodeArray__length__SMI"]).map(|v| v as u64).unwrap_or(arr.0),
+        if ver.0 >= 12 { 24 } else { 32 },
+        off(&["class_BytecodeArray__data__uintptr_t"])?,
+    );
+    Ok(Layout {
+        map_type: off(&["class_Map__instance_type__uint16_t"])?,
+        strings,
+        t_sfi: ty(&["type_SharedFunctionInfo__SHARED_FUNCTION_INFO_TYPE"])?,
+        t_scope: ty(&["type_ScopeInfo__SCOPE_INFO_TYPE"])?,
+        t_script: ty(&["type_Script__SCRIPT_TYPE"])?,
+        t_code: ty(&["type_Code__CODE_TYPE"])?,
+        t_bytecode: ty(&["type_BytecodeArray__BYTECODE_ARRAY_TYPE"])?,
+        t_istream: get(&["type_InstructionStream__INSTRUCTION_STREAM_TYPE"]).map(|v| v as u16),
+        t_interp_data: get(&["type_InterpreterData__INTERPRETER_DATA_TYPE"]).map(|v| v as u16),
+        fn_shared,
+        fn_code,
+        code_start,
+        code_inline,
+        code_size,
+        code_flags,
+        kind,
+        code_deopt,
+        code_spt,
+        code_istream,
+        istream_hdr,
+        dd,
+        arr,
+        sfi,
+        script,
+        ba,
+        scope: (
+            get(&["scopeinfo_idx_ncontextlocals"]).unwrap_or(2) as u64,
+            get(&["scopeinfo_idx_first_vars"]).unwrap_or(3) as u64,
+        ),
+    })
+}
+
+/// Address ranges, [start, end).
+type Ranges = Vec<(u64, u64)>;
+
+/// The embedded builtins (the binary's, and V8's copy in its code range)
+/// and the interpreter's code in them: its entry trampolines and bytecode
+/// handlers, from the binary's symbols (the whole builtins where it names
+/// none).
+fn builtins(elf: &ElfSyms, m: &MapLine, maps: &[MapLine], bias: u64) -> (Ranges, Ranges) {
+    let s = elf.find(&[
+        "v8_Default_embedded_blob_code_data_",
+        "v8_Default_embedded_blob_code_",
+        "v8_Default_embedded_blob_code_size_",
+    ]);
+    let in_exec = |a: u64| elf.segments.iter().any(|g| g.exec && g.vaddr <= a && a < g.vaddr + g.filesz);
+    let start = s
+        .get("v8_Default_embedded_blob_code_data_")
+        .or_else(|| s.get("v8_Default_embedded_blob_code_"))
+        .map(|x| x.addr)
+        .filter(|&a| in_exec(a));
+    let size =
+        s.get("v8_Default_embedded_blob_code_size_").and_then(|x| elf.read_vaddr(x.addr, 4)).map(|b| le::<4>(&b, 0));
+    let (Some(start), Some(size)) = (start, size) else { return (Vec::new(), Vec::new()) };
+    if size == 0 || size > 256 << 20 {
+        return (Vec::new(), Vec::new());
+    }
+    let end = start + size;
+    // Ranges in the binary (virtual addresses), by symbol.
+    let mut syms: Vec<(u64, String)> = elf
+        .with_prefix("Builtins_", 1 << 14)
+        .into_iter()
+        .filter(|(_, x)| x.addr >= start && x.addr < end)
+        .map(|(n, x)| (x.addr, n))
+        .collect();
+    syms.sort();
+    let after = |name: &str| -> Option<(u64, u64)> {
+        let i = syms.iter().position(|(_, n)| n == name)?;
+        Some((syms[i].0, syms.get(i + 1).map(|x| x.0).unwrap_or(end)))
+    };
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for group in [
+        &["Builtins_InterpreterEntryTrampoline", "Builtins_InterpreterEntryTrampolineForProfiling"][..],
+        &["Builtins_InterpreterEnterAtBytecode", "Builtins_InterpreterEnterAtNextBytecode"][..],
+    ] {
+        let parts: Vec<(u64, u64)> = group.iter().filter_map(|n| after(n)).collect();
+        if let (Some(lo), Some(hi)) = (parts.iter().map(|p| p.0).min(), parts.iter().map(|p| p.1).max()) {
+            // Only where the group's builtins are next to each other.
+            if hi - lo < 0x4000 {
+                ranges.push((lo, hi));
+            }
+        }
+    }
+    if let Some(first) = syms.iter().find(|(_, n)| n.ends_with("Handler")).map(|x| x.0) {
+        ranges.push((first, end));
+    }
+    if ranges.len() < 3 {
+        ranges = vec![(start, end)];
+    }
+    // The binary's copy, where the process maps it.
+    let mut blobs = vec![(start + bias, end + bias)];
+    let mut interp: Vec<(u64, u64)> = ranges.iter().map(|&(a, b)| (a + bias, b + bias)).collect();
+    // V8's copy: the same file's pages mapped again, elsewhere.
+    let file_off = elf
+        .segments
+        .iter()
+        .find(|g| g.vaddr <= start && start < g.vaddr + g.filesz)
+        .map(|g| start - g.vaddr + g.offset);
+    if let Some(fo) = file_off {
+        for x in maps.iter().filter(|x| x.path == m.path && x.exec) {
+            if x.offset <= fo && fo < x.offset + (x.end - x.start) {
+                let at = x.start + (fo - x.offset);
+                if at != start + bias && at + size <= x.end {
+                    blobs.push((at, at + size));
+                    interp.extend(ranges.iter().map(|&(a, b)| (a - start + at, b - start + at)));
+                    break;
+                }
+            }
+        }
+    }
+    blobs.truncate(BLOBS);
+    interp.truncate(INTERP);
+    (blobs, interp)
+}
+
+/// V8's code range: the anonymous executable mappings (and V8's copy of
+/// its builtins) with the reservation around them (the anonymous mappings
+/// next to them, inaccessible ones included).
+pub fn code_range(pid: u32, blobs: &[(u64, u64)]) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let all: Vec<(u64, u64, bool, bool)> = text
+        .lines()
+        .filter_map(|l| {
+            let m = super::elfsym::parse_maps_line(l)?;
+            Some((m.start, m.end, m.exec, m.path.is_empty()))
+        })
+        .collect();
+    let copy = blobs.get(1).copied();
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for (i, &(s, e, exec, anon)) in all.iter().enumerate() {
+        let is_copy = copy.is_some_and(|(a, _)| s <= a && a < e);
+        if !(is_copy || exec && anon) {
+            continue;
+        }
+        let (mut lo, mut hi) = (s, e);
+        let mut j = i;
+        while j > 0 && all[j - 1].3 && all[j - 1].1 == lo {
+            j -= 1;
+            lo = all[j].0;
+        }
+        let mut k = i;
+        while k + 1 < all.len() && all[k + 1].0 == hi {
+            let (ns, ne, _, nanon) = all[k + 1];
+            if !(nanon || copy.is_some_and(|(a, _)| ns <= a && a < ne)) {
+                break;
+            }
+            k += 1;
+            hi = ne;
+        }
+        spans.push((lo, hi));
+    }
+    spans.sort();
+    // Join spans close to each other; keep the one with V8's copy of the
+    // builtins, else the largest.
+    let mut joined: Vec<(u64, u64)> = Vec::new();
+    for (a, b) in spans {
+        match joined.last_mut() {
+            Some(l) if a <= l.1.saturating_add(64 << 20) && b.saturating_sub(l.0) <= 4 << 30 => l.1 = l.1.max(b),
+            _ => joined.push((a, b)),
+        }
+    }
+    if let Some((a, _)) = copy {
+        if let Some(r) = joined.iter().find(|r| r.0 <= a && a < r.1) {
+            return Some(*r);
+        }
+    }
+    joined.into_iter().max_by_key(|r| r.1 - r.0)
+}
+
+/// `struct v8_proc`.
+pub fn bpf_config(v: &V8) -> Vec<u8> {
+    let mut b = vec![0u8; CONFIG_BYTES];
+    let put = |b: &mut Vec<u8>, at: usize, x: u64| b[at..at + 8].copy_from_slice(&x.to_ne_bytes());
+    for (i, &(lo, hi)) in v.interp.iter().take(INTERP).enumerate() {
+        put(&mut b, 8 * i, lo);
+        put(&mut b, 8 * INTERP + 8 * i, hi);
+    }
+    for (i, &(lo, hi)) in v.blobs.iter().take(BLOBS).enumerate() {
+        put(&mut b, 16 * INTERP + 8 * i, lo);
+        put(&mut b, 16 * INTERP + 8 * BLOBS + 8 * i, hi);
+    }
+    let mut at = 16 * INTERP + 16 * BLOBS;
+    put(&mut b, at, v.pc_base);
+    at += 8;
+    let l = &v.l;
+    for x in [l.fn_shared, l.fn_code, l.code_start, l.code_size, l.code_flags, l.sfi.1] {
+        b[at..at + 2].copy_from_slice(&(x as u16).to_ne_bytes());
+        at += 2;
+    }
+    b[at] = l.code_inline as u8;
+    b[at + 1] = l.kind.1;
+    b[at + 2] = l.kind.0 as u8;
+    b[at + 3] = l.kind.2;
+    b[at + 4] = v.interp.len().min(INTERP) as u8;
+    b[at + 5] = v.blobs.len().min(BLOBS) as u8;
+    b
+}
+
+/// The ranges of code the kernel hands to the V8 stepper: the code range
+/// (with V8's copy of the builtins) and the binary's builtins.
+pub fn jit_ranges(v: &V8) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    if let Some(r) = v.code_range {
+        out.push(r);
+    }
+    for &b in &v.blobs {
+        if !out.iter().any(|r: &(u64, u64)| r.0 <= b.0 && b.1 <= r.1) {
+            out.push(b);
+        }
+    }
+    out.truncate(super::JIT_RANGES);
+    out
+}
+
+/// A Code object's cookie (`v8_code_cookie` in v8.h).
+pub fn code_cookie(start: u64, size: u32) -> u16 {
+    let h = ((start >> 6) as u32).wrapping_mul(0x9e3779b1) ^ size.wrapping_mul(0x85ebca6b);
+    (h ^ (h >> 16)) as u16
+}
+
+/// A Code object as read: (instructions' start, size, kind).
+struct CodeHead {
+    start: u64,
+    size: u32,
+    kind: u8,
+    deopt: u64,
+    spt: u64,
+}
+
+impl V8 {
+    fn heap<'a>(&'a mut self, mem: &'a Mem) -> (Heap<'a>, &'a Layout) {
+        (Heap { mem, map_type: self.l.map_type, types: &mut self.types }, &self.l)
+    }
+
+    /// Reads the Code `code` (tagged) points at.
+    fn code_head(&mut self, mem: &Mem, code: u64) -> Result<CodeHead, &'static str> {
+        let (mut h, l) = self.heap(mem);
+        if h.type_of(code) != Some(l.t_code) {
+            return Err("not_code");
+        }
+        let b = h.object(code, 64).ok_or("unreadable")?;
+        let start =
+            if l.code_inline { untag(code).unwrap_or(0) + l.code_start } else { le::<8>(&b, l.code_start as usize) };
+        let flags = le::<4>(&b, l.code_flags as usize) as u32;
+        Ok(CodeHead {
+            start,
+            size: le::<4>(&b, l.code_size as usize) as u32,
+            kind: ((flags >> l.kind.1) & l.kind.0) as u8,
+            deopt: le::<8>(&b, l.code_deopt as usize),
+            spt: le::<8>(&b, l.code_spt as usize),
+        })
+    }
+
+    /// A script's name and lines (cached by the script and its source).
+    fn script(&mut self, mem: &Mem, s: u64) -> Rc<Script> {
+        let empty = || Rc::new(Script { name: String::new(), ends: Vec::new() });
+        let (mut h, l) = self.heap(mem);
+        if h.type_of(s) != Some(l.t_script) {
+            return empty();
+        }
+        let Some(b) = h.object(s, 64) else { return empty() };
+        let (src, name, ends) =
+            (le::<8>(&b, l.script.0 as usize), le::<8>(&b, l.script.1 as usize), le::<8>(&b, l.script.2 as usize));
+        if let Some(x) = self.scripts.get(&(s, src)) {
+            return x.clone();
+        }
+        let (mut h, l) = self.heap(mem);
+        let strings = l.strings.clone();
+        let name = h.string(&strings, name, MAX_NAME).unwrap_or_default();
+        // The line ends V8 computed, else from the source.
+        let mut lines: Vec<u32> = h
+            .words(ends, l.arr.0, l.arr.1, MAX_LINES)
+            .map(|w| w.into_iter().filter_map(smi).map(|x| x.max(0) as u32).collect())
+            .unwrap_or_default();
+        if lines.is_empty() {
+            let mut units: Vec<u16> = Vec::new();
+            if h.string_units(&strings, src, MAX_SOURCE, &mut |p| units.extend_from_slice(p)) {
+                lines = tables::line_ends(units.into_iter(), MAX_LINES);
+            }
+        }
+        let x = Rc::new(Script { name, ends: lines });
+        if self.scripts.len() < 4096 {
+            self.scripts.insert((s, src), x.clone());
+        }
+        x
+    }
+
+    /// The BytecodeArray behind a SharedFunctionInfo's function data (the
+    /// array itself, interpreter data, or baseline code), and the baseline
+    /// Code when that is what it holds.
+    fn bytecode_of(&mut self, mem: &Mem, fdata: u64) -> (Option<u64>, Option<u64>) {
+        let (mut h, l) = self.heap(mem);
+        let t = h.type_of(fdata);
+        if t == Some(l.t_bytecode) {
+            return (Some(fdata), None);
+        }
+        let inner = |h: &mut Heap<'_>, l: &Layout, x: u64| -> Option<u64> {
+            let t = h.type_of(x)?;
+            if t == l.t_bytecode {
+                return Some(x);
+            }
+            if Some(t) == l.t_interp_data {
+                let b = h.word(untag(x)? + 8)?;
+                return (h.type_of(b) == Some(l.t_bytecode)).then_some(b);
+            }
+            None
+        };
+        if t.is_some() && t == l.t_interp_data {
+            return (inner(&mut h, l, fdata), None);
+        }
+        if t == Some(l.t_code) {
+            let deopt = untag(fdata).and_then(|a| h.word(a + l.code_deopt));
+            return (deopt.and_then(|d| inner(&mut h, l, d)), Some(fdata));
+        }
+        (None, None)
+    }
+
+    /// Names the function of SharedFunctionInfo `sfi` (tagged).
+    fn func(&mut self, mem: &Mem, sfi: u64) -> Result<Rc<JsFn>, &'static str> {
+        let (mut h, l) = self.heap(mem);
+        if h.type_of(sfi) != Some(l.t_sfi) {
+            return Err("not_code");
+        }
+        let b = h.object(sfi, 64).ok_or("unreadable")?;
+        let (fdata, nos, script) =
+            (le::<8>(&b, l.sfi.0 as usize), le::<8>(&b, l.sfi.1 as usize), le::<8>(&b, l.sfi.2 as usize));
+        if let Some(f) = self.fns.get(&sfi) {
+            if f.nos == nos && f.ident == (script, fdata) {
+                return Ok(f.clone());
+            }
+        }
+        let (name, start) = self.name_of(mem, nos);
+        let script_word = script;
+        let script = self.script(mem, script);
+        let (bytecode, _) = self.bytecode_of(mem, fdata);
+        let (h, l) = self.heap(mem);
+        let positions = bytecode
+            .and_then(|ba| h.word(untag(ba)? + l.ba.1))
+            .and_then(|t| h.byte_array(t, l.arr.0, l.arr.1, MAX_TABLE))
+            .map(|t| tables::positions(&t))
+            .unwrap_or_default();
+        let f = Rc::new(JsFn {
+            name: if name.is_empty() { "(anonymous)".into() } else { name },
+            script,
+            start,
+            positions,
+            bytecode: bytecode.unwrap_or(0),
+            nos,
+            ident: (script_word, fdata),
+        });
+        if self.fns.len() < 1 << 16 {
+            self.fns.insert(sfi, f.clone());
+        }
+        Ok(f)
+    }
+
+    /// A function's name and start position from its name-or-scope-info:
+    /// a string, or a ScopeInfo whose first string after its context
+    /// locals is the function's name (then its inferred name), and whose
+    /// position info is the first pair of rising Smis after that.
+    fn name_of(&mut self, mem: &Mem, nos: u64) -> (String, Option<u32>) {
+        let (mut h, l) = self.heap(mem);
+        let strings = l.strings.clone();
+        let Some(t) = h.type_of(nos) else { return (String::new(), None) };
+        if t < strings.first_nonstring {
+            return (h.string(&strings, nos, MAX_NAME).unwrap_or_default(), None);
+        }
+        if t != l.t_scope {
+            return (String::new(), None);
+        }
+        let (nlocals_at, first) = l.scope;
+        let Some(slots) = h.object(nos, 8 + 8 * 48) else { return (String::new(), None) };
+        let slot = |i: u64| if i < 48 { le::<8>(&slots, 8 + 8 * i as usize) } else { 0 };
+        let n = smi(slot(nlocals_at)).unwrap_or(0).max(0) as u64;
+        // Up to 75 locals are named inline (a name and an info each);
+        // more, in a hash table.
+        let i = first + if n <= 75 { 2 * n } else { 1 + n };
+        // The function's name, then its inferred name (`obj.f = function
+        // () {}`), where the name is empty: the first non-empty string.
+        let mut name = String::new();
+        let mut after = i;
+        for j in i..(i + 4).min(48) {
+            let v = slot(j);
+            if h.type_of(v).is_some_and(|t| t < strings.first_nonstring) {
+                after = j + 2;
+                name = h.string(&strings, v, MAX_NAME).unwrap_or_default();
+                if !name.is_empty() {
+                    break;
+                }
+            }
+        }
+        let mut start = None;
+        for j in after..(after + 4).min(47) {
+            if let (Some(a), Some(b)) = (smi(slot(j)), smi(slot(j + 1))) {
+                if a >= 0 && a < b {
+                    start = Some(a as u32);
+                    break;
+                }
+            }
+        }
+        (name, start)
+    }
+
+    /// Reads the optimized Code `code` (tagged): its function, source
+    /// positions and inlined functions.
+    fn optimized(&mut self, mem: &Mem, head: &CodeHead, shift: u32) -> Result<(JsCode, u64), &'static str> {
+        let (h, l) = self.heap(mem);
+        let l = l.clone();
+        let dd = h.words(head.deopt, l.arr.0, l.arr.1, (l.dd.3 + 1) as usize).ok_or("unreadable")?;
+        if dd.len() <= l.dd.3 as usize {
+            return Err("not_code");
+        }
+        let positions =
+            h.byte_array(head.spt, l.arr.0, l.arr.1, MAX_TABLE).map(|t| tables::positions(&t)).ok_or("unreadable")?;
+        let count = smi(dd[l.dd.0 as usize]).unwrap_or(0).clamp(0, MAX_INLINED as i32) as usize;
+        let literals = if count > 0 { h.words(dd[l.dd.1 as usize], l.arr.0, l.arr.1, count) } else { Some(Vec::new()) };
+        let inl = h.byte_array(dd[l.dd.3 as usize], l.arr.0, l.arr.1, MAX_TABLE).unwrap_or_default();
+        let root = dd[l.dd.2 as usize];
+        let func = self.func(mem, root)?;
+        let literals = literals.unwrap_or_default();
+        let mut inlined = Vec::new();
+        for e in inl.chunks_exact(16).take(MAX_INLINED) {
+            let (pos, id) = (le::<8>(e, 0), le::<4>(e, 8) as u32 as i32);
+            let f =
+                if id >= 0 { literals.get(id as usize).and_then(|&w| self.func(mem, (w & !3) | 1).ok()) } else { None };
+            inlined.push((pos, f));
+        }
+        Ok((JsCode::Optimized { func, positions, inlined, shift }, root))
+    }
+
+    /// Finds the Code whose instructions hold `pc`: known code first, else
+    /// the code's start below the pc (instructions start 64-byte aligned,
+    /// right after their InstructionStream, or V8 10's Code, whose map
+    /// says what it is and which points back at its Code).
+    fn code_at(&mut self, mem: &Mem, pc: u64) -> Option<(u64, CodeHead)> {
+        if let Some((&start, &(end, code))) = self.codes.range(..=pc).next_back() {
+            if pc < end {
+                if let Ok(hd) = self.code_head(mem, code) {
+                    if hd.start == start && pc < start + hd.size as u64 {
+                        return Some((code, hd));
+                    }
+                }
+                self.codes.remove(&start);
+            }
+        }
+        let want = self.l.t_istream.unwrap_or(self.l.t_code);
+        let has_istream = self.l.t_istream.is_some();
+        let hdr = self.l.istream_hdr;
+        // Candidates (64-byte aligned starts at or below the pc) page by
+        // page downwards: a candidate's header word lies `hdr` below it.
+        let top = pc & !63;
+        let mut page = top.checked_sub(hdr)? & !4095;
+        let floor = pc.saturating_sub(MAX_SCAN);
+        while page >= floor {
+            if self.scan_pages == 0 {
+                self.search_budget_spent += 1;
+                return None;
+            }
+            self.scan_pages -= 1;
+            let block = mem.bytes(page, 4096)?;
+            let mut c = (page + 4096 + hdr - 64).min(top) & !63;
+            while c >= page + hdr && c >= 64 {
+                let map = le::<8>(&block, (c - hdr - page) as usize);
+                if untag(map).is_some() {
+                    let obj = (c - hdr) | 1;
+                    let (mut h, _) = self.heap(mem);
+                    if h.type_of(obj) == Some(want) {
+                        let code = if has_istream { h.word(c - hdr + 8).unwrap_or(0) } else { obj };
+                        if let Ok(hd) = self.code_head(mem, code) {
+                            if hd.start == c {
+                                // The first code below the pc: it holds
+                                // the pc, or no code does.
+                                if pc >= c + hd.size as u64 {
+                                    return None;
+                                }
+                                if self.codes.len() < 1 << 16 {
+                                    self.codes.insert(c, (c + hd.size as u64, code));
+                                }
+                                return Some((code, hd));
+                            }
+                        }
+                    }
+                }
+                c -= 64;
+            }
+            page = page.checked_sub(4096)?;
+        }
+        None
+    }
+
+    /// Names what the kernel recorded: `addr` and `cookie` of a frame with
+    /// flags `flags` (`loc` for V8_F_PC frames, whose name depends on it).
+    pub fn code_info(&mut self, mem: &Mem, addr: u64, ck: u16, flags: u8, loc: u32) -> Result<CodeInfo, &'static str> {
+        let code = if flags & FLAG_CODE != 0 {
+            let hd = self.code_head(mem, addr)?;
+            if code_cookie(hd.start, hd.size) != ck {
+                return Err("reused");
+            }
+            if hd.kind <= self.l.kind.2 {
+                return Err("not_code");
+            }
+            if self.codes.len() < 1 << 16 {
+                self.codes.insert(hd.start, (hd.start + hd.size as u64, addr));
+            }
+            self.optimized(mem, &hd, 0)?.0
+        } else if flags & FLAG_INTERP != 0 {
+            let func = self.func(mem, addr)?;
+            if (func.bytecode >> 3) as u16 != ck {
+                self.fns.remove(&addr);
+                return Err("reused");
+            }
+            JsCode::Interpreted { func, hdr: (self.l.ba.2 - 1) as u32 }
+        } else if flags & FLAG_BASELINE != 0 {
+            let func = self.func(mem, addr)?;
+            let (h, l) = self.heap(mem);
+            let fdata = untag(addr).and_then(|a| h.word(a + l.sfi.0)).unwrap_or(0);
+            let (_, bcode) = self.bytecode_of(mem, fdata);
+            let hd = self.code_head(mem, bcode.ok_or("reused")?)?;
+            if code_cookie(hd.start, hd.size) != ck || hd.kind != self.l.kind.2 {
+                return Err("reused");
+            }
+            let (h, l) = self.heap(mem);
+            let table = h.byte_array(hd.spt, l.arr.0, l.arr.1, MAX_TABLE).unwrap_or_default();
+            let bytes = untag(func.bytecode).and_then(|a| {
+                let n = smi(mem.u64(a + l.ba.0)?)?;
+                (n > 0 && n as usize <= MAX_TABLE).then(|| mem.bytes(a + l.ba.2, n as usize))?
+            });
+            let offsets = match bytes {
+                Some(b) if !self.sizes.is_empty() => tables::baseline_offsets(&table, &b, &self.sizes),
+                _ => Vec::new(),
+            };
+            JsCode::Baseline { func, offsets }
+        } else if flags & FLAG_PC != 0 {
+            let func = self.func(mem, addr)?;
+            if (func.nos >> 3) as u16 != ck {
+                self.fns.remove(&addr);
+                return Err("reused");
+            }
+            let pc = self.pc_base.wrapping_add(loc as u64);
+            match self.code_at(mem, pc) {
+                Some((_, hd)) if hd.kind > self.l.kind.2 => {
+                    let shift = (hd.start.wrapping_sub(self.pc_base)) as u32;
+                    match self.optimized(mem, &hd, shift) {
+                        // The code must be the frame's function's.
+                        Ok((c, root)) if root | 1 == addr | 1 => c,
+                        _ => JsCode::Function(func),
+                    }
+                }
+                _ => {
+                    self.code_not_found += 1;
+                    JsCode::Function(func)
+                }
+            }
+        } else {
+            return Err("not_code");
+        };
+        let (name, file, first_line) = match &code {
+            JsCode::Interpreted { func, .. }
+            | JsCode::Baseline { func, .. }
+            | JsCode::Optimized { func, .. }
+            | JsCode::Function(func) => (func.name.clone(), func.script.name.clone(), func.first_line().unwrap_or(0)),
+        };
+        Ok(CodeInfo { name, file, first_line, lines: Lines::V8(Rc::new(code)) })
+    }
+
+    /// Forgets what a drain learnt that a moving heap may change (the
+    /// functions and scripts are checked again on their next use).
+    pub fn end_drain(&mut self) {
+        self.scan_pages = SCAN_PAGES;
+        if self.fns.len() > 1 << 15 {
+            self.fns.clear();
+        }
+        if self.scripts.len() > 2048 {
+            self.scripts.clear();
+        }
+    }
+}
+
+/// Bytes a named code object holds, for the run's name budget.
+pub fn bytes(c: &JsCode) -> usize {
+    c.bytes()
+        + match c {
+            JsCode::Interpreted { func, .. }
+            | JsCode::Baseline { func, .. }
+            | JsCode::Optimized { func, .. }
+            | JsCode::Function(func) => func.bytes(),
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_cookies_match_the_kernels() {
+        // v8_code_cookie in v8.h, by hand.
+        let (start, size) = (0x7f29_a2fc_70c0u64, 1264u32);
+        let h = ((start >> 6) as u32).wrapping_mul(0x9e37_79b1) ^ size.wrapping_mul(0x85eb_ca6b);
+        assert_eq!(code_cookie(start, size), (h ^ (h >> 16)) as u16);
+    }
+
+    fn func(name: &str) -> Rc<JsFn> {
+        Rc::new(JsFn {
+            name: name.into(),
+            script: Rc::new(Script { name: "/x.js".into(), ends: vec![10, 20, 30, 40, 50] }),
+            start: Some(0),
+            positions: vec![(0, 2 * 12), (5, 2 * 33)],
+            bytecode: 0,
+            nos: 0,
+            ident: (0, 0),
+        })
+    }
+
+    #[test]
+    fn optimized_frames_expand_inlined_calls() {
+        let (parent, heavy) = (func("parent"), func("heavy"));
+        // pc 0x10: parent's own code at offset 5 (line 1); pc 0x20: heavy
+        // (inlining id 1) at offset 25 (line 3), called at offset 45 (line 5).
+        let pos = |off: u64, id: u64| ((off + 1) << 1) | (id << 31);
+        let code = JsCode::Optimized {
+            func: parent.clone(),
+            positions: vec![(0x10, pos(5, 0)), (0x20, pos(25, 1))],
+            inlined: vec![(pos(45, 0), Some(heavy.clone()))],
+            shift: 0,
+        };
+        let f = code.frames(0x24, FLAG_LEAF);
+        assert_eq!(
+            f.iter().map(|x| (x.0.name.as_str(), x.1)).collect::<Vec<_>>(),
+            [("heavy", Some(3)), ("parent", Some(5))]
+        );
+        // A return address right after the inlined range looks up the call.
+        let f = code.frames(0x21, 0);
+        assert_eq!(f[0].0.name, "heavy");
+        let f = code.frames(0x20, 0);
+        assert_eq!(f.iter().map(|x| x.0.name.as_str()).collect::<Vec<_>>(), ["parent"]);
+        // An inlining id past the table, or a loop of ids, ends the chain.
+        let bad = JsCode::Optimized {
+            func: parent.clone(),
+            positions: vec![(0, pos(5, 3))],
+            inlined: vec![(pos(1, 1), None)],
+            shift: 0,
+        };
+        assert_eq!(bad.frames(1, FLAG_LEAF).len(), 1);
+        let cyc = JsCode::Optimized {
+            func: parent,
+            positions: vec![(0, pos(5, 1))],
+            inlined: vec![(pos(1, 1), None)],
+            shift: 0,
+        };
+        assert!(cyc.frames(1, FLAG_LEAF).len() <= 2);
+    }
+
+    #[test]
+    fn interpreted_frames_take_the_line_of_their_bytecode() {
+        let f = func("heavy");
+        let code = JsCode::Interpreted { func: f, hdr: 53 };
+        assert_eq!(code.frames(53 + 7, 0)[0].1, Some(4));
+        assert_eq!(code.frames(53 + 2, 0)[0].1, Some(2));
+        // The entry (offset -1): the function's first line.
+        assert_eq!(code.frames(52, 0)[0].1, Some(1));
+    }
+
+    #[test]
+    fn node_binaries_are_told_by_name() {
+        for b in ["node", "nodejs", "node18", "libnode.so.108", "node (deleted)"] {
+            assert!(is_node(b), "{b}");
+        }
+        for b in ["nodemon", "python3", "libnodejs-foo.so"] {
+            assert!(!is_node(b), "{b}");
+        }
+    }
+}

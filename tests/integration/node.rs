@@ -1,0 +1,371 @@
+//! JavaScript frames on V8, read from Node's own structures with no flag
+//! and no agent, on Node.js 18, 20 and 22: the 2:1 split that
+//! nodesplit.js builds in (with V8 inlining heavy() and light() into their
+//! callers, and without; baseline and interpreted), the (function, caller)
+//! pairs and the shares against V8's own profiler (`node --cpu-prof`) of the
+//! same process, a loop V8 replaces on the stack (OSR), off-CPU waits under
+//! an async function, and a Node sonde does not read.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use super::common::*;
+
+/// The Node.js builds the test runs: the machine's Node 20, and 18 and 22
+/// from the npm registry's official builds (scripts/setup).
+fn nodes() -> Vec<(&'static str, PathBuf)> {
+    [("18", "/opt/sonde-node/18/bin/node"), ("20", "/usr/bin/node"), ("22", "/opt/sonde-node/22/bin/node")]
+        .iter()
+        .map(|(v, p)| {
+            let p = PathBuf::from(p);
+            assert!(p.exists(), "Node.js {v} at {} (scripts/setup installs it)", p.display());
+            (*v, p)
+        })
+        .collect()
+}
+
+fn script() -> String {
+    format!("{}/tests/workloads/nodesplit.js", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The line of the workload's source holding `marker`.
+fn line_of(marker: &str) -> u64 {
+    let src = std::fs::read_to_string(script()).unwrap();
+    src.lines().position(|l| l.contains(marker)).expect("marker") as u64 + 1
+}
+
+fn node(bin: &Path, flags: &[&str], args: &[&str]) -> KillOnDrop {
+    let mut c = Command::new(bin);
+    c.args(flags).arg(script()).args(args).stdout(Stdio::null()).stderr(Stdio::null());
+    KillOnDrop(c.spawn().unwrap())
+}
+
+/// (callee, caller) of consecutive frames of the workload's, by weight.
+type Pairs = BTreeMap<(String, String), u64>;
+
+fn ours(f: &Value) -> bool {
+    f["kind"] == "javascript" && f["file"].as_str().is_some_and(|x| x.ends_with("nodesplit.js"))
+}
+
+fn sonde_pairs(stacks: &[(Vec<Value>, u64)]) -> Pairs {
+    call_sites(stacks, ours).into_iter().fold(Pairs::new(), |mut m, ((a, b, _), n)| {
+        *m.entry((a, b)).or_default() += n;
+        m
+    })
+}
+
+/// The same from V8's own profile (`--cpu-prof`): each sample's node and
+/// its parents, the workload's frames only.
+fn cpu_prof_pairs(dir: &Path) -> Pairs {
+    let f = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "cpuprofile"))
+        .expect("node --cpu-prof wrote its profile");
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+    let mut parent: HashMap<u64, u64> = HashMap::new();
+    let mut frame: HashMap<u64, Option<String>> = HashMap::new();
+    for n in p["nodes"].as_array().unwrap() {
+        let id = n["id"].as_u64().unwrap();
+        for c in n["children"].as_array().into_iter().flatten() {
+            parent.insert(c.as_u64().unwrap(), id);
+        }
+        let cf = &n["callFrame"];
+        let name = cf["functionName"].as_str().filter(|s| !s.is_empty()).unwrap_or("(anonymous)").to_string();
+        frame.insert(id, cf["url"].as_str().unwrap_or("").ends_with("nodesplit.js").then_some(name));
+    }
+    let mut out = Pairs::new();
+    for s in p["samples"].as_array().unwrap() {
+        let mut chain = Vec::new(); // leaf first
+        let mut id = s.as_u64();
+        while let Some(i) = id {
+            if let Some(Some(name)) = frame.get(&i) {
+                chain.push(name.clone());
+            }
+            id = parent.get(&i).copied();
+        }
+        for w in chain.windows(2) {
+            *out.entry((w[0].clone(), w[1].clone())).or_default() += 1;
+        }
+    }
+    out
+}
+
+/// Pairs carrying at least 3% of the weight (a stray sample is noise).
+fn sites(p: &Pairs) -> BTreeSet<(String, String)> {
+    let total: u64 = p.iter().filter(|(k, _)| k.0 == "parent").map(|(_, n)| n).sum();
+    p.iter().filter(|(_, &n)| n * 33 >= total).map(|(k, _)| k.clone()).collect()
+}
+
+/// heavy's share of heavy + light, each under parent.
+fn heavy_share(p: &Pairs) -> (f64, u64) {
+    let w = |f: &str| p.get(&(f.to_string(), "parent".to_string())).copied().unwrap_or(0);
+    let (h, l) = (w("heavy"), w("light"));
+    (h as f64 / (h + l).max(1) as f64, h + l)
+}
+
+/// Samples whose stacks hold a frame named `name`.
+fn under(stacks: &[(Vec<Value>, u64)], name: &str) -> u64 {
+    stacks.iter().filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == name)).map(|s| s.1).sum()
+}
+
+/// Samples where `name` is a frame V8 inlined into its caller.
+fn inlined(stacks: &[(Vec<Value>, u64)], name: &str) -> u64 {
+    stacks
+        .iter()
+        .filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == name && x["inlined"] == true))
+        .map(|s| s.1)
+        .sum()
+}
+
+/// Profiles the workload in mode `cpu` beside V8's own profiler, with
+/// `flags`: the pairs agree, the split is the workload's, parent() is on
+/// every sample of the loop, and the call sites are the source's lines.
+fn against_cpu_prof(v: &str, bin: &Path, what: &str, flags: &[&str], dir: &Path) -> Vec<(Vec<Value>, u64)> {
+    let prof = dir.join(format!("prof-{v}-{}", flags.join("").replace('-', "")));
+    let _ = std::fs::remove_dir_all(&prof);
+    let cp = format!("--cpu-prof-dir={}", prof.display());
+    let mut all: Vec<&str> = flags.to_vec();
+    all.extend(["--cpu-prof", cp.as_str(), "--cpu-prof-interval=500"]);
+    let mut w = node(bin, &all, &["cpu", "10"]);
+    let pid = w.0.id();
+    // Warm: V8 has optimized (or, held back, compiled) parent().
+    thread::sleep(Duration::from_millis(2500));
+    let (stacks, err) = profile_json(pid, dir, &[]);
+    assert!(w.0.wait().unwrap().success(), "Node {v} ({what}) exited badly");
+    let (a, b) = (sonde_pairs(&stacks), cpu_prof_pairs(&prof));
+    assert_eq!(sites(&a), sites(&b), "Node {v} ({what}): sonde's (function, caller) pairs against --cpu-prof's; {err}");
+    let ((sa, na), (sb, _)) = (heavy_share(&a), heavy_share(&b));
+    assert!(na > 300 && (sa - 2.0 / 3.0).abs() < 0.05, "Node {v} ({what}): heavy's share {sa:.3} of {na}; {err}");
+    assert!((sb - 2.0 / 3.0).abs() < 0.10, "Node {v} ({what}): --cpu-prof's own share {sb:.3}");
+    let (batch, parent) = (under(&stacks, "batch"), under(&stacks, "parent"));
+    assert!(parent as f64 >= 0.95 * batch as f64, "Node {v} ({what}): parent on {parent} of {batch}; {err}");
+    // The call sites are the source's (every tier keeps its positions
+    // while V8's profiler runs).
+    let sites = call_sites(&stacks, ours);
+    for (callee, marker) in [("heavy", "sink += heavy("), ("light", "sink += light(")] {
+        let want = line_of(marker);
+        let lines: BTreeSet<u64> =
+            sites.iter().filter(|(k, &n)| k.0 == callee && k.1 == "parent" && n >= 10).map(|(k, _)| k.2).collect();
+        assert_eq!(lines, BTreeSet::from([want]), "Node {v} ({what}): lines of parent's call of {callee}; {err}");
+    }
+    stacks
+}
+
+#[test]
+fn node_split_matches_cpu_prof_on_every_node_inlined_or_not() {
+    let dir = scratch_dir("node");
+    for (v, bin) in nodes() {
+        let s = against_cpu_prof(v, &bin, "inlined", &[], &dir);
+        assert!(
+            inlined(&s, "heavy") * 10 >= under(&s, "heavy") * 9 && inlined(&s, "light") * 10 >= under(&s, "light") * 9,
+            "Node {v}: V8 inlined heavy() and light() into their caller"
+        );
+        let s = against_cpu_prof(v, &bin, "not inlined", &["--no-turbo-inlining"], &dir);
+        assert_eq!(
+            inlined(&s, "heavy") + inlined(&s, "light"),
+            0,
+            "Node {v}: nothing inlined with --no-turbo-inlining"
+        );
+    }
+}
+
+/// V8's baseline compiler (Sparkplug) and its interpreter, on Node 20.
+#[test]
+fn node_baseline_and_interpreted_frames_match_cpu_prof() {
+    let dir = scratch_dir("node-tiers");
+    let bin = PathBuf::from("/usr/bin/node");
+    against_cpu_prof("20", &bin, "baseline", &["--no-opt", "--no-maglev"], &dir);
+    against_cpu_prof("20", &bin, "interpreted", &["--no-opt", "--no-maglev", "--no-sparkplug"], &dir);
+}
+
+/// One long loop that V8 optimizes while it runs (on-stack replacement),
+/// with no flag at all: the built-in split is the oracle (V8's own profiler
+/// puts the OSR code's samples on main() itself).
+#[test]
+fn node_loop_replaced_on_the_stack_keeps_the_split() {
+    let dir = scratch_dir("node-osr");
+    for (v, bin) in nodes() {
+        let w = node(&bin, &[], &["osr", "30"]);
+        thread::sleep(Duration::from_millis(2000));
+        let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+        drop(w);
+        let p = sonde_pairs(&stacks);
+        let (share, n) = heavy_share(&p);
+        assert!(n > 300 && (share - 2.0 / 3.0).abs() < 0.05, "Node {v}: heavy's share {share:.3} of {n}; {err}");
+        let want: BTreeSet<(String, String)> = [("heavy", "parent"), ("light", "parent"), ("parent", "main")]
+            .iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect();
+        assert!(want.is_subset(&sites(&p)), "Node {v}: {:?} against {want:?}; {err}", sites(&p));
+        let (main, parent) = (under(&stacks, "main"), under(&stacks, "parent"));
+        assert!(parent as f64 >= 0.95 * main as f64, "Node {v}: parent on {parent} of main's {main}; {err}");
+    }
+}
+
+#[test]
+fn node_frames_switched_off_leave_the_javascript_unnamed() {
+    let dir = scratch_dir("node-off");
+    let w = node(Path::new("/usr/bin/node"), &[], &["cpu", "30"]);
+    thread::sleep(Duration::from_millis(1500));
+    for (frames, want) in [("mixed", true), ("native", false)] {
+        let (stacks, err) = profile_json(w.0.id(), &dir, &["--frames", frames]);
+        let js: u64 = stacks.iter().filter(|(f, _)| f.iter().any(|x| x["kind"] == "javascript")).map(|s| s.1).sum();
+        let total: u64 = stacks.iter().map(|s| s.1).sum();
+        if want {
+            assert!(js * 10 >= total * 9, "--frames mixed: {js} of {total} samples name JavaScript; {err}");
+        } else {
+            assert_eq!(js, 0, "--frames native names no JavaScript; {err}");
+        }
+    }
+}
+
+/// An async function awaits a 10 ms timer (the main thread waits in the
+/// event loop, where no JavaScript is on its stack), then blocks 20 and
+/// 30 ms in two functions (Atomics.wait): 1:2:3, the blocking calls under
+/// the async function as V8 resumed it.
+#[test]
+fn node_offcpu_splits_a_timer_await_and_two_blocking_waits() {
+    let dir = scratch_dir("node-offcpu");
+    for (v, bin) in nodes().into_iter().filter(|(v, _)| ["20", "22"].contains(v)) {
+        let w = node(&bin, &[], &["off", "30"]);
+        thread::sleep(Duration::from_millis(1500));
+        let (stacks, err) = stacks_of(&["offcpu", "-p", &w.0.id().to_string(), "-d", "4s"], &dir.join("o.json"));
+        drop(w);
+        let js = |f: &[Value], name: &str| f.iter().any(|x| ours(x) && x["name"] == name);
+        let (mut a, mut b, mut timer) = (0u64, 0u64, 0u64);
+        for (f, n) in &stacks {
+            if js(f, "waitA") {
+                assert!(js(f, "cycle"), "Node {v}: waitA under cycle: {f:?}");
+                a += n;
+            } else if js(f, "waitB") {
+                assert!(js(f, "cycle"), "Node {v}: waitB under cycle: {f:?}");
+                b += n;
+            } else if f.iter().any(|x| x["name"] == "uv_run") && f.iter().any(|x| x["name"] == "do_epoll_wait") {
+                timer += n;
+            }
+        }
+        let all = (a + b + timer).max(1) as f64;
+        let shares = [timer as f64 / all, a as f64 / all, b as f64 / all];
+        assert!(all > 2e6, "Node {v}: {all} us of waits; {err}");
+        for (s, want) in shares.iter().zip([1.0 / 6.0, 2.0 / 6.0, 3.0 / 6.0]) {
+            assert!((s - want).abs() < 0.03, "Node {v}: timer:waitA:waitB {shares:?}; {err}");
+        }
+    }
+}
+
+/// A Node whose V8 this build does not read (Node 24, V8 13.6): said once,
+/// and its stacks stay native.
+#[test]
+fn node_24_is_said_and_left_native() {
+    let dir = scratch_dir("node-24");
+    let w = node(Path::new("/opt/sonde-node/24/bin/node"), &[], &["cpu", "30"]);
+    thread::sleep(Duration::from_millis(1000));
+    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+    assert!(err.contains("Node.js (V8 13.6") && err.contains("is not read"), "{err}");
+    assert!(stacks.iter().all(|(f, _)| f.iter().all(|x| x["kind"] != "javascript")), "{err}");
+}
+
+/// Code V8 throws away and makes again mid-run (a type its optimized code
+/// did not expect: its own `--trace-deopt` says so after the switch): no
+/// frame names a function the program does not run there, and both halves
+/// keep the split.
+#[test]
+fn node_names_stay_right_across_deoptimization() {
+    let dir = scratch_dir("node-deopt");
+    for (v, bin) in nodes().into_iter().filter(|(v, _)| ["20", "22"].contains(v)) {
+        let log = dir.join(format!("deopt-{v}.log"));
+        let mut c = Command::new(&bin);
+        c.arg("--trace-deopt").arg(script()).args(["deopt", "60"]).stdout(std::fs::File::create(&log).unwrap());
+        let w = KillOnDrop(c.spawn().unwrap());
+        let pid = w.0.id();
+        thread::sleep(Duration::from_millis(2000));
+        // 1.5 s of the program's CPU on each side of the switch, sampled.
+        let json = dir.join("d.json");
+        let mut p = Command::new(SONDE)
+            .args(["profile", "-p", &pid.to_string(), "-F", "499", "-o", json.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut r = BufReader::new(p.stderr.take().unwrap());
+        let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
+        // SAFETY: sysconf takes no pointers.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+        let cpu_wait = |secs: f64| {
+            let c0 = cpu_ticks(pid);
+            let t0 = Instant::now();
+            while ((cpu_ticks(pid) - c0) as f64) < secs * hz as f64 && t0.elapsed() < Duration::from_secs(30) {
+                thread::sleep(Duration::from_millis(20));
+            }
+        };
+        cpu_wait(1.5);
+        // SAFETY: kill takes no pointers.
+        unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
+        cpu_wait(1.5);
+        // SAFETY: as above.
+        unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
+        assert_eq!(p.wait().unwrap().code(), Some(130));
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+        err.push_str(&rest);
+        let stacks = json_stacks(&json);
+        drop(w);
+        let text = std::fs::read_to_string(&log).unwrap();
+        let after = text.split("switching").nth(1).expect("the switch happened in the run");
+        assert!(
+            after
+                .lines()
+                .any(|l| l.contains("deoptimizing")
+                    && ["parent", "heavy", "light", "batch"].iter().any(|f| l.contains(f))),
+            "Node {v}: V8 threw the code away after the switch:\n{text}"
+        );
+        // (anonymous): the module itself and the signal handler.
+        let known = ["tick", "batch", "batch2", "parent", "heavy", "light", "(anonymous)"];
+        let bad: Vec<(String, u64)> = stacks
+            .iter()
+            .flat_map(|(f, n)| {
+                f.iter().filter(|x| ours(x)).map(move |x| (x["name"].as_str().unwrap_or("").to_string(), *n))
+            })
+            .filter(|(name, _)| !known.contains(&name.as_str()))
+            .collect();
+        assert!(bad.is_empty(), "Node {v}: frames no function of the program runs: {bad:?}; {err}");
+        let all: u64 =
+            stacks.iter().filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == "tick")).map(|s| s.1).sum();
+        for half in ["batch", "batch2"] {
+            let mine: Vec<(Vec<Value>, u64)> =
+                stacks.iter().filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == half)).cloned().collect();
+            let n: u64 = mine.iter().map(|s| s.1).sum();
+            assert!(n * 5 > all, "Node {v}: {half} on {n} of {all} samples; {err}");
+            let (share, hl) = heavy_share(&sonde_pairs(&mine));
+            assert!((share - 2.0 / 3.0).abs() < 0.06, "Node {v}, {half}: heavy's share {share:.3} of {hl}; {err}");
+        }
+    }
+}
+
+/// wakeup: the main thread's Atomics.wait in waitMain() is woken by a
+/// worker thread's notifier() (its own V8 isolate), both named.
+#[test]
+fn node_wakeup_names_waiter_and_waker_across_isolates() {
+    let dir = scratch_dir("node-wakeup");
+    let w = node(Path::new("/usr/bin/node"), &[], &["wake", "30"]);
+    thread::sleep(Duration::from_millis(1500));
+    let folded = dir.join("w.folded");
+    let out = Command::new(SONDE)
+        .args(["wakeup", "-p", &w.0.id().to_string(), "-d", "3s", "-o", folded.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    let rows = read_folded(&folded);
+    let waiter = |f: &[String], name: &str| f.iter().take_while(|x| *x != "--").any(|x| x == name);
+    let waker = |f: &[String], name: &str| f.iter().skip_while(|x| *x != "--").any(|x| x == name);
+    let waits: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| waiter(f, "waitMain_[js]")).collect();
+    let total: u64 = waits.iter().map(|r| r.1).sum();
+    let by_notifier: u64 = waits.iter().filter(|(f, _)| waker(f, "notifier_[js]")).map(|r| r.1).sum();
+    assert!(total > 1_000_000, "waitMain's waits: {total} us; {err}");
+    assert!(
+        by_notifier as f64 > 0.9 * total as f64,
+        "waitMain's waits woken by notifier: {by_notifier} of {total} us; {err}"
+    );
+}
