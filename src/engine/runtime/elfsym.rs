@@ -86,6 +86,31 @@ impl ElfSyms {
         out
     }
 
+    /// In one pass over both tables: the symbols named in `names` and those
+    /// whose name starts with one of `prefixes` (at most `max` of those), by
+    /// name; a name defined twice keeps its first definition.
+    pub fn collect(&self, names: &[&str], prefixes: &[&str], max: usize) -> HashMap<String, Sym> {
+        let mut out = HashMap::new();
+        let mut with_prefix = 0usize;
+        let Some(elf) = self.parse() else { return out };
+        for table in [elf.dynamic_symbols(), elf.symbols()] {
+            for s in table.take(MAX_SYMBOLS) {
+                if s.is_undefined() || s.address() == 0 {
+                    continue;
+                }
+                let Ok(n) = s.name() else { continue };
+                let wanted = names.contains(&n) || (with_prefix < max && prefixes.iter().any(|p| n.starts_with(p)));
+                if wanted && !out.contains_key(n) {
+                    if !names.contains(&n) {
+                        with_prefix += 1;
+                    }
+                    out.insert(n.to_string(), Sym { addr: s.address(), size: s.size() });
+                }
+            }
+        }
+        out
+    }
+
     /// The symbols whose name starts with `prefix` (full table and dynamic),
     /// at most `max` of them.
     pub fn with_prefix(&self, prefix: &str, max: usize) -> Vec<(String, Sym)> {

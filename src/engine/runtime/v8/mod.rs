@@ -21,7 +21,7 @@ use std::{
 };
 
 use super::{
-    elfsym::{bias_of, ElfSyms, MapLine},
+    elfsym::{bias_of, ElfSyms, MapLine, Sym},
     mem::{le, Mem},
     CodeInfo, Found, Lines,
 };
@@ -329,9 +329,9 @@ fn is_node(base: &str) -> bool {
 /// The v8dbg_ values of a binary, by name without the prefix.
 type Dbg = HashMap<String, i64>;
 
-fn dbg_values(elf: &ElfSyms) -> Dbg {
+fn dbg_values(elf: &ElfSyms, syms: &HashMap<String, Sym>) -> Dbg {
     let mut out = Dbg::new();
-    for (name, s) in elf.with_prefix("v8dbg_", 8192) {
+    for (name, s) in syms.iter().filter(|(n, _)| n.starts_with("v8dbg_")) {
         if let Some(b) = elf.read_vaddr(s.addr, 4) {
             out.insert(name["v8dbg_".len()..].to_string(), le::<4>(&b, 0) as u32 as i32 as i64);
         }
@@ -339,66 +339,124 @@ fn dbg_values(elf: &ElfSyms) -> Dbg {
     out
 }
 
-/// The V8 in `pid`, if it runs one.
-pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
-    let m = maps.iter().find(|m| m.exec && is_node(m.base()))?;
-    let unsupported = |why: &str| Found::Unsupported { what: "Node.js (V8)".into(), why: why.into() };
-    let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else {
-        return Some(unsupported("its binary cannot be read as an x86-64 ELF file"));
-    };
-    let d = dbg_values(&elf);
+/// The symbols detection reads, besides the `v8dbg_` and `Builtins_` ones.
+const SYMBOLS: &[&str] = &[
+    "_ZN2v88internal7Version6major_E",
+    "_ZN2v88internal7Version6minor_E",
+    "_ZN2v88internal7Version6build_E",
+    "_ZN2v88internal7Version6patch_E",
+    "_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE",
+    "v8_Default_embedded_blob_code_data_",
+    "v8_Default_embedded_blob_code_",
+    "v8_Default_embedded_blob_code_size_",
+];
+
+/// What a Node binary tells of its V8, read once per file (a host runs
+/// many processes of one binary).
+#[derive(Debug, Clone)]
+struct Image {
+    /// "11.3.244.8".
+    version: String,
+    l: Layout,
+    sizes: Vec<u8>,
+    segments: Vec<crate::engine::unwind::elf::Segment>,
+    /// The embedded builtins: virtual address, size, file offset.
+    blob: (u64, u64, u64),
+    /// The interpreter's code in them (virtual addresses).
+    ranges: Ranges,
+}
+
+/// Images read, by the file's device, inode, size and modification time.
+type ImageKey = (u64, u64, u64, i64);
+
+fn images() -> &'static std::sync::Mutex<HashMap<ImageKey, Result<Image, String>>> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<HashMap<ImageKey, Result<Image, String>>>> =
+        std::sync::OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+/// Reads a Node binary: its V8's version, layout and builtins; Err says
+/// why it is not read (the version, when known, first).
+fn read_image(file: std::fs::File) -> Result<Image, String> {
+    let elf = ElfSyms::open(file).map_err(|_| "Node.js (V8)\0its binary cannot be read as an x86-64 ELF file")?;
+    // One pass over the binary's symbols (a Node has some 300,000).
+    let syms = elf.collect(SYMBOLS, &["v8dbg_", "Builtins_"], 1 << 15);
+    let d = dbg_values(&elf, &syms);
     if d.is_empty() {
-        return Some(unsupported("its binary carries no V8 postmortem metadata (v8dbg_ symbols)"));
+        return Err("Node.js (V8)\0its binary carries no V8 postmortem metadata (v8dbg_ symbols)".into());
     }
-    let vs = elf.find(&[
-        "_ZN2v88internal7Version6major_E",
-        "_ZN2v88internal7Version6minor_E",
-        "_ZN2v88internal7Version6build_E",
-        "_ZN2v88internal7Version6patch_E",
-    ]);
     let part = |n: &str| {
-        vs.get(&format!("_ZN2v88internal7Version6{n}_E"))
+        syms.get(&format!("_ZN2v88internal7Version6{n}_E"))
             .and_then(|s| elf.read_vaddr(s.addr, 4))
             .map(|b| le::<4>(&b, 0) as u32)
     };
     let (Some(major), Some(minor), Some(build)) = (part("major"), part("minor"), part("build")) else {
-        return Some(unsupported("its binary does not say which V8 it is"));
+        return Err("Node.js (V8)\0its binary does not say which V8 it is".into());
     };
     let version = format!("{major}.{minor}.{build}.{}", part("patch").unwrap_or(0));
-    let what = format!("Node.js (V8 {version})");
-    let unsupported = |why: String| Found::Unsupported { what: what.clone(), why };
+    let what = format!("Node.js (V8 {version})\0");
     if !matches!((major, minor), (10, 2) | (11, 3) | (12, 4)) {
-        return Some(unsupported(format!("this sonde reads {VERSIONS}")));
+        return Err(format!("{what}this sonde reads {VERSIONS}"));
     }
-    let l = match layout(&d, (major, minor)) {
-        Ok(l) => l,
-        Err(e) => return Some(unsupported(e)),
-    };
-    let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&elf.segments, x.start, x.offset))?;
-    let sizes = elf
-        .find(&["_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE"])
-        .into_values()
-        .next()
+    let l = layout(&d, (major, minor)).map_err(|e| format!("{what}{e}"))?;
+    let sizes = syms
+        .get("_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE")
+        .copied()
         .filter(|s| s.size % 3 == 0 && s.size > 0 && s.size <= 3 * 256)
         .and_then(|s| elf.read_vaddr(s.addr, s.size))
         .filter(|b| b.iter().all(|&x| (1..32).contains(&x)))
         .unwrap_or_default();
-    let (blobs, interp) = builtins(&elf, m, maps, bias);
-    if blobs.is_empty() {
-        return Some(unsupported("its binary names no embedded builtins (v8_Default_embedded_blob_code_)".into()));
-    }
+    let (blob, ranges) = builtins(&elf, &syms)
+        .ok_or_else(|| format!("{what}its binary names no embedded builtins (v8_Default_embedded_blob_code_)"))?;
+    Ok(Image { version, l, sizes, segments: elf.segments.clone(), blob, ranges })
+}
+
+/// The V8 in `pid`, if it runs one.
+pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
     let _ = mem;
+    let m = maps.iter().find(|m| m.exec && is_node(m.base()))?;
+    let unsupported = |e: &str| {
+        let (what, why) = e.split_once('\0').unwrap_or(("Node.js (V8)", e));
+        Found::Unsupported { what: what.into(), why: why.into() }
+    };
+    let Some(file) = m.open(pid) else {
+        return Some(unsupported("its binary cannot be opened"));
+    };
+    let key = file.metadata().ok().map(|md| {
+        use std::os::unix::fs::MetadataExt;
+        (md.dev(), md.ino(), md.size(), md.mtime())
+    });
+    let cached = key.and_then(|k| images().lock().ok()?.get(&k).cloned());
+    let image = match cached {
+        Some(r) => r,
+        None => {
+            let r = read_image(file);
+            if let (Some(k), Ok(mut c)) = (key, images().lock()) {
+                if c.len() >= 64 {
+                    c.clear();
+                }
+                c.insert(k, r.clone());
+            }
+            r
+        }
+    };
+    let img = match image {
+        Ok(i) => i,
+        Err(e) => return Some(unsupported(&e)),
+    };
+    let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&img.segments, x.start, x.offset))?;
+    let (blobs, interp) = placed(&img, m, maps, bias);
     let code_range = code_range(pid, &blobs);
     let pc_base = code_range.map(|r| r.0).unwrap_or(0);
     Some(Found::V8(Box::new(V8 {
-        version,
+        version: img.version,
         image: m.path.clone(),
-        l,
+        l: img.l,
         blobs,
         interp,
         code_range,
         pc_base,
-        sizes,
+        sizes: img.sizes,
         types: HashMap::new(),
         fns: HashMap::new(),
         scripts: HashMap::new(),
@@ -570,42 +628,39 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
 /// Address ranges, [start, end).
 type Ranges = Vec<(u64, u64)>;
 
-/// The embedded builtins (the binary's, and V8's copy in its code range)
-/// and the interpreter's code in them: its entry trampolines and bytecode
-/// handlers, from the binary's symbols (the whole builtins where it names
-/// none).
-fn builtins(elf: &ElfSyms, m: &MapLine, maps: &[MapLine], bias: u64) -> (Ranges, Ranges) {
-    let s = elf.find(&[
-        "v8_Default_embedded_blob_code_data_",
-        "v8_Default_embedded_blob_code_",
-        "v8_Default_embedded_blob_code_size_",
-    ]);
+/// The embedded builtins in the binary (virtual address, size, file
+/// offset) and the interpreter's code in them: its entry trampolines and
+/// bytecode handlers, from the binary's symbols (the whole builtins where
+/// it names none).
+fn builtins(elf: &ElfSyms, s: &HashMap<String, Sym>) -> Option<((u64, u64, u64), Ranges)> {
     let in_exec = |a: u64| elf.segments.iter().any(|g| g.exec && g.vaddr <= a && a < g.vaddr + g.filesz);
     let start = s
         .get("v8_Default_embedded_blob_code_data_")
         .or_else(|| s.get("v8_Default_embedded_blob_code_"))
         .map(|x| x.addr)
-        .filter(|&a| in_exec(a));
+        .filter(|&a| in_exec(a))?;
     let size =
-        s.get("v8_Default_embedded_blob_code_size_").and_then(|x| elf.read_vaddr(x.addr, 4)).map(|b| le::<4>(&b, 0));
-    let (Some(start), Some(size)) = (start, size) else { return (Vec::new(), Vec::new()) };
+        s.get("v8_Default_embedded_blob_code_size_").and_then(|x| elf.read_vaddr(x.addr, 4)).map(|b| le::<4>(&b, 0))?;
     if size == 0 || size > 256 << 20 {
-        return (Vec::new(), Vec::new());
+        return None;
     }
     let end = start + size;
-    // Ranges in the binary (virtual addresses), by symbol.
-    let mut syms: Vec<(u64, String)> = elf
-        .with_prefix("Builtins_", 1 << 14)
-        .into_iter()
-        .filter(|(_, x)| x.addr >= start && x.addr < end)
+    let file_off = elf
+        .segments
+        .iter()
+        .find(|g| g.vaddr <= start && start < g.vaddr + g.filesz)
+        .map(|g| start - g.vaddr + g.offset)?;
+    let mut syms: Vec<(u64, &String)> = s
+        .iter()
+        .filter(|(n, x)| n.starts_with("Builtins_") && x.addr >= start && x.addr < end)
         .map(|(n, x)| (x.addr, n))
         .collect();
     syms.sort();
     let after = |name: &str| -> Option<(u64, u64)> {
-        let i = syms.iter().position(|(_, n)| n == name)?;
+        let i = syms.iter().position(|(_, n)| *n == name)?;
         Some((syms[i].0, syms.get(i + 1).map(|x| x.0).unwrap_or(end)))
     };
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut ranges: Ranges = Vec::new();
     for group in [
         &["Builtins_InterpreterEntryTrampoline", "Builtins_InterpreterEntryTrampolineForProfiling"][..],
         &["Builtins_InterpreterEnterAtBytecode", "Builtins_InterpreterEnterAtNextBytecode"][..],
@@ -624,24 +679,23 @@ fn builtins(elf: &ElfSyms, m: &MapLine, maps: &[MapLine], bias: u64) -> (Ranges,
     if ranges.len() < 3 {
         ranges = vec![(start, end)];
     }
-    // The binary's copy, where the process maps it.
-    let mut blobs = vec![(start + bias, end + bias)];
-    let mut interp: Vec<(u64, u64)> = ranges.iter().map(|&(a, b)| (a + bias, b + bias)).collect();
-    // V8's copy: the same file's pages mapped again, elsewhere.
-    let file_off = elf
-        .segments
-        .iter()
-        .find(|g| g.vaddr <= start && start < g.vaddr + g.filesz)
-        .map(|g| start - g.vaddr + g.offset);
-    if let Some(fo) = file_off {
-        for x in maps.iter().filter(|x| x.path == m.path && x.exec) {
-            if x.offset <= fo && fo < x.offset + (x.end - x.start) {
-                let at = x.start + (fo - x.offset);
-                if at != start + bias && at + size <= x.end {
-                    blobs.push((at, at + size));
-                    interp.extend(ranges.iter().map(|&(a, b)| (a - start + at, b - start + at)));
-                    break;
-                }
+    Some(((start, size, file_off), ranges))
+}
+
+/// The builtins and the interpreter's code where a process maps them: the
+/// binary's copy, and V8's own (the same file's pages mapped again,
+/// elsewhere).
+fn placed(img: &Image, m: &MapLine, maps: &[MapLine], bias: u64) -> (Ranges, Ranges) {
+    let (start, size, fo) = img.blob;
+    let mut blobs = vec![(start + bias, start + size + bias)];
+    let mut interp: Ranges = img.ranges.iter().map(|&(a, b)| (a + bias, b + bias)).collect();
+    for x in maps.iter().filter(|x| x.path == m.path && x.exec) {
+        if x.offset <= fo && fo < x.offset + (x.end - x.start) {
+            let at = x.start + (fo - x.offset);
+            if at != start + bias && at + size <= x.end {
+                blobs.push((at, at + size));
+                interp.extend(img.ranges.iter().map(|&(a, b)| (a - start + at, b - start + at)));
+                break;
             }
         }
     }
