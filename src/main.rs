@@ -20,6 +20,7 @@ enum Cmd {
     /// What this kernel allows and which mechanism each tool uses.
     Doctor(tools::doctor::DoctorArgs),
     Retrans(tools::retrans::RetransArgs),
+    Drops(tools::drops::DropsArgs),
     Cwnd(tools::cwnd::CwndArgs),
     Profile(tools::profile::ProfileArgs),
     Offcpu(tools::offcpu::OffcpuArgs),
@@ -77,6 +78,7 @@ fn dispatch(cmd: &Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Doctor(a) => tools::doctor::run(a),
         Cmd::Retrans(a) => tools::retrans::run(a),
+        Cmd::Drops(a) => tools::drops::run(a),
         Cmd::Cwnd(a) => tools::cwnd::run(a),
         Cmd::Profile(a) => tools::profile::run(a),
         Cmd::Offcpu(a) => tools::offcpu::run(a),

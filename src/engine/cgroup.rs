@@ -37,3 +37,18 @@ pub fn cgroup_dir(path: &str) -> anyhow::Result<(u64, std::path::PathBuf)> {
     }
     Ok((md.ino(), full))
 }
+
+/// The cgroup v2 id of process `pid` (its `0::PATH` line in
+/// /proc/PID/cgroup, under the cgroup2 mount); None where that is unknown.
+pub fn of_pid(pid: u32) -> Option<u64> {
+    let root = cgroup2_root()?;
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let full = Path::new(&root).join(path.trim_start_matches('/'));
+    // The path is the process's, as its cgroup namespace shows it: only a
+    // directory under the mount, never followed out of it.
+    if path.split('/').any(|c| c == "..") {
+        return None;
+    }
+    std::fs::metadata(full).ok().filter(|m| m.is_dir()).map(|m| m.ino())
+}

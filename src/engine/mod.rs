@@ -9,6 +9,7 @@ pub mod features;
 pub mod flowfilter;
 pub mod hist;
 pub mod kfunc;
+pub mod mib;
 pub mod netns;
 pub mod output;
 pub mod perf;

@@ -2,6 +2,7 @@
 //! network namespaces that are always removed afterwards.
 pub mod delay;
 pub mod dns;
+pub mod drops;
 pub mod idle;
 pub mod msglat;
 pub mod netns;
@@ -26,6 +27,9 @@ pub enum Lab {
     /// Retransmissions of every kind under nftables loss; sonde's per-kind
     /// totals side by side with the namespaces' own MIB counter deltas.
     Retrans(retrans::RetransLabArgs),
+    /// Packets dropped for nine reasons at once, IPv4 and IPv6; `sonde
+    /// drops` counts each beside the namespaces' own counters.
+    Drops(drops::DropsLabArgs),
     /// A bundled workload with a built-in 2:1 CPU split, profiled; the
     /// measured split beside the built-in one, and its flame graphs.
     Profile(profile::ProfileLabArgs),
@@ -51,6 +55,7 @@ pub enum Lab {
 pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
     match &a.lab {
         Lab::Retrans(r) => retrans::run(r),
+        Lab::Drops(r) => drops::run(r),
         Lab::Profile(p) => profile::run(p),
         Lab::Dns(d) => dns::run(d),
         Lab::Slow(s) => slow::run(s),

@@ -1,7 +1,6 @@
 //! Network namespaces for labs and tests: create, join from a thread, shape
 //! with nftables, read the namespace's own MIB counters, always clean up.
 use std::{
-    collections::HashMap,
     fs::File,
     io::Write,
     os::fd::AsRawFd,
@@ -132,51 +131,7 @@ impl Drop for Netns {
     }
 }
 
-/// MIB counters by `<Group><Name>`, e.g. `TcpRetransSegs`.
-#[derive(Debug, Clone, Default)]
-pub struct Mib(pub HashMap<String, i64>);
-
-impl Mib {
-    /// A counter, 0 when this kernel does not have it.
-    pub fn get(&self, k: &str) -> i64 {
-        self.0.get(k).copied().unwrap_or(0)
-    }
-
-    /// `self - before` for every counter.
-    pub fn delta(&self, before: &Mib) -> Mib {
-        Mib(self.0.iter().map(|(k, v)| (k.clone(), v - before.get(k))).collect())
-    }
-
-    /// Element-wise sum (two namespaces of one lab).
-    pub fn add(&self, other: &Mib) -> Mib {
-        let mut m = self.0.clone();
-        for (k, v) in &other.0 {
-            *m.entry(k.clone()).or_default() += v;
-        }
-        Mib(m)
-    }
-}
-
-/// Reads the calling thread's namespace counters.
-pub fn read_mib() -> anyhow::Result<Mib> {
-    let mut m = HashMap::new();
-    for f in ["snmp", "netstat"] {
-        let text = std::fs::read_to_string(format!("/proc/thread-self/net/{f}"))?;
-        let lines: Vec<&str> = text.lines().collect();
-        for pair in lines.chunks(2) {
-            let [keys, vals] = pair else { continue };
-            let (Some((g, ks)), Some((_, vs))) = (keys.split_once(':'), vals.split_once(':')) else {
-                continue;
-            };
-            for (k, v) in ks.split_whitespace().zip(vs.split_whitespace()) {
-                if let Ok(v) = v.parse::<i64>() {
-                    m.insert(format!("{g}{k}"), v);
-                }
-            }
-        }
-    }
-    Ok(Mib(m))
-}
+pub use crate::engine::mib::{read_mib, Mib};
 
 /// Two namespaces joined by a veth pair, with IPv4 and IPv6 addresses.
 pub struct Pair {
@@ -196,6 +151,10 @@ pub struct Pair {
     pub net4: String,
     /// The IPv6 /64 both live in.
     pub net6: String,
+    /// a's end of the veth pair.
+    pub va: String,
+    /// b's end.
+    pub vb: String,
     _lease: SubnetLease,
 }
 
@@ -268,6 +227,8 @@ impl Pair {
             net6: format!("fd53:{sub:x}::/64"),
             a,
             b,
+            va: va.clone(),
+            vb: vb.clone(),
             _lease: lease,
         };
         for (ns, dev, v4, v6) in [(&p.a, &va, &p.a4, &p.a6), (&p.b, &vb, &p.b4, &p.b6)] {

@@ -1,6 +1,7 @@
 //! One folder per tool: the kernel half (`NAME.bpf.c`, `NAME.h`) beside the user half.
 pub mod cwnd;
 pub mod doctor;
+pub mod drops;
 pub mod funclatency;
 pub mod msglat;
 pub mod offcpu;

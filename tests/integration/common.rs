@@ -185,6 +185,8 @@ pub(crate) fn our_prog_ids() -> Vec<u64> {
                 "btf_exit",
                 "raw_exit",
                 "fl_",
+                "drop_",
+                "owner_",
             ]
             .iter()
             .any(|x| n.starts_with(x))

@@ -238,3 +238,30 @@ fn lab_msglat_runs_each_configuration_on_one_cpu_and_finds_the_held_messages() {
     let held: u64 = count_above(s, 300_000);
     assert!((200..=203).contains(&held), "{held} messages from 300 us up: {s}");
 }
+
+#[test]
+fn lab_drops_provokes_nine_reasons_and_every_relation_holds() {
+    let out = Command::new(SONDE).args(["lab", "drops", "--packets", "50"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!text.contains("DOES NOT HOLD"), "{text}");
+    // Each relation's kernel side is what the lab sent: 50 of each kind.
+    for what in [
+        "NO_SOCKET udp IPv4",
+        "NO_SOCKET udp IPv6",
+        "UDP_CSUM udp IPv4",
+        "SOCKET_FILTER udp IPv4",
+        "IP_NOPROTO IPv4",
+        "IP_RPFILTER",
+        "NETFILTER_DROP",
+        "TC_INGRESS+TC_EGRESS",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(&format!("{what} ")) && (l.contains(" == ") || l.contains(" <= ")))
+            .unwrap_or_else(|| panic!("{what}: {text}"));
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        let n = cols.len() - what.split_whitespace().count();
+        assert!(n >= 4 && cols[cols.len() - n + 2] == "50" && line.ends_with(" ok"), "{line}");
+    }
+}

@@ -12,6 +12,8 @@ mod cli;
 mod cwnd;
 /// Attach and detach cycles of funclatency, slow and serve on a self-checking target.
 mod cycles;
+/// `sonde drops` against the namespaces' own counters.
+mod drops;
 /// `sonde funclatency` and `sonde slow`.
 mod funclatency;
 /// Go binaries, stripped or not, named and walked from Go's own table.

@@ -258,6 +258,64 @@ fn prometheus_scrapes_retransmits_that_match_the_mib_and_latencies_the_workload_
     assert_gone(pid, &ours);
 }
 
+/// The drops collector through a real Prometheus: per reason and
+/// protocol, what the kernel's counters in the namespace say (nine reasons
+/// of the drops lab's workload), with labels bounded by the kernel's
+/// reasons and the IP protocols.
+#[test]
+fn prometheus_scrapes_drops_by_reason_that_match_the_namespaces_counters() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir("prom-drops");
+    let pair = Pair::new().expect("namespaces");
+    let ns = Netns::create(&format!("sonde-promd-{}", std::process::id())).unwrap();
+    let cfg = dir.join("sonde.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "listen = \"127.0.0.1:9633\"\n[retrans]\nenabled = false\n[cwnd]\nenabled = false\n[profiles]\nenabled = false\n[drops]\nnetns = [\"{}\"]\n",
+            pair.b.name
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(Some(&ns), &["--config", cfg.to_str().unwrap()]);
+    let _prom = prometheus(&ns, &dir, &serve.addr);
+    let before = pair.b.mib().unwrap();
+    sonde::lab::drops::workload(&pair, 150).expect("workload");
+    let d = pair.b.mib().unwrap().delta(&before);
+    let done = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64() + 2.5;
+    let t0 = Instant::now();
+    while one(&ns, "127.0.0.1:9090", "max(timestamp(sonde_build_info))") < done {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no scrape after the traffic");
+        thread::sleep(Duration::from_millis(300));
+    }
+    let series = query(&ns, "127.0.0.1:9090", "sonde_packet_drops_total");
+    let by: std::collections::HashMap<(String, String), i64> = series
+        .iter()
+        .map(|(m, v)| {
+            ((m["reason"].as_str().unwrap().to_string(), m["protocol"].as_str().unwrap().to_string()), *v as i64)
+        })
+        .collect();
+    eprintln!("drops via Prometheus: {by:?}");
+    let get = |r: &str, p: &str| by.get(&(r.to_string(), p.to_string())).copied().unwrap_or(0);
+    assert_eq!(get("NO_SOCKET", "udp"), d.get("UdpNoPorts") + d.get("Udp6NoPorts"));
+    assert_eq!(get("SOCKET_RCVBUFF", "udp"), d.get("UdpRcvbufErrors") + d.get("Udp6RcvbufErrors"));
+    assert_eq!(get("UDP_CSUM", "udp"), d.get("UdpInCsumErrors"));
+    assert_eq!(get("IP_NOPROTO", "253"), d.get("IpInUnknownProtos"));
+    assert_eq!(get("IP_RPFILTER", "udp"), d.get("TcpExtIPReversePathFilter"));
+    for (r, p) in [("NETFILTER_DROP", "udp"), ("TC_INGRESS", "udp"), ("SOCKET_FILTER", "udp")] {
+        assert_eq!(get(r, p), 150, "{r} {p}");
+    }
+    // Bounded labels: the kernel's reason names and protocols, nothing per flow.
+    for (m, _) in &series {
+        let keys: Vec<&String> = m.as_object().unwrap().keys().collect();
+        assert!(
+            keys.iter().all(|k| ["__name__", "reason", "protocol", "instance", "job"].contains(&k.as_str())),
+            "{m}"
+        );
+    }
+    assert_eq!(serve.stop(), 0);
+}
+
 /// Runs `cmd` with `input` on stdin.
 trait OutputWith {
     fn output_with(&mut self, input: &[u8]) -> std::process::Output;
@@ -573,6 +631,7 @@ fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted_restarte
     let before = ns.mib().unwrap();
     let overflow = build_workload("overflow", &["-O2"]);
     let bursts = build_workload("bursts", &["-O2"]);
+    let udpdrops = build_workload("udpdrops", &["-O2"]);
     // The workloads join a container cgroup of the pod, then its namespace:
     // overflow retransmits; in the second container, bursts answers GAPS
     // requests after 400 ms of idle (longer than loopback's RTO: slow start
@@ -582,6 +641,9 @@ fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted_restarte
     let runs = [
         (&scope, format!("{} 7000 4", overflow.display())),
         (&scope2, format!("{} 7100 cubic {} 400 100000", bursts.display(), GAPS + 1)),
+        // Datagrams to a closed port (no socket: no owner) and to a
+        // socket of the first container that never reads.
+        (&scope, format!("{} 100", udpdrops.display())),
     ];
     for (cg, cmd) in runs {
         let join = format!("echo $$ > {}/cgroup.procs && exec ip netns exec {} {cmd}", cg.display(), ns.name);
@@ -637,6 +699,28 @@ fn cgroup_labels_name_the_pod_and_container_whose_sockets_retransmitted_restarte
     assert!((GAPS as f64..=2.0 * GAPS as f64).contains(&restarts_pod), "restarts in the pod: {text}");
     let sleeps_pod = sum("sonde_function_latency_seconds_count{target=\"syscall:clock_nanosleep\"", Some(true));
     assert_eq!(sleeps_pod, GAPS as f64, "bursts' client slept GAPS times: {text}");
+    // Drops: a full socket's are its container's, to the last one the
+    // namespace's counters kept; those that name no socket are "unknown".
+    let rcvbuf = (d.get("UdpRcvbufErrors") + d.get("Udp6RcvbufErrors")) as f64;
+    let noport_unknown: f64 = text
+        .lines()
+        .filter(|l| {
+            l.starts_with("sonde_packet_drops_total{reason=\"NO_SOCKET\",protocol=\"udp\"")
+                && l.contains("cgroup=\"unknown\"")
+        })
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum();
+    eprintln!("cgroup labels: RcvbufErrors {rcvbuf}, NO_SOCKET unknown {noport_unknown}");
+    let pod1 = format!("pod_uid=\"{UID}\",container_id=\"containerd://{ID}\"");
+    assert!(rcvbuf > 0.0, "{d:?}");
+    assert_eq!(sum("sonde_packet_drops_total{reason=\"SOCKET_RCVBUFF\"", None), rcvbuf, "{text}");
+    assert!(
+        text.lines()
+            .filter(|l| l.starts_with("sonde_packet_drops_total{reason=\"SOCKET_RCVBUFF\""))
+            .all(|l| l.contains(&pod1)),
+        "every full-socket drop is the first container's: {text}"
+    );
+    assert_eq!(noport_unknown, (d.get("UdpNoPorts") + d.get("Udp6NoPorts")) as f64, "{text}");
     assert_eq!(serve.stop(), 0);
     let _ = std::fs::remove_dir(&scope);
     let _ = std::fs::remove_dir(&scope2);

@@ -165,6 +165,7 @@ pub fn run(a: &DoctorArgs) -> anyhow::Result<i32> {
 /// order is written once.
 const TOOLS: &[(&str, Report)] = &[
     ("retrans", crate::tools::retrans::doctor),
+    ("drops", crate::tools::drops::doctor),
     ("cwnd", crate::tools::cwnd::doctor),
     ("msglat", msglat_report),
     ("profile", crate::tools::profile::doctor),

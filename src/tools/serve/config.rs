@@ -19,6 +19,14 @@
 //! enabled = true
 //! port = []
 //!
+//! [drops]                           # on by default: sonde_packet_drops_total
+//! enabled = true
+//! reason = []                       # only these reasons (the kernel's names)
+//! not_reason = ["NOT_SPECIFIED"]    # every reason but these
+//! proto = []                        # tcp, udp, icmp, ... or numbers
+//! netns = []
+//! iface = []
+//!
 //! [funclatency]                     # off until targets are named
 //! targets = ["syscall:read", "softirq:net_rx", "/usr/bin/app:handle_*"]
 //! cgroup = ""
@@ -71,6 +79,9 @@ pub struct Config {
     /// cwnd collector.
     #[serde(default)]
     pub cwnd: NetCollector,
+    /// drops collector.
+    #[serde(default)]
+    pub drops: DropsCollector,
     /// funclatency collector.
     #[serde(default)]
     pub funclatency: Funclatency,
@@ -137,6 +148,62 @@ impl NetCollector {
         }
         if !self.cgroup.is_empty() {
             v.extend(["--cgroup".to_string(), self.cgroup.clone()]);
+        }
+        v
+    }
+}
+
+/// The drops collector's switch and filters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DropsCollector {
+    /// On by default.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Only these reasons.
+    #[serde(default)]
+    pub reason: Vec<String>,
+    /// Every reason but these.
+    #[serde(default)]
+    pub not_reason: Vec<String>,
+    /// IP protocols.
+    #[serde(default)]
+    pub proto: Vec<String>,
+    /// Network namespaces.
+    #[serde(default)]
+    pub netns: Vec<String>,
+    /// Interfaces.
+    #[serde(default)]
+    pub iface: Vec<String>,
+}
+
+impl Default for DropsCollector {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            reason: Vec::new(),
+            not_reason: Vec::new(),
+            proto: Vec::new(),
+            netns: Vec::new(),
+            iface: Vec::new(),
+        }
+    }
+}
+
+impl DropsCollector {
+    /// The filters as `sonde drops`'s flags.
+    pub fn argv(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        for (flag, list) in [
+            ("--reason", &self.reason),
+            ("--not-reason", &self.not_reason),
+            ("--proto", &self.proto),
+            ("--netns", &self.netns),
+            ("--iface", &self.iface),
+        ] {
+            for x in list {
+                v.extend([flag.to_string(), x.clone()]);
+            }
         }
         v
     }

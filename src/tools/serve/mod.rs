@@ -84,13 +84,14 @@ pub struct ServeArgs {
     #[arg(long = "funclatency", value_name = "TARGET")]
     pub funclatency: Vec<String>,
     /// Turn off a collector or the profile endpoints (repeatable): retrans,
-    /// cwnd, profiles.
-    #[arg(long, value_name = "NAME", value_parser = ["retrans", "cwnd", "profiles"])]
+    /// cwnd, drops, profiles.
+    #[arg(long, value_name = "NAME", value_parser = ["retrans", "cwnd", "drops", "profiles"])]
     pub disable: Vec<String>,
     /// Per-cgroup series (cgroup path, Kubernetes pod UID, container ID).
     #[arg(long, value_name = "SET", value_parser = ["cgroup"])]
     pub labels: Vec<String>,
-    /// Only connections in these network namespaces (retrans and cwnd).
+    /// Only connections and packets in these network namespaces (retrans,
+    /// cwnd, drops).
     #[arg(long, value_name = "NETNS")]
     pub netns: Vec<String>,
     /// Only connections owned by a task of this name (retrans and cwnd;
@@ -130,6 +131,7 @@ fn settle(a: &ServeArgs) -> anyhow::Result<Config> {
         match d.as_str() {
             "retrans" => c.retrans.enabled = false,
             "cwnd" => c.cwnd.enabled = false,
+            "drops" => c.drops.enabled = false,
             _ => c.profiles.enabled = false,
         }
     }
@@ -137,6 +139,7 @@ fn settle(a: &ServeArgs) -> anyhow::Result<Config> {
     for n in &a.netns {
         c.retrans.netns.push(n.clone());
         c.cwnd.netns.push(n.clone());
+        c.drops.netns.push(n.clone());
     }
     for n in &a.comm {
         c.retrans.comm.push(n.clone());
@@ -219,6 +222,13 @@ fn start_collectors(c: &Config) -> anyhow::Result<Vec<Slot>> {
     }
     if c.cwnd.enabled {
         add("cwnd", CwndCollector::start(&c.cwnd.argv(), by_cgroup).map(|x| Box::new(x) as Box<dyn Collector>))?;
+    }
+    if c.drops.enabled {
+        add(
+            "drops",
+            crate::tools::drops::collect::DropsCollector::start(&c.drops.argv(), by_cgroup)
+                .map(|x| Box::new(x) as Box<dyn Collector>),
+        )?;
     }
     if !c.funclatency.targets.is_empty() {
         let (min, max) = c.range_ns();
