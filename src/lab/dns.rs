@@ -393,8 +393,8 @@ fn resolver_wait(frames: &[crate::engine::stacks::Frame]) -> bool {
 
 /// The functions the server's worker calls on the way to the resolver's
 /// poll(), in order. glibc's resolver is built without frame pointers, so a
-/// frame-pointer walk loses them (seed 001: "78% in poll(), and no code that
-/// calls it"); the unwind tables find them.
+/// frame-pointer walk loses them ("78% in poll(), and no code that calls
+/// it"); the unwind tables find them.
 const RESOLVER_CHAIN: [&str; 4] = ["worker", "serve_connection", "log_request", "getnameinfo"];
 
 /// Whether the stack passes through [`RESOLVER_CHAIN`] in order and then

@@ -33,19 +33,19 @@ pub enum Lab {
     /// A bundled workload with a built-in 2:1 CPU split, profiled; the
     /// measured split beside the built-in one, and its flame graphs.
     Profile(profile::ProfileLabArgs),
-    /// Seed 001: an HTTP server slowed by reverse DNS lookups in its
+    /// An HTTP server slowed by reverse DNS lookups in its
     /// logging; profile, offcpu and wakeup find the cause, then the rate
     /// without the resolver's delay.
     Dns(dns::DnsLabArgs),
-    /// Seed 003: connect() slow in port selection with TIME_WAIT filling the
+    /// connect() slow in port selection with TIME_WAIT filling the
     /// ephemeral range; `slow` shows where, then tcp_tw_reuse=1 shrinks it.
     Slow(slow::SlowLabArgs),
-    /// Seed 002: a response every few seconds on one connection; CUBIC
+    /// A response every few seconds on one connection; CUBIC
     /// restarts slow start after each idle gap, BBR and the sysctl at 0 do
     /// not; `sonde cwnd` shows each, `ss -ti` checks it, and the round trips
     /// each restart costs are measured.
     IdleRestart(idle::IdleLabArgs),
-    /// Seed 004: sender -> broker -> receiver; end-to-end time with the
+    /// Sender -> message broker -> receiver; end-to-end time with the
     /// broker untraced, logging to memory, logging to a file, and traced by
     /// `sonde msglat`, side by side, with the T2 distribution sonde saw.
     Msglat(msglat::MsglatLabArgs),

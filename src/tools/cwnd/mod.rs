@@ -55,7 +55,9 @@ pub const MECHANISMS: &Mechanisms = &[
 ];
 
 /// Congestion window per TCP connection over time, and slow-start restarts
-/// after idle (RFC 5681 4.1; seed 002): for every send after the connection
+/// after idle.
+///
+/// Slow start after idle (RFC 5681 4.1): for every send after the connection
 /// was idle longer than its RTO, whether the kernel restarted slow start
 /// ("restart", with the cwnd before and after) or not, and why not (the
 /// congestion control has its own cong_control hook, as bbr does; the sysctl

@@ -17,12 +17,18 @@ use crate::engine::{
 crate::skeleton!("probe");
 use skel::ProbeSkelBuilder;
 
-/// Show what this kernel offers (BTF, tracepoints, tp_btf, raw_tp, kprobes,
+/// What this kernel allows and which mechanism each tool uses.
+///
+/// What this kernel offers (BTF, tracepoints, tp_btf, raw_tp, kprobes,
 /// fentry, uprobes, perf_event sampling, ring buffer, bpf_stats, privileges)
 /// and which mechanism each sonde tool uses here.
 ///
 /// Each program type is checked by loading (and where cheap attaching) a tiny
 /// program, never by kernel version. Exit status 2 when sonde cannot run at all.
+///
+/// OVERHEAD: the test programs it attaches are detached before it exits,
+/// nothing stays; a run takes 0.25-0.33 s of wall time, 0.07-0.08 s of CPU
+/// and 9 MiB of memory (2-core VM, kernel 6.18, three runs).
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
     /// One JSON object instead of text.

@@ -58,9 +58,10 @@ const STAT_MAX: usize = 14;
 /// ml_event/ml_flow_key's descriptor for a send not made by a write or send call.
 const NO_FD: u32 = u32::MAX;
 
-/// Per-message latency through a process that receives messages on some
-/// sockets and sends them on others (a broker, a proxy, a relay): the time
-/// from each message's receive (its read/recv returns) to its send (its
+/// Per-message latency through a broker, proxy or relay process.
+///
+/// For a process that receives messages on some sockets and sends them on
+/// others: the time from each message's receive (its read/recv returns) to its send (its
 /// write/send is entered), paired in the kernel by a message id in the
 /// payload (--id OFFSET:LEN, default 0:8) or in FIFO order (--fifo), as a
 /// histogram with p50/p90/p99/max and a per-flow breakdown.
@@ -77,8 +78,8 @@ const NO_FD: u32 = u32::MAX;
 /// through the traced process +222 ns with the default socket hooks (+418
 /// syscalls, +304 raw); other processes: getppid and write +0 (syscalls
 /// +17/+45), a loopback TCP write+read +64 ns (syscalls +348). Through
-/// seed 004's broker that is about 286 ns per message (syscalls 766).
-/// bench/broker/run (seed 004's harness, messages 60 us apart, so caches
+/// bench/broker's message broker that is about 286 ns per message (syscalls 766).
+/// bench/broker/run (sender, broker, receiver; messages 60 us apart, so caches
 /// are cold; the three processes on one CPU): +471..+507 ns end to end
 /// (syscalls +686), of which +234..+263 is reaching four empty programs at
 /// the same tracepoints (the sender's send, the broker's receive and send,

@@ -85,10 +85,9 @@ pub const MECHANISMS: &Mechanisms = &[
     (Mechanism::Tracepoint, "classic tracepoints (reads the trace record)"),
 ];
 
-/// Trace TCP retransmissions with their cause (RTO, TLP, fast/RACK, loss
-/// recovery, SYN, SYN-ACK), flow, state and owning process.
+/// Trace TCP retransmissions with their cause, flow, state and owner.
 ///
-/// Uses the tcp:tcp_retransmit_skb and tcp:tcp_retransmit_synack tracepoints
+/// Causes: RTO, TLP, fast/RACK, loss recovery, SYN, SYN-ACK. Uses the tcp:tcp_retransmit_skb and tcp:tcp_retransmit_synack tracepoints
 /// (tp_btf, else raw_tp, else classic). Never reads /proc/net/tcp.
 ///
 /// Retransmits the kernel made with no tracepoint run (some kernels skip

@@ -58,7 +58,7 @@ use crate::{
 ///
 /// OVERHEAD (bench/serve/run, 2-core VM): idle host, defaults, 0.067% of a
 /// core unscraped and 0.10% scraped every second (0.29 ms CPU per scrape;
-/// p50 0.57 ms); under seed 000's SYN storm (23k retransmits/s) 452 ns per
+/// p50 0.57 ms); under a SYN storm (80k sockets, 23k retransmits/s) 452 ns per
 /// retransmit in the kernel, 0.30x `sonde retrans --count`'s 1,520 (no
 /// per-flow table), 0.10% of a core for the process; a bulk transfer over
 /// veth at 2.4 GB/s loses 7% (cwnd's send hook runs per copy into the send
