@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab lint deny deploy-check test static image vmtest bench clean
+.PHONY: setup build lab lint deny deploy-check test static image vmtest bench docs install clean
 
 setup:
 	@scripts/setup
@@ -71,6 +71,27 @@ bench: build
 # sched_exit_tp, tcp_retransmit_skb without err).
 vmtest: static
 	$(SUDO) scripts/vmtest target/$(TARGET)/release/sonde
+
+# Man pages and shell completions, written from the flag definitions into
+# docs/man and docs/completions (a test fails when they fall behind).
+docs: build
+	./target/release/sonde generate man docs/man
+	./target/release/sonde generate bash docs/completions
+	./target/release/sonde generate zsh docs/completions
+	./target/release/sonde generate fish docs/completions
+
+# The static binary, its man pages and completions under PREFIX (DESTDIR for
+# packaging), written by the binary being installed.
+PREFIX ?= /usr/local
+install: static
+	install -D -m 0755 target/$(TARGET)/release/sonde $(DESTDIR)$(PREFIX)/bin/sonde
+	$(DESTDIR)$(PREFIX)/bin/sonde generate all $(DESTDIR)$(PREFIX)/share/sonde/generated
+	install -d $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 0644 $(DESTDIR)$(PREFIX)/share/sonde/generated/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -D -m 0644 $(DESTDIR)$(PREFIX)/share/sonde/generated/sonde.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/sonde
+	install -D -m 0644 $(DESTDIR)$(PREFIX)/share/sonde/generated/_sonde $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_sonde
+	install -D -m 0644 $(DESTDIR)$(PREFIX)/share/sonde/generated/sonde.fish $(DESTDIR)$(PREFIX)/share/fish/vendor_completions.d/sonde.fish
+	rm -rf $(DESTDIR)$(PREFIX)/share/sonde/generated
 
 clean:
 	$(CARGO) clean

@@ -17,7 +17,6 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// What this kernel allows and which mechanism each tool uses.
     Doctor(tools::doctor::DoctorArgs),
     Retrans(tools::retrans::RetransArgs),
     Drops(tools::drops::DropsArgs),
@@ -31,6 +30,55 @@ enum Cmd {
     Serve(tools::serve::ServeArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
+    /// Write the man pages and shell completions (`make install` does).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// What `sonde generate` writes.
+#[derive(clap::Args, Debug)]
+struct GenerateArgs {
+    /// man (sonde.1, sonde-TOOL.1), bash (sonde.bash), zsh (_sonde), fish
+    /// (sonde.fish) or all.
+    #[arg(value_parser = ["man", "bash", "zsh", "fish", "all"])]
+    what: String,
+    /// The directory to write them in.
+    dir: std::path::PathBuf,
+}
+
+/// Writes man pages and completions from the flag definitions, so that
+/// they never fall behind them.
+fn generate(a: &GenerateArgs) -> anyhow::Result<i32> {
+    use anyhow::Context;
+    use clap::CommandFactory;
+    use clap_complete::Shell;
+    let mut cmd = Cli::command();
+    cmd.build();
+    std::fs::create_dir_all(&a.dir).with_context(|| format!("creating {}", a.dir.display()))?;
+    let write = |name: &str, body: Vec<u8>| -> anyhow::Result<()> {
+        let p = a.dir.join(name);
+        std::fs::write(&p, body).with_context(|| format!("writing {}", p.display()))
+    };
+    let all = a.what == "all";
+    if all || a.what == "man" {
+        let mut page = Vec::new();
+        clap_mangen::Man::new(cmd.clone()).render(&mut page)?;
+        write("sonde.1", page)?;
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help") {
+            let name = format!("sonde-{}", sub.get_name());
+            let mut page = Vec::new();
+            clap_mangen::Man::new(sub.clone().name(name.clone()).bin_name(name.clone())).render(&mut page)?;
+            write(&format!("{name}.1"), page)?;
+        }
+    }
+    for (shell, file) in [(Shell::Bash, "sonde.bash"), (Shell::Zsh, "_sonde"), (Shell::Fish, "sonde.fish")] {
+        if all || a.what == shell.to_string() {
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "sonde", &mut out);
+            write(file, out)?;
+        }
+    }
+    Ok(0)
 }
 
 fn main() -> ExitCode {
@@ -88,6 +136,7 @@ fn dispatch(cmd: &Cmd) -> anyhow::Result<i32> {
         Cmd::Msglat(a) => tools::msglat::run(a),
         Cmd::Serve(a) => tools::serve::run(a),
         Cmd::Lab(a) => lab::run(a),
+        Cmd::Generate(a) => generate(a),
     }
 }
 

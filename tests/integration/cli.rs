@@ -237,18 +237,76 @@ fn every_tool_help_has_an_overhead_paragraph() {
         .take_while(|l| l.starts_with("  "))
         .filter(|l| !l.starts_with("   "))
         .filter_map(|l| l.split_whitespace().next())
-        .filter(|t| !["doctor", "lab", "help"].contains(t))
+        .filter(|t| !["lab", "help"].contains(t))
         .collect();
     assert!(tools.len() >= 8 && tools.contains(&"retrans") && tools.contains(&"msglat"), "{top}");
+    // One line per command in `sonde --help`.
+    let block: Vec<&str> =
+        top.lines().skip_while(|l| !l.starts_with("Commands:")).skip(1).take_while(|l| l.starts_with("  ")).collect();
+    assert!(block.iter().all(|l| !l.starts_with("   ")), "a command's summary runs past one line: {top}");
+    let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     for tool in tools {
         let out = Command::new(SONDE).args([tool, "--help"]).output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success() && text.contains("OVERHEAD"), "{tool} --help: {text}");
+        // The figures have one source: the docs page repeats the help's
+        // OVERHEAD paragraph word for word.
+        let para = text.split("\n\n").find(|p| p.trim_start().starts_with("OVERHEAD")).unwrap();
+        let page = std::fs::read_to_string(root.join(format!("docs/{tool}.md"))).unwrap();
+        assert!(
+            squash(&page).contains(&squash(para)),
+            "docs/{tool}.md does not repeat `sonde {tool} --help`'s OVERHEAD paragraph:\n{para}"
+        );
     }
     // A missing required option is named in the one-line error.
     let out = Command::new(SONDE).args(["slow", "syscall:read"]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.code() == Some(2) && err.contains("--over"), "{err}");
+}
+
+/// The man pages and completions in docs/ are what the flag definitions
+/// give today (`make docs` writes them), and bash completes with them.
+#[test]
+fn man_pages_and_completions_are_current() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let dir = std::env::temp_dir().join(format!("sonde-generate-{}", std::process::id()));
+    let st = Command::new(SONDE).args(["generate", "all", dir.to_str().unwrap()]).status().unwrap();
+    assert!(st.success());
+    let mut made: Vec<String> =
+        std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    made.sort();
+    assert!(made.contains(&"sonde.1".to_string()) && made.contains(&"sonde-drops.1".to_string()), "{made:?}");
+    let mut stale = Vec::new();
+    for f in &made {
+        let sub = if f.ends_with(".1") { "man" } else { "completions" };
+        let new = std::fs::read(dir.join(f)).unwrap();
+        if std::fs::read(root.join(sub).join(f)).ok() != Some(new) {
+            stale.push(format!("docs/{sub}/{f}"));
+        }
+    }
+    let page = std::fs::read_to_string(dir.join("sonde-drops.1")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(stale.is_empty(), "out of date (run `make docs`): {stale:?}");
+    assert!(page.starts_with(".ie") || page.contains(".TH sonde-drops 1"), "{page}");
+    assert!(page.contains("OVERHEAD") && page.contains("\\-\\-not\\-reason"), "{page}");
+    // bash, given the completion, completes a command and a flag.
+    let complete = |line: &str| -> String {
+        let words: Vec<&str> = line.split(' ').collect();
+        let script = format!(
+            "source {}; COMP_WORDS=({}); COMP_CWORD={}; COMP_LINE='{line}'; COMP_POINT={}; _sonde sonde '{}' '{}'; echo \"${{COMPREPLY[@]}}\"",
+            root.join("completions/sonde.bash").display(),
+            words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" "),
+            words.len() - 1,
+            line.len(),
+            words[words.len() - 1],
+            words[words.len() - 2],
+        );
+        let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(complete("sonde dr").trim(), "drops");
+    assert!(complete("sonde drops --not-r").contains("--not-reason"));
 }
 
 /// No program of ours that was not there `before` stays without a holder:
