@@ -1,5 +1,5 @@
-//! Compiles every `src/tools/<tool>/<tool>.bpf.c` into a libbpf-rs skeleton in OUT_DIR, and the
-//! lab workloads into static binaries beside them.
+//! Compiles every `src/tools/<tool>/<tool>.bpf.c` (and `src/engine/<part>/*.bpf.c`) into a
+//! libbpf-rs skeleton in OUT_DIR, and the lab workloads into static binaries beside them.
 //!
 //! Cargo reruns this script after any change under `src/tools` (it must notice a new tool's
 //! `.bpf.c` next to its `mod.rs`), so the script itself skips whatever is fresh: a skeleton is
@@ -36,7 +36,11 @@ fn main() {
             shared.extend(headers(&dir));
         }
     }
-    for entry in fs::read_dir(manifest.join("src/tools")).unwrap() {
+    // Each tool's folder, and the engine's (doctor's probes live in
+    // src/engine/caps).
+    let folders = [manifest.join("src/tools"), manifest.join("src/engine")];
+    println!("cargo:rerun-if-changed=src/engine/caps");
+    for entry in folders.iter().flat_map(|f| fs::read_dir(f).unwrap()) {
         let dir = entry.unwrap().path();
         if !dir.is_dir() {
             continue;

@@ -18,6 +18,7 @@ use libbpf_rs::{
 };
 use serde::Serialize;
 
+use crate::engine::caps::{cannot, Caps};
 use crate::engine::{
     attach::{self, recursion_misses, with_fallbacks, Mechanism, Mechanisms},
     chart::{Chart, Marker, Series},
@@ -31,7 +32,6 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
     time::{clock_ns, epoch_secs, hms, mono_to_epoch},
 };
-use crate::tools::doctor::{cannot, Caps};
 use serde_json::{json, Value};
 
 crate::skeleton!("cwnd");

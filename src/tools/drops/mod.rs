@@ -25,6 +25,7 @@ use libbpf_rs::{
 };
 use serde_json::{json, Value};
 
+use crate::engine::caps::{cannot, Caps};
 use crate::engine::{
     attach::{self, with_fallbacks, Mechanism, Mechanisms},
     error::usage,
@@ -37,7 +38,6 @@ use crate::engine::{
     symbols::KernelSymbols,
     time::{epoch_secs, hms, mono_to_epoch},
 };
-use crate::tools::doctor::{cannot, Caps};
 use counters::Snapshot;
 use reasons::Reasons;
 

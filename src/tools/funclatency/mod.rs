@@ -23,6 +23,7 @@ use libbpf_rs::{
     UprobeOpts,
 };
 
+use crate::engine::caps::Caps;
 use crate::engine::hist::{human, Hist};
 use crate::engine::{
     error::usage,
@@ -35,7 +36,6 @@ use crate::engine::{
     stacktool,
     taskfilter::TaskFilter,
 };
-use crate::tools::doctor::Caps;
 use serde::Serialize;
 use serde_json::{json, Value};
 use targets::{Probe, ProbeKind};

@@ -25,6 +25,7 @@ use super::{
     detach, load_with_fallback, read_at_stop, skel::FunclatencySkel, targets::Probe, AtStop, KernelMechanism, Loaded,
     NotTimed, Probing, Scope, SlowCfg, FL_SAMPLES, FL_SAMPLES_OUTSIDE, FL_SLOW_LOST, FL_STACKS,
 };
+use crate::engine::caps::Caps;
 use crate::engine::hist::human;
 use crate::engine::{
     error::usage,
@@ -38,7 +39,6 @@ use crate::engine::{
     taskfilter::TaskFilter,
     unwind::{self, UnwMaps, UnwindArgs},
 };
-use crate::tools::doctor::Caps;
 use serde_json::{json, Value};
 
 /// Most slow calls listed one by one: the slowest. Every slow call is

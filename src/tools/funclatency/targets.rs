@@ -96,7 +96,7 @@ pub fn resolve(targets: &[String], pids: &[u32], max_probes: usize) -> anyhow::R
 /// has neither fentry nor kprobes.
 fn kernel_functions(pat: &str) -> anyhow::Result<Vec<Probe>> {
     if !features::has_kprobes() {
-        if let Err(why) = crate::tools::doctor::fentry_attaches() {
+        if let Err(why) = crate::engine::caps::fentry_attaches() {
             return Err(env(format!(
                 "kernel:{pat}: kernel functions need fentry/fexit or kprobes, and this kernel has kprobes compiled out and refuses fentry ({why}); trace a syscall:NAME or softirq:NAME instead, or see `sonde doctor`"
             )));

@@ -10,6 +10,7 @@ use libbpf_rs::{
     Link, MapCore, OpenObject,
 };
 
+use crate::engine::caps::{cannot, Caps};
 use crate::engine::{
     attach::{self, with_fallbacks, Mechanism, Mechanisms},
     error::usage,
@@ -24,7 +25,6 @@ use crate::engine::{
     taskfilter::{TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
-use crate::tools::doctor::{cannot, Caps};
 use serde::Serialize;
 use serde_json::{json, Value};
 

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 pub use names::KINDS;
 
+use crate::engine::caps::{cannot, Caps};
 use crate::engine::{
     attach::{self, recursion_misses, with_fallbacks, Mechanism, Mechanisms},
     error::usage,
@@ -36,7 +37,6 @@ use crate::engine::{
     symbols::KernelSymbols,
     time::{clock_ns, epoch_secs, hms, mono_to_epoch},
 };
-use crate::tools::doctor::{cannot, Caps};
 
 crate::skeleton!("retrans");
 crate::pod!(types::rt_event, types::rt_flow, types::rt_flow_stats, types::rt_group, types::rt_group_stats);
