@@ -5,6 +5,8 @@
 //! `types` module mirrors those structs. Every tool turns bytes into such a
 //! struct through [`decode`] or [`decode_prefix`], never by its own pointer cast.
 
+use anyhow::Context;
+
 /// A type every byte pattern of its size is a valid value of: the C structs
 /// the skeletons generate (integers, arrays of integers, padding; no
 /// references, bools, enums with invalid values or pointers to follow).
@@ -64,6 +66,63 @@ pub fn decode_prefix<T: Pod>(bytes: &[u8], min: usize) -> Option<T> {
 pub fn percpu_sum(map: &dyn libbpf_rs::MapCore, key: u32) -> anyhow::Result<u64> {
     let vals = map.lookup_percpu(&key.to_ne_bytes(), libbpf_rs::MapFlags::ANY)?.unwrap_or_default();
     Ok(vals.iter().filter_map(|v| decode::<u64>(v)).sum())
+}
+
+/// Calls `each` with every (key, value) of a hash map, read in batches of
+/// 4,096 (BPF_MAP_LOOKUP_BATCH, Linux 5.6+: one system call per batch, and
+/// nothing allocated per entry), else key by key where the kernel cannot
+/// batch.
+pub fn for_each_entry(map: &dyn libbpf_rs::MapCore, mut each: impl FnMut(&[u8], &[u8])) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    const BATCH: usize = 4096;
+    let (ks, vs) = (map.key_size() as usize, map.value_size() as usize);
+    let (mut keys, mut vals) = (vec![0u8; BATCH * ks], vec![0u8; BATCH * vs]);
+    // The kernel's position between calls (a bucket index for hashes).
+    let (mut pos, mut next) = (vec![0u8; ks.max(8)], vec![0u8; ks.max(8)]);
+    let opts = libbpf_sys::bpf_map_batch_opts {
+        sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+        ..Default::default()
+    };
+    let mut first = true;
+    loop {
+        let mut count = BATCH as u32;
+        // SAFETY: `keys` and `vals` hold BATCH keys and values of the map's
+        // sizes, `pos` and `next` at least a key (the kernel's position is
+        // a u32 for hashes); all outlive the call.
+        let rc = unsafe {
+            libbpf_sys::bpf_map_lookup_batch(
+                map.as_fd().as_raw_fd(),
+                if first { std::ptr::null_mut() } else { pos.as_mut_ptr().cast() },
+                next.as_mut_ptr().cast(),
+                keys.as_mut_ptr().cast(),
+                vals.as_mut_ptr().cast(),
+                &mut count,
+                &opts,
+            )
+        };
+        let done = rc == -libc::ENOENT;
+        if rc < 0 && !done {
+            if first {
+                // No batches here (or a bucket larger than a batch): key by key.
+                for k in map.keys() {
+                    if let Ok(Some(v)) = map.lookup(&k, libbpf_rs::MapFlags::ANY) {
+                        each(&k, &v);
+                    }
+                }
+                return Ok(());
+            }
+            return Err(std::io::Error::from_raw_os_error(-rc)).context("reading a map in batches");
+        }
+        let n = (count as usize).min(BATCH);
+        for (k, v) in keys.chunks_exact(ks).zip(vals.chunks_exact(vs)).take(n) {
+            each(k, v);
+        }
+        if done {
+            return Ok(());
+        }
+        std::mem::swap(&mut pos, &mut next);
+        first = false;
+    }
 }
 
 /// A NUL-terminated C char array (a task's comm, a congestion control's

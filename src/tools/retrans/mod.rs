@@ -17,7 +17,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use libbpf_rs::{
     skel::{OpenSkel, Skel, SkelBuilder},
-    Link, MapCore, MapFlags, OpenObject,
+    Link, MapCore, OpenObject,
 };
 use serde_json::{json, Value};
 
@@ -96,13 +96,14 @@ pub const MECHANISMS: &Mechanisms = &[
 /// and reported as unseen_segs, of no known kind.
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
-/// 2-core VM): streaming every event as JSON to a file 3.0-3.7% of one core,
-/// 0 lost (a bpftrace printf one-liner: 5.1-5.5%); --count 0.1%; in the
-/// kernel 390-440 ns per event streaming, 700-860 ns with --count
-/// (bpftrace's: 1,100-1,230 ns; an empty program: 36-46 ns). About half of it
-/// is the socket's owner record, cold with 80k sockets (160-200 ns). Events
-/// reach the output within 50 ms. At ordinary retransmit rates (< 1k/s) the
-/// cost is negligible.
+/// 2-core VM): streaming every event as JSON to a file 1.8-2.3% of one core,
+/// 0 lost (a bpftrace printf one-liner: 5.0-5.6%); --count 0.1% while it runs,
+/// and 0.9-1.1% over a whole 10 s run including its end report of 136k flows
+/// (read in batches; 2.7% when read one by one); in the kernel 460-560 ns per
+/// event streaming, 1,050-1,230 ns with --count (bpftrace's: 6,900-8,000 ns;
+/// an empty program: 59-63 ns). About 60% of it is the socket's owner record,
+/// cold with 80k sockets (275-340 ns). Events reach the output within 50 ms.
+/// At ordinary retransmit rates (< 1k/s) the cost is negligible.
 #[derive(Debug, Args)]
 #[command(mut_arg("json", |a| a.help("One JSON object per line (events, then a summary)")))]
 #[command(mut_arg("output", |a| a.help("Write to this file instead of stdout: .json (JSON lines; implies --json) or .txt")))]
@@ -560,30 +561,39 @@ impl Printer {
 }
 
 /// One row of the --count table.
+#[derive(Clone)]
 struct FlowRow {
     flow: types::rt_flow,
     stats: types::rt_flow_stats,
 }
 
+/// The flow table, in batches; unsorted.
 fn read_flows(skel: &RetransSkel<'_>) -> anyhow::Result<Vec<FlowRow>> {
-    let mut rows = Vec::new();
-    let map = &skel.maps.flows;
-    for key in map.keys() {
-        let Some(val) = map.lookup(&key, MapFlags::ANY)? else { continue };
-        let (Some(flow), Some(stats)) =
-            (record::decode::<types::rt_flow>(&key), record::decode::<types::rt_flow_stats>(&val))
-        else {
-            continue;
-        };
-        rows.push(FlowRow { flow, stats });
-    }
-    rows.sort_by(|a, b| b.stats.count.cmp(&a.stats.count).then(b.stats.segs.cmp(&a.stats.segs)));
+    let mut rows = Vec::with_capacity(1024);
+    record::for_each_entry(&skel.maps.flows, |k, v| {
+        if let (Some(flow), Some(stats)) =
+            (record::decode::<types::rt_flow>(k), record::decode::<types::rt_flow_stats>(v))
+        {
+            rows.push(FlowRow { flow, stats });
+        }
+    })?;
     Ok(rows)
+}
+
+/// Most retransmits first (then segments).
+fn busiest(a: &FlowRow, b: &FlowRow) -> std::cmp::Ordering {
+    b.stats.count.cmp(&a.stats.count).then(b.stats.segs.cmp(&a.stats.segs))
 }
 
 /// The `--count` table (the first `top` rows and a line for the rest; 0:
 /// every row) or, with `json_out`, every row as a JSON line.
-fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow], top: usize) -> std::io::Result<()> {
+fn print_flows(sink: &mut Sink, json_out: bool, rows: &mut [FlowRow], top: usize) -> std::io::Result<()> {
+    let shown = if top == 0 || json_out { rows.len() } else { top.min(rows.len()) };
+    // Only the rows shown are sorted (80k flows, 20 shown).
+    if shown < rows.len() {
+        rows.select_nth_unstable_by(shown, busiest);
+    }
+    rows[..shown].sort_by(busiest);
     if json_out {
         for r in rows {
             let f = &r.flow;
@@ -606,7 +616,6 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &[FlowRow], top: usize) ->
         }
         return Ok(());
     }
-    let shown = if top == 0 { rows.len() } else { top.min(rows.len()) };
     let body: Vec<Vec<String>> = rows[..shown]
         .iter()
         .map(|r| {
@@ -768,13 +777,13 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             p.sink.flush()?;
             return Ok(());
         }
-        let rows = read_flows(skel)?;
+        let mut rows = read_flows(skel)?;
         if !p.json {
             let now = (clock_ns(libc::CLOCK_REALTIME)) as u64;
             p.sink.line(&format!("\n{} UTC, {:.0}s in:", hms(now), start.elapsed().as_secs_f64()))?;
         }
         let j = p.json;
-        print_flows(&mut p.sink, j, &rows, a.top)?;
+        print_flows(&mut p.sink, j, &mut rows, a.top)?;
         p.sink.flush()?;
         Ok(())
     })?;
@@ -813,9 +822,9 @@ fn report(
         return Err(anyhow::Error::new(e).context("writing events"));
     }
     if a.count {
-        let rows = read_flows(skel)?;
+        let mut rows = read_flows(skel)?;
         let j = p.json;
-        print_flows(&mut p.sink, j, &rows, a.top)?;
+        print_flows(&mut p.sink, j, &mut rows, a.top)?;
     }
     if p.json {
         p.sink.json(&summary_json(&totals, mech, elapsed))?;
@@ -847,8 +856,8 @@ pub fn now_epoch_ms() -> u128 {
 mod tests {
     use super::*;
 
-    /// `n` flows of kind `kind` with counts n, n-1, ..., 1 (sorted, as
-    /// read_flows leaves them), each with twice its count in segments.
+    /// `n` flows of kind `kind` with counts n, n-1, ..., 1, each with twice
+    /// its count in segments.
     fn rows(n: u64, kind: usize) -> Vec<FlowRow> {
         (0..n)
             .map(|i| FlowRow {
@@ -861,7 +870,9 @@ mod tests {
     fn table_of(rows: &[FlowRow], json: bool, top: usize) -> Vec<String> {
         let p = std::env::temp_dir().join(format!("sonde-flows-{}-{json}-{top}", std::process::id()));
         let mut sink = Sink::open(Some(&p)).unwrap();
-        print_flows(&mut sink, json, rows, top).unwrap();
+        // Unsorted, as read_flows leaves them: the smallest first.
+        let mut rows: Vec<FlowRow> = rows.iter().rev().cloned().collect();
+        print_flows(&mut sink, json, &mut rows, top).unwrap();
         sink.flush().unwrap();
         drop(sink);
         let text = std::fs::read_to_string(&p).unwrap();
