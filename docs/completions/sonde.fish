@@ -257,7 +257,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand msglat" -s h -l help -d 'Pri
 complete -c sonde -n "__fish_sonde_using_subcommand msglat" -s V -l version -d 'Print version'
 complete -c sonde -n "__fish_sonde_using_subcommand serve" -l config -d 'Config file (TOML)' -r -F
 complete -c sonde -n "__fish_sonde_using_subcommand serve" -l check-config -d 'Check this config file (and the web config it names) and exit' -r -F
-complete -c sonde -n "__fish_sonde_using_subcommand serve" -l listen -d 'Address to listen on (default 127.0.0.1:9632: loopback only)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand serve" -l listen -d 'Address to listen on (default 127.0.0.1:9632: loopback only), or unix:/PATH for a Unix socket (mode 0600; clients known by their uid)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand serve" -l web-config -d 'TLS and basic auth, in the exporter-toolkit web config format (node_exporter\'s --web.config.file)' -r -F
 complete -c sonde -n "__fish_sonde_using_subcommand serve" -l funclatency -d 'Latency histograms of these targets (as `sonde funclatency` names them; repeatable)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand serve" -l disable -d 'Turn off a collector or the profile endpoints (repeatable): retrans, cwnd, drops, profiles' -r -f -a "retrans\t''

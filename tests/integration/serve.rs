@@ -43,7 +43,8 @@ impl Serve {
                     .next()
                     .map(String::from)
             })
-            .expect("listen address in the readiness line");
+            // A Unix socket's line has no URL: the caller knows the path.
+            .unwrap_or_default();
         let addr = addr.trim_end_matches(':').to_string();
         let stderr = Arc::new(Mutex::new(text));
         let s2 = stderr.clone();
@@ -563,9 +564,16 @@ fn bad_config_and_bad_requests_are_refused_and_the_server_keeps_serving() {
 
 /// `curl` as another uid (setpriv): (HTTP status, body).
 fn curl_as(uid: u32, url: &str) -> (u16, String) {
+    curl_as_with(uid, &[url])
+}
+
+/// `curl ARGS` as another uid (setpriv): (HTTP status, body); status 0 when
+/// it could not connect.
+fn curl_as_with(uid: u32, args: &[&str]) -> (u16, String) {
     let id = uid.to_string();
     let out = Command::new("setpriv")
-        .args(["--reuid", &id, "--regid", &id, "--clear-groups", "curl", "-s", "-m", "60", "-w", "\n%{http_code}", url])
+        .args(["--reuid", &id, "--regid", &id, "--clear-groups", "curl", "-s", "-m", "60", "-w", "\n%{http_code}"])
+        .args(args)
         .output()
         .expect("setpriv curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -596,6 +604,49 @@ fn without_basic_auth_profiles_go_only_to_local_clients_of_allowed_uids() {
     assert!(metrics.contains("sonde_profile_requests_refused_total{reason=\"forbidden\"} 1"), "{metrics}");
     assert!(metrics.contains("sonde_profiles_total{kind=\"profile\"} 2"), "{metrics}");
     assert_eq!(serve.stop(), 0);
+}
+
+#[test]
+fn a_unix_socket_admits_root_only_and_knows_each_clients_uid_from_the_kernel() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let dir = tempdir("unix");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = dir.join("sonde.sock");
+    let (spec, path) = (format!("unix:{}", sock.display()), sock.to_str().unwrap().to_string());
+    let serve = Serve::start(
+        None,
+        &["--listen", &spec, "--disable", "retrans", "--disable", "cwnd", "--profiles-allow-uid", "65533"],
+    );
+    assert!(serve.stderr.lock().unwrap().contains(&format!("listening on {spec} (http)")));
+    let meta = std::fs::symlink_metadata(&sock).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let url = |p: &str| format!("http://localhost{p}");
+    let prof = url("/debug/pprof/profile?seconds=1");
+    let (code, metrics) = curl(None, &["--unix-socket", &path, &url("/metrics")]);
+    assert_eq!(code, 200);
+    assert!(String::from_utf8_lossy(&metrics).contains("sonde_build_info{"), "{}", String::from_utf8_lossy(&metrics));
+    let (code, body) = curl(None, &["--unix-socket", &path, &prof]);
+    assert_eq!(code, 200, "root: {}", String::from_utf8_lossy(&body));
+    assert!(body.starts_with(&[0x1f, 0x8b]), "a gzipped pprof profile");
+    // Mode 0600: another user cannot even connect.
+    let (code, _) = curl_as_with(65534, &["--unix-socket", &path, &url("/metrics")]);
+    assert_eq!(code, 0, "uid 65534 connected to a 0600 socket");
+    // Opened to everyone, the uid the kernel gives with each connection
+    // (SO_PEERCRED) decides: 65533 (the flag) gets a profile, 65534 a 403
+    // naming itself and the fix; metrics stay open.
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let (code, body) = curl_as_with(65533, &["--unix-socket", &path, &prof]);
+    assert_eq!(code, 200, "uid 65533: {body}");
+    let (code, body) = curl_as_with(65534, &["--unix-socket", &path, &prof]);
+    assert_eq!(code, 403, "uid 65534: {body}");
+    assert!(body.contains("uid 65534") && body.contains("--profiles-allow-uid 65534"), "{body}");
+    let (code, _) = curl_as_with(65534, &["--unix-socket", &path, &url("/metrics")]);
+    assert_eq!(code, 200);
+    assert_eq!(serve.stop(), 0);
+    assert!(!sock.exists(), "the socket file is removed at exit");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! their lists, and pass the same checks.
 //!
 //! ```toml
-//! listen = "127.0.0.1:9632"        # loopback by default
+//! listen = "127.0.0.1:9632"        # loopback by default; or "unix:/run/sonde.sock"
 //! web_config = "/etc/sonde/web.yml" # exporter-toolkit format: TLS, basic auth
 //! labels = ["cgroup"]               # per-cgroup series (pod UID, container ID)
 //!

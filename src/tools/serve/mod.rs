@@ -18,10 +18,7 @@ pub mod webconfig;
 
 use std::{
     path::PathBuf,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex,
-    },
+    sync::{atomic::Ordering, mpsc, Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -56,14 +53,15 @@ use crate::{
 /// and the profile endpoints, on 127.0.0.1:9632. A config file (TOML, see
 /// the README) sets everything; each flag below overrides its key.
 ///
-/// OVERHEAD (bench/serve/run, 2-core VM): idle host, defaults, 0.067% of a
-/// core unscraped and 0.10% scraped every second (0.29 ms CPU per scrape;
-/// p50 0.57 ms); under a SYN storm (80k sockets, 23k retransmits/s) 452 ns per
+/// OVERHEAD (bench/serve/run, 2-core VM): idle host, defaults, 0.017% of a
+/// core unscraped and 0.10% scraped every second (0.22 ms CPU per scrape; p50
+/// 0.40 ms); under a SYN storm (80k sockets, 23k retransmits/s) 452 ns per
 /// retransmit in the kernel, 0.30x `sonde retrans --count`'s 1,520 (no
-/// per-flow table), 0.10% of a core for the process; a bulk transfer over
-/// veth at 2.4 GB/s loses 7% (cwnd's send hook runs per copy into the send
-/// queue; `--disable cwnd` removes it); 9,235 series scrape in 14.5 ms (p99
-/// 17.9 ms) with 12 MiB RSS.
+/// per-flow table), 0.10% of a core for the process; a bulk transfer over veth
+/// at 2.4 GB/s loses 7% (cwnd's send hook runs per copy into the send queue;
+/// `--disable cwnd` removes it); 9,577 series scrape in 4.5-5.0 ms (p99 5.0-5.9
+/// ms) with 12-13 MiB RSS; 64 clients on one connection each are served
+/// 11,800-12,500 requests/s, p99 9.0-9.6 ms.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Config file (TOML).
@@ -72,7 +70,8 @@ pub struct ServeArgs {
     /// Check this config file (and the web config it names) and exit.
     #[arg(long, value_name = "FILE", conflicts_with = "config")]
     pub check_config: Option<PathBuf>,
-    /// Address to listen on (default 127.0.0.1:9632: loopback only).
+    /// Address to listen on (default 127.0.0.1:9632: loopback only), or
+    /// unix:/PATH for a Unix socket (mode 0600; clients known by their uid).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<String>,
     /// TLS and basic auth, in the exporter-toolkit web config format
@@ -381,7 +380,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     let server = Server::bind(&listen, web)?;
     let addr = server.local_addr();
     let scheme = server.scheme();
-    if !addr.ip().is_loopback() && !guarded {
+    if !addr.is_local() && !guarded {
         eprintln!("sonde serve: warning: listening on {addr} without TLS or basic auth (--web-config): anyone who reaches it can read the metrics (profiles go only to local clients of profiles.allow_uids)");
     }
     let ctl = RunControl::new(a.duration)?;
@@ -416,8 +415,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     let tx = Mutex::new(tx);
     let prof = profiler.clone();
     let handler: http::Handler = Arc::new(move |req: &Request| route(req, &tx, prof.as_deref()));
-    let stop = Arc::new(AtomicBool::new(false));
-    let accept = server.spawn(handler, stop.clone());
+    let http_server = server.spawn(handler);
     let push_thread = pusher.clone().zip(profiler.clone()).map(|(p, prof)| {
         let ctl = ctl.clone();
         std::thread::spawn(move || p.run(&prof, &|| ctl.should_stop().is_some()))
@@ -425,7 +423,8 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
     let up: Vec<String> =
         state.slots.iter().map(|s| format!("{}{}", s.name, if s.running.is_some() { "" } else { " (down)" })).collect();
     eprintln!(
-        "sonde serve: listening on {scheme}://{addr}: /metrics ({}){}; SIGTERM or Ctrl-C ends",
+        "sonde serve: listening on {}: /metrics ({}){}; SIGTERM or Ctrl-C ends",
+        addr.url(scheme),
         up.join(", "),
         if profiler.is_some() { ", /debug/pprof/{profile,offcpu,wakeup}" } else { "" },
     );
@@ -446,8 +445,7 @@ pub fn run(a: &ServeArgs) -> anyhow::Result<i32> {
             Err(mpsc::RecvTimeoutError::Disconnected) => break Stop::Done,
         }
     };
-    stop.store(true, Ordering::Relaxed);
-    let _ = accept.join();
+    http_server.stop();
     if let Some(t) = push_thread {
         let _ = t.join();
     }

@@ -15,7 +15,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-use super::http::{Request, Response};
+use super::http::{Client, Request, Response};
 use crate::{
     engine::run::RunControl,
     tools::{
@@ -101,7 +101,11 @@ impl Access {
         if self.any || req.user.is_some() {
             return Ok(());
         }
-        match super::peer::local_peer_uid(req.local, req.peer) {
+        let who = match req.client {
+            Client::Unix { uid, .. } => Ok(Some(uid)),
+            Client::Tcp { peer, local } => super::peer::local_peer_uid(local, peer),
+        };
+        match who {
             Ok(Some(uid)) if self.uids.contains(&uid) => Ok(()),
             Ok(Some(uid)) => Err(format!(
                 "profiles: uid {uid} may not pull profiles; add it to profiles.allow_uids (--profiles-allow-uid {uid}) or give users basic auth (--web-config)\n"
