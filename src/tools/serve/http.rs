@@ -45,7 +45,7 @@ use tokio::{
     io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, Interest, ReadBuf},
     net::{TcpListener, TcpStream, UnixListener, UnixStream},
     sync::{watch, Notify, OwnedSemaphorePermit, Semaphore},
-    time::{sleep, timeout, Sleep},
+    time::{sleep, sleep_until, timeout, timeout_at, Sleep},
 };
 use tokio_rustls::TlsAcceptor;
 
@@ -636,8 +636,9 @@ impl Drop for Waiting {
 fn dispatch(stream: Stream, client: Client, ctx: &Arc<Ctx>, stop: watch::Receiver<bool>) {
     ctx.stats.connections.fetch_add(1, Relaxed);
     if let Ok(permit) = ctx.slots.clone().try_acquire_owned() {
-        let slot = Slot::new(permit, ctx);
-        tokio::spawn(async move { connection(stream, client, &slot.ctx, false, stop).await });
+        let slot = Arc::new(Slot::new(permit, ctx));
+        let ctx = ctx.clone();
+        tokio::spawn(async move { connection(stream, client, &ctx, Some(slot), stop).await });
         return;
     }
     if ctx.waiting.fetch_add(1, Relaxed) >= MAX_BUSY {
@@ -651,13 +652,13 @@ fn dispatch(stream: Stream, client: Client, ctx: &Arc<Ctx>, stop: watch::Receive
         let ctx = waiting.0.clone();
         match timeout(BUSY_TIMEOUT, ctx.slots.clone().acquire_owned()).await {
             Ok(Ok(permit)) => {
-                let slot = Slot::new(permit, &ctx);
+                let slot = Arc::new(Slot::new(permit, &ctx));
                 drop(waiting);
-                connection(stream, client, &slot.ctx, false, stop).await;
+                connection(stream, client, &ctx, Some(slot), stop).await;
             }
             _ => {
                 ctx.stats.reject(Reject::Busy);
-                connection(stream, client, &ctx, true, stop).await;
+                connection(stream, client, &ctx, None, stop).await;
                 drop(waiting);
             }
         }
@@ -822,9 +823,18 @@ impl AsyncWrite for Guarded {
 trait Io: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> Io for T {}
 
-/// Serves one connection: TLS handshake when configured, then requests
-/// until the client or the server closes; `busy` answers 503 and closes.
-async fn connection(stream: Stream, client: Client, ctx: &Arc<Ctx>, busy: bool, mut stop: watch::Receiver<bool>) {
+/// Serves one connection in its `slot` (held until the connection and every
+/// handler it started have ended): TLS handshake when configured, then
+/// requests until the client or the server closes; without a slot, answers
+/// 503 and closes.
+async fn connection(
+    stream: Stream,
+    client: Client,
+    ctx: &Arc<Ctx>,
+    slot: Option<Arc<Slot>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let busy = slot.is_none();
     // A second descriptor of the socket, for the linger at the end: hyper
     // and TLS own and drop the stream.
     // SAFETY: dup(2) of a descriptor the stream keeps open meanwhile.
@@ -836,9 +846,11 @@ async fn connection(stream: Stream, client: Client, ctx: &Arc<Ctx>, busy: bool, 
     let dup = unsafe { OwnedFd::from_raw_fd(dup) };
     let unix = matches!(stream, Stream::Unix(_));
     let head_timeout = if busy { BUSY_TIMEOUT } else { HEAD_TIMEOUT };
+    // One deadline for the TLS handshake and the first request's head.
+    let first_head = tokio::time::Instant::now() + head_timeout;
     let io: Box<dyn Io> = match &ctx.tls {
         None => Box::new(Guarded { inner: stream, deadline: None }),
-        Some(acceptor) => match tls(stream, acceptor, ctx, head_timeout).await {
+        Some(acceptor) => match tls(stream, acceptor, ctx, first_head).await {
             Some(io) => io,
             None => {
                 linger(dup, unix).await;
@@ -849,13 +861,13 @@ async fn connection(stream: Stream, client: Client, ctx: &Arc<Ctx>, busy: bool, 
     let conn = Arc::new(Conn {
         ctx: ctx.clone(),
         client,
-        busy,
+        slot,
         served: AtomicUsize::new(0),
         in_flight: AtomicBool::new(false),
         evict: Notify::new(),
         evicting: AtomicBool::new(false),
     });
-    let _listed = (!busy).then(|| Listed::new(ctx, &conn));
+    let listed = (!busy).then(|| Listed::new(ctx, &conn));
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -873,25 +885,42 @@ async fn connection(stream: Stream, client: Client, ctx: &Arc<Ctx>, busy: bool, 
     };
     // Boxed, to be dropped (closing hyper's side) before the linger.
     let mut serving = Box::pin(builder.serve_connection(TokioIo::new(io), svc));
-    let result = tokio::select! {
-        r = serving.as_mut() => Some(r),
-        _ = stop.changed() => {
-            if conn.in_flight.load(Relaxed) {
-                // Let the answer go out, then close.
+    let first_head = sleep_until(first_head);
+    tokio::pin!(first_head);
+    let mut first_served = false;
+    let result = loop {
+        tokio::select! {
+            r = serving.as_mut() => break Some(r),
+            _ = stop.changed() => {
+                break if conn.in_flight.load(Relaxed) {
+                    // Let the answer go out, then close.
+                    serving.as_mut().graceful_shutdown();
+                    timeout(DRAIN, serving.as_mut()).await.ok()
+                } else {
+                    None // idle: closed now
+                };
+            }
+            _ = conn.evict.notified() => {
+                // Idle between requests while another client waits: closed
+                // now, or after the request that just came in.
                 serving.as_mut().graceful_shutdown();
-                timeout(DRAIN, serving.as_mut()).await.ok()
-            } else {
-                None // idle: closed now
+                break timeout(WRITE_TIMEOUT, serving.as_mut()).await.ok();
+            }
+            _ = first_head.as_mut(), if !first_served => {
+                // The TLS handshake and the first head share one deadline
+                // (hyper's own restarts after the handshake).
+                if conn.served.load(Relaxed) == 0 {
+                    if !busy {
+                        ctx.stats.reject(Reject::Timeout);
+                    }
+                    break None;
+                }
+                first_served = true;
             }
         }
-        _ = conn.evict.notified() => {
-            // Idle between requests while another client waits: closed
-            // now, or after the request that just came in.
-            serving.as_mut().graceful_shutdown();
-            timeout(WRITE_TIMEOUT, serving.as_mut()).await.ok()
-        }
     };
-    if let Some(Err(e)) = result {
+    // A connection over the limit was counted as busy already.
+    if let Some(Err(e)) = result.filter(|_| !busy) {
         let served = conn.served.load(Relaxed);
         if e.is_parse_too_large() {
             ctx.stats.reject(Reject::HeaderTooLarge);
@@ -908,15 +937,16 @@ async fn connection(stream: Stream, client: Client, ctx: &Arc<Ctx>, busy: bool, 
         }
     }
     drop(serving);
+    drop(listed); // closing: not one to evict
     linger(dup, unix).await;
 }
 
-/// The TLS handshake within `limit`, after checking that the client speaks
+/// The TLS handshake before `deadline`, after checking that the client speaks
 /// TLS at all (plain HTTP gets Go's plain-text 400); None when the
 /// connection ends here.
-async fn tls(stream: Stream, acceptor: &TlsAcceptor, ctx: &Ctx, limit: Duration) -> Option<Box<dyn Io>> {
+async fn tls(stream: Stream, acceptor: &TlsAcceptor, ctx: &Ctx, deadline: tokio::time::Instant) -> Option<Box<dyn Io>> {
     // A TLS connection starts with a handshake record (content type 22).
-    match timeout(limit, stream.peek_byte()).await {
+    match timeout_at(deadline, stream.peek_byte()).await {
         Ok(Ok(Some(22))) => {}
         Ok(Ok(Some(_))) => {
             ctx.stats.reject(Reject::Tls);
@@ -936,7 +966,7 @@ async fn tls(stream: Stream, acceptor: &TlsAcceptor, ctx: &Ctx, limit: Duration)
             return None;
         }
     }
-    match timeout(limit, acceptor.accept(Guarded { inner: stream, deadline: None })).await {
+    match timeout_at(deadline, acceptor.accept(Guarded { inner: stream, deadline: None })).await {
         Ok(Ok(s)) => Some(Box::new(s)),
         Ok(Err(_)) => {
             ctx.stats.reject(Reject::Tls);
@@ -983,7 +1013,10 @@ async fn linger(fd: OwnedFd, unix: bool) {
 struct Conn {
     ctx: Arc<Ctx>,
     client: Client,
-    busy: bool,
+    /// Its slot (None: over the limit, answered 503); each handler holds it
+    /// too, so that a client gone mid-request frees no slot while its
+    /// handler still runs.
+    slot: Option<Arc<Slot>>,
     /// Requests answered so far.
     served: AtomicUsize,
     /// A request is being answered (the server, stopping, lets it finish).
@@ -1035,7 +1068,7 @@ type Answer = hyper::Response<Full<Bytes>>;
 impl Conn {
     async fn answer(&self, req: hyper::Request<Incoming>) -> Answer {
         let served = self.served.fetch_add(1, Relaxed);
-        if self.busy {
+        if self.slot.is_none() {
             let r = Reject::Busy.response(&format!("over {MAX_CONNECTIONS} connections; retry later"));
             return self.finish(r, false);
         }
@@ -1051,30 +1084,34 @@ impl Conn {
                 return self.finish(Reject::BadRequest.response(detail), false);
             }
         };
-        let mut user = None;
-        if let Some(web) = &self.ctx.web {
-            if !web.allow() {
-                self.ctx.stats.reject(Reject::RateLimited);
-                return self.finish(Reject::RateLimited.response("over the web config's rate_limit"), keep);
-            }
-            let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-            match web.authenticate(authorization) {
-                Auth::Open => {}
-                Auth::User(u) => user = Some(u),
-                Auth::Denied => {
-                    self.ctx.stats.reject(Reject::Unauthorized);
-                    return self.finish(Reject::Unauthorized.response("basic auth needed"), keep);
-                }
-            }
+        if self.ctx.web.as_ref().is_some_and(|web| !web.allow()) {
+            self.ctx.stats.reject(Reject::RateLimited);
+            return self.finish(Reject::RateLimited.response("over the web config's rate_limit"), keep);
         }
-        let request = Request { method: req.method().to_string(), path, query, client: self.client, user };
-        self.ctx.stats.requests.fetch_add(1, Relaxed);
+        // Basic auth (bcrypt: milliseconds) and the handler run on the
+        // blocking pool, never on the thread that serves every connection.
+        let authorization = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let (web, handler, stats) = (self.ctx.web.clone(), self.ctx.handler.clone(), self.ctx.stats.clone());
+        let (slot, client, method) = (self.slot.clone(), self.client, req.method().to_string());
         self.in_flight.store(true, Relaxed);
-        let handler = self.ctx.handler.clone();
-        let result = tokio::task::spawn_blocking(move || handler(&request)).await;
+        let result = tokio::task::spawn_blocking(move || {
+            let _slot = slot;
+            let user = match web.as_ref().map(|w| w.authenticate(authorization.as_deref())) {
+                None | Some(Auth::Open) => None,
+                Some(Auth::User(u)) => Some(u),
+                Some(Auth::Denied) => return None,
+            };
+            stats.requests.fetch_add(1, Relaxed);
+            Some(handler(&Request { method, path, query, client, user }))
+        })
+        .await;
         self.in_flight.store(false, Relaxed);
         match result {
-            Ok(r) => self.finish(r, keep),
+            Ok(Some(r)) => self.finish(r, keep),
+            Ok(None) => {
+                self.ctx.stats.reject(Reject::Unauthorized);
+                self.finish(Reject::Unauthorized.response("basic auth needed"), keep)
+            }
             Err(_) => {
                 self.ctx.stats.reject(Reject::HandlerError);
                 self.finish(Reject::HandlerError.response("the handler failed"), keep)
@@ -1086,21 +1123,24 @@ impl Conn {
     /// handler's win), a default `Content-Type` and `Connection`; a handler's
     /// response that cannot be written as is (a bad status or header) is a 500.
     fn finish(&self, r: Response, keep: bool) -> Answer {
-        match self.build(&r, keep) {
-            Some(a) => a,
-            None => {
-                self.ctx.stats.reject(Reject::HandlerError);
-                let r = Reject::HandlerError.response("the handler returned an invalid header or status");
-                self.build(&r, keep).expect("the server's own responses are valid")
-            }
+        if let Some(a) = self.build(&r, keep, true) {
+            return a;
         }
+        self.ctx.stats.reject(Reject::HandlerError);
+        let r = Reject::HandlerError.response("the handler returned an invalid header or status");
+        // Without the web config's headers: the server's own text only.
+        self.build(&r, false, false).unwrap_or_else(|| {
+            let mut a = hyper::Response::new(Full::new(Bytes::from_static(b"Internal Server Error\n")));
+            *a.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            a
+        })
     }
 
-    fn build(&self, r: &Response, keep: bool) -> Option<Answer> {
+    fn build(&self, r: &Response, keep: bool, web_headers: bool) -> Option<Answer> {
         let ours = ["content-length", "connection", "date", "transfer-encoding"];
         let set_by_handler = |k: &str| r.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(k));
         let mut b = hyper::Response::builder().status(StatusCode::from_u16(r.status).ok()?);
-        for (k, v) in self.ctx.web.iter().flat_map(|w| w.headers()) {
+        for (k, v) in self.ctx.web.iter().filter(|_| web_headers).flat_map(|w| w.headers()) {
             if !set_by_handler(k) {
                 b = b.header(k.as_str(), v.as_str());
             }
@@ -1262,6 +1302,10 @@ mod tests {
             "/panic" => panic!("handler panic (expected by the test)"),
             "/inject" => Response::text(200, "x").header("X-Evil", "a\r\nSet-Cookie: b"),
             "/big" => Response::text(200, "x".repeat(4 << 20)),
+            "/slow" => {
+                thread::sleep(Duration::from_millis(1500));
+                Response::text(200, "late\n")
+            }
             _ => Response::text(404, "not found\n"),
         })
     }
@@ -1502,6 +1546,18 @@ mod tests {
             })
             .count();
         assert_eq!(closed, 1);
+    }
+
+    #[test]
+    fn a_client_gone_mid_request_holds_its_slot_until_the_handler_returns() {
+        let s = start(None);
+        let mut c = connect(s.addr);
+        c.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        wait_for("the handler", || s.stats.requests.load(Relaxed) == 1);
+        drop(c);
+        thread::sleep(Duration::from_millis(300));
+        assert_eq!(s.stats.open.load(Relaxed), 1, "the slot went while the handler still ran");
+        wait_for("the handler to return", || s.stats.open.load(Relaxed) == 0);
     }
 
     #[test]

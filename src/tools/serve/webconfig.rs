@@ -99,6 +99,13 @@ impl WebConfig {
         let decoy_hash = format!("$2y${:02}${}", max_cost.max(4), ".".repeat(53));
         let http = raw.http_server_config.unwrap_or_default();
         let headers = http.headers.map(|h| h.pairs()).unwrap_or_default();
+        // Every response carries them: a value that cannot be sent (a line
+        // break, a control character) is refused here, not per request.
+        if let Some((k, _)) = headers.iter().find(|(_, v)| hyper::header::HeaderValue::from_str(v).is_err()) {
+            return Err(format!(
+                "http_server_config.headers.{k}: not a valid header value (a line break or control character); write it on one line"
+            ));
+        }
         let limiter = match raw.rate_limit {
             Some(r) => Bucket::new(&r)?.map(Mutex::new),
             None => None,
@@ -876,6 +883,16 @@ mod tests {
         let web = load("example", example, &files).0.unwrap();
         assert!(web.tls() && web.basic_auth());
         assert_eq!(web.headers().len(), 2);
+    }
+
+    #[test]
+    fn header_values_that_cannot_be_sent_are_refused() {
+        let msg = error(
+            "web.yml",
+            "http_server_config:\n  headers:\n    Content-Security-Policy: \"default-src 'self'\\nSet-Cookie: x\"\n",
+            &[],
+        );
+        assert!(msg.contains("headers.Content-Security-Policy") && msg.contains("one line"), "{msg}");
     }
 
     #[test]
