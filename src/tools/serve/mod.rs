@@ -61,7 +61,7 @@ use crate::{
 /// at 2.4 GB/s loses 7% (cwnd's send hook runs per copy into the send queue;
 /// `--disable cwnd` removes it); 9,577 series scrape in 4.5-5.0 ms (p99 5.0-5.9
 /// ms) with 12-13 MiB RSS; 64 clients on one connection each are served
-/// 11,800-12,500 requests/s, p99 9.0-9.6 ms.
+/// 10,900-11,700 requests/s, p99 9.5-10.0 ms.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Config file (TOML).
