@@ -525,20 +525,25 @@ struct Ctx {
 }
 
 /// Accepts until stopped, then drains.
-async fn serve(listener: Listener, ctx: Arc<Ctx>, rx: watch::Receiver<bool>) {
-    let mut unix_file = None;
-    match listener {
-        Listener::Tcp(l) => match TcpListener::from_std(l) {
-            Ok(l) => accept_loop(&ctx, rx.clone(), || l.accept()).await,
-            Err(e) => eprintln!("sonde serve: cannot serve HTTP ({e})"),
-        },
-        Listener::Unix(l, path, id) => {
-            unix_file = Some((path, id));
-            match UnixListener::from_std(l) {
-                Ok(l) => accept_loop(&ctx, rx.clone(), || l.accept()).await,
-                Err(e) => eprintln!("sonde serve: cannot serve HTTP ({e})"),
+async fn serve(listener: Listener, ctx: Arc<Ctx>, mut stop: watch::Receiver<bool>) {
+    let (bound, unix_file) = match listener {
+        Listener::Tcp(l) => (TcpListener::from_std(l).map(Bound::Tcp), None),
+        Listener::Unix(l, path, id) => (UnixListener::from_std(l).map(Bound::Unix), Some((path, id))),
+    };
+    match bound {
+        Ok(bound) => loop {
+            tokio::select! {
+                _ = stop.changed() => break,
+                r = bound.accept() => match r {
+                    Ok(Some((stream, client))) => dispatch(stream, client, &ctx, stop.clone()),
+                    // Gone before we could ask who it is.
+                    Ok(None) => {}
+                    // Out of file descriptors and the like: let it pass, then retry.
+                    Err(_) => sleep(ACCEPT_PAUSE).await,
+                },
             }
-        }
+        },
+        Err(e) => eprintln!("sonde serve: cannot serve HTTP ({e})"),
     }
     let until = Instant::now() + DRAIN;
     while ctx.stats.open.load(Relaxed) > 0 && Instant::now() < until {
@@ -551,53 +556,35 @@ async fn serve(listener: Listener, ctx: Arc<Ctx>, rx: watch::Receiver<bool>) {
     }
 }
 
+/// The listener on the runtime.
+enum Bound {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Bound {
+    /// The next connection and who it is from; None when it was gone before
+    /// its address or credentials could be read.
+    async fn accept(&self) -> io::Result<Option<(Stream, Client)>> {
+        Ok(match self {
+            Bound::Tcp(l) => {
+                let (s, peer) = l.accept().await?;
+                let _ = s.set_nodelay(true);
+                s.local_addr().ok().map(|local| (Stream::Tcp(s), Client::Tcp { peer, local }))
+            }
+            Bound::Unix(l) => {
+                let (s, _) = l.accept().await?;
+                let cred = s.peer_cred().ok();
+                cred.map(|c| (Stream::Unix(s), Client::Unix { uid: c.uid(), pid: c.pid().unwrap_or(0) }))
+            }
+        })
+    }
+}
+
 /// A stream the server accepted, TCP or Unix.
 enum Stream {
     Tcp(TcpStream),
     Unix(UnixStream),
-}
-
-/// Accepted streams become [`Stream`]s and their [`Client`].
-trait Accepted {
-    fn into_parts(self) -> Option<(Stream, Client)>;
-}
-
-impl Accepted for (TcpStream, SocketAddr) {
-    fn into_parts(self) -> Option<(Stream, Client)> {
-        let (s, peer) = self;
-        let local = s.local_addr().ok()?;
-        let _ = s.set_nodelay(true);
-        Some((Stream::Tcp(s), Client::Tcp { peer, local }))
-    }
-}
-
-impl Accepted for (UnixStream, tokio::net::unix::SocketAddr) {
-    fn into_parts(self) -> Option<(Stream, Client)> {
-        let s = self.0;
-        let cred = s.peer_cred().ok()?;
-        Some((Stream::Unix(s), Client::Unix { uid: cred.uid(), pid: cred.pid().unwrap_or(0) }))
-    }
-}
-
-async fn accept_loop<F, A>(ctx: &Arc<Ctx>, mut stop: watch::Receiver<bool>, accept: impl Fn() -> F)
-where
-    F: Future<Output = io::Result<A>>,
-    A: Accepted,
-{
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return,
-            r = accept() => match r {
-                Ok(a) => {
-                    if let Some((stream, client)) = a.into_parts() {
-                        dispatch(stream, client, ctx, stop.clone());
-                    }
-                }
-                // Out of file descriptors and the like: let it pass, then retry.
-                Err(_) => sleep(ACCEPT_PAUSE).await,
-            },
-        }
-    }
 }
 
 /// One of the [`MAX_CONNECTIONS`] slots, held while a connection is served.
@@ -629,10 +616,10 @@ impl Drop for Waiting {
     }
 }
 
-/// Serves a new connection in a slot; over [`MAX_CONNECTIONS`], it waits up
-/// to [`BUSY_TIMEOUT`] for one (connections come and go fast when clients
-/// are refused keep-alive), then gets 503; beyond [`MAX_BUSY`] of those
-/// waiting, it is closed unanswered.
+/// Serves a new connection in a slot; over [`MAX_CONNECTIONS`], it asks an
+/// idle kept-alive connection to make room and waits up to [`BUSY_TIMEOUT`]
+/// for a slot, then gets 503; beyond [`MAX_BUSY`] of those waiting, it is
+/// closed unanswered.
 fn dispatch(stream: Stream, client: Client, ctx: &Arc<Ctx>, stop: watch::Receiver<bool>) {
     ctx.stats.connections.fetch_add(1, Relaxed);
     if let Ok(permit) = ctx.slots.clone().try_acquire_owned() {
