@@ -99,15 +99,28 @@ pub fn in_netns<T: Send>(ino: u32, f: impl FnOnce() -> T + Send) -> anyhow::Resu
     }
     let file =
         netns_file(ino).with_context(|| format!("no process or /run/netns name holds network namespace {ino}"))?;
+    run_in(&file, &ino.to_string(), f)
+}
+
+/// Moves the calling thread into the network namespace `file` names
+/// (`name` in errors). Use on a thread of its own.
+pub fn enter(file: &File, name: &str) -> anyhow::Result<()> {
+    // SAFETY: file is an open namespace file for the duration of the call.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        bail!("entering network namespace {name}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Runs `f` on a thread of its own inside the network namespace `file`
+/// names (`name` in errors) and returns its result.
+pub fn run_in<T: Send>(file: &File, name: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| -> anyhow::Result<T> {
-            // SAFETY: file is an open namespace file for the duration of the call.
-            if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                bail!("entering network namespace {ino}: {}", std::io::Error::last_os_error());
-            }
+            enter(file, name)?;
             Ok(f())
         })
         .join()
-        .map_err(|_| anyhow::anyhow!("a thread in network namespace {ino} panicked"))?
+        .map_err(|_| anyhow::anyhow!("a thread in network namespace {name} panicked"))?
     })
 }

@@ -71,10 +71,11 @@ pub fn percpu_sum(map: &dyn libbpf_rs::MapCore, key: u32) -> anyhow::Result<u64>
 /// Calls `each` with every (key, value) of a hash map, read in batches of
 /// 4,096 (BPF_MAP_LOOKUP_BATCH, Linux 5.6+: one system call per batch, and
 /// nothing allocated per entry), else key by key where the kernel cannot
-/// batch.
+/// batch. Not for per-CPU maps (a value per CPU: [`percpu_sum`]).
 pub fn for_each_entry(map: &dyn libbpf_rs::MapCore, mut each: impl FnMut(&[u8], &[u8])) -> anyhow::Result<()> {
     use std::os::fd::AsRawFd;
     const BATCH: usize = 4096;
+    anyhow::ensure!(!map.map_type().is_percpu(), "for_each_entry reads one value a key, not per-CPU maps");
     let (ks, vs) = (map.key_size() as usize, map.value_size() as usize);
     let (mut keys, mut vals) = (vec![0u8; BATCH * ks], vec![0u8; BATCH * vs]);
     // The kernel's position between calls (a bucket index for hashes).

@@ -3,7 +3,6 @@
 use std::{
     fs::File,
     io::Write,
-    os::fd::AsRawFd,
     process::{Command, Stdio},
     sync::atomic::{AtomicU32, Ordering},
 };
@@ -77,27 +76,18 @@ impl Netns {
         self.exec(&["nft", "flush", "ruleset"]).map(|_| ())
     }
 
+    fn file(&self) -> anyhow::Result<File> {
+        File::open(format!("/run/netns/{}", self.name)).with_context(|| format!("opening namespace {}", self.name))
+    }
+
     /// Moves the calling thread into this namespace. Use on a thread of its own.
     pub fn enter(&self) -> anyhow::Result<()> {
-        let f = File::open(format!("/run/netns/{}", self.name))
-            .with_context(|| format!("opening namespace {}", self.name))?;
-        // SAFETY: f is an open namespace file for the duration of the call.
-        if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            bail!("setns({}): {}", self.name, std::io::Error::last_os_error());
-        }
-        Ok(())
+        crate::engine::mib::enter(&self.file()?, &self.name)
     }
 
     /// Runs `f` on a thread inside the namespace and returns its result.
     pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
-        std::thread::scope(|s| {
-            s.spawn(|| -> anyhow::Result<T> {
-                self.enter()?;
-                Ok(f())
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))?
-        })
+        crate::engine::mib::run_in(&self.file()?, &self.name, f)
     }
 
     /// Spawns a detached thread inside the namespace.
