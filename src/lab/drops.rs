@@ -1,7 +1,8 @@
 //! The drops lab: two namespaces joined by veth where the kernel drops
-//! packets for nine reasons at once (no listener, an nftables rule, a full
-//! receive buffer, a socket filter, an unknown IP protocol, reverse-path
-//! filtering, bad checksums, a tc ingress filter, a full qdisc), IPv4 and
+//! packets for ten kinds of cause at once (no listener, an nftables rule, a
+//! full receive buffer, a socket filter, an unknown IP protocol,
+//! reverse-path filtering, bad checksums, a tc ingress filter, an interface
+//! without carrier, a full qdisc), IPv4 and
 //! IPv6; `sonde drops` counts them, and its summary puts each reason beside
 //! the namespaces' own counters.
 use std::{
@@ -238,6 +239,16 @@ pub fn workload(pair: &Pair, n: u32) -> anyhow::Result<()> {
         bad_csum_send(a4, b4, PORT_CSUM, n)?;
         Ok(())
     })??;
+    // An interface without carrier (its veth peer stays down): its queue is
+    // the built-in noop qdisc, which frees all it is given and counts none
+    // (QDISC_DROP/noop). A static neighbour, so the packets reach it.
+    let sub = pair.subnet();
+    let (nx, ny, gw) = (format!("nx{sub}"), format!("ny{sub}"), format!("10.215.{sub}.2"));
+    pair.a.ip(&["link", "add", &nx, "type", "veth", "peer", "name", &ny])?;
+    pair.a.ip(&["addr", "add", &format!("10.215.{sub}.1/24"), "dev", &nx])?;
+    pair.a.ip(&["link", "set", &nx, "up"])?;
+    pair.a.ip(&["neigh", "replace", &gw, "lladdr", "02:00:00:00:00:02", "dev", &nx, "nud", "permanent"])?;
+    pair.a.run(|| udp_send(any4, SocketAddr::new(IpAddr::V4(gw.parse()?), PORT_CLOSED), n, 64))??;
     // a's qdisc holds nothing: every packet out of va is dropped there (a
     // static neighbour, so no ARP is needed first).
     let mb = mac(&pair.b, vb)?;
@@ -266,7 +277,7 @@ pub fn run(a: &DropsLabArgs) -> anyhow::Result<i32> {
     }
     let pair = Pair::new()?;
     eprintln!(
-        "lab: namespaces {} and {} ({} / {}): {} packets for each of nine kinds of drop",
+        "lab: namespaces {} and {} ({} / {}): {} packets for each of ten kinds of drop",
         pair.a.name, pair.b.name, pair.net4, pair.net6, a.packets
     );
     let ctl = RunControl::new(None)?;

@@ -27,7 +27,7 @@ pub enum Lab {
     /// Retransmissions of every kind under nftables loss; sonde's per-kind
     /// totals side by side with the namespaces' own MIB counter deltas.
     Retrans(retrans::RetransLabArgs),
-    /// Packets dropped for nine reasons at once, IPv4 and IPv6; `sonde
+    /// Packets dropped for ten kinds of cause at once, IPv4 and IPv6; `sonde
     /// drops` counts each beside the namespaces' own counters.
     Drops(drops::DropsLabArgs),
     /// A bundled workload with a built-in 2:1 CPU split, profiled; the

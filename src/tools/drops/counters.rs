@@ -295,6 +295,8 @@ impl Pick {
         by.iter()
             .filter(|((n, r, l4, fam), _)| {
                 *n == netns
+                    // (QDISC_DROP/noop: a queue no tc counter counts.)
+                    && !r.ends_with("/noop")
                     && self.reasons.iter().any(|p| if p.ends_with('_') { r.starts_with(p) } else { r == p })
                     && self.l4.is_none_or(|x| x == *l4)
                     && self.fam.is_none_or(|x| x == *fam)

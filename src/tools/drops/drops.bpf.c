@@ -383,6 +383,23 @@ static __always_inline int handle(void *ctx, struct sk_buff *skb, __u64 location
 		e->netns =
 		        direct ? dev->nd_net.net->ns.inum : BPF_CORE_READ(dev, nd_net.net, ns.inum);
 	}
+	/* A qdisc drop by the noop qdisc stands in for the transmit queue of
+	 * an inactive interface: tc counts none of them (the queue's qdisc is
+	 * still the noop one while the kernel frees the packet). */
+	if (dev && reason != DR_NO_REASON &&
+	    bpf_core_enum_value_exists(enum skb_drop_reason, SKB_DROP_REASON_QDISC_DROP) &&
+	    reason == bpf_core_enum_value(enum skb_drop_reason, SKB_DROP_REASON_QDISC_DROP)) {
+		__u16 qm = KREAD(direct, skb, queue_mapping);
+		struct netdev_queue *txq = BPF_CORE_READ(dev, _tx);
+		if (txq && qm < BPF_CORE_READ(dev, num_tx_queues)) {
+			txq = (void *)txq + (__u64)qm * bpf_core_type_size(struct netdev_queue);
+			struct Qdisc *q = BPF_CORE_READ(txq, qdisc);
+			if (q && (BPF_CORE_READ(q, flags) & DR_TCQ_F_BUILTIN)) {
+				reason |= DR_R_NOOP;
+				e->reason = reason;
+			}
+		}
+	}
 	struct sock *sk = rx_sk ? rx_sk : KREAD(direct, skb, sk);
 	if (sk) {
 		e->flags |= DR_F_SOCK;

@@ -3,10 +3,15 @@
 #ifndef SONDE_DROPS_H
 #define SONDE_DROPS_H
 
-#define DR_NO_REASON  0xffffffff /* the kernel passes none (before 5.17) */
-#define DR_IFNAMSIZ   16
-#define DR_MAX_IFACES 4
-#define DR_MAX_PROTOS 8
+#define DR_NO_REASON     0xffffffff /* the kernel passes none (before 5.17) */
+/* Added to QDISC_DROP when the queue's qdisc was the built-in noop one: the
+ * interface's queue was inactive (down, no carrier yet, or its qdisc being
+ * replaced), and no tc counter counts the drop. */
+#define DR_R_NOOP        0x40000000
+#define DR_TCQ_F_BUILTIN 1 /* include/net/sch_generic.h */
+#define DR_IFNAMSIZ      16
+#define DR_MAX_IFACES    4
+#define DR_MAX_PROTOS    8
 
 /* dr_event.flags */
 #define DR_F_OWNER 1 /* the owner is known (the socket's process) */

@@ -47,6 +47,8 @@ use skel::{types, DropsSkel, DropsSkelBuilder};
 
 /// `DR_NO_REASON`: the kernel passes no reason (before 5.17).
 pub const NO_REASON: u32 = u32::MAX;
+/// `DR_R_NOOP`: a QDISC_DROP by the noop qdisc (an inactive queue).
+pub const NOOP: u32 = 0x4000_0000;
 const F_OWNER: u8 = 1;
 const F_L4: u8 = 4;
 const F_NO_IP: u8 = 8;
@@ -789,7 +791,7 @@ impl Printer {
                 ty: "drop",
                 time: epoch_secs(e.ts, self.mono_to_epoch),
                 reason,
-                reason_code: (e.reason != NO_REASON).then_some(e.reason),
+                reason_code: (e.reason != NO_REASON).then_some(e.reason & !NOOP),
                 location: place,
                 iface,
                 ifindex: e.ifindex,
@@ -1006,6 +1008,12 @@ pub fn run_with(a: &DropsArgs, ctl: &RunControl, ready: impl FnOnce(&Reasons)) -
     })?;
     // ... and again before it stops counting.
     let after = bracket(&watched, &loaded, &mut printer.borrow_mut().namer)?;
+    // Interfaces made during the run, named from the second reading.
+    for (n, s) in after.iter().filter_map(|(n, s)| Some((n, s.as_ref()?))) {
+        for l in &s.snap.links {
+            printer.borrow_mut().namer.ifnames.entry((*n, l.ifindex)).or_insert_with(|| l.name.clone());
+        }
+    }
     let missed: u64 = loaded
         .skel
         .object()
@@ -1086,6 +1094,12 @@ pub fn run_with(a: &DropsArgs, ctl: &RunControl, ready: impl FnOnce(&Reasons)) -
             "\ndrops: {} ({} filtered out); not shown: {} over --rate, {} lost (ring full), {} missed (the kernel skipped the program on a busy CPU); map full: counts {} owners {}",
             totals.drops, totals.filtered, totals.rate_limited, totals.lost, totals.missed, totals.count_full, totals.owner_full
         ));
+        let noop: u64 = per.iter().filter(|(r, _)| r.ends_with("/noop")).map(|(_, n)| n).sum();
+        if noop > 0 {
+            s.push_str(&format!(
+                "\nQDISC_DROP/noop: {noop} packets sent while an interface's queue was inactive (the interface down or without carrier yet, or its qdisc being replaced): the built-in noop qdisc freed them, and no tc counter counts them"
+            ));
+        }
         if how.filtered {
             s.push_str("\nfilters beyond --netns are in effect: sonde's counts below are of the drops they pass, at most the kernel's");
         }

@@ -79,6 +79,9 @@ impl Reasons {
         if v == super::NO_REASON {
             return "UNKNOWN".into();
         }
+        if v & super::NOOP != 0 {
+            return format!("{}/noop", self.name(v & !super::NOOP));
+        }
         match self.by_value.get(&v) {
             Some(n) => n.clone(),
             None if v >> SUBSYS_SHIFT != 0 => format!("SUBSYS{}/{:#x}", v >> SUBSYS_SHIFT, v & 0xffff),
