@@ -104,6 +104,23 @@ fn heavy_share(p: &Pairs) -> (f64, u64) {
     (h as f64 / (h + l).max(1) as f64, h + l)
 }
 
+/// The workload's stacks as `name(how)` paths from the root, most
+/// sampled first: what a failure shows.
+fn js_paths(stacks: &[(Vec<Value>, u64)]) -> String {
+    let mut m: std::collections::BTreeMap<String, u64> = Default::default();
+    for (f, n) in stacks {
+        let p: Vec<String> = f
+            .iter()
+            .filter(|x| ours(x))
+            .map(|x| format!("{}({})", x["name"].as_str().unwrap_or("?"), x["how"].as_str().unwrap_or("")))
+            .collect();
+        *m.entry(p.join(";")).or_default() += n;
+    }
+    let mut v: Vec<(String, u64)> = m.into_iter().collect();
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
+    v.iter().take(12).map(|(p, n)| format!("\n  {n} {p}")).collect()
+}
+
 /// Samples whose stacks hold a frame named `name`.
 fn under(stacks: &[(Vec<Value>, u64)], name: &str) -> u64 {
     stacks.iter().filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == name)).map(|s| s.1).sum()
@@ -330,15 +347,48 @@ fn node_names_stay_right_across_deoptimization() {
             .filter(|(name, _)| !known.contains(&name.as_str()))
             .collect();
         assert!(bad.is_empty(), "Node {v}: frames no function of the program runs: {bad:?}; {err}");
+        // Every frame on a line of a named function carries that name
+        // ("(anonymous)" or a caller's name there is a wrong name).
+        let src = std::fs::read_to_string(script()).unwrap();
+        let lines: Vec<&str> = src.lines().collect();
+        // (first, last) line of each function's body: up to its closing brace.
+        let owners: Vec<(u64, u64, &str)> = ["heavy", "light", "parent", "batch", "batch2", "tick"]
+            .iter()
+            .map(|f| {
+                let def = line_of(&format!("function {f}("));
+                let close = (def as usize..lines.len()).find(|&i| lines[i] == "}").expect("closing brace") as u64;
+                (def + 1, close, *f)
+            })
+            .collect();
+        let misnamed: u64 = stacks
+            .iter()
+            .flat_map(|(f, n)| f.iter().filter(|x| ours(x)).map(move |x| (x, *n)))
+            .filter(|(x, _)| {
+                let l = x["line"].as_u64().unwrap_or(0);
+                owners.iter().any(|(a, b, name)| (*a..=*b).contains(&l) && x["name"] != *name)
+            })
+            .map(|(_, n)| n)
+            .sum();
+        assert_eq!(
+            misnamed,
+            0,
+            "Node {v}: frames named for another function; {err}; the stacks: {}",
+            js_paths(&stacks)
+        );
         let all: u64 =
             stacks.iter().filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == "tick")).map(|s| s.1).sum();
         for half in ["batch", "batch2"] {
             let mine: Vec<(Vec<Value>, u64)> =
                 stacks.iter().filter(|(f, _)| f.iter().any(|x| ours(x) && x["name"] == half)).cloned().collect();
             let n: u64 = mine.iter().map(|s| s.1).sum();
-            assert!(n * 5 > all, "Node {v}: {half} on {n} of {all} samples; {err}");
+            assert!(n * 5 > all, "Node {v}: {half} on {n} of {all} samples; {err}; the stacks: {}", js_paths(&stacks));
             let (share, hl) = heavy_share(&sonde_pairs(&mine));
-            assert!((share - 2.0 / 3.0).abs() < 0.06, "Node {v}, {half}: heavy's share {share:.3} of {hl}; {err}");
+            // After the switch V8 optimizes heavy() and light() again, each
+            // at its own moment, and for a while one runs slower code than
+            // the other: the built-in 2:1 holds more loosely there (names
+            // swapped would give 1:2, a share of 0.33).
+            let within = if half == "batch" { 0.06 } else { 0.12 };
+            assert!((share - 2.0 / 3.0).abs() < within, "Node {v}, {half}: heavy's share {share:.3} of {hl}; {err}");
         }
     }
 }

@@ -281,7 +281,15 @@ pub struct Names {
     pub failed: BTreeMap<&'static str, u64>,
     /// Per process: the module name language frames get (`python3.12`).
     modules: HashMap<u32, Rc<str>>,
+    /// JavaScript functions named "(anonymous)", and how often they were
+    /// read again since: V8 may have been changing the function (its
+    /// ScopeInfo, while it compiled it) as sonde read it, so such a name
+    /// is read again the next times the code is seen (RECHECKS at most).
+    recheck: HashMap<NameKey, u8>,
 }
+
+/// Reads of a JavaScript function's name that came out "(anonymous)".
+const RECHECKS: u8 = 3;
 
 impl Names {
     /// The name of a code object, when it was read.
@@ -602,7 +610,10 @@ impl Runtimes {
             let (sel, loc) = key_parts(kind, flags, loc);
             let key = (pid, kind, addr, cookie, sel, loc);
             if self.names.map.contains_key(&key) {
-                continue;
+                match self.names.recheck.get_mut(&key) {
+                    Some(n) if *n < RECHECKS => *n += 1,
+                    _ => continue,
+                }
             }
             let r = match self.procs.get_mut(&pid) {
                 _ if !super::pid_exists(pid) => Err("gone"),
@@ -613,8 +624,15 @@ impl Runtimes {
             };
             match r {
                 Ok(info) if self.names.bytes + info.bytes() <= MAX_NAME_BYTES => {
+                    if kind == KIND_V8 && info.name == v8::ANONYMOUS {
+                        self.names.recheck.entry(key).or_insert(0);
+                    } else {
+                        self.names.recheck.remove(&key);
+                    }
                     self.names.bytes += info.bytes();
-                    self.names.map.insert(key, Rc::new(info));
+                    if let Some(old) = self.names.map.insert(key, Rc::new(info)) {
+                        self.names.bytes -= old.bytes();
+                    }
                 }
                 Ok(_) => *self.names.failed.entry("names_full").or_default() += 1,
                 Err(why) => *self.names.failed.entry(why).or_default() += 1,

@@ -29,6 +29,9 @@ use heap::{smi, untag, Heap, StringLayout};
 
 /// What this build reads.
 pub const VERSIONS: &str = "Node.js 18, 20 and 22 (V8 10.2, 11.3 and 12.4; x86-64)";
+/// The name of a function whose name V8 holds as empty.
+pub const ANONYMOUS: &str = "(anonymous)";
+
 /// Bytes of `struct v8_proc`.
 pub const CONFIG_BYTES: usize = 192;
 /// `V8_INTERP`, `V8_BLOBS`.
@@ -920,7 +923,7 @@ impl V8 {
                 return Ok(f.clone());
             }
         }
-        let (name, start) = self.name_of(mem, nos);
+        let (name, start) = self.name_of(mem, nos)?;
         let script_word = script;
         let script = self.script(mem, script);
         let (bytecode, _) = self.bytecode_of(mem, fdata);
@@ -931,7 +934,7 @@ impl V8 {
             .map(|t| tables::positions(&t))
             .unwrap_or_default();
         let f = Rc::new(JsFn {
-            name: if name.is_empty() { "(anonymous)".into() } else { name },
+            name: if name.is_empty() { ANONYMOUS.into() } else { name },
             script,
             start,
             positions,
@@ -939,7 +942,8 @@ impl V8 {
             nos,
             ident: (script_word, fdata),
         });
-        if self.fns.len() < 1 << 16 {
+        // (An anonymous function is read again each time: see Names.)
+        if self.fns.len() < 1 << 16 && f.name != ANONYMOUS {
             self.fns.insert(sfi, f.clone());
         }
         Ok(f)
@@ -949,37 +953,49 @@ impl V8 {
     /// a string, or a ScopeInfo whose first string after its context
     /// locals is the function's name (then its inferred name), and whose
     /// position info is the first pair of rising Smis after that.
-    fn name_of(&mut self, mem: &Mem, nos: u64) -> (String, Option<u32>) {
+    /// A name that cannot be read is an error, never "(anonymous)": a
+    /// function is called anonymous only when V8 says its name is empty.
+    fn name_of(&mut self, mem: &Mem, nos: u64) -> Result<(String, Option<u32>), &'static str> {
         let (mut h, l) = self.heap(mem);
         let strings = l.strings.clone();
-        let Some(t) = h.type_of(nos) else { return (String::new(), None) };
+        // A Smi: V8's "no shared name".
+        if untag(nos).is_none() {
+            return Ok((String::new(), None));
+        }
+        let t = h.type_of(nos).ok_or("unreadable")?;
         if t < strings.first_nonstring {
-            return (h.string(&strings, nos, MAX_NAME).unwrap_or_default(), None);
+            return Ok((h.string(&strings, nos, MAX_NAME).ok_or("unreadable")?, None));
         }
         if t != l.t_scope {
-            return (String::new(), None);
+            return Ok((String::new(), None));
         }
         let (nlocals_at, first) = l.scope;
-        let Some(slots) = h.object(nos, 8 + 8 * 48) else { return (String::new(), None) };
-        let slot = |i: u64| if i < 48 { le::<8>(&slots, 8 + 8 * i as usize) } else { 0 };
+        // (An object near the end of its mapping: the words that exist.)
+        let slots = mem.prefix(untag(nos).ok_or("unreadable")?, 8 + 8 * 48, 8 + 8 * 8).ok_or("unreadable")?;
+        let words = (slots.len() / 8 - 1) as u64;
+        let slot = |i: u64| if i < words { le::<8>(&slots, 8 + 8 * i as usize) } else { 0 };
         let n = smi(slot(nlocals_at)).unwrap_or(0).max(0) as u64;
         // Up to 75 locals are named inline (a name and an info each);
         // more, in a hash table.
         let i = first + if n <= 75 { 2 * n } else { 1 + n };
         // The function's name, then its inferred name (`obj.f = function
         // () {}`), where the name is empty: the first non-empty string.
-        let mut name = String::new();
+        let mut name = None;
         let mut after = i;
-        for j in i..(i + 4).min(48) {
+        for j in i..(i + 4).min(words) {
             let v = slot(j);
             if h.type_of(v).is_some_and(|t| t < strings.first_nonstring) {
                 after = j + 2;
-                name = h.string(&strings, v, MAX_NAME).unwrap_or_default();
-                if !name.is_empty() {
+                let s = h.string(&strings, v, MAX_NAME).ok_or("unreadable")?;
+                let empty = s.is_empty();
+                name = Some(s);
+                if !empty {
                     break;
                 }
             }
         }
+        // No string there at all: a function V8 gave no name.
+        let name = name.unwrap_or_default();
         let mut start = None;
         for j in after..(after + 4).min(47) {
             if let (Some(a), Some(b)) = (smi(slot(j)), smi(slot(j + 1))) {
@@ -989,7 +1005,7 @@ impl V8 {
                 }
             }
         }
-        (name, start)
+        Ok((name, start))
     }
 
     /// Reads the optimized Code `code` (tagged): its function, source
@@ -1012,8 +1028,13 @@ impl V8 {
         let mut inlined = Vec::new();
         for e in inl.chunks_exact(16).take(MAX_INLINED) {
             let (pos, id) = (le::<8>(e, 0), le::<4>(e, 8) as u32 as i32);
-            let f =
-                if id >= 0 { literals.get(id as usize).and_then(|&w| self.func(mem, (w & !3) | 1).ok()) } else { None };
+            // An inlined function that cannot be named fails the code (to
+            // be read again), rather than lend it its caller's name.
+            let f = if id >= 0 {
+                Some(self.func(mem, (literals.get(id as usize).ok_or("unreadable")? & !3) | 1)?)
+            } else {
+                None
+            };
             inlined.push((pos, f));
         }
         Ok((JsCode::Optimized { func, positions, inlined, shift }, root))
