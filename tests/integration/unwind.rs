@@ -465,9 +465,14 @@ fn a_binary_without_section_headers_is_walked_through_its_program_headers() {
     let depth =
         |d: usize| rows.iter().filter(|(f, _)| f.len() == d + 1).map(|r| r.1).sum::<u64>() as f64 / total as f64;
     assert_eq!(s["truncated_stacks"], 0, "{s}");
+    // Every stack has one of the three depths; their shares are those of a
+    // two-second window on a shared host (one CI run saw 0.44 for 0.5), and
+    // a walk that loses or invents frames moves whole shares.
+    let three: f64 = [10, 9, 8].iter().map(|&d| depth(d)).sum();
+    assert!(three > 0.99, "{three:.3} of the samples have one of the three depths: {rows:?}");
     for (d, share) in [(10, 0.5), (9, 0.3), (8, 0.2)] {
         assert!(
-            (depth(d) - share).abs() < 0.05,
+            (depth(d) - share).abs() < 0.1,
             "{d} frames: {:.3} of the samples, built in {share}: {rows:?}",
             depth(d)
         );
