@@ -22,6 +22,7 @@ pub mod render;
 pub mod ringbuf;
 pub mod run;
 pub mod runtime;
+pub mod slots;
 pub mod stacks;
 pub mod stacktool;
 pub mod symbols;

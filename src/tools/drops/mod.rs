@@ -35,6 +35,7 @@ use crate::engine::{
     record::{self, cstr, percpu_sum},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
+    slots::Slots,
     symbols::KernelSymbols,
     time::{epoch_secs, hms, mono_to_epoch},
 };
@@ -282,7 +283,7 @@ pub struct Loaded {
     pub skel: DropsSkel<'static>,
     links: Vec<Link>,
     rings: Option<PerCpuRings>,
-    slots: Slots,
+    slots: Slots<types::dr_slot>,
 }
 
 /// Which program runs under `mech` with a tracepoint of `nargs` arguments.
@@ -390,59 +391,6 @@ pub fn load(a: Option<&DropsArgs>, cfg: &Config, mech: Mechanism, count: bool) -
 
 /// Slots per CPU (`DR_SLOTS`).
 const SLOTS: usize = 256;
-
-/// The kernel's per-CPU count slots, mapped read-only.
-struct Slots {
-    ptr: *const types::dr_slot,
-    len: usize,
-}
-
-impl Slots {
-    /// Maps `len` slots of `map` (an mmapable array).
-    fn map(map: &dyn MapCore, len: usize) -> anyhow::Result<Slots> {
-        use std::os::fd::AsRawFd;
-        let bytes = len * std::mem::size_of::<types::dr_slot>();
-        // SAFETY: a shared read-only mapping of an mmapable BPF array of
-        // `len` values of this layout (the kernel rounds up to a page);
-        // unmapped on drop.
-        let p = unsafe {
-            libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ, libc::MAP_SHARED, map.as_fd().as_raw_fd(), 0)
-        };
-        if p == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error()).context("mapping the count slots");
-        }
-        Ok(Slots { ptr: p.cast(), len })
-    }
-
-    /// The published slots' keys and counts.
-    fn rows(&self) -> Vec<(types::dr_key, u64)> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        let mut out = Vec::new();
-        for i in 0..self.len {
-            // SAFETY: i < len slots of the mapping; the kernel writes them
-            // concurrently, so state and n are read atomically (8-byte
-            // aligned u64s) and the key only once state says it is
-            // published (written before, never again).
-            unsafe {
-                let s = self.ptr.add(i);
-                let state = AtomicU64::from_ptr(std::ptr::addr_of!((*s).state).cast_mut());
-                if state.load(Ordering::Acquire) != 2 {
-                    continue;
-                }
-                let n = AtomicU64::from_ptr(std::ptr::addr_of!((*s).n).cast_mut()).load(Ordering::Relaxed);
-                out.push((std::ptr::read_volatile(std::ptr::addr_of!((*s).key)), n));
-            }
-        }
-        out
-    }
-}
-
-impl Drop for Slots {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `map`, of this size.
-        unsafe { libc::munmap(self.ptr.cast_mut().cast(), self.len * std::mem::size_of::<types::dr_slot>()) };
-    }
-}
 
 /// Who owns a socket, as /proc shows it.
 #[derive(Debug, Clone)]
@@ -566,9 +514,9 @@ pub fn read_counts(l: &Loaded) -> anyhow::Result<Vec<Row>> {
         let Some(vals) = map.lookup_percpu(&k, MapFlags::ANY)? else { continue };
         add(key, vals.iter().map(|v| record::decode::<u64>(v).unwrap_or(0)).sum());
     }
-    for (key, n) in l.slots.rows() {
-        add(key, n);
-    }
+    l.slots.each_published(std::mem::offset_of!(types::dr_slot, state), |s, word| {
+        add(s.key, word(std::mem::offset_of!(types::dr_slot, n)))
+    });
     let mut rows: Vec<Row> = by.into_values().collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.n));
     Ok(rows)
