@@ -34,6 +34,7 @@ use crate::engine::{
     record::{self, cstr},
     ringbuf::{self, poll_until_stop, PerCpuRings},
     run::{duration_arg, RunControl, Stop},
+    slots::Slots,
     symbols::KernelSymbols,
     time::{clock_ns, epoch_secs, hms, mono_to_epoch},
 };
@@ -98,9 +99,10 @@ pub const MECHANISMS: &Mechanisms = &[
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
 /// 2-core VM): streaming every event as JSON to a file 1.8-2.3% of one core,
 /// 0 lost (a bpftrace printf one-liner: 5.0-5.6%); --count 0.1% while it runs,
-/// and 0.9-1.1% over a whole 10 s run including its end report of 136k flows
-/// (read in batches; 2.7% when read one by one); in the kernel 460-560 ns per
-/// event streaming, 1,050-1,230 ns with --count (bpftrace's: 6,900-8,000 ns;
+/// and 0.5% over a whole 10 s run including its end report of 136k flows
+/// (read in place from 14.7 MB of slots it allocates in the kernel; 0.7% read
+/// from a hash); in the kernel 450-560 ns per event streaming, 1,030-1,230 ns
+/// with --count (bpftrace's: 6,500-8,000 ns;
 /// an empty program: 59-63 ns). About 60% of it is the socket's owner record,
 /// cold with 80k sockets (275-340 ns). Events reach the output within 50 ms.
 /// At ordinary retransmit rates (< 1k/s) the cost is negligible.
@@ -180,6 +182,9 @@ struct Loaded {
     handlers: Vec<String>,
     /// The per-CPU event rings (none in count mode).
     rings: Option<PerCpuRings>,
+    /// --count: the flows' slots, mapped (none before 5.12, whose BPF has
+    /// no compare-and-exchange: every flow is in the hash then).
+    slots: Option<Slots<types::rt_flow_slot>>,
 }
 
 /// What a program of the object does.
@@ -249,6 +254,14 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     if cfg.flows_off {
         open.maps.flows.set_max_entries(1)?;
     }
+    // --count's flows go to slots user space reads in place; they need
+    // compare-and-exchange (5.12).
+    let has_fetch = features::has_atomic_fetch();
+    let use_slots = a.count && !cfg.flows_off && has_fetch;
+    open.maps.rodata_data.as_deref_mut().expect("rodata present").use_slots = use_slots;
+    if use_slots {
+        open.maps.flow_slots.set_max_entries(SLOTS as u32)?;
+    }
     if !cfg.by_cgroup {
         open.maps.groups.set_max_entries(1)?;
     }
@@ -271,8 +284,12 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
         if let Some(r) = r {
             roles.insert(name, r);
         }
+        if !has_fetch {
+            features::poison_atomic_fetch(&mut prog).context("preparing the programs for a kernel before 5.12")?;
+        }
     }
     let skel = open.load().with_context(|| format!("loading {mech} programs"))?;
+    let slots = if use_slots { Some(Slots::map(&skel.maps.flow_slots, SLOTS)?) } else { None };
     // Rings before links: an event with no ring yet would be lost.
     let rings = if a.count { None } else { Some(PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?) };
     let mut links = Vec::new();
@@ -282,7 +299,7 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
         }
     }
     let handlers = roles.into_iter().filter(|(_, r)| *r == Role::Handler).map(|(n, _)| n).collect();
-    Ok(Loaded { skel, links, handlers, rings })
+    Ok(Loaded { skel, links, handlers, rings, slots })
 }
 
 /// Per-kind and per-error totals, summed over CPUs.
@@ -567,10 +584,31 @@ struct FlowRow {
     stats: types::rt_flow_stats,
 }
 
-/// The flow table, in batches; unsorted.
-fn read_flows(skel: &RetransSkel<'_>) -> anyhow::Result<Vec<FlowRow>> {
+/// `RT_SLOTS`.
+const SLOTS: usize = 131072;
+
+/// The flow table: the slots read in place, then the hash in batches (a
+/// flow two CPUs claimed at once, in two slots, added up); unsorted.
+fn read_flows(l: &Loaded) -> anyhow::Result<Vec<FlowRow>> {
     let mut rows = Vec::with_capacity(1024);
-    record::for_each_entry(&skel.maps.flows, |k, v| {
+    if let Some(slots) = &l.slots {
+        use std::mem::offset_of;
+        let (count, segs) = (
+            offset_of!(types::rt_flow_slot, stats) + offset_of!(types::rt_flow_stats, count),
+            offset_of!(types::rt_flow_slot, stats) + offset_of!(types::rt_flow_stats, segs),
+        );
+        let mut twice = false;
+        slots.each_published(offset_of!(types::rt_flow_slot, state), |s, word| {
+            let mut stats = s.stats;
+            (stats.count, stats.segs) = (word(count), word(segs));
+            twice |= rows.iter().rev().take(RT_SLOT_PROBES).any(|r: &FlowRow| same_flow(&r.flow, &s.key));
+            rows.push(FlowRow { flow: s.key, stats });
+        });
+        if twice {
+            rows = merge(rows);
+        }
+    }
+    record::for_each_entry(&l.skel.maps.flows, |k, v| {
         if let (Some(flow), Some(stats)) =
             (record::decode::<types::rt_flow>(k), record::decode::<types::rt_flow_stats>(v))
         {
@@ -578,6 +616,29 @@ fn read_flows(skel: &RetransSkel<'_>) -> anyhow::Result<Vec<FlowRow>> {
         }
     })?;
     Ok(rows)
+}
+
+/// `RT_SLOT_PROBES`: a flow's copies lie this close together.
+const RT_SLOT_PROBES: usize = 8;
+
+fn same_flow(a: &types::rt_flow, b: &types::rt_flow) -> bool {
+    (a.saddr, a.daddr, a.sport, a.dport, a.family, a.kind, a.netns)
+        == (b.saddr, b.daddr, b.sport, b.dport, b.family, b.kind, b.netns)
+}
+
+/// Adds up the rows of a flow that is in more than one slot.
+fn merge(rows: Vec<FlowRow>) -> Vec<FlowRow> {
+    let mut out: Vec<FlowRow> = Vec::with_capacity(rows.len());
+    for r in rows {
+        match out.iter_mut().rev().take(RT_SLOT_PROBES).find(|o| same_flow(&o.flow, &r.flow)) {
+            Some(o) => {
+                o.stats.count += r.stats.count;
+                o.stats.segs += r.stats.segs;
+            }
+            None => out.push(r),
+        }
+    }
+    out
 }
 
 /// Most retransmits first (then segments).
@@ -769,7 +830,6 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         None => None,
     };
 
-    let skel = &loaded.skel;
     let stop = poll_until_stop(rb.as_ref(), ctl, a.interval, |due| {
         let mut p = printer.borrow_mut();
         p.print_pending();
@@ -777,7 +837,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             p.sink.flush()?;
             return Ok(());
         }
-        let mut rows = read_flows(skel)?;
+        let mut rows = read_flows(&loaded)?;
         if !p.json {
             let now = (clock_ns(libc::CLOCK_REALTIME)) as u64;
             p.sink.line(&format!("\n{} UTC, {:.0}s in:", hms(now), start.elapsed().as_secs_f64()))?;
@@ -798,7 +858,7 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
     drop(rb);
     let mut p = printer.borrow_mut();
     p.print_pending();
-    let totals = report(a, &loaded.skel, &mut p, missed, mech, start.elapsed())?;
+    let totals = report(a, &loaded, &mut p, missed, mech, start.elapsed())?;
     Ok(Outcome { totals, stop })
 }
 
@@ -806,13 +866,13 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
 /// what ends a run: the `--count` table and the summary.
 fn report(
     a: &RetransArgs,
-    skel: &RetransSkel<'_>,
+    l: &Loaded,
     p: &mut Printer,
     missed: u64,
     mech: Mechanism,
     elapsed: Duration,
 ) -> anyhow::Result<Totals> {
-    let mut totals = read_totals(skel)?;
+    let mut totals = read_totals(&l.skel)?;
     for k in 0..KIND_MAX {
         totals.counts[k] += p.read_counts[k];
         totals.segs[k] += p.read_segs[k];
@@ -822,7 +882,7 @@ fn report(
         return Err(anyhow::Error::new(e).context("writing events"));
     }
     if a.count {
-        let mut rows = read_flows(skel)?;
+        let mut rows = read_flows(l)?;
         let j = p.json;
         print_flows(&mut p.sink, j, &mut rows, a.top)?;
     }

@@ -76,7 +76,23 @@ struct {
 	__type(value, __u64);
 } filtered_netns SEC(".maps");
 
-/* --count: allocated as flows appear (the seed load has 80k SYN_SENT flows). */
+const volatile bool use_slots = false; /* the kernel has compare-and-exchange (5.12) */
+
+/* --count: the flows' slots (retrans.h; max_entries RT_SLOTS, set by user
+ * space in count mode). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rt_flow_slot);
+} flow_slots SEC(".maps");
+
+/* Referenced so that the skeleton generates a Rust mirror of the layout. */
+struct rt_flow_slot _rt_flow_slot = {};
+
+/* --count: allocated as flows appear (the seed load has 80k SYN_SENT flows);
+ * the flows the slots have no room for. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -351,6 +367,53 @@ static __always_inline void count_group(const struct sonde_owner *o, __u8 kind, 
 	__sync_fetch_and_add(&gs->segs, segs);
 }
 
+/* Counts an event in its flow's slot (retrans.h): false when the flow's
+ * neighbourhood of slots is full (the caller counts it in the hash). */
+static __always_inline bool count_in_slots(const struct rt_flow *f, const struct sonde_owner *o,
+                                           __u8 state, __u32 segs)
+{
+	const __u32 *w = (const __u32 *)f;
+	__u64 h = 0;
+#pragma unroll
+	for (int i = 0; i < (int)(sizeof(*f) / 4); i++)
+		h = (h ^ w[i]) * 0x9E3779B97F4A7C15ULL;
+	__u32 at = (__u32)(h >> 32);
+#pragma unroll
+	for (int p = 0; p < RT_SLOT_PROBES; p++) {
+		__u32 idx = (at + p) & (RT_SLOTS - 1);
+		struct rt_flow_slot *s = bpf_map_lookup_elem(&flow_slots, &idx);
+		if (!s)
+			return false;
+		__u64 st = s->state;
+		if (st == 2) {
+			const __u32 *k = (const __u32 *)&s->key;
+			bool same = true;
+#pragma unroll
+			for (int i = 0; i < (int)(sizeof(*f) / 4); i++)
+				same = same && k[i] == w[i];
+			if (!same)
+				continue;
+			__sync_fetch_and_add(&s->stats.count, 1);
+			__sync_fetch_and_add(&s->stats.segs, segs);
+			s->stats.state = state;
+			return true;
+		}
+		if (st == 0 && __sync_val_compare_and_swap(&s->state, 0, 1) == 0) {
+			__builtin_memcpy(&s->key, f, sizeof(*f));
+			if (o)
+				s->stats.owner = *o;
+			s->stats.has_owner = o != NULL;
+			s->stats.state = state;
+			s->stats.segs = segs;
+			s->stats.count = 1;
+			/* Published after its key (a full barrier). */
+			__sync_fetch_and_add(&s->state, 1);
+			return true;
+		}
+	}
+	return false;
+}
+
 /* Filters the event, counts it, and sends it or adds it to its --count
  * flow. `sk` owns the flow (the listener for a SYN-ACK); `acct`: the event
  * is the socket's own retransmit (not a SYN-ACK of one of its requests), so
@@ -404,6 +467,8 @@ static __always_inline void emit(void *ctx, struct rt_flow *f, __u32 segs, int e
 		if (by_cgroup)
 			count_group(o, f->kind, segs);
 		if (flows_off)
+			return;
+		if (use_slots && count_in_slots(f, o, state, segs))
 			return;
 		struct rt_flow_stats *fs = bpf_map_lookup_elem(&flows, f);
 		if (!fs) {

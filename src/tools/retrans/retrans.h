@@ -72,6 +72,25 @@ struct rt_flow_stats {
 	__u8 pad[6];
 };
 
+/*
+ * --count: an open-addressed table of flows in front of the `flows` hash,
+ * read by user space through a shared mapping (no system call per flow:
+ * the end report of 100k flows reads memory, not a hash the kernel walks).
+ * A flow claims a free slot among RT_SLOT_PROBES from its hash (state 0 ->
+ * 1, its key and owner written, then 2: published); a full neighbourhood
+ * sends it to the hash. Two CPUs claiming the same new flow at once may
+ * leave it in two slots: user space adds them up.
+ */
+#define RT_SLOTS       131072 /* a power of two */
+#define RT_SLOT_PROBES 8
+
+struct rt_flow_slot {
+	struct rt_flow key;
+	__u32 pad;
+	__u64 state; /* 0 free, 1 being claimed, 2 published */
+	struct rt_flow_stats stats;
+};
+
 /* serve: counts per owner cgroup and kind. */
 struct rt_group {
 	__u64 cgroup;
