@@ -296,7 +296,7 @@ impl Pick {
             .filter(|((n, r, l4, fam), _)| {
                 *n == netns
                     // (QDISC_DROP/noop: a queue no tc counter counts.)
-                    && !r.ends_with("/noop")
+                    && !r.ends_with(super::reasons::NOOP_SUFFIX)
                     && self.reasons.iter().any(|p| if p.ends_with('_') { r.starts_with(p) } else { r == p })
                     && self.l4.is_none_or(|x| x == *l4)
                     && self.fam.is_none_or(|x| x == *fam)

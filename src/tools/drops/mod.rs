@@ -577,6 +577,16 @@ pub struct Namer {
 }
 
 impl Namer {
+    /// Names the interfaces a reading of the counters lists (names known
+    /// already stay).
+    fn learn_ifnames(&mut self, reading: &[(u32, Option<counters::Bracketed>)]) {
+        for (n, s) in reading.iter().filter_map(|(n, s)| Some((n, s.as_ref()?))) {
+            for l in &s.snap.links {
+                self.ifnames.entry((*n, l.ifindex)).or_insert_with(|| l.name.clone());
+            }
+        }
+    }
+
     /// For the running kernel.
     pub fn new(reasons: Reasons) -> Namer {
         Namer {
@@ -912,13 +922,7 @@ pub fn run_with(a: &DropsArgs, ctl: &RunControl, ready: impl FnOnce(&Reasons)) -
     let before = bracket(&watched, &loaded, &mut namer)?;
     let start = Instant::now();
     ready(&namer.reasons);
-    for (n, s) in &before {
-        if let Some(s) = s {
-            for l in &s.snap.links {
-                namer.ifnames.insert((*n, l.ifindex), l.name.clone());
-            }
-        }
-    }
+    namer.learn_ifnames(&before);
     let printer = Rc::new(RefCell::new(Printer {
         sink,
         json: json_out,
@@ -957,11 +961,7 @@ pub fn run_with(a: &DropsArgs, ctl: &RunControl, ready: impl FnOnce(&Reasons)) -
     // ... and again before it stops counting.
     let after = bracket(&watched, &loaded, &mut printer.borrow_mut().namer)?;
     // Interfaces made during the run, named from the second reading.
-    for (n, s) in after.iter().filter_map(|(n, s)| Some((n, s.as_ref()?))) {
-        for l in &s.snap.links {
-            printer.borrow_mut().namer.ifnames.entry((*n, l.ifindex)).or_insert_with(|| l.name.clone());
-        }
-    }
+    printer.borrow_mut().namer.learn_ifnames(&after);
     let missed: u64 = loaded
         .skel
         .object()
@@ -1042,7 +1042,7 @@ pub fn run_with(a: &DropsArgs, ctl: &RunControl, ready: impl FnOnce(&Reasons)) -
             "\ndrops: {} ({} filtered out); not shown: {} over --rate, {} lost (ring full), {} missed (the kernel skipped the program on a busy CPU); map full: counts {} owners {}",
             totals.drops, totals.filtered, totals.rate_limited, totals.lost, totals.missed, totals.count_full, totals.owner_full
         ));
-        let noop: u64 = per.iter().filter(|(r, _)| r.ends_with("/noop")).map(|(_, n)| n).sum();
+        let noop: u64 = per.iter().filter(|(r, _)| r.ends_with(reasons::NOOP_SUFFIX)).map(|(_, n)| n).sum();
         if noop > 0 {
             s.push_str(&format!(
                 "\nQDISC_DROP/noop: {noop} packets sent while an interface's queue was inactive (the interface down or without carrier yet, or its qdisc being replaced): the built-in noop qdisc freed them, and no tc counter counts them"

@@ -19,6 +19,10 @@ const SUBSYSTEMS: &[(&str, &str, &str, &str)] = &[
     ("SKB_DROP_REASON_SUBSYS_MAC80211_MONITOR", "mac80211", "mac80211_drop_reason", "RX_DROP_M_"),
 ];
 
+/// What a QDISC_DROP by the built-in noop qdisc (an inactive queue) adds to
+/// its reason's name.
+pub const NOOP_SUFFIX: &str = "/noop";
+
 /// The reasons this kernel names.
 #[derive(Debug, Clone, Default)]
 pub struct Reasons {
@@ -80,7 +84,7 @@ impl Reasons {
             return "UNKNOWN".into();
         }
         if v & super::NOOP != 0 {
-            return format!("{}/noop", self.name(v & !super::NOOP));
+            return format!("{}{NOOP_SUFFIX}", self.name(v & !super::NOOP));
         }
         match self.by_value.get(&v) {
             Some(n) => n.clone(),

@@ -101,8 +101,9 @@ pub const MECHANISMS: &Mechanisms = &[
 /// 0 lost (a bpftrace printf one-liner: 5.0-5.6%); --count 0.1% while it runs,
 /// and 0.57-0.58% over a whole 10 s run including its end report of 138k
 /// flows (read in place from 14.7 MB of slots it allocates in the kernel;
-/// 0.81-0.83% read from a hash; 0.41% with no load at all); in the kernel 450-560 ns per event streaming, 1,030-1,230 ns
-/// with --count (bpftrace's: 6,500-8,000 ns;
+/// 0.81-0.83% read from a hash; 0.41% with no load at all); in the kernel
+/// 450-560 ns per event streaming, 1,030-1,230 ns with --count (bpftrace's:
+/// 6,500-8,000 ns;
 /// an empty program: 59-63 ns). About 60% of it is the socket's owner record,
 /// cold with 80k sockets (275-340 ns). Events reach the output within 50 ms.
 /// At ordinary retransmit rates (< 1k/s) the cost is negligible.
@@ -258,7 +259,9 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     // compare-and-exchange (5.12).
     let has_fetch = features::has_atomic_fetch();
     let use_slots = a.count && !cfg.flows_off && has_fetch;
-    open.maps.rodata_data.as_deref_mut().expect("rodata present").use_slots = use_slots;
+    let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
+    ro.use_slots = use_slots;
+    ro.slot_mask = SLOTS as u32 - 1;
     if use_slots {
         open.maps.flow_slots.set_max_entries(SLOTS as u32)?;
     }
@@ -584,29 +587,34 @@ struct FlowRow {
     stats: types::rt_flow_stats,
 }
 
-/// `RT_SLOTS`.
+/// --count's flow slots (a power of two: the programs mask with SLOTS - 1).
 const SLOTS: usize = 131072;
 
 /// The flow table: the slots read in place, then the hash in batches (a
 /// flow two CPUs claimed at once, in two slots, added up); unsorted.
 fn read_flows(l: &Loaded) -> anyhow::Result<Vec<FlowRow>> {
-    let mut rows = Vec::with_capacity(1024);
+    let mut rows: Vec<FlowRow> = Vec::with_capacity(1024);
     if let Some(slots) = &l.slots {
         use std::mem::offset_of;
         let (count, segs) = (
             offset_of!(types::rt_flow_slot, stats) + offset_of!(types::rt_flow_stats, count),
             offset_of!(types::rt_flow_slot, stats) + offset_of!(types::rt_flow_stats, segs),
         );
-        let mut twice = false;
         slots.each_published(offset_of!(types::rt_flow_slot, state), |s, word| {
-            let mut stats = s.stats;
-            (stats.count, stats.segs) = (word(count), word(segs));
-            twice |= rows.iter().rev().take(RT_SLOT_PROBES).any(|r: &FlowRow| same_flow(&r.flow, &s.key));
-            rows.push(FlowRow { flow: s.key, stats });
+            let (n, sg) = (word(count), word(segs));
+            // A flow's copies lie within its probes, so among the last rows.
+            match rows.iter_mut().rev().take(RT_SLOT_PROBES).find(|r| same_flow(&r.flow, &s.key)) {
+                Some(r) => {
+                    r.stats.count += n;
+                    r.stats.segs += sg;
+                }
+                None => {
+                    let mut stats = s.stats;
+                    (stats.count, stats.segs) = (n, sg);
+                    rows.push(FlowRow { flow: s.key, stats });
+                }
+            }
         });
-        if twice {
-            rows = merge(rows);
-        }
     }
     record::for_each_entry(&l.skel.maps.flows, |k, v| {
         if let (Some(flow), Some(stats)) =
@@ -624,21 +632,6 @@ const RT_SLOT_PROBES: usize = 8;
 fn same_flow(a: &types::rt_flow, b: &types::rt_flow) -> bool {
     (a.saddr, a.daddr, a.sport, a.dport, a.family, a.kind, a.netns)
         == (b.saddr, b.daddr, b.sport, b.dport, b.family, b.kind, b.netns)
-}
-
-/// Adds up the rows of a flow that is in more than one slot.
-fn merge(rows: Vec<FlowRow>) -> Vec<FlowRow> {
-    let mut out: Vec<FlowRow> = Vec::with_capacity(rows.len());
-    for r in rows {
-        match out.iter_mut().rev().take(RT_SLOT_PROBES).find(|o| same_flow(&o.flow, &r.flow)) {
-            Some(o) => {
-                o.stats.count += r.stats.count;
-                o.stats.segs += r.stats.segs;
-            }
-            None => out.push(r),
-        }
-    }
-    out
 }
 
 /// Most retransmits first (then segments).

@@ -77,9 +77,10 @@ struct {
 } filtered_netns SEC(".maps");
 
 const volatile bool use_slots = false; /* the kernel has compare-and-exchange (5.12) */
+const volatile __u32 slot_mask = 0;    /* flow_slots' max_entries - 1 (a power of two) */
 
-/* --count: the flows' slots (retrans.h; max_entries RT_SLOTS, set by user
- * space in count mode). */
+/* --count: the flows' slots (retrans.h; max_entries set by user space in
+ * count mode). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
@@ -380,7 +381,7 @@ static __always_inline bool count_in_slots(const struct rt_flow *f, const struct
 	__u32 at = (__u32)(h >> 32);
 #pragma unroll
 	for (int p = 0; p < RT_SLOT_PROBES; p++) {
-		__u32 idx = (at + p) & (RT_SLOTS - 1);
+		__u32 idx = (at + p) & slot_mask;
 		struct rt_flow_slot *s = bpf_map_lookup_elem(&flow_slots, &idx);
 		if (!s)
 			return false;

@@ -81,8 +81,7 @@ struct rt_flow_stats {
  * sends it to the hash. Two CPUs claiming the same new flow at once may
  * leave it in two slots: user space adds them up.
  */
-#define RT_SLOTS       131072 /* a power of two */
-#define RT_SLOT_PROBES 8
+#define RT_SLOT_PROBES 8 /* mirrored in mod.rs; the slot count is set there */
 
 struct rt_flow_slot {
 	struct rt_flow key;
