@@ -22,6 +22,10 @@ use super::run::{RunControl, Stop};
 /// How often the reader drains the buffer without being woken.
 pub const BATCH: Duration = Duration::from_millis(50);
 
+/// How often a loop with no ring buffer wakes when nothing asks it to
+/// (a 10 s `--count` run wakes 20 times, not 200).
+pub const IDLE_WAKE: Duration = Duration::from_millis(500);
+
 /// Fill level at which a BPF program wakes the reader early: a quarter of
 /// the buffer, so a burst never fills it between two drains.
 pub fn wake_bytes(ringbuf_bytes: u64) -> u64 {
@@ -120,7 +124,10 @@ pub fn poll_until_stop(
         if let Some(s) = ctl.should_stop() {
             break s;
         }
-        let mut wait = ctl.next_wait(BATCH);
+        // With no ring to drain, the loop wakes for a stop (RunControl::wait
+        // returns at once), the interval or IDLE_WAKE (a tool's `after`
+        // checks, such as a traced process having exited).
+        let mut wait = ctl.next_wait(if rb.is_some() { BATCH } else { IDLE_WAKE });
         if let Some(t) = next_tick {
             wait = wait.min(t.saturating_duration_since(Instant::now()));
         }
@@ -135,7 +142,7 @@ pub fn poll_until_stop(
                 // A timeout returns without reading: drain what arrived unannounced.
                 rb.consume().map_err(|e| anyhow::Error::new(e).context("reading the ring buffer"))?;
             }
-            None => std::thread::sleep(wait),
+            None => ctl.wait(wait),
         }
         let mut due = false;
         if let (Some(t), Some(i)) = (next_tick, interval) {

@@ -38,16 +38,52 @@ pub struct RunControl {
     signal: Arc<AtomicUsize>,
     duration: Option<Duration>,
     deadline: Arc<std::sync::Mutex<Option<Instant>>>,
+    wake: Arc<Wake>,
+}
+
+/// A socket pair a stop writes a byte to (the signal handlers and
+/// [`RunControl::request_stop`]), so that [`RunControl::wait`] returns at
+/// once instead of at its timeout. The byte is never read: once a stop is
+/// asked for, every wait returns at once.
+struct Wake {
+    rx: std::os::unix::net::UnixStream,
+    /// The write end, leaked: the signal handlers keep its number for the
+    /// life of the process, so it must never be closed and reused.
+    tx: std::os::fd::RawFd,
+}
+
+impl Wake {
+    fn new() -> std::io::Result<Wake> {
+        use std::os::fd::IntoRawFd;
+        let (rx, tx) = std::os::unix::net::UnixStream::pair()?;
+        rx.set_nonblocking(true)?;
+        tx.set_nonblocking(true)?;
+        Ok(Wake { rx, tx: tx.into_raw_fd() })
+    }
+
+    fn wake(&self) {
+        // SAFETY: `tx` is an open socket for the life of the process; a
+        // full buffer (EAGAIN) already wakes the reader.
+        unsafe { libc::send(self.tx, [1u8].as_ptr().cast(), 1, libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) };
+    }
 }
 
 impl RunControl {
     /// Installs SIGINT/SIGTERM handlers; `duration` of None runs until a signal.
     pub fn new(duration: Option<Duration>) -> anyhow::Result<Self> {
         let signal = Arc::new(AtomicUsize::new(0));
+        let wake = Arc::new(Wake::new()?);
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            // The flag first: the handlers run in the order registered.
             signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
+            signal_hook::low_level::pipe::register_raw(sig, wake.tx)?;
         }
-        Ok(Self { signal, duration, deadline: Arc::new(std::sync::Mutex::new(duration.map(|d| Instant::now() + d))) })
+        Ok(Self {
+            signal,
+            duration,
+            deadline: Arc::new(std::sync::Mutex::new(duration.map(|d| Instant::now() + d))),
+            wake,
+        })
     }
 
     /// A control for a run inside this process's (sonde serve's profiles):
@@ -57,6 +93,7 @@ impl RunControl {
             signal: self.signal.clone(),
             duration: Some(duration),
             deadline: Arc::new(std::sync::Mutex::new(Some(Instant::now() + duration))),
+            wake: self.wake.clone(),
         }
     }
 
@@ -73,6 +110,19 @@ impl RunControl {
     /// Asks the loop to stop as if the duration had elapsed (labs, tests).
     pub fn request_stop(&self) {
         self.signal.store(STOP_REQUESTED, Ordering::Relaxed);
+        self.wake.wake();
+    }
+
+    /// Sleeps for `d`, or less when a signal or [`RunControl::request_stop`]
+    /// asks the run to stop (a stop asked for before the call returns at
+    /// once): loops with nothing to read wake for a stop, not to look.
+    pub fn wait(&self, d: Duration) {
+        use std::os::fd::AsRawFd;
+        let mut p = libc::pollfd { fd: self.wake.rx.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let ms = d.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd for the duration of the call. EINTR (a
+        // signal) returns early, which is what a stop wants.
+        unsafe { libc::poll(&mut p, 1, ms) };
     }
 
     /// Some(reason) once the loop should stop.
@@ -134,6 +184,26 @@ pub fn duration_arg(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stop asked for from another thread ends a long wait (a loop with
+    /// nothing to read no longer wakes every 50 ms to look), and every
+    /// wait after it returns at once (two 20 s waits that ran out would
+    /// take 40 s).
+    #[test]
+    fn a_stop_ends_a_wait() {
+        let ctl = RunControl::new(None).unwrap();
+        let other = ctl.clone();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            other.request_stop();
+        });
+        let start = Instant::now();
+        ctl.wait(Duration::from_secs(20));
+        ctl.wait(Duration::from_secs(20));
+        t.join().unwrap();
+        assert_eq!(ctl.should_stop(), Some(Stop::Done));
+        assert!(start.elapsed() < Duration::from_secs(15), "{:?}", start.elapsed());
+    }
 
     #[test]
     fn durations() {
