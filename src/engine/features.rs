@@ -4,7 +4,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use libbpf_rs::btf::{types::FuncProto, Btf, BtfType};
+use super::btfnames::{kind, BtfNames};
 
 /// Where vmlinux BTF lives.
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -14,26 +14,21 @@ pub fn has_btf() -> bool {
     Path::new(VMLINUX_BTF).exists()
 }
 
-fn with_btf<R>(f: impl FnOnce(&Btf<'static>) -> R) -> Option<R> {
-    // Parsed once per thread (in practice the main thread): vmlinux BTF is several MB.
-    thread_local! {
-        static BTF: Option<Btf<'static>> = Btf::from_vmlinux().ok();
-    }
-    BTF.with(|b| b.as_ref().map(f))
+fn with_btf<R>(f: impl FnOnce(&BtfNames) -> R) -> Option<R> {
+    // Read once per process: vmlinux BTF is several MB.
+    static BTF: std::sync::OnceLock<Option<BtfNames>> = std::sync::OnceLock::new();
+    BTF.get_or_init(|| BtfNames::read(VMLINUX_BTF)).as_ref().map(f)
 }
 
 /// True when vmlinux BTF has a type of this name (any kind).
 pub fn btf_has_type(name: &str) -> bool {
-    with_btf(|b| b.type_by_name::<BtfType>(name).is_some()).unwrap_or(false)
+    with_btf(|b| b.find(name, None).is_some()).unwrap_or(false)
 }
 
 /// True when vmlinux BTF has a struct `ty` with a direct member `member`.
 pub fn btf_struct_has_member(ty: &str, member: &str) -> bool {
-    with_btf(|b| {
-        b.type_by_name::<libbpf_rs::btf::types::Struct<'_>>(ty)
-            .is_some_and(|s| s.iter().any(|m| m.name.is_some_and(|n| n == member)))
-    })
-    .unwrap_or(false)
+    with_btf(|b| b.find(ty, Some(kind::STRUCT)).is_some_and(|s| b.members(&s).any(|m| m == member.as_bytes())))
+        .unwrap_or(false)
 }
 
 /// True when programs of type `prog` may call helper `func` here (libbpf
@@ -171,13 +166,17 @@ pub fn init_hides_tracing() -> bool {
 /// leading context pointer), from the `btf_trace_<name>` typedef.
 pub fn tracepoint_btf_args(name: &str) -> Option<usize> {
     with_btf(|btf| -> Option<usize> {
-        let td = btf.type_by_name::<BtfType>(&format!("btf_trace_{name}"))?;
-        let mut t = td.next_type()?;
-        while t.is_mod() || t.kind() == libbpf_rs::btf::BtfKind::Ptr || t.kind() == libbpf_rs::btf::BtfKind::Typedef {
-            t = t.next_type()?;
+        let td = btf.find(&format!("btf_trace_{name}"), Some(kind::TYPEDEF))?;
+        let mut t = btf.next(&td)?;
+        // Pointers, typedefs and modifiers down to the prototype (bounded:
+        // a malformed file could loop).
+        for _ in 0..16 {
+            if t.kind == kind::FUNC_PROTO {
+                return Some((t.vlen as usize).saturating_sub(1));
+            }
+            t = btf.next(&t)?;
         }
-        let proto = FuncProto::try_from(t).ok()?;
-        Some(proto.len().saturating_sub(1))
+        None
     })
     .flatten()
 }

@@ -1,5 +1,6 @@
 //! The shared engine: everything a tool needs that is not the tool itself.
 pub mod attach;
+pub mod btfnames;
 pub mod caps;
 pub mod cgroup;
 pub mod chart;
