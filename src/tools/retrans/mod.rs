@@ -264,6 +264,9 @@ fn load(a: &RetransArgs, cfg: &Config, mech: Mechanism) -> anyhow::Result<Loaded
     ro.slot_mask = SLOTS as u32 - 1;
     if use_slots {
         open.maps.flow_slots.set_max_entries(SLOTS as u32)?;
+        // Behind the slots the hash takes only flows whose neighbourhood
+        // is full: a smaller one is made, and walked at the end, faster.
+        open.maps.flows.set_max_entries(SPILL as u32)?;
     }
     if !cfg.by_cgroup {
         open.maps.groups.set_max_entries(1)?;
@@ -588,22 +591,26 @@ struct FlowRow {
 }
 
 /// --count's flow slots (a power of two: the programs mask with SLOTS - 1).
-const SLOTS: usize = 131072;
+const SLOTS: usize = 262144;
+/// --count's flow hash behind the slots (flows whose slots are all taken).
+const SPILL: usize = 65536;
 
-/// The flow table: the slots read in place, then the hash in batches (a
-/// flow two CPUs claimed at once, in two slots, added up); unsorted.
-fn read_flows(l: &Loaded) -> anyhow::Result<Vec<FlowRow>> {
-    let mut rows: Vec<FlowRow> = Vec::with_capacity(1024);
+/// Each flow of the table, unsorted: the slots read in place, then the
+/// hash in batches. A flow two CPUs claimed at once lies in two slots
+/// within its probes: the last rows read are held back until no later slot
+/// can be a copy, and copies are added up.
+fn each_flow(l: &Loaded, mut f: impl FnMut(FlowRow)) -> anyhow::Result<()> {
     if let Some(slots) = &l.slots {
         use std::mem::offset_of;
         let (count, segs) = (
             offset_of!(types::rt_flow_slot, stats) + offset_of!(types::rt_flow_stats, count),
             offset_of!(types::rt_flow_slot, stats) + offset_of!(types::rt_flow_stats, segs),
         );
+        let mut held: std::collections::VecDeque<FlowRow> =
+            std::collections::VecDeque::with_capacity(RT_SLOT_PROBES + 1);
         slots.each_published(offset_of!(types::rt_flow_slot, state), |s, word| {
             let (n, sg) = (word(count), word(segs));
-            // A flow's copies lie within its probes, so among the last rows.
-            match rows.iter_mut().rev().take(RT_SLOT_PROBES).find(|r| same_flow(&r.flow, &s.key)) {
+            match held.iter_mut().find(|r| same_flow(&r.flow, &s.key)) {
                 Some(r) => {
                     r.stats.count += n;
                     r.stats.segs += sg;
@@ -611,19 +618,107 @@ fn read_flows(l: &Loaded) -> anyhow::Result<Vec<FlowRow>> {
                 None => {
                     let mut stats = s.stats;
                     (stats.count, stats.segs) = (n, sg);
-                    rows.push(FlowRow { flow: s.key, stats });
+                    held.push_back(FlowRow { flow: s.key, stats });
+                    if held.len() > RT_SLOT_PROBES {
+                        f(held.pop_front().expect("more than RT_SLOT_PROBES held"));
+                    }
                 }
             }
         });
+        held.into_iter().for_each(&mut f);
     }
     record::for_each_entry(&l.skel.maps.flows, |k, v| {
         if let (Some(flow), Some(stats)) =
             (record::decode::<types::rt_flow>(k), record::decode::<types::rt_flow_stats>(v))
         {
-            rows.push(FlowRow { flow, stats });
+            f(FlowRow { flow, stats });
         }
-    })?;
-    Ok(rows)
+    })
+}
+
+/// The `--count` flows as `print_flows` shows them. A table keeps only its
+/// `top` rows and the sums of the rest as it reads (100k flows make no
+/// 100k rows); JSON and `--top 0` list every flow.
+fn report_flows(sink: &mut Sink, json_out: bool, l: &Loaded, top: usize) -> anyhow::Result<()> {
+    if json_out || top == 0 {
+        let mut rows = Vec::new();
+        each_flow(l, |r| rows.push(r))?;
+        print_flows(sink, json_out, &mut rows, top)?;
+        return Ok(());
+    }
+    let mut t = Top::new(top);
+    each_flow(l, |r| t.add(r))?;
+    let (shown, rest) = t.finish();
+    print_table(sink, &shown, &rest)?;
+    Ok(())
+}
+
+/// A row ordered so that a max-heap's top is the least busy (`busiest`).
+struct LeastBusy(FlowRow);
+
+impl PartialEq for LeastBusy {
+    fn eq(&self, o: &Self) -> bool {
+        busiest(&self.0, &o.0).is_eq()
+    }
+}
+impl Eq for LeastBusy {}
+impl PartialOrd for LeastBusy {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for LeastBusy {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        busiest(&self.0, &o.0)
+    }
+}
+
+/// The `n` busiest rows of a stream and the sums of the others.
+struct Top {
+    n: usize,
+    kept: std::collections::BinaryHeap<LeastBusy>,
+    rest: Rest,
+}
+
+impl Top {
+    fn new(n: usize) -> Top {
+        Top { n, kept: std::collections::BinaryHeap::with_capacity(n + 1), rest: Rest::default() }
+    }
+
+    fn add(&mut self, r: FlowRow) {
+        self.kept.push(LeastBusy(r));
+        if self.kept.len() > self.n {
+            let out = self.kept.pop().expect("more than n kept");
+            self.rest.add(&out.0);
+        }
+    }
+
+    /// The kept rows, busiest first, and the rest.
+    fn finish(self) -> (Vec<FlowRow>, Rest) {
+        (self.kept.into_sorted_vec().into_iter().map(|r| r.0).collect(), self.rest)
+    }
+}
+
+/// The flows a table leaves out: how many, their retransmits and segments,
+/// and their failed attempts apart.
+#[derive(Default, Debug, PartialEq)]
+struct Rest {
+    flows: u64,
+    count: u64,
+    segs: u64,
+    failed: u64,
+}
+
+impl Rest {
+    fn add(&mut self, r: &FlowRow) {
+        self.flows += 1;
+        if r.flow.kind as usize == KIND_MAX - 1 {
+            self.failed += r.stats.count;
+        } else {
+            self.count += r.stats.count;
+            self.segs += r.stats.segs;
+        }
+    }
 }
 
 /// `RT_SLOT_PROBES`: a flow's copies lie this close together.
@@ -670,7 +765,14 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &mut [FlowRow], top: usize
         }
         return Ok(());
     }
-    let body: Vec<Vec<String>> = rows[..shown]
+    let mut rest = Rest::default();
+    rows[shown..].iter().for_each(|r| rest.add(r));
+    print_table(sink, &rows[..shown], &rest)
+}
+
+/// The `--count` table of `shown` (sorted) and a line for the `rest`.
+fn print_table(sink: &mut Sink, shown: &[FlowRow], rest: &Rest) -> std::io::Result<()> {
+    let body: Vec<Vec<String>> = shown
         .iter()
         .map(|r| {
             let f = &r.flow;
@@ -688,7 +790,7 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &mut [FlowRow], top: usize
         })
         .collect();
     sink.line(&table(&["LOCAL", "REMOTE", "KIND", "COUNT", "SEGS", "LAST_STATE", "PID", "COMM"], &body))?;
-    if let Some(line) = rest_line(&rows[shown..]) {
+    if let Some(line) = rest_line(rest) {
         sink.line(&line)?;
     }
     Ok(())
@@ -697,29 +799,20 @@ fn print_flows(sink: &mut Sink, json_out: bool, rows: &mut [FlowRow], top: usize
 /// The line that stands for the flows the table leaves out: how many, and
 /// their retransmits and segments (failed attempts apart), so the rows and
 /// this line add up to the summary's totals.
-fn rest_line(rest: &[FlowRow]) -> Option<String> {
-    if rest.is_empty() {
+fn rest_line(rest: &Rest) -> Option<String> {
+    if rest.flows == 0 {
         return None;
-    }
-    let (mut count, mut segs, mut failed) = (0u64, 0u64, 0u64);
-    for r in rest {
-        if r.flow.kind as usize == KIND_MAX - 1 {
-            failed += r.stats.count;
-        } else {
-            count += r.stats.count;
-            segs += r.stats.segs;
-        }
     }
     let n = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
     let mut line = format!(
         "... and {} more {}: {} ({})",
-        rest.len(),
-        if rest.len() == 1 { "flow" } else { "flows" },
-        n(count, "retransmit"),
-        n(segs, "segment")
+        rest.flows,
+        if rest.flows == 1 { "flow" } else { "flows" },
+        n(rest.count, "retransmit"),
+        n(rest.segs, "segment")
     );
-    if failed > 0 {
-        line.push_str(&format!(", {}", n(failed, "failed attempt")));
+    if rest.failed > 0 {
+        line.push_str(&format!(", {}", n(rest.failed, "failed attempt")));
     }
     Some(line)
 }
@@ -830,13 +923,12 @@ pub fn run_with(a: &RetransArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             p.sink.flush()?;
             return Ok(());
         }
-        let mut rows = read_flows(&loaded)?;
         if !p.json {
             let now = (clock_ns(libc::CLOCK_REALTIME)) as u64;
             p.sink.line(&format!("\n{} UTC, {:.0}s in:", hms(now), start.elapsed().as_secs_f64()))?;
         }
         let j = p.json;
-        print_flows(&mut p.sink, j, &mut rows, a.top)?;
+        report_flows(&mut p.sink, j, &loaded, a.top)?;
         p.sink.flush()?;
         Ok(())
     })?;
@@ -875,9 +967,8 @@ fn report(
         return Err(anyhow::Error::new(e).context("writing events"));
     }
     if a.count {
-        let mut rows = read_flows(l)?;
         let j = p.json;
-        print_flows(&mut p.sink, j, &mut rows, a.top)?;
+        report_flows(&mut p.sink, j, l, a.top)?;
     }
     if p.json {
         p.sink.json(&summary_json(&totals, mech, elapsed))?;
@@ -923,9 +1014,17 @@ mod tests {
     fn table_of(rows: &[FlowRow], json: bool, top: usize) -> Vec<String> {
         let p = std::env::temp_dir().join(format!("sonde-flows-{}-{json}-{top}", std::process::id()));
         let mut sink = Sink::open(Some(&p)).unwrap();
-        // Unsorted, as read_flows leaves them: the smallest first.
+        // Unsorted, as each_flow gives them: the smallest first. A table
+        // with a top streams through Top, as report_flows does.
         let mut rows: Vec<FlowRow> = rows.iter().rev().cloned().collect();
-        print_flows(&mut sink, json, &mut rows, top).unwrap();
+        if json || top == 0 {
+            print_flows(&mut sink, json, &mut rows, top).unwrap();
+        } else {
+            let mut t = Top::new(top);
+            rows.into_iter().for_each(|r| t.add(r));
+            let (shown, rest) = t.finish();
+            print_table(&mut sink, &shown, &rest).unwrap();
+        }
         sink.flush().unwrap();
         drop(sink);
         let text = std::fs::read_to_string(&p).unwrap();
@@ -957,6 +1056,33 @@ mod tests {
             table_of(&mixed, false, 2)[3],
             "... and 4 more flows: 3 retransmits (6 segments), 3 failed attempts"
         );
+    }
+
+    /// The streamed top rows and rest are those of sorting every row, in
+    /// any order of arrival (the oracle: a full sort).
+    #[test]
+    fn the_streamed_top_is_the_sorted_table() {
+        // 500 flows, distinct (count, segs), in a scrambled order.
+        let all: Vec<FlowRow> = (0..500u64)
+            .map(|i| (i * 7919) % 500)
+            .map(|k| FlowRow {
+                flow: types::rt_flow { family: 2, sport: k as u16, kind: (k % 3) as u8 + 3, ..Default::default() },
+                stats: types::rt_flow_stats { count: 1 + k / 4, segs: k, ..Default::default() },
+            })
+            .collect();
+        for top in [1, 20, 499, 500, 600] {
+            let mut sorted = all.clone();
+            sorted.sort_by(busiest);
+            let n = top.min(sorted.len());
+            let mut want = Rest::default();
+            sorted[n..].iter().for_each(|r| want.add(r));
+            let mut t = Top::new(top);
+            all.iter().cloned().for_each(|r| t.add(r));
+            let (shown, rest) = t.finish();
+            let key = |r: &FlowRow| (r.flow.sport, r.stats.count, r.stats.segs);
+            assert_eq!(shown.iter().map(key).collect::<Vec<_>>(), sorted[..n].iter().map(key).collect::<Vec<_>>());
+            assert_eq!(rest, want, "top {top}");
+        }
     }
 
     /// Every program of the object runs under some mechanism: `role` is the
