@@ -98,15 +98,15 @@ pub const MECHANISMS: &Mechanisms = &[
 ///
 /// OVERHEAD (bench/retrans/run, 80k SYN_SENT sockets, 23k SYN retransmits/s,
 /// 2-core VM): streaming every event as JSON to a file 1.8-2.3% of one core,
-/// 0 lost (a bpftrace printf one-liner: 5.0-5.6%); --count 0.1% while it runs,
-/// and 0.57-0.58% over a whole 10 s run including its end report of 138k
-/// flows (read in place from 14.7 MB of slots it allocates in the kernel;
-/// 0.81-0.83% read from a hash; 0.41% with no load at all); in the kernel
-/// 450-560 ns per event streaming, 1,030-1,230 ns with --count (bpftrace's:
-/// 6,500-8,000 ns;
-/// an empty program: 59-63 ns). About 60% of it is the socket's owner record,
-/// cold with 80k sockets (275-340 ns). Events reach the output within 50 ms.
-/// At ordinary retransmit rates (< 1k/s) the cost is negligible.
+/// 0 lost (a bpftrace printf one-liner: 4.9-5.6%); --count 0.1% while it runs,
+/// and 0.49-0.54% (median of 5 runs) over a whole 10 s run including its end
+/// report of 137k flows (read in place from 29 MB of slots it allocates in the
+/// kernel), where the same run with no load costs 0.39-0.48%; in the kernel
+/// 450-560 ns per event streaming, 670-690 ns with --count (bpftrace's:
+/// 7,000-8,000 ns; an empty program: 58-63 ns). About 60% of it is the
+/// socket's owner record, cold with 80k sockets (265-340 ns). Events reach the
+/// output within 50 ms. At ordinary retransmit rates (< 1k/s) the cost is
+/// negligible.
 #[derive(Debug, Args)]
 #[command(mut_arg("json", |a| a.help("One JSON object per line (events, then a summary)")))]
 #[command(mut_arg("output", |a| a.help("Write to this file instead of stdout: .json (JSON lines; implies --json) or .txt")))]
