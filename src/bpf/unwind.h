@@ -22,6 +22,7 @@
 #define SONDE_UNWIND_H
 
 #include <bpf/bpf_core_read.h>
+#include "arch.h"
 #include "runtime.h"
 
 #define UNW_MAX_MAPS     256 /* executable mappings per process */
@@ -631,16 +632,18 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	struct task_struct *task = bpf_get_current_task_btf();
 	if (!BPF_CORE_READ(task, mm))
 		return true; /* a kernel thread: no user stack */
-	s->fsbase = BPF_CORE_READ(task, thread.fsbase);
+	if (!ARCH_TABLE_WALK)
+		return false;
+	s->fsbase = ARCH_TLS_BASE(task);
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	if (!regs)
 		return true;
 	/* One read of the registers, not one per field. */
 	if (bpf_probe_read_kernel(&s->regs, sizeof(s->regs), regs))
 		return true;
-	/* A 32-bit process (cs is not the 64-bit user segment): the kernel's
-	 * walk knows its frames; the tables here are for x86-64 code. */
-	if (s->regs.cs != 0x33)
+	/* A 32-bit process: the kernel's walk knows its frames; the tables
+	 * here are for 64-bit code. */
+	if (!ARCH_USER64(&s->regs))
 		return false;
 	s->busy = 1;
 	s->ri = 0;
@@ -651,13 +654,13 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 		if (s->ri)
 			s->tramp = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
 	}
-	/* orig_ax holds the syscall number in a system call, -1 for an
-	 * interrupt (a sample of user code). */
-	s->in_syscall = (long)s->regs.orig_ax >= 0;
+	/* The syscall number in a system call, -1 for an interrupt (a
+	 * sample of user code). */
+	s->in_syscall = ARCH_SYSCALL_NR(&s->regs) >= 0;
 	s->go_cb = 0;
-	s->pc = s->regs.ip;
-	s->sp = s->regs.sp;
-	s->bp = s->regs.bp;
+	s->pc = ARCH_PC(&s->regs);
+	s->sp = ARCH_SP(&s->regs);
+	s->bp = ARCH_FP(&s->regs);
 	s->pid = pid;
 	s->hash = 0xcbf29ce484222325ULL;
 	s->bp_ok = 1;

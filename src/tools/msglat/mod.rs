@@ -333,6 +333,17 @@ fn load_with(
     ro.fifo = a.fifo;
     ro.has_fetch = has_fetch;
     ro.has_task_regs = has_task_regs;
+    // The syscall numbers of the architecture this binary is built for.
+    (ro.nr_read, ro.nr_write, ro.nr_close, ro.nr_readv, ro.nr_writev, ro.nr_connect) =
+        (libc::SYS_read, libc::SYS_write, libc::SYS_close, libc::SYS_readv, libc::SYS_writev, libc::SYS_connect);
+    (ro.nr_accept, ro.nr_accept4, ro.nr_sendto, ro.nr_recvfrom, ro.nr_sendmsg, ro.nr_recvmsg) = (
+        libc::SYS_accept,
+        libc::SYS_accept4,
+        libc::SYS_sendto,
+        libc::SYS_recvfrom,
+        libc::SYS_sendmsg,
+        libc::SYS_recvmsg,
+    );
     ro.per_message = a.per_message;
     ro.rb_wake_bytes = ringbuf::wake_bytes(ring_bytes as u64);
     for mut prog in open.open_object_mut().progs_mut() {

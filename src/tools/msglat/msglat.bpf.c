@@ -44,7 +44,34 @@
 #include "inlist.h"
 #include "hist.h"
 #include "sockfd.h"
+#include "arch.h"
 #include "msglat.h"
+
+/* This architecture's syscall numbers (set from libc by mod.rs; -1 matches none). */
+const volatile long nr_read = -1;
+const volatile long nr_write = -1;
+const volatile long nr_close = -1;
+const volatile long nr_readv = -1;
+const volatile long nr_writev = -1;
+const volatile long nr_connect = -1;
+const volatile long nr_accept = -1;
+const volatile long nr_sendto = -1;
+const volatile long nr_recvfrom = -1;
+const volatile long nr_sendmsg = -1;
+const volatile long nr_recvmsg = -1;
+const volatile long nr_accept4 = -1;
+#define NR_read         nr_read
+#define NR_write        nr_write
+#define NR_close        nr_close
+#define NR_readv        nr_readv
+#define NR_writev       nr_writev
+#define NR_connect      nr_connect
+#define NR_accept       nr_accept
+#define NR_sendto       nr_sendto
+#define NR_recvfrom     nr_recvfrom
+#define NR_sendmsg      nr_sendmsg
+#define NR_recvmsg      nr_recvmsg
+#define NR_accept4      nr_accept4
 #define SONDE_STATS_MAX ML_STAT_MAX
 #include "stats.h"
 
@@ -454,19 +481,14 @@ static __always_inline int recv_buf(long nr, __u64 a1, long ret, __u64 *base, __
 {
 	__u64 len = ret;
 	*base = a1;
-	switch (nr) {
-	case NR_read:
-	case NR_recvfrom:
-		break;
-	case NR_readv:
+	if (nr == NR_read || nr == NR_recvfrom) {
+	} else if (nr == NR_readv) {
 		if (!first_iov(a1, base, &len))
 			return 0;
-		break;
-	case NR_recvmsg:
+	} else if (nr == NR_recvmsg) {
 		if (!msg_iov(a1, base, &len))
 			return 0;
-		break;
-	default:
+	} else {
 		return -1;
 	}
 	*got = len < (__u64)ret ? len : (__u64)ret;
@@ -479,30 +501,29 @@ static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, _
 {
 	__u64 base = 0, len = 0;
 	__u32 sock;
-	switch (nr) {
-	case NR_write:
-	case NR_sendto:
+	if (nr == NR_write || nr == NR_sendto) {
 		sock = fd_sock(slot, fd);
 		if (sock)
 			on_send(tgid, slot, fd, sock, a1, a2);
 		return 0;
-	case NR_writev:
+	}
+	if (nr == NR_writev) {
 		sock = fd_sock(slot, fd);
 		if (sock && first_iov(a1, &base, &len))
 			on_send(tgid, slot, fd, sock, base, len);
 		return 0;
-	case NR_sendmsg:
+	}
+	if (nr == NR_sendmsg) {
 		sock = fd_sock(slot, fd);
 		if (sock && msg_iov(a1, &base, &len))
 			on_send(tgid, slot, fd, sock, base, len);
 		return 0;
-	case NR_close:
+	}
+	if (nr == NR_close) {
 		if (fd_sock(slot, fd))
 			set_fd(slot, fd, 0);
-		return 0;
-	default:
-		return 0;
 	}
+	return 0;
 }
 
 /* A syscall return of a traced process: receives, accepts and connects. The
@@ -511,23 +532,17 @@ static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, _
  * entry, and a call already blocked when sonde attached counts too. */
 static __always_inline int exit_call(__u32 tgid, int slot, long nr, __u32 fd, __u64 a1, long ret)
 {
-	switch (nr) {
-	case NR_accept:
-	case NR_accept4:
+	if (nr == NR_accept || nr == NR_accept4) {
 		add_fd(slot, ret);
 		return 0;
-	case NR_connect:
+	}
+	if (nr == NR_connect) {
 		if (ret == 0 || ret == -EINPROGRESS)
 			add_fd(slot, fd);
 		return 0;
-	case NR_read:
-	case NR_recvfrom:
-	case NR_readv:
-	case NR_recvmsg:
-		break;
-	default:
-		return 0;
 	}
+	if (!(nr == NR_read || nr == NR_recvfrom || nr == NR_readv || nr == NR_recvmsg))
+		return 0;
 	if (ret <= 0)
 		return 0;
 	__u32 sock = fd_sock(slot, fd);
@@ -549,26 +564,30 @@ SEC("tp_btf/sys_enter")
 int BPF_PROG(ml_enter, struct pt_regs *regs, long nr)
 {
 	TRACED(tgid, slot);
-	return enter_call(tgid, slot, nr, regs->di, regs->si, regs->dx);
+	return enter_call(tgid, slot, nr, ARCH_SYSCALL_A0(regs), ARCH_SYSCALL_A1(regs),
+	                  ARCH_SYSCALL_A2(regs));
 }
 
 SEC("tp_btf/sys_exit")
 int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 {
 	TRACED(tgid, slot);
-	return exit_call(tgid, slot, regs->orig_ax, regs->di, regs->si, ret);
+	return exit_call(tgid, slot, ARCH_SYSCALL_NR(regs), ARCH_SYSCALL_A0(regs),
+	                 ARCH_SYSCALL_A1(regs), ret);
 }
 
 /* --hooks syscalls (default): only the message syscalls run a program, and
  * each once: sends at entry, receives at exit (arguments from the task's
  * saved user registers). */
-#define ML_ENTER(name)                                                                             \
+/* `nargs`: the call's arguments read from its record (close has one: a
+ * program that reads past its record's end cannot attach). */
+#define ML_ENTER(name, nargs)                                                                      \
 	SEC("tracepoint/syscalls/sys_enter_" #name)                                                \
 	int ml_in_##name(struct trace_event_raw_sys_enter *ctx)                                    \
 	{                                                                                          \
 		TRACED(tgid, slot);                                                                \
-		return enter_call(tgid, slot, NR_##name, ctx->args[0], ctx->args[1],               \
-		                  ctx->args[2]);                                                   \
+		return enter_call(tgid, slot, NR_##name, ctx->args[0],                             \
+		                  nargs > 1 ? ctx->args[1] : 0, nargs > 2 ? ctx->args[2] : 0);     \
 	}
 
 /* A receive's or connect's first two arguments from its entry, per thread:
@@ -609,7 +628,8 @@ struct {
 		if (has_task_regs) {                                                               \
 			struct pt_regs *regs =                                                     \
 			        (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());    \
-			return exit_call(tgid, slot, NR_##name, regs->di, regs->si, ctx->ret);     \
+			return exit_call(tgid, slot, NR_##name, ARCH_SYSCALL_A0(regs),             \
+			                 ARCH_SYSCALL_A1(regs), ctx->ret);                         \
 		}                                                                                  \
 		if (NR_##name == NR_accept || NR_##name == NR_accept4)                             \
 			return exit_call(tgid, slot, NR_##name, 0, 0, ctx->ret);                   \
@@ -624,11 +644,11 @@ struct {
 		return exit_call(tgid, slot, NR_##name, a0, a1, ctx->ret);                         \
 	}
 
-ML_ENTER(write)
-ML_ENTER(writev)
-ML_ENTER(sendto)
-ML_ENTER(sendmsg)
-ML_ENTER(close)
+ML_ENTER(write, 3)
+ML_ENTER(writev, 3)
+ML_ENTER(sendto, 3)
+ML_ENTER(sendmsg, 3)
+ML_ENTER(close, 1)
 ML_ARGS(read)
 ML_ARGS(readv)
 ML_ARGS(recvfrom)
@@ -665,11 +685,11 @@ int BPF_PROG(ml_sock_recv, struct sock *sk, int ret, int flags)
 		return 0;
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	__u64 base, got;
-	int found = recv_buf(regs->orig_ax, regs->si, ret, &base, &got);
+	int found = recv_buf(ARCH_SYSCALL_NR(regs), ARCH_SYSCALL_A1(regs), ret, &base, &got);
 	if (found < 0)
 		stat_add(ML_OTHER_CALL); /* recvmmsg, io_uring, splice: no buffer known */
 	if (found > 0)
-		on_recv(tgid, slot, regs->di, sk_id(sk), base, got);
+		on_recv(tgid, slot, ARCH_SYSCALL_A0(regs), sk_id(sk), base, got);
 	return 0;
 }
 
@@ -724,9 +744,9 @@ int BPF_PROG(ml_tcp_send, struct sock *sk, struct msghdr *msg, struct sk_buff *s
 		return 0;
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	long nr = regs->orig_ax;
+	long nr = ARCH_SYSCALL_NR(regs);
 	__u32 fd = (nr == NR_write || nr == NR_writev || nr == NR_sendto || nr == NR_sendmsg)
-	                   ? regs->di
+	                   ? ARCH_SYSCALL_A0(regs)
 	                   : ML_NO_FD;
 	on_send(tgid, slot, fd, sk_id(sk), base, len);
 	return 0;

@@ -8,19 +8,8 @@
 #define ML_MAX_FD    65536 /* descriptors traced per process: 0 .. ML_MAX_FD-1 */
 #define ML_RING      16384 /* FIFO mode: receives waiting for their send, per process (a power of two) */
 
-/* x86_64 syscall numbers. */
-#define NR_read     0
-#define NR_write    1
-#define NR_close    3
-#define NR_readv    19
-#define NR_writev   20
-#define NR_connect  42
-#define NR_accept   43
-#define NR_sendto   44
-#define NR_recvfrom 45
-#define NR_sendmsg  46
-#define NR_recvmsg  47
-#define NR_accept4  288
+/* Syscall numbers differ between architectures: msglat.bpf.c's nr_*
+ * constants are set by mod.rs from libc's for the build's target. */
 
 /* --id: receives waiting for their send, in a table indexed by a hash of
  * the id (a power of two); a slot taken by another waiting id is replaced. */

@@ -601,11 +601,21 @@ struct trace_event_raw_tcp_event_sk_skb___old {
 	const void *skaddr;
 } __attribute__((preserve_access_index));
 
+/* The record of kernels where tcp_retransmit_skb is its own event (with
+ * err since 6.16), declared here: a vmlinux.h of an older kernel (arm64's,
+ * from 6.12) has no such type. */
+struct trace_event_raw_tcp_retransmit_skb___own {
+	struct trace_entry ent;
+	const void *skbaddr;
+	const void *skaddr;
+	int err;
+} __attribute__((preserve_access_index));
+
 /* Classic tracepoints: pointers from the record; err if the record has it. */
 SEC("tracepoint/tcp/tcp_retransmit_skb")
-int tp_retrans(struct trace_event_raw_tcp_retransmit_skb *ctx)
+int tp_retrans(struct trace_event_raw_tcp_retransmit_skb___own *ctx)
 {
-	if (!bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb)) {
+	if (!bpf_core_type_exists(struct trace_event_raw_tcp_retransmit_skb___own)) {
 		struct trace_event_raw_tcp_event_sk_skb___old *old = (void *)ctx;
 		return on_retransmit(ctx, old->skaddr, old->skbaddr, 0, false);
 	}
