@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab lint deny deploy-check test static image vmtest bench docs install clean
+.PHONY: setup build lab lint deny deploy-check test static static-arm64 image vmtest bench docs install clean
 
 setup:
 	@scripts/setup
@@ -57,6 +57,21 @@ static: setup
 	  $(CARGO) build --release --features static --target $(TARGET)
 	@file target/$(TARGET)/release/sonde
 	@ls -l target/$(TARGET)/release/sonde
+
+# The same for arm64 (aarch64), built on an x86_64 host with Debian's cross
+# compiler and arm64 libraries (scripts/setup installs them): BPF objects
+# compiled against src/bpf/arm64/vmlinux.h, lab workloads built for arm64.
+ARM64 = aarch64-unknown-linux-gnu
+static-arm64: setup
+	CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	  CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
+	  PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH=/usr/lib/aarch64-linux-gnu/pkgconfig \
+	  LIBBPF_SYS_LIBRARY_PATH_aarch64_unknown_linux_gnu=/usr/lib/aarch64-linux-gnu \
+	  LIBBPF_SYS_LIBRARY_PATH_x86_64_unknown_linux_gnu=/usr/lib/x86_64-linux-gnu \
+	  RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-lzstd -C link-arg=-fuse-ld=bfd" \
+	  $(CARGO) build --release --features static --target $(ARM64)
+	@file target/$(ARM64)/release/sonde
+	@ls -l target/$(ARM64)/release/sonde
 
 # The container image (deploy/Containerfile, FROM scratch) of the static binary,
 # built offline with podman, buildah or docker: about 13.5 MB.

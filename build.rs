@@ -18,9 +18,20 @@ fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR set by cargo"));
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").unwrap());
     let script = newest(&[manifest.join("build.rs")]);
-    build_lab_workloads(&out, &manifest, script);
+    // The target's kernel types (src/bpf/ARCH/vmlinux.h, scripts/vmlinux-h)
+    // and, built on another architecture, clang's target for the workloads
+    // (with Debian's cross libraries: gcc-aarch64-linux-gnu,
+    // libc6-dev-arm64-cross).
+    let (arch, cross) = match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("x86_64") => ("x86", None),
+        Ok("aarch64") => ("arm64", cfg!(not(target_arch = "aarch64")).then_some("--target=aarch64-linux-gnu")),
+        other => panic!("sonde's BPF programs are built for x86_64 and aarch64, not {other:?}"),
+    };
+    build_lab_workloads(&out, &manifest, script, cross);
     let include = manifest.join("src/bpf");
     println!("cargo:rerun-if-changed=src/bpf");
+    let arch_include = include.join(arch);
+    println!("cargo:rerun-if-changed=src/bpf/{arch}");
     // The runtimes' kernel halves (src/engine/runtime/runtime.h and one
     // folder per runtime), included by the unwinder.
     let runtimes = manifest.join("src/engine/runtime");
@@ -28,6 +39,7 @@ fn main() {
     // New tool folders too.
     println!("cargo:rerun-if-changed=src/tools");
     let mut shared = headers(&include);
+    shared.extend(headers(&arch_include));
     shared.extend(headers(&runtimes));
     for entry in fs::read_dir(&runtimes).unwrap() {
         let dir = entry.unwrap().path();
@@ -61,6 +73,8 @@ fn main() {
             SkeletonBuilder::new()
                 .source(&path)
                 .clang_args([
+                    "-I".as_ref(),
+                    arch_include.as_os_str(),
                     "-I".as_ref(),
                     include.as_os_str(),
                     "-I".as_ref(),
@@ -103,7 +117,7 @@ fn fresh(output: &Path, input: SystemTime) -> bool {
 /// pointers and line tables and embedded in the binary: the labs need no
 /// compiler on the host. `burn-nofp` is burn.c built as distributions build
 /// their packages, without frame pointers, for `lab profile`'s second run.
-fn build_lab_workloads(out: &Path, manifest: &Path, script: SystemTime) {
+fn build_lab_workloads(out: &Path, manifest: &Path, script: SystemTime, cross: Option<&str>) {
     let fp: &[&str] = &["-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"];
     let nofp: &[&str] = &["-fomit-frame-pointer"];
     for (name, src, extra) in
@@ -116,6 +130,7 @@ fn build_lab_workloads(out: &Path, manifest: &Path, script: SystemTime) {
             continue;
         }
         let st = std::process::Command::new("clang")
+            .args(cross)
             .args(["-O2", "-gline-tables-only", "-fno-inline", "-pthread"])
             .args(extra)
             .arg("-static")
