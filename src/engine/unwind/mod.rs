@@ -82,6 +82,12 @@ pub struct UnwindArgs {
 /// Whether this kernel can run the walk (`unwind.h`): the helpers it calls
 /// from sampling and tracing programs. `Err` names what is missing.
 pub fn kernel_can_walk() -> Result<(), String> {
+    if cfg!(not(target_arch = "x86_64")) {
+        return Err(format!(
+            "the table walk knows x86-64's unwind rules only; this {} build follows frame pointers",
+            std::env::consts::ARCH
+        ));
+    }
     for (f, name, since) in [
         (libbpf_sys::BPF_FUNC_get_current_task_btf, "bpf_get_current_task_btf", "5.11"),
         (libbpf_sys::BPF_FUNC_task_pt_regs, "bpf_task_pt_regs", "5.15"),

@@ -128,6 +128,15 @@ fn runtimes_report(caps: &Caps) -> Value {
     })
 }
 
+/// What this build's architecture changes for the user.
+fn arch_detail() -> &'static str {
+    if cfg!(target_arch = "x86_64") {
+        "every tool; user stacks walked from .eh_frame tables; Python, Java and Node.js frames"
+    } else {
+        "every tool; user stacks follow frame pointers (the .eh_frame walk and the runtimes' frames know x86-64 only so far), so code built without them shows short stacks"
+    }
+}
+
 fn print_json(caps: &Caps, tools: &[(&str, Value)], usable: bool) -> anyhow::Result<()> {
     let mut feats = serde_json::Map::new();
     for (name, ok, detail) in caps.checks() {
@@ -137,6 +146,7 @@ fn print_json(caps: &Caps, tools: &[(&str, Value)], usable: bool) -> anyhow::Res
     let v = json!({
         "type": "doctor",
         "kernel": kernel,
+        "arch": {"name": std::env::consts::ARCH, "detail": arch_detail()},
         "usable": usable,
         "features": feats,
         "tools": tools.iter().map(|(n, v)| (n.to_string(), v.clone())).collect::<serde_json::Map<_, _>>(),
@@ -149,6 +159,7 @@ fn print_json(caps: &Caps, tools: &[(&str, Value)], usable: bool) -> anyhow::Res
 fn print_text(caps: &Caps, tools: &[(&str, Value)]) -> anyhow::Result<()> {
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     crate::outln!("kernel {}", kernel.trim())?;
+    crate::outln!("arch   {}: {}", std::env::consts::ARCH, arch_detail())?;
     for (name, ok, detail) in caps.checks() {
         crate::outln!("  {:<11} {:<4} {}", name, if ok { "yes" } else { "NO" }, detail)?;
     }
