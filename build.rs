@@ -20,13 +20,15 @@ fn main() {
     let script = newest(&[manifest.join("build.rs")]);
     // The target's kernel types (src/bpf/ARCH/vmlinux.h, scripts/vmlinux-h)
     // and, built on another architecture, clang's target for the workloads
-    // (with Debian's cross libraries: gcc-aarch64-linux-gnu,
+    // (with Debian's cross libraries, e.g. gcc-aarch64-linux-gnu and
     // libc6-dev-arm64-cross).
-    let (arch, cross) = match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
-        Ok("x86_64") => ("x86", None),
-        Ok("aarch64") => ("arm64", cfg!(not(target_arch = "aarch64")).then_some("--target=aarch64-linux-gnu")),
+    let (arch, triple) = match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("x86_64") => ("x86", "x86_64-linux-gnu"),
+        Ok("aarch64") => ("arm64", "aarch64-linux-gnu"),
         other => panic!("sonde's BPF programs are built for x86_64 and aarch64, not {other:?}"),
     };
+    let cross_arg = format!("--target={triple}");
+    let cross = (env::var("TARGET").ok() != env::var("HOST").ok()).then_some(cross_arg.as_str());
     build_lab_workloads(&out, &manifest, script, cross);
     let include = manifest.join("src/bpf");
     println!("cargo:rerun-if-changed=src/bpf");

@@ -38,17 +38,18 @@ pub struct RunControl {
     signal: Arc<AtomicUsize>,
     duration: Option<Duration>,
     deadline: Arc<std::sync::Mutex<Option<Instant>>>,
-    wake: Arc<Wake>,
+    wake: &'static Wake,
 }
 
 /// A socket pair a stop writes a byte to (the signal handlers and
 /// [`RunControl::request_stop`]), so that [`RunControl::wait`] returns at
 /// once instead of at its timeout. The byte is never read: once a stop is
-/// asked for, every wait returns at once.
+/// asked for, every wait returns at once. Kept for the life of the process
+/// (two descriptors per [`RunControl::new`]): the signal handlers hold the
+/// write end's number, which must never be closed and reused, and a write
+/// to it must never find its reader gone.
 struct Wake {
     rx: std::os::unix::net::UnixStream,
-    /// The write end, leaked: the signal handlers keep its number for the
-    /// life of the process, so it must never be closed and reused.
     tx: std::os::fd::RawFd,
 }
 
@@ -72,7 +73,7 @@ impl RunControl {
     /// Installs SIGINT/SIGTERM handlers; `duration` of None runs until a signal.
     pub fn new(duration: Option<Duration>) -> anyhow::Result<Self> {
         let signal = Arc::new(AtomicUsize::new(0));
-        let wake = Arc::new(Wake::new()?);
+        let wake: &'static Wake = Box::leak(Box::new(Wake::new()?));
         for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
             // The flag first: the handlers run in the order registered.
             signal_hook::flag::register_usize(sig, signal.clone(), sig as usize)?;
@@ -93,7 +94,7 @@ impl RunControl {
             signal: self.signal.clone(),
             duration: Some(duration),
             deadline: Arc::new(std::sync::Mutex::new(Some(Instant::now() + duration))),
-            wake: self.wake.clone(),
+            wake: self.wake,
         }
     }
 
@@ -119,7 +120,8 @@ impl RunControl {
     pub fn wait(&self, d: Duration) {
         use std::os::fd::AsRawFd;
         let mut p = libc::pollfd { fd: self.wake.rx.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        let ms = d.as_millis().min(i32::MAX as u128) as i32;
+        // Rounded up: a wait under 1 ms must not become a poll that returns at once.
+        let ms = d.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         // SAFETY: one valid pollfd for the duration of the call. EINTR (a
         // signal) returns early, which is what a stop wants.
         unsafe { libc::poll(&mut p, 1, ms) };

@@ -47,19 +47,20 @@
 #include "arch.h"
 #include "msglat.h"
 
-/* This architecture's syscall numbers (set from libc by mod.rs; -1 matches none). */
-const volatile long nr_read = -1;
-const volatile long nr_write = -1;
-const volatile long nr_close = -1;
-const volatile long nr_readv = -1;
-const volatile long nr_writev = -1;
-const volatile long nr_connect = -1;
-const volatile long nr_accept = -1;
-const volatile long nr_sendto = -1;
-const volatile long nr_recvfrom = -1;
-const volatile long nr_sendmsg = -1;
-const volatile long nr_recvmsg = -1;
-const volatile long nr_accept4 = -1;
+/* This architecture's syscall numbers (set from libc by mod.rs; -2 matches
+ * none: -1 is the number outside a syscall). */
+const volatile long nr_read = -2;
+const volatile long nr_write = -2;
+const volatile long nr_close = -2;
+const volatile long nr_readv = -2;
+const volatile long nr_writev = -2;
+const volatile long nr_connect = -2;
+const volatile long nr_accept = -2;
+const volatile long nr_sendto = -2;
+const volatile long nr_recvfrom = -2;
+const volatile long nr_sendmsg = -2;
+const volatile long nr_recvmsg = -2;
+const volatile long nr_accept4 = -2;
 #define NR_read         nr_read
 #define NR_write        nr_write
 #define NR_close        nr_close

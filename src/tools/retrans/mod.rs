@@ -682,7 +682,8 @@ struct Top {
 
 impl Top {
     fn new(n: usize) -> Top {
-        Top { n, kept: std::collections::BinaryHeap::with_capacity(n + 1), rest: Rest::default() }
+        // Reserved for a usual --top only: a huge one grows as rows come.
+        Top { n, kept: std::collections::BinaryHeap::with_capacity(n.min(4096) + 1), rest: Rest::default() }
     }
 
     fn add(&mut self, r: FlowRow) {

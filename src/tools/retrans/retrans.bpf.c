@@ -592,7 +592,7 @@ int BPF_PROG(raw_synack, const struct sock *sk, const struct request_sock *req)
 	return on_synack(ctx, sk, req, false);
 }
 
-/* Before the record gained `err` (6.1 and older), tcp_retransmit_skb was an
+/* Before the record gained `err` (6.12 and older), tcp_retransmit_skb was an
  * event of the tcp_event_sk_skb class, so its record type has that name (a
  * CO-RE flavor: libbpf matches it by the name before the ___). */
 struct trace_event_raw_tcp_event_sk_skb___old {
@@ -601,9 +601,9 @@ struct trace_event_raw_tcp_event_sk_skb___old {
 	const void *skaddr;
 } __attribute__((preserve_access_index));
 
-/* The record of kernels where tcp_retransmit_skb is its own event (with
- * err since 6.16), declared here: a vmlinux.h of an older kernel (arm64's,
- * from 6.12) has no such type. */
+/* The record of kernels where tcp_retransmit_skb is its own event, with
+ * err, declared here: a vmlinux.h of an older kernel (arm64's, from 6.12,
+ * where it is still the class event) has no such type. */
 struct trace_event_raw_tcp_retransmit_skb___own {
 	struct trace_entry ent;
 	const void *skbaddr;
