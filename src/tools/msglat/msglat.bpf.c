@@ -61,18 +61,6 @@ const volatile long nr_recvfrom = -2;
 const volatile long nr_sendmsg = -2;
 const volatile long nr_recvmsg = -2;
 const volatile long nr_accept4 = -2;
-#define NR_read         nr_read
-#define NR_write        nr_write
-#define NR_close        nr_close
-#define NR_readv        nr_readv
-#define NR_writev       nr_writev
-#define NR_connect      nr_connect
-#define NR_accept       nr_accept
-#define NR_sendto       nr_sendto
-#define NR_recvfrom     nr_recvfrom
-#define NR_sendmsg      nr_sendmsg
-#define NR_recvmsg      nr_recvmsg
-#define NR_accept4      nr_accept4
 #define SONDE_STATS_MAX ML_STAT_MAX
 #include "stats.h"
 
@@ -482,11 +470,11 @@ static __always_inline int recv_buf(long nr, __u64 a1, long ret, __u64 *base, __
 {
 	__u64 len = ret;
 	*base = a1;
-	if (nr == NR_read || nr == NR_recvfrom) {
-	} else if (nr == NR_readv) {
+	if (nr == nr_read || nr == nr_recvfrom) {
+	} else if (nr == nr_readv) {
 		if (!first_iov(a1, base, &len))
 			return 0;
-	} else if (nr == NR_recvmsg) {
+	} else if (nr == nr_recvmsg) {
 		if (!msg_iov(a1, base, &len))
 			return 0;
 	} else {
@@ -502,25 +490,25 @@ static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, _
 {
 	__u64 base = 0, len = 0;
 	__u32 sock;
-	if (nr == NR_write || nr == NR_sendto) {
+	if (nr == nr_write || nr == nr_sendto) {
 		sock = fd_sock(slot, fd);
 		if (sock)
 			on_send(tgid, slot, fd, sock, a1, a2);
 		return 0;
 	}
-	if (nr == NR_writev) {
+	if (nr == nr_writev) {
 		sock = fd_sock(slot, fd);
 		if (sock && first_iov(a1, &base, &len))
 			on_send(tgid, slot, fd, sock, base, len);
 		return 0;
 	}
-	if (nr == NR_sendmsg) {
+	if (nr == nr_sendmsg) {
 		sock = fd_sock(slot, fd);
 		if (sock && msg_iov(a1, &base, &len))
 			on_send(tgid, slot, fd, sock, base, len);
 		return 0;
 	}
-	if (nr == NR_close) {
+	if (nr == nr_close) {
 		if (fd_sock(slot, fd))
 			set_fd(slot, fd, 0);
 	}
@@ -533,16 +521,16 @@ static __always_inline int enter_call(__u32 tgid, int slot, long nr, __u32 fd, _
  * entry, and a call already blocked when sonde attached counts too. */
 static __always_inline int exit_call(__u32 tgid, int slot, long nr, __u32 fd, __u64 a1, long ret)
 {
-	if (nr == NR_accept || nr == NR_accept4) {
+	if (nr == nr_accept || nr == nr_accept4) {
 		add_fd(slot, ret);
 		return 0;
 	}
-	if (nr == NR_connect) {
+	if (nr == nr_connect) {
 		if (ret == 0 || ret == -EINPROGRESS)
 			add_fd(slot, fd);
 		return 0;
 	}
-	if (!(nr == NR_read || nr == NR_recvfrom || nr == NR_readv || nr == NR_recvmsg))
+	if (!(nr == nr_read || nr == nr_recvfrom || nr == nr_readv || nr == nr_recvmsg))
 		return 0;
 	if (ret <= 0)
 		return 0;
@@ -587,7 +575,7 @@ int BPF_PROG(ml_exit, struct pt_regs *regs, long ret)
 	int ml_in_##name(struct trace_event_raw_sys_enter *ctx)                                    \
 	{                                                                                          \
 		TRACED(tgid, slot);                                                                \
-		return enter_call(tgid, slot, NR_##name, ctx->args[0],                             \
+		return enter_call(tgid, slot, nr_##name, ctx->args[0],                             \
 		                  nargs > 1 ? ctx->args[1] : 0, nargs > 2 ? ctx->args[2] : 0);     \
 	}
 
@@ -629,11 +617,11 @@ struct {
 		if (has_task_regs) {                                                               \
 			struct pt_regs *regs =                                                     \
 			        (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());    \
-			return exit_call(tgid, slot, NR_##name, ARCH_SYSCALL_A0(regs),             \
+			return exit_call(tgid, slot, nr_##name, ARCH_SYSCALL_A0(regs),             \
 			                 ARCH_SYSCALL_A1(regs), ctx->ret);                         \
 		}                                                                                  \
-		if (NR_##name == NR_accept || NR_##name == NR_accept4)                             \
-			return exit_call(tgid, slot, NR_##name, 0, 0, ctx->ret);                   \
+		if (nr_##name == nr_accept || nr_##name == nr_accept4)                             \
+			return exit_call(tgid, slot, nr_##name, 0, 0, ctx->ret);                   \
 		__u32 tid = (__u32)bpf_get_current_pid_tgid();                                     \
 		struct ml_args *v = bpf_map_lookup_elem(&call_args, &tid);                         \
 		if (!v) {                                                                          \
@@ -642,7 +630,7 @@ struct {
 		}                                                                                  \
 		__u64 a0 = v->a0, a1 = v->a1;                                                      \
 		bpf_map_delete_elem(&call_args, &tid);                                             \
-		return exit_call(tgid, slot, NR_##name, a0, a1, ctx->ret);                         \
+		return exit_call(tgid, slot, nr_##name, a0, a1, ctx->ret);                         \
 	}
 
 ML_ENTER(write, 3)
@@ -746,7 +734,7 @@ int BPF_PROG(ml_tcp_send, struct sock *sk, struct msghdr *msg, struct sk_buff *s
 	}
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
 	long nr = ARCH_SYSCALL_NR(regs);
-	__u32 fd = (nr == NR_write || nr == NR_writev || nr == NR_sendto || nr == NR_sendmsg)
+	__u32 fd = (nr == nr_write || nr == nr_writev || nr == nr_sendto || nr == nr_sendmsg)
 	                   ? ARCH_SYSCALL_A0(regs)
 	                   : ML_NO_FD;
 	on_send(tgid, slot, fd, sk_id(sk), base, len);
