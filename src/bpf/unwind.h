@@ -50,6 +50,9 @@
 #define UNW_RBP_AT_CFA  1
 #define UNW_RBP_AT_RBP  2
 #define UNW_RBP_UNKNOWN 3
+/* Where the return address is (bits 22-23). */
+#define UNW_RA_SAVED    0 /* at CFA + ARCH_ROW_RA_OFF */
+#define UNW_RA_LR       1 /* still in the link register (AArch64's x30) */
 
 /* One executable mapping of a process. */
 struct unw_map {
@@ -106,6 +109,7 @@ struct unw_state {
 	__u64 ri;     /* the next pending uretprobe's return_instance (kernel pointer) */
 	__u64 fsbase; /* the thread pointer (read here: unw_step, verified on its own,
 	               * cannot call bpf_get_current_task_btf on kernels without it) */
+	__u64 lr;     /* the link register, while the frame walked knows it */
 	__u32 pid;
 	__u32 busy;
 	__u8 bp_ok;      /* rbp still known */
@@ -113,7 +117,9 @@ struct unw_state {
 	__u8 why_fp;     /* the end to report if the current frame-pointer step fails */
 	__u8 in_syscall; /* the user registers were saved by a system call */
 	__u8 go_cb;      /* a Go cgocallback was followed to the system stack */
-	__u8 pad[3];
+	__u8 lr_ok;      /* lr holds this frame's return address if its row says so */
+	__u8 fp_only;    /* AArch64: a frame-pointer step left sp unknown, go on by them */
+	__u8 pad;
 	/* Code the process's runtime generates and steps itself (runtime_jit.h). */
 	__u64 jit_lo[RT_JIT];
 	__u64 jit_hi[RT_JIT];
@@ -163,6 +169,10 @@ enum unw_stat {
 
 /* 0: frame pointers only (bpf_get_stackid); 1: tables where loaded. */
 const volatile __u32 unw_mode = 0;
+/* The bits of a user return address that are its address: AArch64's
+ * pointer authentication keeps a code in the others (user space computes
+ * the mask from the running system). */
+const volatile __u64 unw_ra_mask = ~0ULL;
 
 struct unw_chunk {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -405,9 +415,10 @@ __noinline int unw_step(__u32 slot)
 		/* A task in a system call (off-CPU, or sampled in the kernel)
 		 * stands after its syscall instruction, which may end its
 		 * function's CFI (glibc's __restore_rt): look the syscall up. */
-		__u16 insn = 0;
-		if (bpf_probe_read_user(&insn, sizeof(insn), (void *)(pc - 2)) == 0 &&
-		    insn == 0x050f)
+		__u32 insn = 0;
+		if (bpf_probe_read_user(&insn, ARCH_SYSCALL_INSN_LEN,
+		                        (void *)(pc - ARCH_SYSCALL_INSN_LEN)) == 0 &&
+		    ARCH_IS_SYSCALL_INSN(insn))
 			at = pc - 1;
 	}
 	struct unw_map *m = unw_find_map(s, at);
@@ -417,9 +428,16 @@ __noinline int unw_step(__u32 slot)
 		row = unw_find_row(s, m, at, &in_table);
 	__u32 kind = (row >> 16) & 0xf;
 	__u64 sp = s->sp, bp = s->bp, cfa = 0, ra = 0;
-	__s32 off = (__s32)(row >> 32);
+	__s64 off = ARCH_ROW_OFF(row);
 	bool switched = false; /* to another stack: cfa need not be above sp */
+	bool lr_ok = s->lr_ok;
+	s->lr_ok = 0; /* a caller's return address is never in the link register */
 
+	/* AArch64: a frame record says where the caller's x29 and return
+	 * address are, not where its frame begins; after one, the walk goes
+	 * on by frame records. */
+	if (ARCH_HAS_LR && s->fp_only && kind != UNW_SIGNAL && kind != UNW_STOP)
+		kind = UNW_GAP;
 	if (kind == UNW_GAP) {
 		if (!m) {
 			/* Code outside every mapping we know: JIT, or mapped
@@ -446,7 +464,7 @@ __noinline int unw_step(__u32 slot)
 			return 1;
 		}
 		s->st.how |= UNW_HOW_FP;
-		ra = unw_real_ra(s, ra);
+		ra = unw_real_ra(s, ra & unw_ra_mask);
 		if (ra == 0) {
 			s->st.end = UNW_END_FP_CHAIN;
 			return 1;
@@ -455,6 +473,7 @@ __noinline int unw_step(__u32 slot)
 		s->sp = bp + 16;
 		s->bp = nbp;
 		s->exact = 0;
+		s->fp_only = ARCH_HAS_LR;
 		return 0;
 	}
 	s->st.how |= UNW_HOW_TABLE;
@@ -465,11 +484,12 @@ __noinline int unw_step(__u32 slot)
 	case UNW_SIGNAL: {
 		if (!s->st.sigframe)
 			s->st.sigframe = len + 1;
-		/* __restore_rt: sp is the ucontext; uc_mcontext at +40 holds
-		 * rbp (+80), rsp (+120) and rip (+128) of the interrupted code. */
-		__u64 nbp = 0, nsp = 0, nip = 0;
-		if (!unw_read(s, &nbp, sp + 40 + 80) || !unw_read(s, &nsp, sp + 40 + 120) ||
-		    !unw_read(s, &nip, sp + 40 + 128)) {
+		/* The signal frame at sp holds the interrupted code's registers
+		 * (arch.h: ARCH_SIG_*). */
+		__u64 nbp = 0, nsp = 0, nip = 0, nlr = 0;
+		if (!unw_read(s, &nbp, sp + ARCH_SIG_FP) || !unw_read(s, &nsp, sp + ARCH_SIG_SP) ||
+		    !unw_read(s, &nip, sp + ARCH_SIG_PC) ||
+		    (ARCH_HAS_LR && !unw_read(s, &nlr, sp + ARCH_SIG_LR))) {
 			s->st.end = UNW_END_READ;
 			return 1;
 		}
@@ -478,6 +498,9 @@ __noinline int unw_step(__u32 slot)
 		s->bp = nbp;
 		s->bp_ok = 1;
 		s->exact = 1;
+		s->lr = nlr & unw_ra_mask;
+		s->lr_ok = ARCH_HAS_LR;
+		s->fp_only = 0;
 		return nip ? 0 : 1;
 	}
 	case UNW_GO_CGO: {
@@ -563,13 +586,22 @@ __noinline int unw_step(__u32 slot)
 		s->st.end = UNW_END_UNSUPPORTED;
 		return 1;
 	}
-	if (!unw_read(s, &ra, cfa - 8)) {
-		s->st.end = UNW_END_READ;
-		return 1;
+	__u32 rak = (row >> 22) & 0x3;
+	if (rak == UNW_RA_LR) {
+		if (!lr_ok) {
+			s->st.end = UNW_END_UNSUPPORTED;
+			return 1;
+		}
+		ra = s->lr;
+	} else {
+		if (!unw_read(s, &ra, cfa + ARCH_ROW_RA_OFF(row))) {
+			s->st.end = UNW_END_READ;
+			return 1;
+		}
 	}
 	{
 		__u32 rk = (row >> 20) & 0x3;
-		__s64 roff = (__s64)(__s8)(row >> 24) * 8;
+		__s64 roff = ARCH_ROW_FP_OFF(row);
 		if (rk == UNW_RBP_AT_RBP && !s->bp_ok) {
 			s->bp_ok = 0; /* saved through an rbp we do not know */
 		} else if (rk == UNW_RBP_AT_CFA || rk == UNW_RBP_AT_RBP) {
@@ -584,8 +616,10 @@ __noinline int unw_step(__u32 slot)
 			s->bp_ok = 0;
 		}
 	}
-	ra = unw_real_ra(s, ra);
-	if (cfa <= sp && !switched) {
+	ra = unw_real_ra(s, ra & unw_ra_mask);
+	/* The CFA is above sp, or equal to it where the return address is
+	 * still in the link register (nothing pushed yet). */
+	if ((cfa < sp || (cfa == sp && rak != UNW_RA_LR)) && !switched) {
 		s->st.end = UNW_END_NO_PROGRESS;
 		return 1;
 	}
@@ -658,6 +692,9 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	 * sample of user code). */
 	s->in_syscall = ARCH_SYSCALL_NR(&s->regs) >= 0;
 	s->go_cb = 0;
+	s->lr = ARCH_LR(&s->regs) & unw_ra_mask;
+	s->lr_ok = ARCH_HAS_LR;
+	s->fp_only = 0;
 	s->pc = ARCH_PC(&s->regs);
 	s->sp = ARCH_SP(&s->regs);
 	s->bp = ARCH_FP(&s->regs);

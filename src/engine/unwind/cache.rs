@@ -1,7 +1,7 @@
 //! Built tables on disk, so a second run starts fast.
 //!
 //! A table is stored under the SHA-256 of what it is built from (the
-//! format version, `.eh_frame`'s address and bytes, `.debug_frame`'s bytes,
+//! format version, the architecture, `.eh_frame`'s address and bytes, `.debug_frame`'s bytes,
 //! the text address and the PLT sections), not under the file's build ID: a traced process
 //! can give any file any build ID, and a table keyed by a forged one would
 //! then unwind every other process that maps the real file. Hashing the
@@ -29,7 +29,7 @@ use super::{
 };
 
 /// Bumped whenever the row encoding or the builder's output changes.
-pub const FORMAT: u32 = 5;
+pub const FORMAT: u32 = 6;
 const MAGIC: &[u8; 8] = b"SONDEUW\0";
 const HEADER: usize = 8 + 4 + 4 + 32 + 8 + 6 * 8;
 /// Most bytes the cache directory may hold.
@@ -42,6 +42,10 @@ pub type Key = [u8; 32];
 pub fn key(info: &ElfUnwindInfo) -> Key {
     let mut h = Sha256::new();
     h.update(FORMAT.to_le_bytes());
+    h.update(info.arch.name().as_bytes());
+    for a in &info.sigreturn {
+        h.update(a.to_le_bytes());
+    }
     let text = info.segments.iter().find(|s| s.exec).map(|s| s.vaddr).unwrap_or(0);
     h.update(text.to_le_bytes());
     for (a, n, lazy) in &info.plt {
@@ -260,7 +264,7 @@ fn read_table(path: &PathBuf, k: &Key) -> Option<Table> {
     if rows.windows(2).any(|w| w[0].addr >= w[1].addr) {
         return None;
     }
-    Some(Table { rows, stats })
+    Some(Table { rows, stats, arch: Default::default() })
 }
 
 #[cfg(test)]
@@ -283,6 +287,7 @@ mod tests {
         let t = Table {
             rows: vec![Row { addr: 0x1000, rule: 1 << 16 }, Row { addr: 0x1010, rule: 0 }],
             stats: BuildStats { fdes: 1, ..Default::default() },
+            arch: Default::default(),
         };
         let k = [7u8; 32];
         assert!(c.get(&k).is_none());

@@ -22,6 +22,9 @@ use super::UnwindError;
 
 /// Largest unwind section read (bytes). libxul's `.eh_frame` is ~10 MB.
 pub const MAX_SECTION: u64 = 64 << 20;
+/// Most bytes of an AArch64 file's code searched for signal trampolines:
+/// the vDSO's few KiB, musl's libc (under 1 MiB).
+pub const MAX_SIGRETURN_SCAN: u64 = 2 << 20;
 /// Most program headers and section headers accepted.
 const MAX_HEADERS: usize = 1 << 16;
 
@@ -48,6 +51,12 @@ pub struct Section {
 
 /// The parts of an ELF file the table builder reads.
 pub struct ElfUnwindInfo {
+    /// The instruction set (the file's machine).
+    pub arch: super::table::Arch,
+    /// AArch64: virtual addresses of signal trampolines (`mov x8, #139;
+    /// svc #0`, which have had no CFI since Linux 5.9), found in files
+    /// with up to [`MAX_SIGRETURN_SCAN`] bytes of code.
+    pub sigreturn: Vec<u64>,
     /// `PT_LOAD` segments, in program-header order.
     pub segments: Vec<Segment>,
     /// GNU build ID, when the file has one.
@@ -149,9 +158,12 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
     let cache = ReadCache::new(file);
     let hdr = Hdr::parse(&cache).map_err(|e| UnwindError::NotElf(e.to_string()))?;
     let endian = hdr.endian().map_err(|e| UnwindError::NotElf(e.to_string()))?;
-    if hdr.e_machine(endian) != elf::EM_X86_64 {
-        return Err(UnwindError::NotElf(format!("machine {} is not x86-64", hdr.e_machine(endian))));
-    }
+    use super::table::Arch;
+    let arch = match hdr.e_machine(endian) {
+        elf::EM_X86_64 => Arch::X86_64,
+        elf::EM_AARCH64 => Arch::Aarch64,
+        m => return Err(UnwindError::NotElf(format!("machine {m} is neither x86-64 nor AArch64"))),
+    };
     if hdr.e_phnum(endian) as usize > MAX_HEADERS || hdr.e_shnum(endian) as usize > MAX_HEADERS {
         return Err(UnwindError::Malformed("too many headers".into()));
     }
@@ -226,7 +238,10 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
         None => section(".data.rel.ro.gopclntab")?,
     };
     let text = sections.section_by_name(endian, b".text").map(|(_, sh)| sh.sh_addr(endian)).unwrap_or(0);
+    let sigreturn = if arch == Arch::Aarch64 { sigreturns(&cache, &segments) } else { Vec::new() };
     Ok(ElfUnwindInfo {
+        arch,
+        sigreturn,
         segments,
         build_id,
         eh_frame,
@@ -238,6 +253,38 @@ pub fn read<R: Read + Seek>(file: R) -> Result<ElfUnwindInfo, UnwindError> {
         text,
         go_cgo: Vec::new(),
     })
+}
+
+/// AArch64's `mov x8, #__NR_rt_sigreturn` followed by `svc #0`.
+const SIGRETURN: [u32; 2] = [0xd280_1168, 0xd400_0001];
+
+/// Where a small file's executable segments hold [`SIGRETURN`] (4-byte
+/// aligned virtual addresses of its first instruction).
+fn sigreturns<R: Read + Seek>(cache: &ReadCache<R>, segments: &[Segment]) -> Vec<u64> {
+    use object::ReadRef;
+    let exec: Vec<&Segment> = segments.iter().filter(|s| s.exec).collect();
+    if exec.iter().map(|s| s.filesz).sum::<u64>() > MAX_SIGRETURN_SCAN {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for s in exec {
+        let Ok(code) = cache.read_bytes_at(s.offset, s.filesz) else { continue };
+        // Instructions are 4-byte aligned in the file as in memory
+        // (p_offset and p_vaddr agree modulo the page size).
+        let skew = ((4 - (s.vaddr & 3)) & 3) as usize;
+        let words: Vec<u32> = code
+            .get(skew..)
+            .unwrap_or(&[])
+            .chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect();
+        for (i, w) in words.windows(2).enumerate() {
+            if w == SIGRETURN {
+                out.push(s.vaddr + skew as u64 + 4 * i as u64);
+            }
+        }
+    }
+    out
 }
 
 /// [`read`] of an opened file, with `text` set where a Go binary's function

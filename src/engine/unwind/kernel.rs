@@ -486,8 +486,19 @@ impl Tables {
     /// one reference on the table's key.
     fn table_of(&mut self, m: &Maps<'_>, f: File) -> Result<FileTable, UnwindError> {
         let info = elf::read_file(f)?;
+        if Some(info.arch) != table::Arch::host() {
+            return Err(UnwindError::NotElf(format!(
+                "{} code on this {} host",
+                info.arch.name(),
+                std::env::consts::ARCH
+            )));
+        }
         let segments = info.segments.clone();
-        if info.eh_frame.is_none() && info.debug_frame.is_none() && info.gopclntab.is_none() {
+        if info.eh_frame.is_none()
+            && info.debug_frame.is_none()
+            && info.gopclntab.is_none()
+            && info.sigreturn.is_empty()
+        {
             *self.stats.without_table.entry(reason(&UnwindError::NoUnwindInfo)).or_default() += 1;
             return Ok(FileTable { segments, placed: None, key: None });
         }
@@ -499,8 +510,9 @@ impl Tables {
         let cfi =
             info.eh_frame.as_ref().map_or(0, |s| s.data.len()) + info.debug_frame.as_ref().map_or(0, |s| s.data.len());
         let table = match self.cache.get(&key) {
-            Some(t) => {
+            Some(mut t) => {
                 self.stats.cache_hits += 1;
+                t.arch = info.arch;
                 t
             }
             None => {
@@ -659,7 +671,8 @@ pub fn layout(t: &Table) -> Option<Vec<(u64, Vec<u64>)>> {
         return None;
     }
     let n = page_span(t)?;
-    let gap = table::Rule::GAP.encode();
+    // A gap encodes alike on every architecture.
+    let gap = table::Rule::GAP.encode(table::Arch::X86_64);
     let lo = rows[0].addr >> PAGE_SHIFT;
     let hi = lo + n - 1;
     let mut out = Vec::with_capacity(n as usize);
@@ -690,7 +703,7 @@ pub fn layout(t: &Table) -> Option<Vec<(u64, Vec<u64>)>> {
 
 /// The model of `unwind.h`'s page lookup: the rule at `vaddr` from a
 /// [`layout`] (for tests).
-pub fn layout_lookup(pages: &[(u64, Vec<u64>)], vaddr: u64) -> table::Rule {
+pub fn layout_lookup(pages: &[(u64, Vec<u64>)], vaddr: u64, arch: table::Arch) -> table::Rule {
     let Some(lo) = pages.first().map(|p| p.0) else { return table::Rule::GAP };
     let page = (vaddr >> PAGE_SHIFT).wrapping_sub(lo);
     let Some((_, rows)) = pages.get(page as usize) else { return table::Rule::GAP };
@@ -699,12 +712,12 @@ pub fn layout_lookup(pages: &[(u64, Vec<u64>)], vaddr: u64) -> table::Rule {
     if i == 0 {
         return table::Rule::GAP;
     }
-    table::Rule::decode(rows[i - 1])
+    table::Rule::decode(rows[i - 1], arch)
 }
 
 fn reason(e: &UnwindError) -> String {
     match e {
-        UnwindError::NotElf(_) => "not x86-64 ELF",
+        UnwindError::NotElf(_) => "not ELF of this architecture",
         UnwindError::NoUnwindInfo => "no .eh_frame or .debug_frame",
         UnwindError::Malformed(_) => "malformed",
         UnwindError::TooBig(_) => "too big",
@@ -716,12 +729,12 @@ fn reason(e: &UnwindError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::unwind::table::{Cfa, Row, Rule, SavedRbp};
+    use crate::engine::unwind::table::{Arch, Cfa, Row, Rule, SavedRbp};
 
     #[test]
     fn page_layout_gives_the_table_rule_at_every_address() {
-        let r = |n| Rule { cfa: Cfa::Rsp(n), rbp: SavedRbp::Same }.encode();
-        let gap = Rule::GAP.encode();
+        let r = |n| Rule::new(Cfa::Rsp(n), SavedRbp::Same).encode(Arch::X86_64);
+        let gap = Rule::GAP.encode(Arch::X86_64);
         // Rows crossing page boundaries, a page with no rows of its own,
         // a row starting exactly on a page, a gap spanning a whole page.
         let t = Table {
@@ -742,25 +755,28 @@ mod tests {
             .step_by(3)
             .chain([0x1_fff0, 0x2_0000, 0x2_0004, 0x3_0000, 0x4_7fff, 0x4_8000, 0x6_01ff, 0x6_0200])
         {
-            assert_eq!(layout_lookup(&pages, a), t.lookup(a), "at {a:#x}");
+            assert_eq!(layout_lookup(&pages, a, t.arch), t.lookup(a), "at {a:#x}");
         }
     }
 
     #[test]
     fn a_table_spanning_the_address_space_is_refused_before_any_allocation() {
-        let r = Rule { cfa: Cfa::Rsp(8), rbp: SavedRbp::Same }.encode();
+        let r = Rule::new(Cfa::Rsp(8), SavedRbp::Same).encode(Arch::X86_64);
         let t = Table {
             rows: vec![
                 Row { addr: 0x1000, rule: r },
                 Row { addr: 0x4000_0000_0000_0000, rule: r },
-                Row { addr: 0x4000_0000_0000_0010, rule: Rule::GAP.encode() },
+                Row { addr: 0x4000_0000_0000_0010, rule: Rule::GAP.encode(Arch::X86_64) },
             ],
             ..Default::default()
         };
         assert_eq!(page_span(&t), None);
         assert!(layout(&t).is_none());
         let top = Table {
-            rows: vec![Row { addr: u64::MAX - 0x100, rule: r }, Row { addr: u64::MAX, rule: Rule::GAP.encode() }],
+            rows: vec![
+                Row { addr: u64::MAX - 0x100, rule: r },
+                Row { addr: u64::MAX, rule: Rule::GAP.encode(Arch::X86_64) },
+            ],
             ..Default::default()
         };
         assert_eq!(page_span(&top), Some(1));
@@ -903,10 +919,10 @@ mod tests {
 
         // A table of 300,000 rows takes more chunks; unloaded, they are
         // dropped and their maps closed.
-        let r = |n| Rule { cfa: Cfa::Rsp(n), rbp: SavedRbp::Same }.encode();
+        let r = |n| Rule::new(Cfa::Rsp(n), SavedRbp::Same).encode(Arch::X86_64);
         let mut rows: Vec<Row> =
             (0..300_000u64).map(|i| Row { addr: 0x4000_0000 + i * 16, rule: r(8 + (i % 2) as i32 * 8) }).collect();
-        rows.push(Row { addr: 0x4000_0000 + 300_000 * 16, rule: Rule::GAP.encode() });
+        rows.push(Row { addr: 0x4000_0000 + 300_000 * 16, rule: Rule::GAP.encode(Arch::X86_64) });
         let big = Table { rows, ..Default::default() };
         let l = t.place(&m, &big);
         assert!(l.placed.is_some() && l.rows.len() >= 3, "{:?}", l.rows);
@@ -931,7 +947,7 @@ mod tests {
         let pages = layout(&t).unwrap();
         let (lo, hi) = (t.rows[0].addr, t.rows.last().unwrap().addr);
         for a in lo - 16..hi + 16 {
-            assert_eq!(layout_lookup(&pages, a), t.lookup(a), "at {a:#x}");
+            assert_eq!(layout_lookup(&pages, a, t.arch), t.lookup(a), "at {a:#x}");
         }
         let n: usize = pages.iter().map(|p| p.1.len()).sum();
         // One repeated row per page at most.

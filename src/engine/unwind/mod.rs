@@ -17,8 +17,9 @@ use thiserror::Error;
 /// Why an executable has no table.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum UnwindError {
-    /// Not an x86-64 ELF file.
-    #[error("not an x86-64 ELF file: {0}")]
+    /// Not an ELF file of an architecture the walk knows (x86-64, AArch64),
+    /// or not of this host's.
+    #[error("not an x86-64 or AArch64 ELF file of this host: {0}")]
     NotElf(String),
     /// No `.eh_frame` and no `.debug_frame`.
     #[error("no .eh_frame or .debug_frame")]
@@ -82,9 +83,9 @@ pub struct UnwindArgs {
 /// Whether this kernel can run the walk (`unwind.h`): the helpers it calls
 /// from sampling and tracing programs. `Err` names what is missing.
 pub fn kernel_can_walk() -> Result<(), String> {
-    if cfg!(not(target_arch = "x86_64")) {
+    if table::Arch::host().is_none() {
         return Err(format!(
-            "the table walk knows x86-64's unwind rules only; this {} build follows frame pointers",
+            "the table walk knows x86-64's and AArch64's unwind rules only; this {} build follows frame pointers",
             std::env::consts::ARCH
         ));
     }
@@ -97,6 +98,46 @@ pub fn kernel_can_walk() -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The bits of a user return address that are its address, for the walk
+/// (`unw_ra_mask`). On AArch64 with pointer authentication a signed return
+/// address carries its code in the bits above the address space (bits
+/// 48-54 with 48-bit addresses, 52-54 with 52-bit ones): `xpaclri` strips
+/// them as the running kernel set up user address spaces, so the mask is
+/// what it leaves of an all-ones user address. Without pointer
+/// authentication `xpaclri` does nothing and the mask keeps every bit below
+/// the top byte; on x86-64 it keeps every bit.
+pub fn return_address_mask() -> u64 {
+    #[cfg(target_arch = "aarch64")]
+    {
+        let probe: u64 = (1 << 55) - 1; // bit 55 clear: a user address
+        let out: u64;
+        // SAFETY: `hint #7` is xpaclri (a no-op on CPUs without pointer
+        // authentication); it reads and writes x30 only, declared clobbered.
+        unsafe {
+            std::arch::asm!(
+                "mov x30, {p}",
+                "hint #7",
+                "mov {o}, x30",
+                p = in(reg) probe,
+                o = lateout(reg) out,
+                out("x30") _,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+        user_address_mask(out)
+    }
+    #[cfg(not(target_arch = "aarch64"))]
+    {
+        u64::MAX
+    }
+}
+
+/// The mask from what stripping an all-ones user address (bits 0-54) left:
+/// its low bits up to the first one cleared.
+pub fn user_address_mask(stripped: u64) -> u64 {
+    (1u64 << stripped.trailing_ones().min(55)) - 1
 }
 
 /// What a run does about user stacks, decided before its programs load.
@@ -157,7 +198,9 @@ pub const MAX_WALKED: u32 = 32768;
 macro_rules! set_unwind {
     ($open:expr, $plan:expr, $targeted:expr) => {{
         let (open, plan) = ($open, $plan);
-        open.maps.rodata_data.as_deref_mut().expect("rodata present").unw_mode = plan.tables as u32;
+        let rodata = open.maps.rodata_data.as_deref_mut().expect("rodata present");
+        rodata.unw_mode = plan.tables as u32;
+        rodata.unw_ra_mask = $crate::engine::unwind::return_address_mask();
         open.maps.unw_pages.set_max_entries(plan.pages($targeted))?;
         open.progs.unw_exec.set_autoload(plan.tables);
         if plan.tables {
@@ -508,5 +551,26 @@ impl Session {
             table_stats,
             runtimes: self.runtimes.report(&m.rt)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_return_address_mask_follows_the_address_space() {
+        let probe: u64 = (1 << 55) - 1;
+        // xpaclri on a 48-bit and a 52-bit user address space, and a CPU
+        // without pointer authentication (it leaves the probe alone).
+        assert_eq!(user_address_mask(probe & ((1 << 48) - 1)), 0x0000_ffff_ffff_ffff);
+        assert_eq!(user_address_mask(probe & ((1 << 52) - 1)), 0x000f_ffff_ffff_ffff);
+        assert_eq!(user_address_mask(probe), probe);
+        // A return address signed under 48-bit addresses comes out whole.
+        let signed = 0x003a_aaaa_dead_beef_u64 | (0x35 << 48);
+        assert_eq!(signed & user_address_mask(probe & ((1 << 48) - 1)), 0x0000_aaaa_dead_beef);
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(return_address_mask(), u64::MAX);
+        }
     }
 }

@@ -133,7 +133,7 @@ fn arch_detail() -> &'static str {
     if cfg!(target_arch = "x86_64") {
         "every tool; user stacks walked from .eh_frame tables; Python, Java and Node.js frames"
     } else {
-        "every tool; user stacks follow frame pointers (the .eh_frame walk and the runtimes' frames know x86-64 only so far), so code built without them shows short stacks"
+        "every tool; user stacks walked from .eh_frame tables with AArch64's rules (return address in x30 or the frame record, pointer authentication codes stripped); Python, Java and Node.js frames know x86-64 only so far"
     }
 }
 
