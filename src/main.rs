@@ -98,7 +98,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code as u8),
         Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("sonde: {e:#}");
+            eprintln!("sonde: {}", sonde::engine::error::plain(&format!("{e:#}")));
             ExitCode::from(exit_code(&e) as u8)
         }
     }

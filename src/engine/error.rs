@@ -66,3 +66,22 @@ mod tests {
         assert!(!super::closed_stdout(&anyhow::Error::from(other)));
     }
 }
+
+/// `msg` with the kernel-internal errno that libc has no name for spelled
+/// out: the kernel returns ENOTSUPP (524) when it lacks what a program needs
+/// (e.g. arm64 before BPF trampolines reached kernel functions), which
+/// `strerror` prints as "Unknown error 524".
+pub fn plain(msg: &str) -> String {
+    msg.replace("Unknown error 524 (os error 524)", "not supported by this kernel (ENOTSUPP, error 524)")
+        .replace("Unknown error 524", "not supported by this kernel (ENOTSUPP, error 524)")
+}
+
+#[cfg(test)]
+mod plain_tests {
+    #[test]
+    fn enotsupp_is_named() {
+        let e = std::io::Error::from_raw_os_error(524);
+        let m = super::plain(&format!("attach: failed to attach BPF program: {e}"));
+        assert_eq!(m, "attach: failed to attach BPF program: not supported by this kernel (ENOTSUPP, error 524)");
+    }
+}

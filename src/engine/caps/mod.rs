@@ -76,7 +76,7 @@ fn try_probe(which: Probe) -> Result<String, String> {
             }
         }
     };
-    r.map(|_| "loads and attaches".into()).map_err(|e| format!("attach: {e:#}"))
+    r.map(|_| "loads and attaches".into()).map_err(|e| crate::engine::error::plain(&format!("attach: {e:#}")))
 }
 
 /// Opens a cpu-clock sampling event on CPU 0 and attaches the program to it.

@@ -32,9 +32,17 @@ pub struct ElfSyms {
     data: ReadCache<File>,
     /// `PT_LOAD` segments.
     pub segments: Vec<Segment>,
+    /// The file's machine (`EM_X86_64` or `EM_AARCH64`).
+    pub machine: u16,
 }
 
 impl ElfSyms {
+    /// Whether the file is x86-64 code (the layouts the runtimes read are
+    /// x86-64's, but for CPython's, which AArch64 shares).
+    pub fn is_x86_64(&self) -> bool {
+        self.machine == elf::EM_X86_64
+    }
+
     /// Reads the program headers of `file`; an error names what is wrong.
     pub fn open(file: File) -> Result<ElfSyms, String> {
         let data = ReadCache::new(file);
@@ -52,12 +60,14 @@ impl ElfSyms {
                     });
                 }
             }
-            if elf.elf_header().e_machine(endian) != elf::EM_X86_64 {
-                return Err("not an x86-64 ELF file".into());
+            let machine = elf.elf_header().e_machine(endian);
+            if machine != elf::EM_X86_64 && machine != elf::EM_AARCH64 {
+                return Err("neither an x86-64 nor an AArch64 ELF file".into());
             }
-            segs
+            (segs, machine)
         };
-        Ok(ElfSyms { data, segments })
+        let (segments, machine) = segments;
+        Ok(ElfSyms { data, segments, machine })
     }
 
     fn parse(&self) -> Option<ElfFile64<'_, Endianness, &ReadCache<File>>> {

@@ -756,16 +756,20 @@ pub fn inspect(pid: u32) -> serde_json::Value {
         }
         Some(Found::Python(p)) => {
             let ranges: Vec<String> = p.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect();
+            // Below the thread pointer on AArch64 (glibc's TLS variant I).
+            let tsd = match p.tsd as i64 {
+                n if n < 0 => format!("- {:#x}", n.unsigned_abs()),
+                n => format!("+ {n:#x}"),
+            };
             json!({
                 "pid": pid, "comm": comm, "runtime": format!("Python {}", p.version), "read": true,
                 "image": p.image,
                 "offsets": if p.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
                 "thread_state_key": p.key,
-                "thread_specific_data": format!("{:#x}", p.tsd),
+                "thread_specific_data": tsd.trim_start_matches("+ ").replace("- ", "-"),
                 "detail": format!(
-                    "thread-state key {}, thread-specific data at thread pointer + {:#x}; interpreter loop {}",
+                    "thread-state key {}, thread-specific data at thread pointer {tsd}; interpreter loop {}",
                     p.key,
-                    p.tsd,
                     ranges.join(", ")
                 ),
                 "interpreter_loop": ranges,
@@ -782,7 +786,38 @@ pub fn inspect(pid: u32) -> serde_json::Value {
 
 /// The dispatch point of the user halves: which runtime, if any, `pid` runs.
 fn detect(pid: u32, maps: &[elfsym::MapLine], mem: &Mem) -> Option<Found> {
-    java::detect(pid, maps, mem).or_else(|| v8::detect(pid, maps, mem)).or_else(|| python::detect(pid, maps, mem))
+    match std::env::consts::ARCH {
+        "x86_64" => java::detect(pid, maps, mem)
+            .or_else(|| v8::detect(pid, maps, mem))
+            .or_else(|| python::detect(pid, maps, mem)),
+        // CPython's structures are laid out alike on AArch64.
+        "aarch64" => not_read_here("aarch64", maps, false).or_else(|| python::detect(pid, maps, mem)),
+        arch => not_read_here(arch, maps, true),
+    }
+}
+
+/// On an architecture whose runtimes' layouts this sonde does not know
+/// (all but x86-64 so far): the runtime a process runs, recognised by the
+/// names of its files alone, reported as not read, so that its stacks are
+/// said to stay native rather than silently left so.
+fn not_read_here(arch: &str, maps: &[elfsym::MapLine], python: bool) -> Option<Found> {
+    let what = maps.iter().filter(|m| m.exec).find_map(|m| {
+        let base = m.base();
+        if base == "libjvm.so" {
+            Some("a Java VM (libjvm.so)".to_string())
+        } else if v8::is_node(base) {
+            Some("Node.js".to_string())
+        } else if python {
+            python::name_version(base).map(|(ma, mi, fl)| format!("Python {ma}.{mi}{fl}"))
+        } else {
+            None
+        }
+    })?;
+    let only = if python { "x86-64" } else { "x86-64 (Python's on AArch64 too)" };
+    Some(Found::Unsupported {
+        what,
+        why: format!("its frames are read on {only} only so far; this is an {arch} process (native frames only)"),
+    })
 }
 
 /// Sets the runtime maps' sizes and `rt_mode` of an open skeleton (part of
@@ -852,6 +887,28 @@ pub fn merge(n: usize, rt: Option<&RtStack>, frames: Frames) -> (Vec<Part<'_>>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtimes_on_another_architecture_are_named_as_not_read() {
+        let line = |p: &str| elfsym::MapLine { start: 0x1000, end: 0x2000, offset: 0, exec: true, path: p.into() };
+        for (path, what) in [
+            ("/usr/bin/python3.11", "Python 3.11"),
+            ("/usr/lib/jvm/java-17-openjdk-arm64/lib/server/libjvm.so", "a Java VM (libjvm.so)"),
+            ("/usr/bin/node", "Node.js"),
+        ] {
+            match not_read_here("riscv64", &[line("/usr/lib/riscv64-linux-gnu/libc.so.6"), line(path)], true) {
+                Some(Found::Unsupported { what: w, why }) => {
+                    assert_eq!(w, what);
+                    assert!(why.contains("x86-64 only") && why.contains("riscv64"), "{why}");
+                }
+                _ => panic!("{path}: not reported"),
+            }
+            // On AArch64, Python is read; the others are named.
+            let a64 = not_read_here("aarch64", &[line(path)], false);
+            assert_eq!(a64.is_none(), what.starts_with("Python"), "{path}");
+        }
+        assert!(not_read_here("riscv64", &[line("/usr/bin/bash")], true).is_none());
+    }
 
     fn f(addr: u64, entry: bool) -> RtFrame {
         RtFrame { addr, loc: 0, cookie: 0, flags: if entry { FLAG_ENTRY } else { 0 }, kind: KIND_PYTHON }

@@ -292,7 +292,8 @@ fn sigreturns<R: Read + Seek>(cache: &ReadCache<R>, segments: &[Segment]) -> Vec
 pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
     let dup = f.try_clone().ok();
     let mut info = read(f)?;
-    if let (Some(g), Some(dup)) = (&info.gopclntab, dup) {
+    // Go's own table gives rows on x86-64 only (see table::build).
+    if let (Some(g), Some(dup), super::table::Arch::X86_64) = (&info.gopclntab, dup, info.arch) {
         if let Ok(e) = crate::engine::runtime::elfsym::ElfSyms::open(dup) {
             use crate::engine::runtime::go;
             info.text = go::text_start(&e, g.addr, &g.data);

@@ -129,11 +129,20 @@ fn runtimes_report(caps: &Caps) -> Value {
 }
 
 /// What this build's architecture changes for the user.
-fn arch_detail() -> &'static str {
+fn arch_detail() -> String {
     if cfg!(target_arch = "x86_64") {
-        "every tool; user stacks walked from .eh_frame tables; Python, Java and Node.js frames"
+        "every tool; user stacks walked from .eh_frame tables; Python, Java and Node.js frames".into()
     } else {
-        "every tool; user stacks walked from .eh_frame tables with AArch64's rules (return address in x30 or the frame record, pointer authentication codes stripped); Python, Java and Node.js frames know x86-64 only so far"
+        let mask = crate::engine::unwind::return_address_mask();
+        let pac = if mask >> 55 == 0 && mask.count_ones() < 55 {
+            format!("pointer authentication codes in bits {}-54 of return addresses stripped", mask.count_ones())
+        } else {
+            "no pointer authentication on this CPU".to_string()
+        };
+        format!(
+            "every tool; user stacks walked from .eh_frame tables with AArch64's rules (the return address in x30 \
+             or saved with x29; {pac}); Python frames; Java and Node.js frames are read on x86-64 only so far"
+        )
     }
 }
 

@@ -350,7 +350,7 @@ pub fn scope_chain(data: &[u8], metadata: &[u64], mut off: u32, x: u8) -> Vec<(u
 pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
     let m = maps.iter().find(|m| m.exec && m.base() == "libjvm.so")?;
     let unsupported = |why: &str| Found::Unsupported { what: "a Java VM (libjvm.so)".into(), why: why.into() };
-    let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else {
+    let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()).filter(ElfSyms::is_x86_64) else {
         return Some(unsupported("its libjvm.so cannot be read as an x86-64 ELF file"));
     };
     let found = elf.find(vmstructs::SYMBOLS);

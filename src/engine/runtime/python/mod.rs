@@ -2,7 +2,9 @@
 //! its threads' frames (`python.h`, `python_walk.h`), and name the code
 //! objects the kernel met (qualified name, file, line).
 //!
-//! Versions 3.8 to 3.13, GIL builds, x86-64 with glibc. The structure
+//! Versions 3.8 to 3.13, GIL builds, glibc, on x86-64 and AArch64 (which lay
+//! CPython's structures out alike; only where a thread's pthread lies from
+//! its thread pointer differs: [`from_thread_pointer`]). The structure
 //! offsets below were read from each version's own debug information (pyenv's
 //! builds on the development machine, `gdb`'s `&((T*)0)->field`); a 3.13+
 //! interpreter carries its offsets in `_PyRuntime.debug_offsets`, which are
@@ -167,7 +169,7 @@ pub fn layout(minor: u32) -> Option<Layout> {
 }
 
 /// The versions this build reads, for `doctor` and the docs.
-pub const VERSIONS: &str = "CPython 3.8 to 3.13 (GIL builds, glibc)";
+pub const VERSIONS: &str = "CPython 3.8 to 3.13 (GIL builds, glibc; x86-64 and AArch64)";
 
 /// `_Py_DebugOffsets` (3.13): the cookie at the start of `_PyRuntime`.
 const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
@@ -282,7 +284,14 @@ pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
             return Some(Found::Unsupported { what, why: "a debug build (its objects are laid out apart)".into() });
         }
         let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&elf.segments, x.start, x.offset))?;
-        return Some(read_interpreter(pid, m, &elf, &syms, bias, minor, mem));
+        let found = read_interpreter(pid, m, &elf, &syms, bias, minor, mem);
+        if elf.is_x86_64() {
+            return Some(found);
+        }
+        return Some(match found {
+            Found::Python(p) => from_thread_pointer(*p, pid, maps, &elf),
+            other => other,
+        });
     }
     // A python-named file without the interpreter's symbols (e.g. the
     // executable of a shared build whose libpython is not mapped yet).
@@ -337,21 +346,42 @@ fn read_interpreter(
             ranges.push((s.addr.wrapping_add(bias), s.addr.wrapping_add(bias).wrapping_add(s.size)));
         }
     }
-    // The thread-state key, once the runtime has made it.
-    let tss = match mem.bytes(runtime.wrapping_add(layout.rt_autotss), 8) {
-        Some(b) => b,
-        None => return unsupported(&what, "its runtime state cannot be read"),
-    };
-    if le::<4>(&tss, 0) != 1 {
+    // The thread-state key, once the runtime has made it. On AArch64 the
+    // table's offset of autoTSSkey (x86-64's) can be short of the real one:
+    // _PyRuntimeState embeds the GIL's pthread mutexes (40 bytes on x86-64,
+    // 48 on AArch64) before it. There the candidates up to 64 bytes on are
+    // tried, and one counts only if a thread's own pthread slot for its key
+    // holds that thread's state (the calibration below).
+    let shifts: &[u64] = if elf.is_x86_64() || debug_offsets { &[0] } else { &[0, 8, 16, 24, 32, 40, 48, 56, 64] };
+    let mut initialized = false;
+    let mut found = None;
+    for &shift in shifts {
+        let Some(tss) = mem.bytes(runtime.wrapping_add(layout.rt_autotss + shift), 8) else {
+            return unsupported(&what, "its runtime state cannot be read");
+        };
+        if le::<4>(&tss, 0) != 1 {
+            continue;
+        }
+        initialized = true;
+        let key = le::<4>(&tss, 4) as u32;
+        if key >= 1024 {
+            if shifts.len() == 1 {
+                return unsupported(&what, &format!("its thread-state key {key} is not a pthread key"));
+            }
+            continue;
+        }
+        // Where glibc keeps thread-specific data: found from a thread whose
+        // state we know (the interpreter's thread list) and its pthread.
+        if let Some(tsd) = calibrate(mem, runtime, &layout, key) {
+            layout.rt_autotss += shift;
+            found = Some((key, tsd));
+            break;
+        }
+    }
+    if !initialized {
         return Found::Later(format!("{what}: the interpreter is not initialized yet"));
     }
-    let key = le::<4>(&tss, 4) as u32;
-    if key >= 1024 {
-        return unsupported(&what, &format!("its thread-state key {key} is not a pthread key"));
-    }
-    // Where glibc keeps thread-specific data: found from a thread whose
-    // state we know (the interpreter's thread list) and its pthread.
-    let Some(tsd) = calibrate(mem, runtime, &layout, key) else {
+    let Some((key, tsd)) = found else {
         return Found::Later(format!(
             "{what}: no thread's state found through its pthread key (not glibc, or no thread has started)"
         ));
@@ -366,6 +396,54 @@ fn read_interpreter(
         tsd,
         image: m.path.clone(),
     }))
+}
+
+/// On AArch64 the thread pointer (`tpidr_el0`, what the walk reads) is
+/// not the `struct pthread` as on x86-64: glibc puts that struct just below
+/// it (TLS variant I), `sizeof(struct pthread)` bytes (0x740 in 2.36), which
+/// its `pthread_self` subtracts. `p.tsd` becomes an offset from the thread
+/// pointer.
+fn from_thread_pointer(mut p: Python, pid: u32, maps: &[MapLine], interp: &ElfSyms) -> Found {
+    let what = format!("Python {}", p.version);
+    let libc =
+        maps.iter().filter(|m| m.exec).find(|m| m.base().starts_with("libc.so") || m.base().starts_with("libc-"));
+    let own;
+    let elf = match libc.and_then(|m| m.open(pid)).and_then(|f| ElfSyms::open(f).ok()) {
+        Some(e) => {
+            own = e;
+            &own
+        }
+        None => interp, // a static build: its own glibc
+    };
+    let code = elf.find(&["pthread_self"]).get("pthread_self").and_then(|s| elf.read_vaddr(s.addr, 24));
+    match code.as_deref().and_then(pthread_below_tp) {
+        Some(below) => {
+            p.tsd = p.tsd.wrapping_sub(below);
+            Found::Python(Box::new(p))
+        }
+        None => Found::Unsupported {
+            what,
+            why: "where its threads' pthread lies from the thread pointer is not known: its libc's pthread_self \
+                  is not glibc's `mrs x0, tpidr_el0; sub x0, x0, #N`"
+                .into(),
+        },
+    }
+}
+
+/// The N of AArch64 glibc's `pthread_self`: `mrs x0, tpidr_el0`, then
+/// `sub x0, x0, #N` (N may be shifted by 12), after any `bti c`,
+/// `paciasp` or `nop`.
+pub fn pthread_below_tp(code: &[u8]) -> Option<u64> {
+    let words: Vec<u32> = code.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+    const HINTS: [u32; 3] = [0xd503_245f, 0xd503_233f, 0xd503_201f]; // bti c, paciasp, nop
+    let at = words.iter().position(|w| !HINTS.contains(w))?;
+    let (mrs, sub) = (*words.get(at)?, *words.get(at + 1)?);
+    // SUB (immediate), 64-bit, x0 from x0.
+    if mrs != 0xd53b_d040 || sub & 0xff80_03ff != 0xd100_0000 {
+        return None;
+    }
+    let imm = ((sub >> 10) & 0xfff) as u64;
+    Some(if sub & (1 << 22) != 0 { imm << 12 } else { imm })
 }
 
 /// glibc's `struct pthread` keeps the first 32 keys' values in
@@ -641,6 +719,23 @@ fn locations(t: &[u8], first: i64, index: i64) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn aarch64_glibc_puts_the_pthread_below_the_thread_pointer() {
+        // Debian's arm64 libc (scripts/setup installs libc6:arm64).
+        let f = std::fs::File::open("/lib/aarch64-linux-gnu/libc.so.6").expect("libc6:arm64 (scripts/setup)");
+        let elf = ElfSyms::open(f).unwrap();
+        assert!(!elf.is_x86_64());
+        let s = elf.find(&["pthread_self"])["pthread_self"];
+        let code = elf.read_vaddr(s.addr, 24).unwrap();
+        assert_eq!(pthread_below_tp(&code), Some(0x740), "glibc 2.36's sizeof(struct pthread)");
+        let w = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // bti c first, a shifted immediate, and what is not glibc's.
+        assert_eq!(pthread_below_tp(&w(&[0xd503_245f, 0xd53b_d040, 0xd140_0400, 0xd65f_03c0])), Some(1 << 12));
+        assert_eq!(pthread_below_tp(&w(&[0xd53b_d040, 0xd65f_03c0])), None);
+        assert_eq!(pthread_below_tp(&w(&[0xd53b_d041, 0xd11d_0000])), None, "into x1");
+        assert_eq!(pthread_below_tp(&w(&[0xd53b_d040, 0x911d_0000])), None, "an add");
+    }
 
     #[test]
     fn file_names_give_versions() {

@@ -324,7 +324,7 @@ pub struct V8 {
 const SCAN_PAGES: u32 = 4096;
 
 /// Whether a mapped file's name is a Node.js binary or library.
-fn is_node(base: &str) -> bool {
+pub fn is_node(base: &str) -> bool {
     let b = base.trim_end_matches(" (deleted)");
     b == "node" || b == "nodejs" || b.starts_with("node1") || b.starts_with("node2") || b.starts_with("libnode.so")
 }
@@ -381,7 +381,10 @@ fn images() -> &'static std::sync::Mutex<HashMap<ImageKey, Result<Image, String>
 /// Reads a Node binary: its V8's version, layout and builtins; Err says
 /// why it is not read (the version, when known, first).
 fn read_image(file: std::fs::File) -> Result<Image, String> {
-    let elf = ElfSyms::open(file).map_err(|_| "Node.js (V8)\0its binary cannot be read as an x86-64 ELF file")?;
+    let elf = ElfSyms::open(file)
+        .ok()
+        .filter(ElfSyms::is_x86_64)
+        .ok_or("Node.js (V8)\0its binary cannot be read as an x86-64 ELF file")?;
     // One pass over the binary's symbols (a Node has some 300,000).
     let syms = elf.collect(SYMBOLS, &["v8dbg_", "Builtins_"], 1 << 15);
     let d = dbg_values(&elf, &syms);
