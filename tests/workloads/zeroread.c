@@ -26,7 +26,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	for (int i = 0; i < n; i++) {
-		struct iovec v = { .iov_base = buf, .iov_len = len };
+		struct iovec v = {.iov_base = buf, .iov_len = len};
 		if (readv(fd, &v, 1) != (ssize_t)len) {
 			perror("readv");
 			return 1;
