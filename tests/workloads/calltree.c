@@ -7,6 +7,10 @@
  * under main -> descend x DEPTH (to give stacks a realistic depth).
  * The hot loop is pure computation: the clock is read once per round (a few
  * ms), so the split does not depend on how costly a syscall is on the host.
+ * Each round's units are scaled by a pseudo-random 1 to 4 (the split stays
+ * 5:3:2 in every round): rounds of one fixed length can lock in phase with a
+ * sampling profiler's period (a slow TCG guest made rounds of about three
+ * 99 Hz periods, and epsilon took 40% of the samples).
  * No call is in tail position (each result is used), so the tree is the
  * same with or without sibling-call optimisation.
  *   calltree [SECONDS=10] [DEPTH=0] [count]
@@ -31,41 +35,47 @@ __attribute__((noinline)) unsigned long work(unsigned long units)
 	return s;
 }
 
-__attribute__((noinline)) unsigned long gamma_(void)
+__attribute__((noinline)) unsigned long gamma_(unsigned long k)
 {
-	unsigned long r = work(5);
+	unsigned long r = work(5 * k);
 	sink += r;
 	return r;
 }
-__attribute__((noinline)) unsigned long beta(void)
+__attribute__((noinline)) unsigned long beta(unsigned long k)
 {
-	unsigned long r = gamma_();
+	unsigned long r = gamma_(k);
 	sink += r;
 	return r;
 }
-__attribute__((noinline)) unsigned long delta(void)
+__attribute__((noinline)) unsigned long delta(unsigned long k)
 {
-	unsigned long r = work(3);
+	unsigned long r = work(3 * k);
 	sink += r;
 	return r;
 }
-__attribute__((noinline)) unsigned long alpha(void)
+__attribute__((noinline)) unsigned long alpha(unsigned long k)
 {
-	unsigned long r = beta();
-	r += delta();
+	unsigned long r = beta(k);
+	r += delta(k);
 	sink += r;
 	return r;
 }
-__attribute__((noinline)) unsigned long epsilon(void)
+__attribute__((noinline)) unsigned long epsilon(unsigned long k)
 {
-	unsigned long r = work(2);
+	unsigned long r = work(2 * k);
 	sink += r;
 	return r;
 }
+static unsigned long seed = 88172645463325252UL;
+
 __attribute__((noinline)) unsigned long round_(void)
 {
-	unsigned long r = alpha();
-	r += epsilon();
+	seed ^= seed << 13; /* xorshift64 */
+	seed ^= seed >> 7;
+	seed ^= seed << 17;
+	unsigned long k = 1 + (seed >> 60) % 4;
+	unsigned long r = alpha(k);
+	r += epsilon(k);
 	sink += r;
 	return r;
 }
