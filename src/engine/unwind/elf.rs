@@ -306,6 +306,12 @@ pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
 }
 
 impl ElfUnwindInfo {
+    /// Whether anything gives this file rows: CFI, Go's table, or (AArch64)
+    /// signal trampolines found by their instructions.
+    pub fn has_unwind_info(&self) -> bool {
+        self.eh_frame.is_some() || self.debug_frame.is_some() || self.gopclntab.is_some() || !self.sigreturn.is_empty()
+    }
+
     /// The load bias of a mapping of this file at `start` from file offset
     /// `offset`: a process address `pc` in it is the file's virtual address
     /// `pc - bias`. `None` when no `PT_LOAD` segment maps that offset.

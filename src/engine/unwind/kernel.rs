@@ -494,11 +494,7 @@ impl Tables {
             )));
         }
         let segments = info.segments.clone();
-        if info.eh_frame.is_none()
-            && info.debug_frame.is_none()
-            && info.gopclntab.is_none()
-            && info.sigreturn.is_empty()
-        {
+        if !info.has_unwind_info() {
             *self.stats.without_table.entry(reason(&UnwindError::NoUnwindInfo)).or_default() += 1;
             return Ok(FileTable { segments, placed: None, key: None });
         }

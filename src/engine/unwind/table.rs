@@ -711,7 +711,8 @@ where
 pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     let arch = info.arch;
     let t = match build_cfi(info) {
-        Err(UnwindError::NoUnwindInfo) if info.gopclntab.is_some() || !info.sigreturn.is_empty() => {
+        // No CFI, but Go's table or signal trampolines give rows.
+        Err(UnwindError::NoUnwindInfo) if info.has_unwind_info() => {
             Table { rows: Vec::new(), stats: BuildStats::default(), arch }
         }
         t => t?,
