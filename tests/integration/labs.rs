@@ -50,7 +50,14 @@ fn lab_dns_finds_the_resolver_wait_and_its_waker() {
     let svg = |t: &str| std::fs::read_to_string(dir.join(format!("dns-{t}.svg"))).unwrap();
     assert!(svg("offcpu").contains("do_sys_poll"));
     assert!(svg("wakeup").contains("sock_def_readable") && svg("wakeup").contains("dns-reply (waker)"));
-    assert!(std::fs::metadata(dir.join("dns-profile.html")).unwrap().len() > 1000);
+    // The server is nearly idle: 2 s may hold no CPU sample at all, and the
+    // page must then say so rather than draw an empty graph.
+    let html = std::fs::read_to_string(dir.join("dns-profile.html")).unwrap();
+    if f("cpu_cores_sampled") > 0.0 {
+        assert!(html.len() > 1000 && html.contains("<svg") && !html.contains("no samples"), "{v}");
+    } else {
+        assert!(html.contains("no samples"), "{v}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 
