@@ -292,13 +292,16 @@ fn sigreturns<R: Read + Seek>(cache: &ReadCache<R>, segments: &[Segment]) -> Vec
 pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
     let dup = f.try_clone().ok();
     let mut info = read(f)?;
-    // Go's own table gives rows on x86-64 only (see table::build).
-    if let (Some(g), Some(dup), super::table::Arch::X86_64) = (&info.gopclntab, dup, info.arch) {
+    if let (Some(g), Some(dup)) = (&info.gopclntab, dup) {
         if let Ok(e) = crate::engine::runtime::elfsym::ElfSyms::open(dup) {
             use crate::engine::runtime::go;
             info.text = go::text_start(&e, g.addr, &g.data);
-            if let Ok(t) = go::Pclntab::parse(g.data.clone(), info.text) {
-                info.go_cgo = go::cgo_switches(&t, &|a, n| e.read_vaddr(a, n));
+            // cgo's stack switches are recognised by x86-64 code only; on
+            // arm64 the walk stops at them (see table::go_rows).
+            if info.arch == super::table::Arch::X86_64 {
+                if let Ok(t) = go::Pclntab::parse(g.data.clone(), info.text) {
+                    info.go_cgo = go::cgo_switches(&t, &|a, n| e.read_vaddr(a, n));
+                }
             }
         }
     }

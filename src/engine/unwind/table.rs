@@ -720,16 +720,15 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
     // Go's own table first: the DWARF .debug_frame of an unstripped Go
     // binary says the same of each frame but not where stacks start, and
     // stripped and unstripped builds must walk alike. CFI covers the rest
-    // (a cgo binary's C code). On AArch64 Go's frames are followed by their
-    // frame records (x29), which Go keeps on both architectures.
+    // (a cgo binary's C code).
     let t = match &info.gopclntab {
-        Some(g) if arch == Arch::X86_64 => {
+        Some(g) => {
             let stats = t.stats;
-            let mut merged = merge(go_rows(g, info.text, &info.go_cgo)?, t);
+            let mut merged = merge(go_rows(g, info.text, &info.go_cgo, arch)?, t);
             merged.stats = stats;
             merged
         }
-        _ => t,
+        None => t,
     };
     // AArch64's signal trampolines (the vDSO's __kernel_rt_sigreturn, musl's
     // __restore_rt) have no CFI since Linux 5.9; the return from a handler
@@ -773,34 +772,52 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
 
 /// Rows for Go code from its function table (Go emits no `.eh_frame`): at
 /// each instruction the stack pointer is the entry's minus the table's
-/// delta, so CFA = rsp + delta + 8; a function that has pushed anything has
-/// saved its caller's rbp at CFA - 16 (Go's frame layout, both the old
-/// `SUBQ; MOVQ BP` and the newer `PUSHQ BP` prologues), one that has not
-/// left it alone. Functions where a stack starts or is switched (goexit,
-/// mstart, systemstack, mcall, morestack) end the walk; asmcgocall, which
+/// delta. Functions where a stack starts or is switched (goexit, mstart,
+/// systemstack, mcall, morestack) end the walk; on x86-64 asmcgocall, which
 /// runs C on the system stack, leads back to the goroutine's stack.
+///
+/// - x86-64: CFA = rsp + delta + 8; a function that has pushed anything has
+///   saved its caller's rbp at CFA - 16 (Go's frame layout, both the old
+///   `SUBQ; MOVQ BP` and the newer `PUSHQ BP` prologues), one that has not
+///   left it alone.
+/// - arm64: CFA = sp + delta. With delta 0 the return address is still in
+///   x30; a function with a frame saved x30 at its new sp (`MOVD.W R30,
+///   -n(RSP)`, or `STP (R29, R30), -8(R20)` for a large frame), at CFA -
+///   delta, and x29 just below it (Go saves x30 even in a leaf that has a
+///   frame, so that its traceback works).
 fn go_rows(
     g: &super::elf::Section,
     text: u64,
     cgo: &[crate::engine::runtime::go::CgoSwitch],
+    arch: Arch,
 ) -> Result<Table, UnwindError> {
     let t = crate::engine::runtime::go::Pclntab::parse(g.data.clone(), text)
         .map_err(|e| UnwindError::Malformed(format!(".gopclntab: {e}")))?;
-    let mut b = Builder::new(Arch::X86_64);
+    let machine = match arch {
+        Arch::X86_64 => object::elf::EM_X86_64,
+        Arch::Aarch64 => object::elf::EM_AARCH64,
+    };
+    if !t.fits_machine(machine) {
+        return Err(UnwindError::Malformed(format!(
+            ".gopclntab: its instruction quantum {} is not {}'s",
+            t.quantum(),
+            arch.name()
+        )));
+    }
+    let mut b = Builder::new(arch);
     use crate::engine::runtime::go::SpKind;
     for (start, end, delta, kind) in t.sp_rows(cgo) {
-        let rule = if kind == SpKind::Stop {
-            Rule::new(Cfa::Stop, SavedRbp::Same)
-        } else if kind == SpKind::Signal {
-            Rule::new(Cfa::Signal, SavedRbp::Same)
-        } else if let SpKind::CgoCall(slot) = kind {
-            Rule::new(Cfa::GoCgo(slot), SavedRbp::AtCfa(-16))
-        } else if let SpKind::CgoCallback(how) = kind {
-            Rule::new(Cfa::GoCallback(how), SavedRbp::AtCfa(-16))
-        } else if delta == 0 {
-            Rule::new(Cfa::Rsp(8), SavedRbp::Same)
-        } else {
-            Rule::new(Cfa::Rsp(delta.saturating_add(8)), SavedRbp::AtCfa(-16))
+        let rule = match (kind, arch) {
+            (SpKind::Stop, _) => Rule::new(Cfa::Stop, SavedRbp::Same),
+            (SpKind::Signal, _) => Rule::new(Cfa::Signal, SavedRbp::Same),
+            (SpKind::CgoCall(slot), _) => Rule::new(Cfa::GoCgo(slot), SavedRbp::AtCfa(-16)),
+            (SpKind::CgoCallback(how), _) => Rule::new(Cfa::GoCallback(how), SavedRbp::AtCfa(-16)),
+            (SpKind::Frame, Arch::X86_64) if delta == 0 => Rule::new(Cfa::Rsp(8), SavedRbp::Same),
+            (SpKind::Frame, Arch::X86_64) => Rule::new(Cfa::Rsp(delta.saturating_add(8)), SavedRbp::AtCfa(-16)),
+            (SpKind::Frame, Arch::Aarch64) if delta == 0 => Rule { cfa: Cfa::Rsp(0), rbp: SavedRbp::Same, ra: Ra::Lr },
+            (SpKind::Frame, Arch::Aarch64) => {
+                Rule { cfa: Cfa::Rsp(delta), rbp: SavedRbp::AtCfa(-delta.saturating_add(8)), ra: Ra::AtCfa(-delta) }
+            }
         };
         b.stats.fdes += 1;
         // Runs come in address order; one a crafted table overlaps is cut.
@@ -1163,6 +1180,97 @@ mod tests {
         assert!(rules.iter().any(|r| r.ra == Ra::Lr && r.cfa != Cfa::Gap), "no rule with x30 in {libc}");
         assert!(rules.iter().any(|r| matches!((r.ra, r.rbp), (Ra::AtCfa(n), SavedRbp::AtCfa(f)) if f == n - 8)));
         assert!(rules.iter().any(|r| matches!((r.ra, r.rbp), (Ra::AtCfa(_), SavedRbp::Same))));
+    }
+
+    /// gosplit.go built for arm64 (`go`, which `scripts/setup` installs,
+    /// cross-compiles): the rows from Go's function table agree with the
+    /// `.debug_frame` Go's linker writes for the same binary, at every
+    /// instruction of every ordinary function: the CFA's offset from sp, and
+    /// the return address in x30 or at its slot.
+    #[test]
+    fn arm64_go_table_matches_gos_debug_frame_at_every_instruction() {
+        let dir = std::env::temp_dir().join(format!("sonde-goarm64-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("gosplit");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/workloads/gosplit.go");
+        let go = if std::path::Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go" } else { "go" };
+        let out = std::process::Command::new(go)
+            .args(["build", "-o", bin.to_str().unwrap(), src])
+            .current_dir(&dir)
+            .envs([("GOARCH", "arm64"), ("CGO_ENABLED", "0"), ("GO111MODULE", "off"), ("GOTOOLCHAIN", "local")])
+            .output()
+            .expect("go: scripts/setup installs it");
+        assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
+        let info = super::super::elf::read_file(std::fs::File::open(&bin).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(info.arch, Arch::Aarch64);
+        let go = go_rows(info.gopclntab.as_ref().unwrap(), info.text, &[], Arch::Aarch64).unwrap();
+        // Built whole, Go's rows come first.
+        assert_eq!(
+            build(&info).unwrap().lookup(go.rows[go.rows.len() / 2].addr),
+            go.lookup(go.rows[go.rows.len() / 2].addr)
+        );
+        let df = info.debug_frame.as_ref().expect("an unstripped Go binary has .debug_frame");
+        let data: &'static [u8] = Box::leak(df.data.clone().into_boxed_slice());
+        let mut sec = DebugFrame::new(data, LittleEndian);
+        sec.set_address_size(8);
+        sec.set_vendor(Arch::Aarch64.vendor());
+        let bases = BaseAddresses::default();
+        let mut ctx = Box::new(UnwindContext::<usize>::new());
+        let mut entries = sec.entries(&bases);
+        let (mut checked, mut lr, mut stops, mut big) = (0u64, 0u64, 0u64, 0u64);
+        let (sp, x30) = (gimli::AArch64::SP, gimli::AArch64::X30);
+        while let Some(e) = entries.next().unwrap() {
+            let CieOrFde::Fde(p) = e else { continue };
+            let fde = p.parse(DebugFrame::cie_from_offset).unwrap();
+            for a in (fde.initial_address()..fde.end_address()).step_by(4) {
+                let row = fde.unwind_info_for_address(&sec, &bases, &mut ctx, a).unwrap();
+                let got = go.lookup(a);
+                if got.cfa == Cfa::Stop || got.cfa == Cfa::Signal {
+                    stops += 1; // where stacks start or switch: Go's traceback stops too
+                    continue;
+                }
+                let CfaRule::RegisterAndOffset { register, offset } = *row.cfa() else { panic!("{a:#x}: {row:?}") };
+                assert_eq!(register, sp, "{a:#x}");
+                if offset < 0 {
+                    // Hand-written runtime code above its entry's sp (the
+                    // debugger call's return path): Go's table says so, the
+                    // walk clamps it to the entry's.
+                    assert_eq!(got, Rule { cfa: Cfa::Rsp(0), rbp: SavedRbp::Same, ra: Ra::Lr }, "{a:#x}");
+                    big += 1;
+                    continue;
+                }
+                let want = match row.register(x30).unwrap_or(RegisterRule::Undefined) {
+                    RegisterRule::SameValue | RegisterRule::Undefined => {
+                        lr += 1;
+                        Rule { cfa: Cfa::Rsp(offset as i32), rbp: SavedRbp::Same, ra: Ra::Lr }
+                    }
+                    RegisterRule::Offset(n) => Rule {
+                        cfa: Cfa::Rsp(offset as i32),
+                        rbp: SavedRbp::AtCfa(n as i32 - 8),
+                        ra: Ra::AtCfa(n as i32),
+                    },
+                    r => panic!("{a:#x}: x30 {r:?}"),
+                };
+                if !want.fits(Arch::Aarch64) {
+                    // A frame beyond the row's 256 KiB slot: said, not guessed.
+                    assert_eq!(got.cfa, Cfa::Unsupported, "{a:#x}");
+                    big += 1;
+                    continue;
+                }
+                assert_eq!(got, want, "{a:#x}");
+                assert_eq!(Rule::decode(want.encode(Arch::Aarch64), Arch::Aarch64), want, "{a:#x}");
+                checked += 1;
+            }
+        }
+        eprintln!(
+            "{checked} instructions checked ({lr} with the return address in x30), {stops} in stopping functions, \
+             {big} in frames too large for a row or above the entry's sp"
+        );
+        assert!(
+            checked > 50_000 && lr > 1000 && checked > 5 * stops && big < checked / 100,
+            "{checked} / {lr} / {stops} / {big}"
+        );
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub struct Pclntab {
 /// What a run of [`Pclntab::sp_rows`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpKind {
-    /// An ordinary frame: CFA = rsp + delta + 8.
+    /// An ordinary frame: CFA = stack pointer + delta (+ 8 on x86-64).
     Frame,
     /// The walk ends here.
     Stop,
@@ -223,8 +223,13 @@ impl Pclntab {
             return Err("too short for a header".into());
         }
         let version = version_of(le::<4>(&data, 0) as u32).ok_or("no Go 1.16+ magic")?;
-        if data[4] != 0 || data[5] != 0 || data[6] != 1 || data[7] != 8 {
-            return Err("not an x86-64 Go table (quantum 1, pointer size 8)".into());
+        // The instruction size quantum: 1 on x86-64, 4 on arm64.
+        let quantum = data[6] as u64;
+        if data[4] != 0 || data[5] != 0 || !matches!(quantum, 1 | 4) || data[7] != 8 {
+            return Err(format!(
+                "not a Go table of x86-64 (quantum 1) or arm64 (quantum 4) with 8-byte pointers: quantum {}, pointer size {}",
+                data[6], data[7]
+            ));
         }
         let word = |i: usize| le::<8>(&data, 8 + 8 * i);
         let nfunc = word(0) as usize;
@@ -239,7 +244,7 @@ impl Pclntab {
         let t = Pclntab {
             version,
             ptrsize: 8,
-            quantum: 1,
+            quantum,
             nfunc,
             text_start,
             funcnametab: off(0)?,
@@ -266,6 +271,22 @@ impl Pclntab {
     /// Gives the `go:func.*` data inlined calls are read from (1.18+).
     pub fn set_gofunc(&mut self, addr: u64, bytes: Vec<u8>) {
         self.gofunc = Some((addr, bytes));
+    }
+
+    /// The instruction size quantum of the table's architecture (1:
+    /// x86-64, 4: arm64).
+    pub fn quantum(&self) -> u64 {
+        self.quantum
+    }
+
+    /// Whether the table is of the architecture of an ELF file's machine
+    /// (`EM_X86_64`: quantum 1, `EM_AARCH64`: quantum 4).
+    pub fn fits_machine(&self, machine: u16) -> bool {
+        match machine {
+            object::elf::EM_X86_64 => self.quantum == 1,
+            object::elf::EM_AARCH64 => self.quantum == 4,
+            _ => false,
+        }
     }
 
     /// Functions in the table.
@@ -599,7 +620,7 @@ pub fn locate(elf: &super::elfsym::ElfSyms) -> Option<(u64, Vec<u8>)> {
         let data = elf.read_vaddr(seg.vaddr, seg.filesz.min(super::elfsym::MAX_BYTES))?;
         let mut at = 0;
         while at + 64 <= data.len() {
-            if version_of(le::<4>(&data, at) as u32).is_some() && data[at + 4..at + 8] == [0, 0, 1, 8] {
+            if version_of(le::<4>(&data, at) as u32).is_some() && matches!(data[at + 4..at + 8], [0, 0, 1 | 4, 8]) {
                 let t = Pclntab::parse(data[at..].to_vec(), 0);
                 if t.is_ok() {
                     return Some((seg.vaddr + at as u64, data[at..].to_vec()));
@@ -640,10 +661,12 @@ pub fn text_start(elf: &super::elfsym::ElfSyms, table: u64, data: &[u8]) -> u64 
             at += 8;
         }
     }
+    // R_X86_64_RELATIVE (8) or R_AARCH64_RELATIVE (1027).
+    let relative = if elf.is_x86_64() { 8 } else { 1027 };
     if let Some((_, rela)) = elf.section(".rela.dyn") {
         for r in rela.chunks_exact(24) {
-            // R_X86_64_RELATIVE (8) of the header's textStart word.
-            if le::<8>(r, 0) == table + 24 && le::<4>(r, 8) == 8 {
+            // The relocation of the header's textStart word.
+            if le::<8>(r, 0) == table + 24 && le::<4>(r, 8) == relative {
                 return le::<8>(r, 16);
             }
         }
@@ -656,7 +679,7 @@ pub fn text_start(elf: &super::elfsym::ElfSyms, table: u64, data: &[u8]) -> u64 
 pub fn load(elf: &super::elfsym::ElfSyms) -> Option<Pclntab> {
     let (addr, data) = locate(elf)?;
     let text = text_start(elf, addr, &data);
-    let mut t = Pclntab::parse(data, text).ok()?;
+    let mut t = Pclntab::parse(data, text).ok().filter(|t| t.fits_machine(elf.machine))?;
     if t.version >= Version::Go118 {
         if let Some((base, bytes)) = find_gofunc(elf, addr, t.version, t.text_start) {
             t.set_gofunc(base, bytes);
