@@ -28,7 +28,7 @@ use super::{
 use heap::{smi, untag, Heap, StringLayout};
 
 /// What this build reads.
-pub const VERSIONS: &str = "Node.js 18, 20 and 22 (V8 10.2, 11.3 and 12.4; x86-64)";
+pub const VERSIONS: &str = "Node.js 18, 20 and 22 (V8 10.2, 11.3 and 12.4) on x86-64, Node.js 20 (V8 11.3) on arm64";
 /// The name of a function whose name V8 holds as empty.
 pub const ANONYMOUS: &str = "(anonymous)";
 
@@ -62,7 +62,7 @@ const MAX_CHAIN: usize = 64;
 /// How far below a pc the start of its code is looked for (bytes).
 const MAX_SCAN: u64 = 1 << 20;
 
-/// The x86-64 frame slots the kernel reads (`V8_FP_*`), as the binary's
+/// The frame slots the kernel reads (`V8_FP_*`; x86-64's and arm64's), as the binary's
 /// `v8dbg_off_fp_*` must give them.
 const FP_SLOTS: [(&str, i32); 4] =
     [("off_fp_context", -8), ("off_fp_function", -16), ("off_fp_bytecode_array", -32), ("off_fp_bytecode_offset", -40)];
@@ -381,10 +381,7 @@ fn images() -> &'static std::sync::Mutex<HashMap<ImageKey, Result<Image, String>
 /// Reads a Node binary: its V8's version, layout and builtins; Err says
 /// why it is not read (the version, when known, first).
 fn read_image(file: std::fs::File) -> Result<Image, String> {
-    let elf = ElfSyms::open(file)
-        .ok()
-        .filter(ElfSyms::is_x86_64)
-        .ok_or("Node.js (V8)\0its binary cannot be read as an x86-64 ELF file")?;
+    let elf = ElfSyms::open(file).ok().ok_or("Node.js (V8)\0its binary cannot be read as an ELF file")?;
     // One pass over the binary's symbols (a Node has some 300,000).
     let syms = elf.collect(SYMBOLS, &["v8dbg_", "Builtins_"], 1 << 15);
     let d = dbg_values(&elf, &syms);
@@ -401,7 +398,8 @@ fn read_image(file: std::fs::File) -> Result<Image, String> {
     };
     let version = format!("{major}.{minor}.{build}.{}", part("patch").unwrap_or(0));
     let what = format!("Node.js (V8 {version})\0");
-    if !matches!((major, minor), (10, 2) | (11, 3) | (12, 4)) {
+    let arm64_tested = elf.is_x86_64() || (major, minor) == (11, 3);
+    if !matches!((major, minor), (10, 2) | (11, 3) | (12, 4)) || !arm64_tested {
         return Err(format!("{what}this sonde reads {VERSIONS}"));
     }
     let l = layout(&d, (major, minor)).map_err(|e| format!("{what}{e}"))?;

@@ -4,8 +4,8 @@
  * them (types in v8.h; dispatched by runtime_jit.h's rt_jit_step from
  * unw_step for pcs in V8's code range or its builtins).
  *
- * Every frame V8 generates keeps rbp as its frame pointer: [fp] is the
- * caller's fp, [fp+8] the return address. Below it, [fp-8] holds either a
+ * Every frame V8 generates keeps a frame pointer (rbp; x29 on AArch64):
+ * [fp] is the caller's fp, [fp+8] the return address. Below it, [fp-8] holds either a
  * context (a tagged heap pointer: a JavaScript frame) or a marker (a Smi:
  * a typed frame, V8's own entry, exit, stub or builtin frame), and a
  * JavaScript frame has its JSFunction at [fp-16]. What names the frame:
@@ -96,8 +96,45 @@ __noinline int v8_step(__u32 slot)
 	__u64 at = s->exact ? pc : pc - 1;
 	bool interp = v8_in(c->interp_lo, c->interp_hi, c->ninterp, V8_INTERP, at);
 	bool blob = interp || v8_in(c->blob_lo, c->blob_hi, c->nblobs, V8_BLOBS, at);
+	/* AArch64: x30 holds this frame's return address only while it is the
+	 * one sampled (or a signal interrupted); never a caller's. */
+	bool lr_ok = s->lr_ok;
+	__u64 lr = s->lr;
+	s->lr_ok = 0;
 
-	if (s->exact && !blob) {
+	if (ARCH_HAS_LR && s->exact && !blob && lr_ok) {
+		/* A sampled instruction where the frame is not built (yet, or
+		 * any more): before the prologue's `stp x29, x30, [sp, ...]`
+		 * (among the next instructions: V8's deoptimization check may
+		 * come first), after the epilogue's `ldp x29, x30, [sp], #16`
+		 * (the previous one), or at a return. The return address is
+		 * still in x30, sp is the caller's (but for arguments a
+		 * prologue pushed before x29), x29 the caller's. */
+		__u32 *w = (__u32 *)&r->sb[256];
+		for (int i = 0; i < 8; i++)
+			w[i] = 0;
+		if (bpf_probe_read_user(w, 32, (void *)(pc - 4)))
+			bpf_probe_read_user(&w[1], 28, (void *)pc);
+		bool unbuilt = (w[0] & 0xffc07fff) == 0xa8c07bfd || /* ldp x29, x30, [sp], #n */
+		               w[1] == 0xd65f03c0 || w[1] == 0xd65f0bff ||
+		               w[1] == 0xd65f0fff; /* ret, retaa, retab */
+		for (int i = 1; i < 8; i++) {
+			__u32 m = w[i] & 0xffc07fff;
+			if (m == 0xa9007bfd || m == 0xa9807bfd) /* stp x29, x30, [sp, #n](!) */
+				unbuilt = true;
+		}
+		if (unbuilt) {
+			s->st.how |= UNW_HOW_FP;
+			s->pc = unw_real_ra(s, lr & unw_ra_mask);
+			s->exact = 0;
+			if (!s->pc) {
+				s->st.end = UNW_END_FP_CHAIN;
+				return 1;
+			}
+			return 0;
+		}
+	}
+	if (!ARCH_HAS_LR && s->exact && !blob) {
 		/* A sampled instruction where the frame is not built (yet, or
 		 * any more): `push rbp`, `mov rbp,rsp` or a return. */
 		__u8 *ins = &r->sb[256];
@@ -182,7 +219,15 @@ __noinline int v8_step(__u32 slot)
 			 * own: the return address into the function is at
 			 * the top of the stack. */
 			__u64 lo = V8_W(r, 3), hi = V8_W(r, 3) + V8_W(r, 4);
-			for (int i = 0; i < 3; i++) {
+			/* AArch64: in x30. */
+			if (ARCH_HAS_LR && lr_ok && (lr & unw_ra_mask) > lo &&
+			    (lr & unw_ra_mask) <= hi) {
+				s->st.how |= UNW_HOW_FP;
+				s->pc = lr & unw_ra_mask;
+				s->exact = 0;
+				return 0;
+			}
+			for (int i = 0; !ARCH_HAS_LR && i < 3; i++) {
 				V8_W(r, 0) = 0;
 				if (!unw_read(s, &V8_W(r, 0), sp + 8 * i))
 					break;
@@ -197,12 +242,17 @@ __noinline int v8_step(__u32 slot)
 		}
 	}
 	s->st.how |= UNW_HOW_FP;
-	__u64 ra = unw_real_ra(s, V8_W(r, 13));
+	__u64 ra = unw_real_ra(s, V8_W(r, 13) & unw_ra_mask);
 	s->pc = ra;
 	s->sp = fp + 16;
 	s->bp = V8_W(r, 12);
 	s->bp_ok = 1;
 	s->exact = 0;
+	/* AArch64: a builtin's frame record need not be at its frame's top
+	 * (JSEntry saves x19-x28 and d8-d15 above it): from native code
+	 * called into V8, the caller's sp is not known here, and the walk
+	 * goes on by frame records. A JavaScript frame's is at its top. */
+	s->fp_only = ARCH_HAS_LR && blob;
 	if (!ra) {
 		s->st.end = UNW_END_FP_CHAIN;
 		return 1;
