@@ -35,6 +35,9 @@ struct hs_proc {
 	__u16 m_const;           /* Method::_constMethod */
 	__u16 cm_size;           /* sizeof(ConstMethod): the bytecodes follow it */
 	__u16 cm_code_size;      /* ConstMethod::_code_size */
+	__u8 bcp_slot;           /* an interpreted frame's bytecode pointer: fp - 8 * this */
+	__u8 bcp_alt;            /* or here (0: nowhere else), the one inside the bytecodes */
+	__u8 pad[6];
 };
 
 #endif

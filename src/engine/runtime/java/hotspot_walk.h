@@ -9,10 +9,12 @@
  *   the heap's segment map gives, per segment, how many segments back its
  *   block starts (0: here; 0xff: free), and the blob follows the block's
  *   header.
- * - Interpreted frames (pc in the template interpreter) keep rbp as a
+ * - Interpreted frames (pc in the template interpreter) keep rbp (x29) as a
  *   frame pointer: [rbp-3 words] is the Method*, [rbp-8 words] the bytecode
  *   pointer, [rbp-1 word] the caller's stack pointer before the interpreter
  *   extended it (x86-64 layout of frame_x86.hpp since JDK 9; not exported).
+ *   On AArch64 the bytecode pointer is 8 or 9 words below x29 (a later
+ *   frame_aarch64.hpp adds a slot above it): the one inside the bytecodes.
  * - Compiled frames (nmethods, and stubs with a frame size) are
  *   CodeBlob::_frame_size words from the stack pointer to the caller's,
  *   the return address in the last word and the caller's rbp below it. A
@@ -63,9 +65,12 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
 	/* 0 bcp, 1 method, 2 caller's sp, 3 caller's rbp, 4 return address,
 	 * 5 ConstMethod, 6 code size. Lowest first: unw_read buffers the
 	 * stack upwards from a read. */
-	if (!unw_read(s, &HS_W(r, 0), bp - 8 * 8) || !unw_read(s, &HS_W(r, 1), bp - 3 * 8) ||
-	    !unw_read(s, &HS_W(r, 2), bp - 8) || !unw_read(s, &HS_W(r, 3), bp) ||
-	    !unw_read(s, &HS_W(r, 4), bp + 8))
+	__u32 slot = c->bcp_slot & 15, alt = c->bcp_alt & 15;
+	HS_W(r, 7) = 0;
+	if (!unw_read(s, &HS_W(r, 0), bp - 8 * slot) ||
+	    (alt && !unw_read(s, &HS_W(r, 7), bp - 8 * alt)) ||
+	    !unw_read(s, &HS_W(r, 1), bp - 3 * 8) || !unw_read(s, &HS_W(r, 2), bp - 8) ||
+	    !unw_read(s, &HS_W(r, 3), bp) || !unw_read(s, &HS_W(r, 4), bp + 8))
 		return hs_end(s, UNW_END_READ);
 	__u64 method = HS_W(r, 1);
 	__u32 bci = 0xffffffff;
@@ -74,9 +79,12 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
 	if (method && bpf_probe_read_user(&HS_W(r, 5), 8, (void *)(method + c->m_const)) == 0 &&
 	    HS_W(r, 5) &&
 	    bpf_probe_read_user(&HS_W(r, 6), 2, (void *)(HS_W(r, 5) + c->cm_code_size)) == 0) {
-		__u64 code = HS_W(r, 5) + c->cm_size, bcp = HS_W(r, 0);
-		if (bcp >= code && bcp < code + (HS_W(r, 6) & 0xffff))
+		__u64 code = HS_W(r, 5) + c->cm_size, bcp = HS_W(r, 0),
+		      end = code + (HS_W(r, 6) & 0xffff);
+		if (bcp >= code && bcp < end)
 			bci = bcp - code;
+		else if (alt && HS_W(r, 7) >= code && HS_W(r, 7) < end)
+			bci = HS_W(r, 7) - code;
 	}
 	__u64 cm = HS_W(r, 5);
 	if (!method || !cm) {
@@ -86,7 +94,7 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
 		hs_push(s, r, len, method, bci, (__u16)(cm >> 3), HS_F_INTERP);
 	}
 	s->st.how |= UNW_HOW_FP;
-	__u64 ssp = HS_W(r, 2), ra = HS_W(r, 4);
+	__u64 ssp = HS_W(r, 2), ra = HS_W(r, 4) & unw_ra_mask;
 	if (ssp <= sp || ssp > bp + 16 + 0x100000)
 		ssp = bp + 16;
 	s->pc = ra;
@@ -111,6 +119,11 @@ __noinline int hs_step(__u32 slot)
 	__u32 len = s->st.len - 1;
 	__u64 pc = s->pc, sp = s->sp;
 	__u64 at = s->exact ? pc : pc - 1;
+	/* AArch64: x30 holds this frame's return address only while it is the
+	 * one sampled (or a signal interrupted); never a caller's. */
+	bool lr_ok = s->lr_ok;
+	__u64 lr = s->lr;
+	s->lr_ok = 0;
 	if (at >= c->interp_lo && at < c->interp_hi)
 		return hs_interp(s, r, len);
 	/* The heap holding pc, and its block's first segment. */
@@ -171,16 +184,104 @@ __noinline int hs_step(__u32 slot)
 		if (!s->bp_ok || bp < sp || !unw_read(s, &HS_W(r, 1), bp) ||
 		    !unw_read(s, &HS_W(r, 0), bp + 8))
 			return hs_end(s, UNW_END_NO_TABLE);
-		__u64 ra = HS_W(r, 0);
+		__u64 ra = HS_W(r, 0) & unw_ra_mask;
 		s->pc = ra;
 		s->sp = bp + 16;
 		s->bp = HS_W(r, 1);
 		s->exact = 0;
 		return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
 	}
+	if (ARCH_HAS_LR && s->fp_only)
+		/* AArch64: reached by a frame record (from code without CFI, as
+		 * the vDSO), the stack pointer is not known here: the frame is
+		 * named, the walk ends rather than read a wrong caller. */
+		return hs_end(s, UNW_END_NO_TABLE);
 	__u64 cfa = sp + (__u64)fs * 8;
-	int rbp_at = 16; /* the caller's rbp: 16 bytes under the CFA, or kept in rbp (0) */
-	if (s->exact) {
+	int rbp_at = 16;    /* the caller's rbp: 16 bytes under the CFA, or kept in rbp (0) */
+	bool in_lr = false; /* AArch64: the return address is still in x30 */
+	if (s->exact && ARCH_HAS_LR) {
+		/* A sampled instruction may stand where the frame is not whole:
+		 * HotSpot's AArch64 frames keep x29 and x30 at their top, saved
+		 * by `sub sp, sp, #n; stp x29, x30, [sp, #n-16]` (or, large,
+		 * `stp x29, x30, [sp, #-16]!; sub sp, ...`) and restored by
+		 * `ldp x29, x30, [sp, #n-16]; add sp, sp, #n` (or `add sp, ...;
+		 * ldp x29, x30, [sp], #16`) before the return poll and `ret`.
+		 * w[0..3] are the four instructions before pc, w[4..11] from it. */
+		__u32 *w = (__u32 *)&r->sb[256];
+		for (int i = 0; i < 12; i++)
+			w[i] = 0;
+		if (bpf_probe_read_user(w, 48, (void *)(pc - 16)))
+			bpf_probe_read_user(&w[4], 32, (void *)pc);
+		bool gone = w[4] == 0xd65f03c0 || w[4] == 0xd65f0bff || w[4] == 0xd65f0fff;
+		bool pushed16 = false; /* large frame: x29, x30 pushed, sp not lowered yet */
+		bool lowered = false;  /* a `sub sp, sp, #n` between that push and pc */
+		/* At a large frame's ldp x29, x30, [sp], #16: all but the pair
+		 * popped. */
+		bool at_pop = (w[4] & 0xffc07fff) == 0xa8c07bfd;
+		/* Back from pc, up to a branch or return: the epilogue's restore. */
+		bool stop = false;
+		for (int i = 3; i >= 0; i--) {
+			__u32 x = w[i];
+			if (stop || gone || at_pop)
+				break;
+			if ((x & 0xff8003ff) == 0xd10003ff) {
+				lowered = true; /* sub sp, sp, #n */
+			} else if (x == 0xd65f03c0 || (x & 0x7c000000) == 0x14000000) {
+				stop = true; /* ret, b, bl: another block */
+			} else if ((x & 0xffc07fff) == 0xa8c07bfd) {
+				gone = true; /* after ldp x29, x30, [sp], #16 */
+			} else if ((x & 0xffc07fff) == 0xa9407bfd) {
+				/* after ldp x29, x30, [sp, #m]: the add sp that follows
+				 * it is done unless it is at pc */
+				__u32 nx = w[(i + 1) & 15];
+				if ((nx & 0xff8003ff) == 0x910003ff) {
+					if (i == 3)
+						cfa = sp + (((nx >> 10) & 0xfff)
+						            << (((nx >> 22) & 1) * 12));
+					else
+						cfa = sp;
+					rbp_at = 0;
+					in_lr = true;
+				}
+				stop = true;
+			} else if ((x & 0xffc07fff) == 0xa9807bfd) {
+				pushed16 = true; /* stp x29, x30, [sp, #-16]! before pc */
+				stop = true;
+			}
+		}
+		if (at_pop) {
+			cfa = sp + 16;
+		} else if (gone) {
+			cfa = sp;
+			rbp_at = 0;
+			in_lr = true;
+		} else if (!in_lr && fc >= 0 && pc - code < (__u64)fc) {
+			/* The prologue: x29 and x30 saved ahead, the stack lowered
+			 * ahead or not. */
+			bool sub = false, found = false;
+			for (int i = 4; i < 12; i++) {
+				__u32 x = w[i];
+				if (found)
+					break;
+				if ((x & 0xff8003ff) == 0xd10003ff) {
+					sub = true; /* sub sp, sp, #n */
+				} else if ((x & 0xffc07fff) == 0xa9807bfd) {
+					found = true; /* stp x29, x30, [sp, #-16]!: nothing pushed */
+					cfa = sp;
+					rbp_at = 0;
+					in_lr = true;
+				} else if ((x & 0xffc07fff) == 0xa9007bfd) {
+					found = true; /* stp x29, x30, [sp, #n-16] */
+					if (sub)
+						cfa = sp;
+					rbp_at = 0;
+					in_lr = true;
+				}
+			}
+			if (!found && pushed16 && !lowered)
+				cfa = sp + 16;
+		}
+	} else if (s->exact) {
 		/* A sampled instruction may stand where the frame is not whole. */
 		__u8 *ins = &r->sb[256];
 		for (int i = 0; i < 16; i++)
@@ -208,11 +309,19 @@ __noinline int hs_step(__u32 slot)
 			}
 		}
 	}
+	if (in_lr) {
+		if (!lr_ok)
+			return hs_end(s, UNW_END_READ);
+		s->pc = unw_real_ra(s, lr & unw_ra_mask);
+		s->sp = cfa;
+		s->exact = 0;
+		return s->pc ? 0 : hs_end(s, UNW_END_FP_CHAIN);
+	}
 	HS_W(r, 1) = 0;
 	if ((rbp_at && !unw_read(s, &HS_W(r, 1), cfa - rbp_at)) ||
 	    !unw_read(s, &HS_W(r, 0), cfa - 8))
 		return hs_end(s, UNW_END_READ);
-	__u64 ra = unw_real_ra(s, HS_W(r, 0));
+	__u64 ra = unw_real_ra(s, HS_W(r, 0) & unw_ra_mask);
 	if (rbp_at) {
 		s->bp = HS_W(r, 1);
 		s->bp_ok = 1;

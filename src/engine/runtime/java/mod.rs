@@ -7,9 +7,10 @@
 //!
 //! Every structure offset comes from the JVM's own exported tables
 //! ([`vmstructs`]); only the interpreter's frame slots (method and bytecode
-//! pointer, `frame_x86.hpp`) are HotSpot's fixed x86-64 layout, which the
-//! tables do not carry. JDK 11 to 25 are read; anything else is reported,
-//! once per process, as not read.
+//! pointer, `frame_x86.hpp`, `frame_aarch64.hpp`) are HotSpot's fixed
+//! layouts, which the tables do not carry. JDK 11 to 25 are read on x86-64,
+//! JDK 17 on AArch64; anything else is reported, once per process, as not
+//! read.
 pub mod vmstructs;
 
 use std::{collections::HashMap, rc::Rc};
@@ -22,11 +23,11 @@ use super::{
 use vmstructs::VmStructs;
 
 /// What this build reads.
-pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 (x86-64)";
+pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 17 on arm64";
 /// Code heaps the kernel knows per process (`HS_HEAPS`).
 pub const HEAPS: usize = 4;
 /// Bytes of `struct hs_proc`.
-pub const CONFIG_BYTES: usize = 136;
+pub const CONFIG_BYTES: usize = 144;
 /// `HS_F_INTERP`: an interpreted frame (addr: Method*, loc: bytecode index).
 pub const FLAG_INTERP: u8 = 2;
 /// `HS_F_LEAF`: a compiled frame's sampled instruction.
@@ -168,6 +169,8 @@ pub struct Hotspot {
     nm: NmFields,
     /// UNSIGNED5's excluded bytes: 0 before JDK 21, 1 since.
     x: u8,
+    /// An AArch64 JVM (its interpreter keeps the bytecode pointer elsewhere).
+    aarch64: bool,
     /// Methods named, by address and ConstMethod.
     methods: HashMap<(u64, u64), Rc<JMethod>>,
 }
@@ -350,9 +353,10 @@ pub fn scope_chain(data: &[u8], metadata: &[u64], mut off: u32, x: u8) -> Vec<(u
 pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
     let m = maps.iter().find(|m| m.exec && m.base() == "libjvm.so")?;
     let unsupported = |why: &str| Found::Unsupported { what: "a Java VM (libjvm.so)".into(), why: why.into() };
-    let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()).filter(ElfSyms::is_x86_64) else {
-        return Some(unsupported("its libjvm.so cannot be read as an x86-64 ELF file"));
+    let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else {
+        return Some(unsupported("its libjvm.so cannot be read as an ELF file"));
     };
+    let aarch64 = !elf.is_x86_64();
     let found = elf.find(vmstructs::SYMBOLS);
     if !found.contains_key("gHotSpotVMStructs") {
         return Some(unsupported("its libjvm.so exports no gHotSpotVMStructs (not a HotSpot VM)"));
@@ -362,10 +366,10 @@ pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
     let Some(vm) = vmstructs::read(mem, &syms) else {
         return Some(Found::Later("Java: the VM is starting (its structure tables are not filled in yet)".into()));
     };
-    Some(read_vm(&vm, mem, &m.path))
+    Some(read_vm(&vm, mem, &m.path, aarch64))
 }
 
-fn read_vm(vm: &VmStructs, mem: &Mem, image: &str) -> Found {
+fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
     let int = |name: &str| vm.address(&[name]).and_then(|a| mem.u32(a));
     let major = int("Abstract_VM_Version::_vm_major_version").unwrap_or(0);
     let release = vm
@@ -375,7 +379,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str) -> Found {
         .unwrap_or_else(|| major.to_string());
     let what = format!("Java {release} (HotSpot)");
     let unsupported = |why: String| Found::Unsupported { what: what.clone(), why };
-    if !(11..=25).contains(&major) {
+    if !(11..=25).contains(&major) || (aarch64 && major != 17) {
         return unsupported(format!("this sonde reads {VERSIONS}"));
     }
     let o = match offsets(vm) {
@@ -452,6 +456,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str) -> Found {
         o,
         nm,
         x: if major >= 21 { 1 } else { 0 },
+        aarch64,
         methods: HashMap::new(),
     }))
 }
@@ -570,6 +575,11 @@ pub fn bpf_config(h: &Hotspot) -> Vec<u8> {
     {
         v[120 + 2 * i..122 + 2 * i].copy_from_slice(&(x as u16).to_le_bytes());
     }
+    // The interpreter's bytecode pointer: 8 words below fp on x86-64
+    // (frame_x86.hpp); on AArch64 8 (JDK 17) or 9 (a later JDK's
+    // frame_aarch64.hpp adds extended_sp above it), the kernel taking the
+    // slot that points into the method's bytecodes.
+    (v[136], v[137]) = if h.aarch64 { (9, 8) } else { (8, 0) };
     v
 }
 
