@@ -79,4 +79,25 @@
 #error "sonde's BPF programs are built for x86 (__TARGET_ARCH_x86) and arm64 (__TARGET_ARCH_arm64)"
 #endif
 
+/* AArch64 instructions the runtime walkers look for around a sampled pc to
+ * tell whether a frame is built (the Arm ARM's encodings). They are plain
+ * integer tests, used only where ARCH_HAS_LR. */
+#define A64_FP_LR_PAIR(x)        ((x)&0xffc07fff)
+/* stp x29, x30, [sp, #n] */
+#define A64_IS_STP_FP_LR(x)      (A64_FP_LR_PAIR(x) == 0xa9007bfd)
+/* stp x29, x30, [sp, #n]! */
+#define A64_IS_STP_FP_LR_PRE(x)  (A64_FP_LR_PAIR(x) == 0xa9807bfd)
+/* ldp x29, x30, [sp, #n] */
+#define A64_IS_LDP_FP_LR(x)      (A64_FP_LR_PAIR(x) == 0xa9407bfd)
+/* ldp x29, x30, [sp], #n */
+#define A64_IS_LDP_FP_LR_POST(x) (A64_FP_LR_PAIR(x) == 0xa8c07bfd)
+/* ret, retaa, retab */
+#define A64_IS_RET(x)            ((x) == 0xd65f03c0 || (x) == 0xd65f0bff || (x) == 0xd65f0fff)
+/* b, bl */
+#define A64_IS_B_OR_BL(x)        (((x)&0x7c000000) == 0x14000000)
+/* sub sp, sp, #n and add sp, sp, #n; A64_SP_IMM(x) is n */
+#define A64_IS_SUB_SP_IMM(x)     (((x)&0xff8003ff) == 0xd10003ff)
+#define A64_IS_ADD_SP_IMM(x)     (((x)&0xff8003ff) == 0x910003ff)
+#define A64_SP_IMM(x)            ((((x) >> 10) & 0xfff) << ((((x) >> 22) & 1) * 12))
+
 #endif /* SONDE_ARCH_H */

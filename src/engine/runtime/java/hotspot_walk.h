@@ -212,39 +212,38 @@ __noinline int hs_step(__u32 slot)
 			w[i] = 0;
 		if (bpf_probe_read_user(w, 48, (void *)(pc - 16)))
 			bpf_probe_read_user(&w[4], 32, (void *)pc);
-		bool gone = w[4] == 0xd65f03c0 || w[4] == 0xd65f0bff || w[4] == 0xd65f0fff;
+		bool gone = A64_IS_RET(w[4]);
 		bool pushed16 = false; /* large frame: x29, x30 pushed, sp not lowered yet */
 		bool lowered = false;  /* a `sub sp, sp, #n` between that push and pc */
 		/* At a large frame's ldp x29, x30, [sp], #16: all but the pair
 		 * popped. */
-		bool at_pop = (w[4] & 0xffc07fff) == 0xa8c07bfd;
+		bool at_pop = A64_IS_LDP_FP_LR_POST(w[4]);
 		/* Back from pc, up to a branch or return: the epilogue's restore. */
 		bool stop = false;
 		for (int i = 3; i >= 0; i--) {
 			__u32 x = w[i];
 			if (stop || gone || at_pop)
 				break;
-			if ((x & 0xff8003ff) == 0xd10003ff) {
+			if (A64_IS_SUB_SP_IMM(x)) {
 				lowered = true; /* sub sp, sp, #n */
-			} else if (x == 0xd65f03c0 || (x & 0x7c000000) == 0x14000000) {
+			} else if (A64_IS_RET(x) || A64_IS_B_OR_BL(x)) {
 				stop = true; /* ret, b, bl: another block */
-			} else if ((x & 0xffc07fff) == 0xa8c07bfd) {
+			} else if (A64_IS_LDP_FP_LR_POST(x)) {
 				gone = true; /* after ldp x29, x30, [sp], #16 */
-			} else if ((x & 0xffc07fff) == 0xa9407bfd) {
+			} else if (A64_IS_LDP_FP_LR(x)) {
 				/* after ldp x29, x30, [sp, #m]: the add sp that follows
 				 * it is done unless it is at pc */
 				__u32 nx = w[(i + 1) & 15];
-				if ((nx & 0xff8003ff) == 0x910003ff) {
+				if (A64_IS_ADD_SP_IMM(nx)) {
 					if (i == 3)
-						cfa = sp + (((nx >> 10) & 0xfff)
-						            << (((nx >> 22) & 1) * 12));
+						cfa = sp + A64_SP_IMM(nx);
 					else
 						cfa = sp;
 					rbp_at = 0;
 					in_lr = true;
 				}
 				stop = true;
-			} else if ((x & 0xffc07fff) == 0xa9807bfd) {
+			} else if (A64_IS_STP_FP_LR_PRE(x)) {
 				pushed16 = true; /* stp x29, x30, [sp, #-16]! before pc */
 				stop = true;
 			}
@@ -263,14 +262,14 @@ __noinline int hs_step(__u32 slot)
 				__u32 x = w[i];
 				if (found)
 					break;
-				if ((x & 0xff8003ff) == 0xd10003ff) {
+				if (A64_IS_SUB_SP_IMM(x)) {
 					sub = true; /* sub sp, sp, #n */
-				} else if ((x & 0xffc07fff) == 0xa9807bfd) {
+				} else if (A64_IS_STP_FP_LR_PRE(x)) {
 					found = true; /* stp x29, x30, [sp, #-16]!: nothing pushed */
 					cfa = sp;
 					rbp_at = 0;
 					in_lr = true;
-				} else if ((x & 0xffc07fff) == 0xa9007bfd) {
+				} else if (A64_IS_STP_FP_LR(x)) {
 					found = true; /* stp x29, x30, [sp, #n-16] */
 					if (sub)
 						cfa = sp;

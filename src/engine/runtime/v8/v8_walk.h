@@ -115,12 +115,9 @@ __noinline int v8_step(__u32 slot)
 			w[i] = 0;
 		if (bpf_probe_read_user(w, 32, (void *)(pc - 4)))
 			bpf_probe_read_user(&w[1], 28, (void *)pc);
-		bool unbuilt = (w[0] & 0xffc07fff) == 0xa8c07bfd || /* ldp x29, x30, [sp], #n */
-		               w[1] == 0xd65f03c0 || w[1] == 0xd65f0bff ||
-		               w[1] == 0xd65f0fff; /* ret, retaa, retab */
+		bool unbuilt = A64_IS_LDP_FP_LR_POST(w[0]) || A64_IS_RET(w[1]);
 		for (int i = 1; i < 8; i++) {
-			__u32 m = w[i] & 0xffc07fff;
-			if (m == 0xa9007bfd || m == 0xa9807bfd) /* stp x29, x30, [sp, #n](!) */
+			if (A64_IS_STP_FP_LR(w[i]) || A64_IS_STP_FP_LR_PRE(w[i]))
 				unbuilt = true;
 		}
 		if (unbuilt) {
