@@ -9,7 +9,7 @@
 //! ([`vmstructs`]); only the interpreter's frame slots (method and bytecode
 //! pointer, `frame_x86.hpp`, `frame_aarch64.hpp`) are HotSpot's fixed
 //! layouts, which the tables do not carry. JDK 11 to 25 are read on x86-64,
-//! JDK 17 on AArch64; anything else is reported, once per process, as not
+//! JDK 17, 21 and 25 on AArch64 (where each is tested); anything else is reported, once per process, as not
 //! read.
 pub mod vmstructs;
 
@@ -23,7 +23,7 @@ use super::{
 use vmstructs::VmStructs;
 
 /// What this build reads.
-pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 17 on arm64";
+pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 17, 21 and 25 on arm64";
 /// Code heaps the kernel knows per process (`HS_HEAPS`).
 pub const HEAPS: usize = 4;
 /// Bytes of `struct hs_proc`.
@@ -379,7 +379,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
         .unwrap_or_else(|| major.to_string());
     let what = format!("Java {release} (HotSpot)");
     let unsupported = |why: String| Found::Unsupported { what: what.clone(), why };
-    if !(11..=25).contains(&major) || (aarch64 && major != 17) {
+    if !(11..=25).contains(&major) || (aarch64 && ![17, 21, 25].contains(&major)) {
         return unsupported(format!("this sonde reads {VERSIONS}"));
     }
     let o = match offsets(vm) {
@@ -576,7 +576,7 @@ pub fn bpf_config(h: &Hotspot) -> Vec<u8> {
         v[120 + 2 * i..122 + 2 * i].copy_from_slice(&(x as u16).to_le_bytes());
     }
     // The interpreter's bytecode pointer: 8 words below fp on x86-64
-    // (frame_x86.hpp); on AArch64 8 (JDK 17) or 9 (a later JDK's
+    // (frame_x86.hpp); on AArch64 8 or 9 (a later JDK's
     // frame_aarch64.hpp adds extended_sp above it), the kernel taking the
     // slot that points into the method's bytecodes.
     (v[136], v[137]) = if h.aarch64 { (9, 8) } else { (8, 0) };
