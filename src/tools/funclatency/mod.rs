@@ -689,7 +689,11 @@ fn attach_fentry(
         }
         let attached = match btf.func_id(name) {
             Some(id) => fentry_clone(template, ret, id, cookie),
-            None => Err(anyhow::anyhow!("{name}: not in the kernel's BTF (a module function?), so no fentry")),
+            None => Err(anyhow::anyhow!(
+                "{name}: the kernel's BTF has no prototype of it (a module's function, or one its build left out, \
+                 as pahole does with a name two functions share with different prototypes), so no fentry; \
+                 --kernel-mechanism kprobe traces it"
+            )),
         };
         match attached {
             Ok(a) => links.push(a),
@@ -907,7 +911,16 @@ fn target_text(r: &TargetResult) -> String {
 fn unprobeable_note(names: &[String]) {
     if !names.is_empty() {
         let more = if names.len() > 5 { format!(" and {} more", names.len() - 5) } else { String::new() };
-        eprintln!("not traced: the kernel refused a probe on {}{more} (a uprobe: ENOTSUPP; fentry: no trampoline or BTF for it)", names[..names.len().min(5)].join(", "));
+        let fix = if names.iter().any(|n| n.starts_with("kernel:")) {
+            "; --kernel-mechanism kprobe traces kernel functions fentry cannot"
+        } else {
+            ""
+        };
+        eprintln!(
+            "not traced: the kernel refused a probe on {}{more} (a uprobe: ENOTSUPP; fentry: no trampoline for it, \
+             or no prototype in the kernel's BTF){fix}",
+            names[..names.len().min(5)].join(", ")
+        );
     }
 }
 
