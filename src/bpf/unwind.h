@@ -505,20 +505,20 @@ __noinline int unw_step(__u32 slot)
 	}
 	case UNW_GO_CGO: {
 		/* Go's asmcgocall, returned to from the C it ran on the system
-		 * stack: [sp+off] is the goroutine stack's depth below
-		 * g.stack.hi (g at [sp+off+8], stack.hi its second word) at
-		 * the switch, or the stack pointer itself where g is 0 (it was
-		 * on the system stack already). There its prologue saved the
-		 * caller's rbp, under the return address. Stopped here by a
-		 * sample, the stack is not switched yet or back already: end
-		 * the walk there. */
+		 * stack: [sp + (off & 0xff)] is the goroutine stack's depth
+		 * below g.stack.hi (g at [sp + (off >> 8)], stack.hi its second
+		 * word) at the switch, or the stack pointer itself where g is
+		 * 0 (it was on the system stack already). There its prologue
+		 * saved the return address and the caller's frame pointer (the
+		 * row says where). Stopped here by a sample, the stack is not
+		 * switched yet or back already: end the walk there. */
 		__u64 depth = 0, g = 0, hi = 0;
 		if (exact) {
 			s->st.end = UNW_END_ROOT;
 			return 1;
 		}
-		if (!unw_read(s, &depth, sp + (__u32)off) ||
-		    !unw_read(s, &g, sp + (__u32)off + 8) ||
+		if (!unw_read(s, &depth, sp + ((__u32)off & 0xff)) ||
+		    !unw_read(s, &g, sp + (((__u32)off >> 8) & 0xff)) ||
 		    (g && bpf_probe_read_user(&hi, sizeof(hi), (void *)(g + 8)))) {
 			s->st.end = UNW_END_READ;
 			return 1;
@@ -536,19 +536,20 @@ __noinline int unw_step(__u32 slot)
 		 * restored); a sample in cgocallback itself, or a second
 		 * callback, goes up the goroutine's stack (cgocallback pushed
 		 * its caller there). off packs the CFA's offset, g.m's,
-		 * sched.sp's and the TLS slot's (table.rs, Cfa::GoCallback). */
-		__u64 d = (__u32)off & 0xff;
+		 * sched.sp's and the TLS slot's (table.rs, Cfa::GoCallback;
+		 * per architecture, arch.h). */
+		__u64 d = ARCH_GO_CB_CFA(off);
 		if (exact || s->go_cb) {
 			cfa = sp + d;
 			break;
 		}
 		__u64 fs = s->fsbase;
 		__u64 g = 0, m = 0, g0 = 0, g0sp = 0;
-		__s64 tls = (__s8)(((__u32)off >> 24) & 0xff);
+		__s64 tls = ARCH_GO_CB_TLS(off);
 		if (bpf_probe_read_user(&g, 8, (void *)(fs + tls)) || !g ||
-		    bpf_probe_read_user(&m, 8, (void *)(g + (((__u32)off >> 8) & 0xff))) || !m ||
+		    bpf_probe_read_user(&m, 8, (void *)(g + ARCH_GO_CB_GM(off))) || !m ||
 		    bpf_probe_read_user(&g0, 8, (void *)m) || !g0 ||
-		    bpf_probe_read_user(&g0sp, 8, (void *)(g0 + (((__u32)off >> 16) & 0xff))) ||
+		    bpf_probe_read_user(&g0sp, 8, (void *)(g0 + ARCH_GO_CB_SCHED_SP(off))) ||
 		    !g0sp) {
 			cfa = sp + d;
 			break;

@@ -780,13 +780,19 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
                     let _ = p.frames(pc);
                 }
                 let _ = p.sp_rows(&[]).len();
-                // The cgo switches, with the table's own bytes as the code
-                // of every function.
-                let sw = sonde::engine::runtime::go::cgo_switches(&p, &|a, n| {
-                    let at = (a.wrapping_sub(lo) as usize) % t.len().max(1);
-                    Some(t[at..t.len().min(at + n as usize)].to_vec())
-                });
-                let _ = p.sp_rows(&sw).len();
+                // The cgo switches of both architectures, with the table's
+                // own bytes as the code of every function.
+                for arm64 in [false, true] {
+                    let sw = sonde::engine::runtime::go::cgo_switches(
+                        &p,
+                        &|a, n| {
+                            let at = (a.wrapping_sub(lo) as usize) % t.len().max(1);
+                            Some(t[at..t.len().min(at + n as usize)].to_vec())
+                        },
+                        arm64,
+                    );
+                    let _ = p.sp_rows(&sw).len();
+                }
             }
         });
         n_go += 1;

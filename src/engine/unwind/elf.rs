@@ -296,12 +296,9 @@ pub fn read_file(f: std::fs::File) -> Result<ElfUnwindInfo, UnwindError> {
         if let Ok(e) = crate::engine::runtime::elfsym::ElfSyms::open(dup) {
             use crate::engine::runtime::go;
             info.text = go::text_start(&e, g.addr, &g.data);
-            // cgo's stack switches are recognised by x86-64 code only; on
-            // arm64 the walk stops at them (see table::go_rows).
-            if info.arch == super::table::Arch::X86_64 {
-                if let Ok(t) = go::Pclntab::parse(g.data.clone(), info.text) {
-                    info.go_cgo = go::cgo_switches(&t, &|a, n| e.read_vaddr(a, n));
-                }
+            if let Ok(t) = go::Pclntab::parse(g.data.clone(), info.text) {
+                let arm64 = info.arch == super::table::Arch::Aarch64;
+                info.go_cgo = go::cgo_switches(&t, &|a, n| e.read_vaddr(a, n), arm64);
             }
         }
     }

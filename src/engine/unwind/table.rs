@@ -124,15 +124,17 @@ pub enum Cfa {
     /// the signal frame at the stack pointer.
     Signal,
     /// Go's `asmcgocall` once it has switched to the system stack to run
-    /// C: its own frame (saved rbp, return address) is on the goroutine's
-    /// stack at `g.stack.hi - [rsp + n]`, with the goroutine `g` at
-    /// `[rsp + n + 8]` (or at `[rsp + n]` itself where `g` is 0: it was on
-    /// the system stack already); CFA = that + 16.
-    GoCgo(u8),
+    /// C: its own frame (saved rbp and return address; on arm64 the return
+    /// address with x29 below it) is on the goroutine's stack at
+    /// `g.stack.hi - [rsp + d]`, with the goroutine `g` at `[rsp + g]` (or
+    /// at `[rsp + d]` itself where `g` is 0: it was on the system stack
+    /// already); CFA = that + 16. The value packs d (low byte) and g.
+    GoCgo(u16),
     /// Go's `cgocallback`, returned to on the goroutine's stack: the C that
     /// called back into Go is on the system stack, whose pointer the walk
     /// finds through the thread's `g`, its `m`, and `m.g0.sched.sp`; the
-    /// packed offsets are [`crate::engine::runtime::go::CgoSwitch::Callback`]'s.
+    /// packed offsets are [`crate::engine::runtime::go::CgoSwitch::Callback`]'s
+    /// (packed per architecture: `ARCH_GO_CB_*` in the kernel's arch.h).
     GoCallback(u32),
     /// A rule the kernel walk does not evaluate.
     Unsupported,
@@ -243,8 +245,8 @@ pub mod kind {
 
 impl Rule {
     /// Whether `arch`'s row holds this rule (an AArch64 row has 24 bits for
-    /// the CFA's offset, one save slot, and none of x86-64's PLT and Go
-    /// kinds).
+    /// the CFA's offset, one save slot, and not x86-64's PLT kind; Go's
+    /// cgocallback packs its offsets to fit, [`crate::engine::runtime::go::callback_how_arm64`]).
     pub fn fits(self, arch: Arch) -> bool {
         match arch {
             Arch::X86_64 => self.ra == Ra::Cfa8,
@@ -253,7 +255,9 @@ impl Rule {
                 let cfa = match self.cfa {
                     // No caller's registers to find.
                     Cfa::Gap | Cfa::Stop | Cfa::Signal | Cfa::Unsupported => return true,
-                    Cfa::Plt(_) | Cfa::GoCgo(_) | Cfa::GoCallback(_) => false,
+                    Cfa::Plt(_) => false,
+                    Cfa::GoCgo(_) => true,
+                    Cfa::GoCallback(how) => how >> 23 == 0,
                     Cfa::Rsp(n) | Cfa::Rbp(n) | Cfa::DerefRsp(n) | Cfa::DerefRbp(n) => {
                         (-A64_OFF_MAX..=A64_OFF_MAX).contains(&n)
                     }
@@ -339,7 +343,7 @@ impl Rule {
             kind::DEREF_RBP => Cfa::DerefRbp(off),
             kind::STOP => Cfa::Stop,
             kind::SIGNAL => Cfa::Signal,
-            kind::GO_CGO => Cfa::GoCgo(off as u8),
+            kind::GO_CGO => Cfa::GoCgo(off as u16),
             kind::GO_CALLBACK => Cfa::GoCallback(off as u32),
             _ => Cfa::Unsupported,
         };
@@ -773,8 +777,9 @@ pub fn build(info: &ElfUnwindInfo) -> Result<Table, UnwindError> {
 /// Rows for Go code from its function table (Go emits no `.eh_frame`): at
 /// each instruction the stack pointer is the entry's minus the table's
 /// delta. Functions where a stack starts or is switched (goexit, mstart,
-/// systemstack, mcall, morestack) end the walk; on x86-64 asmcgocall, which
-/// runs C on the system stack, leads back to the goroutine's stack.
+/// systemstack, mcall, morestack) end the walk; asmcgocall, which runs C on
+/// the system stack, leads back to the goroutine's stack (and, on x86-64,
+/// cgocallback from Go called back to the C that called).
 ///
 /// - x86-64: CFA = rsp + delta + 8; a function that has pushed anything has
 ///   saved its caller's rbp at CFA - 16 (Go's frame layout, both the old
@@ -810,10 +815,25 @@ fn go_rows(
         let rule = match (kind, arch) {
             (SpKind::Stop, _) => Rule::new(Cfa::Stop, SavedRbp::Same),
             (SpKind::Signal, _) => Rule::new(Cfa::Signal, SavedRbp::Same),
-            (SpKind::CgoCall(slot), _) => Rule::new(Cfa::GoCgo(slot), SavedRbp::AtCfa(-16)),
-            (SpKind::CgoCallback(how), _) => Rule::new(Cfa::GoCallback(how), SavedRbp::AtCfa(-16)),
-            (SpKind::Frame, Arch::X86_64) if delta == 0 => Rule::new(Cfa::Rsp(8), SavedRbp::Same),
-            (SpKind::Frame, Arch::X86_64) => Rule::new(Cfa::Rsp(delta.saturating_add(8)), SavedRbp::AtCfa(-16)),
+            (SpKind::CgoCall(slots), Arch::X86_64) => Rule::new(Cfa::GoCgo(slots), SavedRbp::AtCfa(-16)),
+            (SpKind::CgoCall(slots), Arch::Aarch64) => {
+                Rule { cfa: Cfa::GoCgo(slots), rbp: SavedRbp::AtCfa(-24), ra: Ra::AtCfa(-16) }
+            }
+            (SpKind::CgoCallback(how), Arch::X86_64) => Rule::new(Cfa::GoCallback(how), SavedRbp::AtCfa(-16)),
+            (SpKind::CgoCallback(how), Arch::Aarch64) => {
+                // The return address at the frame's stack pointer, x29
+                // below it (cgocallback's own prologue).
+                let d = (how & 0x3f) as i32 * 8;
+                Rule { cfa: Cfa::GoCallback(how), rbp: SavedRbp::AtCfa(-d - 8), ra: Ra::AtCfa(-d) }
+            }
+            (SpKind::FrameRa(ra), Arch::Aarch64) => {
+                let ra = ra as i32 - delta;
+                Rule { cfa: Cfa::Rsp(delta), rbp: SavedRbp::AtCfa(ra - 8), ra: Ra::AtCfa(ra) }
+            }
+            (SpKind::Frame | SpKind::FrameRa(_), Arch::X86_64) if delta == 0 => Rule::new(Cfa::Rsp(8), SavedRbp::Same),
+            (SpKind::Frame | SpKind::FrameRa(_), Arch::X86_64) => {
+                Rule::new(Cfa::Rsp(delta.saturating_add(8)), SavedRbp::AtCfa(-16))
+            }
             (SpKind::Frame, Arch::Aarch64) if delta == 0 => Rule { cfa: Cfa::Rsp(0), rbp: SavedRbp::Same, ra: Ra::Lr },
             (SpKind::Frame, Arch::Aarch64) => {
                 Rule { cfa: Cfa::Rsp(delta), rbp: SavedRbp::AtCfa(-delta.saturating_add(8)), ra: Ra::AtCfa(-delta) }
@@ -1271,6 +1291,86 @@ mod tests {
             checked > 50_000 && lr > 1000 && checked > 5 * stops && big < checked / 100,
             "{checked} / {lr} / {stops} / {big}"
         );
+    }
+
+    /// A cgo program built for arm64: asmcgocall's and cgocallback's
+    /// switches are found in their code (asmcgocall: g at sp, the depth 8
+    /// above), and their rows lead to the other stack's frame (the return
+    /// address at the switch's stack pointer, x29 below it).
+    #[test]
+    fn arm64_cgo_binary_has_its_stack_switches() {
+        let dir = std::env::temp_dir().join(format!("sonde-gocgoarm64-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("gocgo");
+        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/workloads/gocgo.go");
+        let go = if std::path::Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go" } else { "go" };
+        let out = std::process::Command::new(go)
+            .args(["build", "-o", bin.to_str().unwrap(), src])
+            .current_dir(&dir)
+            .envs([
+                ("GOARCH", "arm64"),
+                ("CGO_ENABLED", "1"),
+                ("CC", "aarch64-linux-gnu-gcc"),
+                ("GO111MODULE", "off"),
+                ("GOTOOLCHAIN", "local"),
+            ])
+            .output()
+            .expect("go and aarch64-linux-gnu-gcc: scripts/setup installs them");
+        assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
+        let info = super::super::elf::read_file(std::fs::File::open(&bin).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let calls: Vec<_> = info
+            .go_cgo
+            .iter()
+            .filter_map(|c| match *c {
+                crate::engine::runtime::go::CgoSwitch::AsmCgoCall { entry, depth, g } => Some((entry, depth, g)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 1, "{:?}", info.go_cgo);
+        let (entry, depth, g) = calls[0];
+        assert_eq!((depth, g), (8, 0));
+        let t = build(&info).unwrap();
+        let want = Rule { cfa: Cfa::GoCgo(8), rbp: SavedRbp::AtCfa(-24), ra: Ra::AtCfa(-16) };
+        assert_eq!(t.lookup(entry + 0x78), want);
+        assert_eq!(Rule::decode(want.encode(Arch::Aarch64), Arch::Aarch64), want);
+        // cgocallback: its call of cgocallbackg leads to the system stack,
+        // where its frame of 48 bytes starts at g0.sched.sp (g.m at 48,
+        // g0.sched.sp at 56, g 16 above the thread pointer).
+        let backs: Vec<_> = info
+            .go_cgo
+            .iter()
+            .filter_map(|c| match *c {
+                crate::engine::runtime::go::CgoSwitch::Callback { call, len, how, .. } => Some((call, len, how)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(backs.len(), 1, "{:?}", info.go_cgo);
+        let (call, len, how) = backs[0];
+        assert_eq!((len, Some(how)), (4, crate::engine::runtime::go::callback_how_arm64(48, 48, 56, 16)));
+        let want = Rule { cfa: Cfa::GoCallback(how), rbp: SavedRbp::AtCfa(-56), ra: Ra::AtCfa(-48) };
+        assert_eq!(t.lookup(call), want);
+        assert_eq!(Rule::decode(want.encode(Arch::Aarch64), Arch::Aarch64), want);
+        assert_ne!(t.lookup(call + 4), want);
+        // crosscall2 (C calling Go enters there): its frame of 192 bytes
+        // keeps x29 and x30 at its top, where its call of cgocallback
+        // returns.
+        let cc: Vec<_> = info
+            .go_cgo
+            .iter()
+            .filter_map(|c| match *c {
+                crate::engine::runtime::go::CgoSwitch::Crosscall2 { entry, saved, restored, ra } => {
+                    Some((entry, saved, restored, ra))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cc.len(), 1, "{:?}", info.go_cgo);
+        let (entry, saved, restored, ra) = cc[0];
+        assert_eq!((saved - entry, restored - entry, ra), (0x34, 0x60, 184));
+        let want = Rule { cfa: Cfa::Rsp(192), rbp: SavedRbp::AtCfa(-16), ra: Ra::AtCfa(-8) };
+        assert_eq!(t.lookup(entry + 0x38), want);
+        assert_eq!(Rule::decode(want.encode(Arch::Aarch64), Arch::Aarch64), want);
     }
 
     #[test]

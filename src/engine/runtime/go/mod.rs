@@ -99,14 +99,19 @@ pub enum SpKind {
     /// in the signal frame at the stack pointer.
     Signal,
     /// `runtime.asmcgocall`: C runs above it on the system stack, where it
-    /// keeps the goroutine's stack depth at this byte offset from the stack
-    /// pointer (and `g` 8 bytes above), as [`cgo_switches`] found it (see
+    /// keeps the goroutine's stack depth and `g` at these byte offsets from
+    /// the stack pointer (low byte the depth's, high byte g's), as
+    /// [`cgo_switches`] found them (see
     /// [`crate::engine::unwind::table::Cfa::GoCgo`]).
-    CgoCall(u8),
+    CgoCall(u16),
     /// `runtime.cgocallback`'s call of cgocallbackg, on the goroutine's
     /// stack: the C that called back into Go is on the system stack, where
     /// `g0.sched.sp` says (see [`CgoSwitch::Callback`]).
     CgoCallback(u32),
+    /// A frame whose return address is this many bytes above the stack
+    /// pointer (x29 8 below it), not at it: arm64's crosscall2
+    /// ([`CgoSwitch::Crosscall2`]).
+    FrameRa(u16),
 }
 
 /// A cgo stack switch the walk follows, found in the Go runtime's own code
@@ -120,38 +125,163 @@ pub enum CgoSwitch {
         /// Its entry.
         entry: u64,
         /// The goroutine stack's depth below `g.stack.hi` is this many
-        /// bytes above the system stack's pointer, `g` 8 bytes above that.
-        slot: u8,
+        /// bytes above the system stack's pointer...
+        depth: u8,
+        /// ... and `g` this many (8 above the depth on x86-64, 8 below it
+        /// on arm64).
+        g: u8,
     },
     /// `runtime.cgocallback` (C calling Go).
     Callback {
         /// Its entry.
         entry: u64,
-        /// Its 2-byte call of cgocallbackg on the goroutine's stack.
+        /// Its call of cgocallbackg on the goroutine's stack...
         call: u64,
-        /// Packed, low byte first: its frame's CFA from the stack pointer,
-        /// the offsets of `g.m` and of `g0.sched.sp`, and the thread-local
-        /// `g`'s offset from the thread pointer (signed); `m.g0` is m's
-        /// first word.
+        /// ... this many bytes long (x86-64: 2, arm64: 4).
+        len: u8,
+        /// Packed: its frame's CFA from the stack pointer, the offsets of
+        /// `g.m` and of `g0.sched.sp`, and the thread-local `g`'s offset
+        /// from the thread pointer; `m.g0` is m's first word. x86-64: a
+        /// byte each, low byte first, the last signed. arm64 (to fit its
+        /// row's 24 bits): each in 8s, 6 bits each, the last 5 bits and
+        /// not negative ([`callback_how_arm64`]).
         how: u32,
+    },
+    /// arm64's `crosscall2` (C calling Go enters here), whose hand-written
+    /// frame keeps x29 and x30 at its top, not at its stack pointer as Go's
+    /// functions do.
+    Crosscall2 {
+        /// Its entry.
+        entry: u64,
+        /// From this instruction (after its `stp x29, x30, [sp, #k]`)...
+        saved: u64,
+        /// ... up to this one (its `ldp x29, x30, [sp, #k]`, included)...
+        restored: u64,
+        /// ... the return address is k + 8 bytes above the stack pointer.
+        ra: u16,
     },
 }
 
-/// The cgo switches of a Go binary: `code(entry, end)` reads a function's
-/// first bytes.
-pub fn cgo_switches(t: &Pclntab, code: &dyn Fn(u64, u64) -> Option<Vec<u8>>) -> Vec<CgoSwitch> {
+/// The cgo switches of a Go binary (`arm64`: built for arm64, else for
+/// x86-64): `code(entry, end)` reads a function's first bytes.
+pub fn cgo_switches(t: &Pclntab, code: &dyn Fn(u64, u64) -> Option<Vec<u8>>, arm64: bool) -> Vec<CgoSwitch> {
     let mut out = Vec::new();
     for (a, b) in t.entries_of("runtime.asmcgocall") {
-        if let Some(slot) = code(a, (b - a).min(512)).and_then(|c| cgo_depth_slot(&c)) {
-            out.push(CgoSwitch::AsmCgoCall { entry: a, slot });
+        let Some(c) = code(a, (b - a).min(512)) else { continue };
+        let slots = if arm64 { cgo_slots_arm64(&c) } else { cgo_depth_slot(&c).map(|d| (d, d + 8)) };
+        if let Some((depth, g)) = slots {
+            out.push(CgoSwitch::AsmCgoCall { entry: a, depth, g });
+        }
+    }
+    // arm64 keeps g in x28, and in thread-local storage at an offset
+    // runtime.load_g's code says.
+    let tls = if arm64 {
+        t.entries_of("runtime.load_g").into_iter().find_map(|(a, b)| load_g_tls_arm64(&code(a, (b - a).min(64))?))
+    } else {
+        None
+    };
+    if arm64 {
+        for (a, b) in t.entries_of("crosscall2") {
+            if let Some((saved, restored, ra)) = code(a, (b - a).min(256)).and_then(|c| crosscall2_arm64(&c)) {
+                out.push(CgoSwitch::Crosscall2 { entry: a, saved: a + saved, restored: a + restored, ra });
+            }
         }
     }
     for (a, b) in t.entries_of("runtime.cgocallback") {
-        if let Some((call, how)) = code(a, (b - a).min(1024)).and_then(|c| cgo_callback(&c)) {
-            out.push(CgoSwitch::Callback { entry: a, call: a + call, how });
+        let Some(c) = code(a, (b - a).min(1024)) else { continue };
+        let found = match (arm64, tls) {
+            (false, _) => cgo_callback(&c).map(|(call, how)| (call, 2, how)),
+            (true, Some(tls)) => cgo_callback_arm64(&c, tls).map(|(call, how)| (call, 4, how)),
+            (true, None) => None,
+        };
+        if let Some((call, len, how)) = found {
+            out.push(CgoSwitch::Callback { entry: a, call: a + call, len, how });
         }
     }
     out
+}
+
+/// The 32-bit instructions of `code`.
+fn a64_words(code: &[u8]) -> Vec<u32> {
+    code.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// In arm64's `runtime.load_g` (from its entry): the thread-local `g`'s
+/// offset from the thread pointer, from `mrs x0, tpidr_el0; mov x27, #n
+/// (or movz x27, #hi, lsl #16; movk x27, #lo); ldr x28, [x0, x27]`, the
+/// local-exec form the linker writes into an executable. None otherwise (a
+/// shared library's goes through its GOT).
+pub fn load_g_tls_arm64(code: &[u8]) -> Option<u32> {
+    let w = a64_words(code);
+    let mrs = w.iter().position(|&x| x == 0xd53b_d040)?; // mrs x0, tpidr_el0
+    let imm = |x: u32| (x >> 5) & 0xffff;
+    let (n, ldr) = match w.get(mrs + 1..mrs + 4)? {
+        // movz x27, #n (lsl 0)
+        [a, l, ..] if a & 0xffe0_001f == 0xd280_001b => (imm(*a), *l),
+        // movz x27, #hi, lsl #16; movk x27, #lo
+        [a, b, l] if a & 0xffe0_001f == 0xd2a0_001b && b & 0xffe0_001f == 0xf280_001b => (imm(*a) << 16 | imm(*b), *l),
+        _ => return None,
+    };
+    (ldr == 0xf87b_681c).then_some(n) // ldr x28, [x0, x27]
+}
+
+/// In arm64's `crosscall2` (from its entry): `sub sp, sp, #n`, then the
+/// registers saved, `stp x29, x30, [sp, #k]` among them, and later `ldp
+/// x29, x30, [sp, #k]`: the offsets of the instruction after the `stp` and
+/// of the `ldp`, and k + 8 (where x30 is). None where the code is not that.
+pub fn crosscall2_arm64(code: &[u8]) -> Option<(u64, u64, u16)> {
+    let w = a64_words(code);
+    let &first = w.first()?;
+    if first & 0xff80_03ff != 0xd100_03ff || first & 0x0040_0000 != 0 {
+        return None; // sub sp, sp, #n (unshifted)
+    }
+    let n = (first >> 10) & 0xfff;
+    let k = |x: u32| ((x >> 15) & 0x7f) * 8; // imm7 (not negative here)
+    let stp = w.iter().position(|&x| x & 0xffc0_7fff == 0xa900_7bfd && x & 0x0020_0000 == 0)?;
+    let ldp = stp + w[stp..].iter().position(|&x| x & 0xffc0_7fff == 0xa940_7bfd)?;
+    let at = k(w[stp]);
+    (k(w[ldp]) == at && at + 16 <= n).then_some((stp as u64 * 4 + 4, ldp as u64 * 4, at as u16 + 8))
+}
+
+/// arm64's packing of [`CgoSwitch::Callback`]'s `how` (offsets in 8s):
+/// the CFA's offset from the stack pointer (bits 0-5), g.m's (6-11),
+/// g0.sched.sp's (12-17), the thread-local g's (18-22). None where one is
+/// not a multiple of 8 or too large.
+pub fn callback_how_arm64(cfa: u32, gm: u32, sched_sp: u32, tls: u32) -> Option<u32> {
+    let f = |v: u32, bits: u32| (v % 8 == 0 && v / 8 < 1 << bits).then_some(v / 8);
+    Some(f(cfa, 6)? | f(gm, 6)? << 6 | f(sched_sp, 6)? << 12 | f(tls, 5)? << 18)
+}
+
+/// In arm64's `runtime.cgocallback` (from its entry): the offset of its
+/// call of cgocallbackg once on the goroutine's stack and `how`
+/// ([`callback_how_arm64`]), from its prologue (`str x30, [sp, #-n]!;
+/// stur x29, [sp, #-8]`: the return address at the stack pointer, the CFA
+/// n above), the sequence that saves the system stack's pointer (`ldr x8,
+/// [x28, #m]` for g.m; `ldr x3, [x8]; ldr x4, [x3, #s]; str x4, [sp, #k];
+/// mov x0, sp; str x0, [x3, #s]` for g0.sched.sp) and the switch (`mov sp,
+/// x0`) before `blr x0`; `tls` is the thread-local g's offset.
+pub fn cgo_callback_arm64(code: &[u8], tls: u32) -> Option<(u64, u32)> {
+    let w = a64_words(code);
+    // str x30, [sp, #-n]! (pre-index, imm9 negative)
+    let &[p0, p1, ..] = w.as_slice() else { return None };
+    if p0 & 0xfff0_0fff != 0xf810_0ffe || p1 != 0xf81f_83fd {
+        return None;
+    }
+    let n = 512 - ((p0 >> 12) & 0x1ff);
+    let ldr_imm = |x: u32, rt_rn: u32| (x & 0xffc0_03ff == 0xf940_0000 | rt_rn).then(|| (x >> 10 & 0xfff) * 8);
+    let gm = w.iter().find_map(|&x| ldr_imm(x, 28 << 5 | 8))?; // ldr x8, [x28, #m]
+    let save = w.windows(5).position(|c| {
+        c[0] == 0xf940_0103 // ldr x3, [x8]
+            && ldr_imm(c[1], 3 << 5 | 4).is_some() // ldr x4, [x3, #s]
+            && c[3] == 0x9100_03e0 // mov x0, sp
+            && c[4] & 0xffc0_03ff == 0xf900_0060 // str x0, [x3, #s]
+            && ldr_imm(c[1], 3 << 5 | 4) == Some((c[4] >> 10 & 0xfff) * 8)
+    })?;
+    let sched_sp = (w[save + 4] >> 10 & 0xfff) * 8;
+    let switch = save + w[save..].iter().position(|&x| x == 0x9100_001f)?; // mov sp, x0
+    let call = switch + w.get(switch..(switch + 12).min(w.len()))?.iter().position(|&x| x == 0xd63f_0000)?; // blr x0
+    let how = callback_how_arm64(n, gm, sched_sp, tls)?;
+    Some((call as u64 * 4, how))
 }
 
 /// In `runtime.cgocallback`'s code (from its entry): the offset of its
@@ -202,6 +332,31 @@ pub fn cgo_depth_slot(code: &[u8]) -> Option<u8> {
         [0x48, 0x89, 0x7c, 0x24, off, ..] if *off < 0x80 && off % 8 == 0 => Some(*off), // MOVQ DI, off(SP)
         _ => None,
     }
+}
+
+/// Where arm64's `runtime.asmcgocall` (`code`, from its entry) keeps `g`
+/// and the goroutine stack's depth below `g.stack.hi` once it has switched
+/// to the system stack: (depth's, g's) byte offsets from the stack pointer,
+/// from `MOVD R4, g(RSP); MOVD stack_hi(R4), R4; SUB R2, R4; MOVD R4,
+/// depth(RSP)` (`str x4, [sp, #g]; ldr x4, [x4, #8]; sub x4, x4, x2; str
+/// x4, [sp, #depth]`; (8, 0) in Go 1.21 to 1.26). Also checks the prologue
+/// the walk relies on (`MOVD.W R30, -16(RSP); MOVD R29, -8(RSP)`: the
+/// return address at the goroutine's stack pointer, x29 below it, the
+/// caller's stack pointer 16 above). None where the code is not that.
+pub fn cgo_slots_arm64(code: &[u8]) -> Option<(u8, u8)> {
+    let w = a64_words(code);
+    if w.get(..2)? != [0xf81f_0ffe, 0xf81f_83fd] {
+        return None;
+    }
+    // str x4, [sp, #n] (64-bit, unsigned offset): n / 8 in bits 10-21.
+    let str_x4_sp = |x: u32| (x & 0xffc0_03ff == 0xf900_03e4).then_some((x >> 10) & 0xfff).filter(|&n| n < 16);
+    let sub = w.iter().position(|&x| x == 0xcb02_0084)?; // sub x4, x4, x2
+    if sub < 2 || w[sub - 1] != 0xf940_0484 {
+        return None; // ldr x4, [x4, #8]: stack.hi
+    }
+    let g = str_x4_sp(w[sub - 2])?;
+    let depth = str_x4_sp(*w.get(sub + 1)?)?;
+    (g != depth).then_some((depth as u8 * 8, g as u8 * 8))
 }
 
 /// The magic of each format.
@@ -561,21 +716,43 @@ impl Pclntab {
                 continue;
             }
             let sw = |e: &CgoSwitch| match *e {
-                CgoSwitch::AsmCgoCall { entry, .. } | CgoSwitch::Callback { entry, .. } => entry == f.entry,
+                CgoSwitch::AsmCgoCall { entry, .. }
+                | CgoSwitch::Callback { entry, .. }
+                | CgoSwitch::Crosscall2 { entry, .. } => entry == f.entry,
             };
             match switches.iter().find(|e| sw(e)) {
-                Some(&CgoSwitch::AsmCgoCall { slot, .. }) => {
-                    out.push((f.entry, end, 0, SpKind::CgoCall(slot)));
+                Some(&CgoSwitch::AsmCgoCall { depth, g, .. }) => {
+                    out.push((f.entry, end, 0, SpKind::CgoCall(depth as u16 | (g as u16) << 8)));
                     continue;
                 }
-                Some(&CgoSwitch::Callback { call, how, .. }) => {
+                Some(&CgoSwitch::Callback { call, len, how, .. }) => {
                     // Its runs as any function's, but the call's own bytes
                     // (where a return address into it is looked up).
+                    let len = len as u64;
                     for (a, b, v) in self.runs(f.pcsp, &f, end) {
                         let v = v.max(0);
-                        if call >= a && call + 2 <= b {
-                            out.extend([(a, call, v, SpKind::Frame), (call, call + 2, v, SpKind::CgoCallback(how))]);
-                            out.push((call + 2, b, v, SpKind::Frame));
+                        if call >= a && call + len <= b {
+                            out.extend([(a, call, v, SpKind::Frame), (call, call + len, v, SpKind::CgoCallback(how))]);
+                            out.push((call + len, b, v, SpKind::Frame));
+                        } else {
+                            out.push((a, b, v, SpKind::Frame));
+                        }
+                    }
+                    out.retain(|r| r.1 > r.0);
+                    continue;
+                }
+                Some(&CgoSwitch::Crosscall2 { saved, restored, ra, .. }) => {
+                    // Its runs as any function's, but from the save of x30
+                    // to its restore (included).
+                    for (a, b, v) in self.runs(f.pcsp, &f, end) {
+                        let v = v.max(0);
+                        let (lo, hi) = (a.max(saved), b.min(restored + 4));
+                        if lo < hi {
+                            out.extend([
+                                (a, lo, v, SpKind::Frame),
+                                (lo, hi, v, SpKind::FrameRa(ra)),
+                                (hi, b, v, SpKind::Frame),
+                            ]);
                         } else {
                             out.push((a, b, v, SpKind::Frame));
                         }
@@ -729,6 +906,103 @@ mod tests {
         assert_eq!(cgo_depth_slot(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89, 0x7c, 0x24, 0x29]), None);
         assert_eq!(cgo_depth_slot(&[0x55, 0x48, 0x89, 0xe5, 0x48, 0x29, 0xd7, 0x48, 0x89]), None);
         assert_eq!(cgo_depth_slot(&[]), None);
+    }
+
+    #[test]
+    fn arm64_asmcgocall_slots_from_its_code() {
+        // go1.26's for linux/arm64, shortened: prologue, then the switch's
+        // stores of g and of the depth below stack.hi.
+        let words: [u32; 12] = [
+            0xf81f0ffe, // str x30, [sp, #-16]!
+            0xf81f83fd, // stur x29, [sp, #-8]
+            0xd10023fd, // sub x29, sp, #0x8
+            0xb400051c, // cbz x28, nosave
+            0x910003e2, // mov x2, sp
+            0xaa1c03e4, // mov x4, x28
+            0x910001bf, // mov sp, x13
+            0xf90003e4, // str x4, [sp]
+            0xf9400484, // ldr x4, [x4, #8]
+            0xcb020084, // sub x4, x4, x2
+            0xf90007e4, // str x4, [sp, #8]
+            0xd63f0020, // blr x1
+        ];
+        let code: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(cgo_slots_arm64(&code), Some((8, 0)));
+        // Another prologue, the load of stack.hi missing, the depth's store
+        // elsewhere or cut off: unknown.
+        assert_eq!(cgo_slots_arm64(&code[4..]), None);
+        let mut no_hi = code.clone();
+        no_hi[32..36].copy_from_slice(&0xd503201fu32.to_le_bytes()); // nop
+        assert_eq!(cgo_slots_arm64(&no_hi), None);
+        let mut other = code.clone();
+        other[40..44].copy_from_slice(&0xf90007e5u32.to_le_bytes()); // str x5, [sp, #8]
+        assert_eq!(cgo_slots_arm64(&other), None);
+        assert_eq!(cgo_slots_arm64(&code[..40]), None);
+        for n in 0..code.len() {
+            let _ = cgo_slots_arm64(&code[..n]);
+        }
+    }
+
+    #[test]
+    fn arm64_cgocallback_switch_and_tls_from_their_code() {
+        let bytes = |w: &[u32]| w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        // go1.26's load_g, an executable's (local-exec) and a PIE's.
+        let exe = bytes(&[0xd000075b, 0x39a91360, 0xb4000080, 0xd53bd040, 0xd280021b, 0xf87b681c, 0xd65f03c0]);
+        assert_eq!(load_g_tls_arm64(&exe), Some(16));
+        let pie = bytes(&[0xb000073b, 0x39a91360, 0xb40000a0, 0xd53bd040, 0xd2a0001b, 0xf280021b, 0xf87b681c]);
+        assert_eq!(load_g_tls_arm64(&pie), Some(16));
+        assert_eq!(load_g_tls_arm64(&exe[..20]), None);
+        // go1.26's cgocallback for linux/arm64, shortened: prologue (frame
+        // 48), g.m at 48, g0.sched.sp at 56 saved, the switch and blr x0.
+        let mut w = vec![0xf81d0ffe, 0xf81f83fd, 0xd10023fd, 0x940004e5, 0xf9401b88, 0xf9000fe8];
+        w.extend([0xf9400103, 0xf9401c64, 0xf9000be4, 0x910003e0, 0xf9001c60, 0xf9405d1c, 0x940004d9]);
+        let switch = w.len();
+        w.extend([0xd100c080, 0x9100001f, 0xf90007e1, 0xb0000000, 0x912ec000]);
+        let call = w.len();
+        w.extend([0xd63f0000, 0xf94003e5]);
+        let code = bytes(&w);
+        let (at, how) = cgo_callback_arm64(&code, 16).unwrap();
+        assert_eq!(at, call as u64 * 4);
+        assert_eq!(Some(how), callback_how_arm64(48, 48, 56, 16));
+        assert_eq!(how, 6 | 6 << 6 | 7 << 12 | 2 << 18);
+        // No switch, a call too far, another prologue, a TLS offset too far
+        // or odd: unknown.
+        assert!(cgo_callback_arm64(&code[..switch * 4], 16).is_none());
+        let mut far = w[..call].to_vec();
+        far.extend([0xd503201f; 12]);
+        far.push(0xd63f0000);
+        assert!(cgo_callback_arm64(&bytes(&far), 16).is_none());
+        assert!(cgo_callback_arm64(&code[4..], 16).is_none());
+        assert!(cgo_callback_arm64(&code, 256).is_none());
+        assert!(cgo_callback_arm64(&code, 12).is_none());
+        for n in 0..code.len() {
+            let _ = cgo_callback_arm64(&code[..n], 16);
+            let _ = load_g_tls_arm64(&code[..n]);
+        }
+    }
+
+    #[test]
+    fn arm64_crosscall2_frame_from_its_code() {
+        let bytes = |w: &[u32]| w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        // go1.26's for linux/arm64, the float and callee-saved pairs cut.
+        let w = [
+            0xd10303ff, // sub sp, sp, #0xc0
+            0xa90087e0, // stp x0, x1, [sp, #8]
+            0xa90b7bfd, // stp x29, x30, [sp, #176]
+            0x97ffec2f, // bl load_g
+            0x97ffe742, // bl cgocallback
+            0xa94253f3, // ldp x19, x20, [sp, #32]
+            0xa94b7bfd, // ldp x29, x30, [sp, #176]
+            0x910303ff, // add sp, sp, #0xc0
+            0xd65f03c0, // ret
+        ];
+        assert_eq!(crosscall2_arm64(&bytes(&w)), Some((12, 24, 184)));
+        // Another start, the pair above the frame, no restore: unknown.
+        assert_eq!(crosscall2_arm64(&bytes(&w[1..])), None);
+        let mut high = w;
+        high[0] = 0xd102e3ff; // sub sp, sp, #0xb8
+        assert_eq!(crosscall2_arm64(&bytes(&high)), None);
+        assert_eq!(crosscall2_arm64(&bytes(&w[..6])), None);
     }
 
     #[test]
