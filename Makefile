@@ -47,6 +47,7 @@ test: setup lint
 	$(SUDO) scripts/static-check target/$(TARGET)/release/sonde
 	$(SUDO) scripts/vmtest target/$(TARGET)/release/sonde
 	$(MAKE) static-arm64
+	$(SUDO) deploy/check-image
 	$(SUDO) scripts/vmtest --arch arm64 target/$(ARM64)/release/sonde
 
 # A fully static binary (static-pie): libbpf, libelf, zlib and zstd linked in,
