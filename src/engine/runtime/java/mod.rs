@@ -9,8 +9,8 @@
 //! ([`vmstructs`]); only the interpreter's frame slots (method and bytecode
 //! pointer, `frame_x86.hpp`, `frame_aarch64.hpp`) are HotSpot's fixed
 //! layouts, which the tables do not carry. JDK 11 to 25 are read on x86-64,
-//! JDK 17, 21 and 25 on AArch64 (where each is tested); anything else is reported, once per process, as not
-//! read.
+//! JDK 11, 17, 21 and 25 on AArch64 (where each is tested); anything else
+//! is reported, once per process, as not read.
 pub mod vmstructs;
 
 use std::{collections::HashMap, rc::Rc};
@@ -23,7 +23,7 @@ use super::{
 use vmstructs::VmStructs;
 
 /// What this build reads.
-pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 17, 21 and 25 on arm64";
+pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 11, 17, 21 and 25 on arm64";
 /// Code heaps the kernel knows per process (`HS_HEAPS`).
 pub const HEAPS: usize = 4;
 /// Bytes of `struct hs_proc`.
@@ -379,7 +379,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
         .unwrap_or_else(|| major.to_string());
     let what = format!("Java {release} (HotSpot)");
     let unsupported = |why: String| Found::Unsupported { what: what.clone(), why };
-    if !(11..=25).contains(&major) || (aarch64 && ![17, 21, 25].contains(&major)) {
+    if !(11..=25).contains(&major) || (aarch64 && ![11, 17, 21, 25].contains(&major)) {
         return unsupported(format!("this sonde reads {VERSIONS}"));
     }
     let o = match offsets(vm) {
