@@ -120,6 +120,30 @@ pub fn read_stack(traces: &dyn MapCore, id: i32) -> anyhow::Result<Vec<u64>> {
     Ok(v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).take_while(|&a| a != 0).collect())
 }
 
+/// The addresses (leaf first) of kernel stack `id` taken in a return probe
+/// (kretprobe): as [`read_stack`], but a first frame of 0 is the return
+/// probe's trampoline, `trampoline` (its kallsyms address, or 0: unnamed).
+/// Before 5.15, arm64's trampoline handed its handler registers without a
+/// pc, so the stack starts with 0 and goes on from the caller's frame
+/// record (x86-64's ends at the trampoline instead).
+pub fn read_return_probe_stack(traces: &dyn MapCore, id: i32, trampoline: u64) -> anyhow::Result<Vec<u64>> {
+    if id < 0 {
+        return Ok(Vec::new());
+    }
+    let v = traces.lookup(&id.to_ne_bytes(), MapFlags::ANY)?.unwrap_or_default();
+    Ok(return_probe_stack(&v, trampoline))
+}
+
+fn return_probe_stack(v: &[u8], trampoline: u64) -> Vec<u64> {
+    let a: Vec<u64> = v.chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+    match a.as_slice() {
+        [0, rest @ ..] if rest.first().is_some_and(|&x| x != 0) => {
+            std::iter::once(trampoline).chain(rest.iter().copied().take_while(|&x| x != 0)).collect()
+        }
+        _ => a.into_iter().take_while(|&x| x != 0).collect(),
+    }
+}
+
 /// A walked user stack (`struct unw_stack`): pcs leaf first and how the
 /// walk went; None when `walked` does not hold `hash`.
 pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Vec<u64>, Walk)>> {
@@ -1069,5 +1093,23 @@ impl Symbols {
         stats.unknown_frames += frames.iter().filter(|f| f.kind == FrameKind::Unknown).count() as u64;
         let process = images.name(s.pid).map(str::to_string).unwrap_or_else(|| s.comm.clone());
         Stack { pid: s.pid, tid: s.tid, process, frames, count: s.count }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_return_probe_stack_without_a_pc_starts_at_the_trampoline() {
+        let bytes = |a: &[u64]| a.iter().flat_map(|x| x.to_ne_bytes()).collect::<Vec<u8>>();
+        // arm64 5.10: no pc, then the caller's caller on to the syscall entry.
+        assert_eq!(return_probe_stack(&bytes(&[0, 0x10, 0x20, 0, 0]), 0x99), vec![0x99, 0x10, 0x20]);
+        // x86-64 5.10 and later kernels: as read_stack.
+        assert_eq!(return_probe_stack(&bytes(&[0x99, 0, 0]), 0x99), vec![0x99]);
+        assert_eq!(return_probe_stack(&bytes(&[0x30, 0x10, 0]), 0x99), vec![0x30, 0x10]);
+        // Nothing there.
+        assert!(return_probe_stack(&bytes(&[0, 0, 0]), 0x99).is_empty());
+        assert!(return_probe_stack(&[], 0x99).is_empty());
     }
 }

@@ -49,6 +49,37 @@ pub fn interrupt_entry_ranges() -> Vec<(u64, u64)> {
     interrupt_ranges_in(&text)
 }
 
+/// The text of kernel function `name` (core kernel, not a module's), from
+/// its `/proc/kallsyms` address to the next symbol's; None when it is not
+/// there (inlined, a module's) or addresses are hidden.
+pub fn kernel_function_range(name: &str) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/kallsyms").ok()?;
+    function_range_in(&text, name)
+}
+
+fn function_range_in(kallsyms: &str, name: &str) -> Option<(u64, u64)> {
+    let mut start = None;
+    let mut addrs: Vec<u64> = Vec::new();
+    for l in kallsyms.lines() {
+        let mut it = l.split_whitespace();
+        let (Some(a), Some(t), Some(n)) = (it.next(), it.next(), it.next()) else { continue };
+        if !matches!(t, "t" | "T") || it.next().is_some() {
+            continue; // data, module text
+        }
+        let Some(a) = u64::from_str_radix(a, 16).ok().filter(|&a| a != 0) else { continue };
+        if n == name {
+            if start.is_some() {
+                return None; // two functions of that name: which one is unknown
+            }
+            start = Some(a);
+        }
+        addrs.push(a);
+    }
+    let start = start?;
+    let end = addrs.into_iter().filter(|&a| a > start).min()?;
+    Some((start, end))
+}
+
 fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
     let mut syms: Vec<(u64, bool)> = kallsyms
         .lines()
@@ -80,6 +111,23 @@ fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_function_ends_where_the_next_symbol_starts() {
+        let ks = "\
+ffff800010b6cd44 T kfree_skb
+ffff800010b6cc74 t kfree_skb.part.0
+ffff800010b6cda0 T kfree_skb_list
+ffff800010b6cd90 d some_data
+ffff800008001000 t kfree_skb\t[mod]
+";
+        assert_eq!(function_range_in(ks, "kfree_skb"), Some((0xffff800010b6cd44, 0xffff800010b6cda0)));
+        assert_eq!(function_range_in(ks, "kfree_skb.part.0"), Some((0xffff800010b6cc74, 0xffff800010b6cd44)));
+        assert_eq!(function_range_in(ks, "consume_skb"), None);
+        assert_eq!(function_range_in("0000000000000000 T kfree_skb\n0000000000000000 T x\n", "kfree_skb"), None);
+        assert_eq!(function_range_in("ffff0001 t f\nffff0002 t f\nffff0003 t g\n", "f"), None);
+        assert_eq!(function_range_in("ffff0001 t f\n", "f"), None);
+    }
 
     #[test]
     fn interrupt_ranges_merge_neighbours_across_padding() {

@@ -47,6 +47,11 @@ const volatile __u32 n_protos = 0;
 const volatile __u8 protos[DR_MAX_PROTOS] = {};
 const volatile bool use_slots = false;   /* the kernel has compare-and-exchange (5.12) */
 const volatile bool bench_empty = false; /* bench/drops: the program's floor, doing nothing */
+/* kfree_skb's own text (0, 0: not a function of its own). A compiler that
+ * splits it (GCC's kfree_skb.part.0 in Debian's arm64 5.10) leaves the
+ * tracepoint's `location` in kfree_skb itself; the place is then its
+ * caller, from the stack. */
+const volatile __u64 kfree_lo = 0, kfree_hi = 0;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -338,6 +343,42 @@ static __always_inline void read_headers(struct dr_event *e, unsigned char *head
 	e->flags |= DR_F_L4;
 }
 
+#define DR_PLACE_DEPTH 8
+struct dr_place_stack {
+	__u64 ip[DR_PLACE_DEPTH];
+};
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct dr_place_stack);
+} place_stack SEC(".maps");
+
+/* Where the packet was dropped: `location`, unless that is in kfree_skb
+ * itself (see kfree_lo), where it is the caller of kfree_skb, the frame
+ * after kfree_skb's on the kernel stack. */
+static __always_inline __u64 drop_place(void *ctx, __u64 location)
+{
+	if (location < kfree_lo || location >= kfree_hi)
+		return location;
+	__u32 zero = 0;
+	struct dr_place_stack *st = bpf_map_lookup_elem(&place_stack, &zero);
+	if (!st)
+		return location;
+	long n = bpf_get_stack(ctx, st->ip, sizeof(st->ip), 0);
+	if (n <= 0)
+		return location;
+	n /= 8;
+	for (int i = 0; i + 1 < DR_PLACE_DEPTH; i++) {
+		if (i + 1 >= n)
+			break;
+		__u64 ip = st->ip[i], up = st->ip[i + 1];
+		if (ip >= kfree_lo && ip < kfree_hi && (up < kfree_lo || up >= kfree_hi))
+			return up;
+	}
+	return location;
+}
+
 /*
  * One kfree_skb. `direct`: skb and sk are BTF pointers (tp_btf), read with
  * plain loads; otherwise by probe reads.
@@ -359,6 +400,7 @@ static __always_inline int handle(void *ctx, struct sk_buff *skb, __u64 location
 			return 0;
 		}
 	}
+	location = drop_place(ctx, location);
 	__u32 zero = 0;
 	struct dr_event *e = bpf_map_lookup_elem(&scratch, &zero);
 	if (!e)

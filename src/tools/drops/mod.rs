@@ -330,6 +330,10 @@ pub fn load(a: Option<&DropsArgs>, cfg: &Config, mech: Mechanism, count: bool) -
     ro.count_mode = count;
     ro.want_stack = stack;
     ro.bench_empty = a.is_some_and(|a| a.bench_empty);
+    // Where a split kfree_skb leaves `location` (see drops.bpf.c).
+    if let Some((lo, hi)) = crate::engine::symbols::kernel_function_range("kfree_skb") {
+        (ro.kfree_lo, ro.kfree_hi) = (lo, hi);
+    }
     ro.by_cgroup = cfg.by_cgroup;
     ro.reason_mode = cfg.reason_mode;
     let rate = a.map(|a| a.rate).unwrap_or(0);

@@ -34,7 +34,7 @@ use crate::engine::{
     record::percpu_sum,
     render::Format,
     run::{duration_arg, RunControl, Stop},
-    stacks::{read_stack, read_user_stack, Images, RawSample, Stack, SymStats, Symbols},
+    stacks::{read_return_probe_stack, read_stack, read_user_stack, Images, RawSample, Stack, SymStats, Symbols},
     stacktool::{self, Finished, StackLoss},
     taskfilter::TaskFilter,
     unwind::{self, UnwMaps, UnwindArgs},
@@ -425,6 +425,12 @@ fn slow_calls(
     evs: Vec<Event>,
     images: &mut Images,
 ) -> anyhow::Result<(Vec<SlowCall>, SymStats)> {
+    // Kernel functions by kprobe: their stacks are taken in the return
+    // probe (arm64 before 5.15 hands it no pc: see read_return_probe_stack).
+    let trampoline = ["kretprobe_trampoline", "__kretprobe_trampoline"]
+        .into_iter()
+        .find_map(crate::engine::symbols::kernel_function_range)
+        .map_or(0, |r| r.0);
     let raws: Vec<RawSample> = evs
         .iter()
         .map(|e| {
@@ -436,7 +442,7 @@ fn slow_calls(
                 pid: e.pid,
                 tid: e.tid,
                 comm: e.comm.clone(),
-                kstack: read_stack(&skel.maps.stk_traces, e.kstack)?,
+                kstack: read_return_probe_stack(&skel.maps.stk_traces, e.kstack, trampoline)?,
                 ustack,
                 walk,
                 lang,
