@@ -1202,6 +1202,32 @@ mod tests {
         assert!(rules.iter().any(|r| matches!((r.ra, r.rbp), (Ra::AtCfa(_), SavedRbp::Same))));
     }
 
+    /// tests/workloads/NAME.go built for arm64 by `go` (which
+    /// `scripts/setup` installs), with cgo by Debian's cross compiler
+    /// (`cgo`), read as the unwinder reads it.
+    fn arm64_go_build(name: &str, cgo: bool) -> super::super::elf::ElfUnwindInfo {
+        let dir = std::env::temp_dir().join(format!("sonde-{name}-arm64-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join(name);
+        let src = format!("{}/tests/workloads/{name}.go", env!("CARGO_MANIFEST_DIR"));
+        let go = if std::path::Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go" } else { "go" };
+        let out = std::process::Command::new(go)
+            .args(["build", "-o", bin.to_str().unwrap(), &src])
+            .current_dir(&dir)
+            .envs([("GOARCH", "arm64"), ("GO111MODULE", "off"), ("GOTOOLCHAIN", "local")])
+            .envs(if cgo {
+                [("CGO_ENABLED", "1"), ("CC", "aarch64-linux-gnu-gcc")]
+            } else {
+                [("CGO_ENABLED", "0"), ("CC", "cc")]
+            })
+            .output()
+            .expect("go and aarch64-linux-gnu-gcc: scripts/setup installs them");
+        assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
+        let info = super::super::elf::read_file(std::fs::File::open(&bin).unwrap()).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        info
+    }
+
     /// gosplit.go built for arm64 (`go`, which `scripts/setup` installs,
     /// cross-compiles): the rows from Go's function table agree with the
     /// `.debug_frame` Go's linker writes for the same binary, at every
@@ -1209,20 +1235,7 @@ mod tests {
     /// the return address in x30 or at its slot.
     #[test]
     fn arm64_go_table_matches_gos_debug_frame_at_every_instruction() {
-        let dir = std::env::temp_dir().join(format!("sonde-goarm64-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("gosplit");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/workloads/gosplit.go");
-        let go = if std::path::Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go" } else { "go" };
-        let out = std::process::Command::new(go)
-            .args(["build", "-o", bin.to_str().unwrap(), src])
-            .current_dir(&dir)
-            .envs([("GOARCH", "arm64"), ("CGO_ENABLED", "0"), ("GO111MODULE", "off"), ("GOTOOLCHAIN", "local")])
-            .output()
-            .expect("go: scripts/setup installs it");
-        assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
-        let info = super::super::elf::read_file(std::fs::File::open(&bin).unwrap()).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
+        let info = arm64_go_build("gosplit", false);
         assert_eq!(info.arch, Arch::Aarch64);
         let go = go_rows(info.gopclntab.as_ref().unwrap(), info.text, &[], Arch::Aarch64).unwrap();
         // Built whole, Go's rows come first.
@@ -1299,26 +1312,7 @@ mod tests {
     /// address at the switch's stack pointer, x29 below it).
     #[test]
     fn arm64_cgo_binary_has_its_stack_switches() {
-        let dir = std::env::temp_dir().join(format!("sonde-gocgoarm64-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = dir.join("gocgo");
-        let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/workloads/gocgo.go");
-        let go = if std::path::Path::new("/usr/local/go/bin/go").exists() { "/usr/local/go/bin/go" } else { "go" };
-        let out = std::process::Command::new(go)
-            .args(["build", "-o", bin.to_str().unwrap(), src])
-            .current_dir(&dir)
-            .envs([
-                ("GOARCH", "arm64"),
-                ("CGO_ENABLED", "1"),
-                ("CC", "aarch64-linux-gnu-gcc"),
-                ("GO111MODULE", "off"),
-                ("GOTOOLCHAIN", "local"),
-            ])
-            .output()
-            .expect("go and aarch64-linux-gnu-gcc: scripts/setup installs them");
-        assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
-        let info = super::super::elf::read_file(std::fs::File::open(&bin).unwrap()).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
+        let info = arm64_go_build("gocgo", true);
         let calls: Vec<_> = info
             .go_cgo
             .iter()
