@@ -34,7 +34,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/bpf");
     let arch_include = include.join(arch);
     println!("cargo:rerun-if-changed=src/bpf/{arch}");
-    // The runtimes' kernel halves (src/engine/runtime/runtime.h and one
+    // The runtimes' kernel halves (src/engine/runtime/contract.h, runtimes.h and one
     // folder per runtime), included by the unwinder.
     let runtimes = manifest.join("src/engine/runtime");
     println!("cargo:rerun-if-changed=src/engine/runtime");
@@ -51,8 +51,9 @@ fn main() {
         }
     }
     // Each tool's folder, and the engine's (doctor's probes live in
-    // src/engine/caps).
-    let folders = [manifest.join("src/tools"), manifest.join("src/engine")];
+    // src/engine/caps, the runtimes' shared layouts in src/engine/runtime),
+    // and each runtime's (its own layouts, src/engine/runtime/NAME).
+    let folders = [manifest.join("src/tools"), manifest.join("src/engine"), runtimes.clone()];
     println!("cargo:rerun-if-changed=src/engine/caps");
     for entry in folders.iter().flat_map(|f| fs::read_dir(f).unwrap()) {
         let dir = entry.unwrap().path();

@@ -17,6 +17,7 @@ pub mod output;
 pub mod perf;
 pub mod perfmap;
 pub mod pprof;
+pub mod process;
 pub mod procroot;
 pub mod record;
 pub mod render;

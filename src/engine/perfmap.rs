@@ -245,7 +245,7 @@ const JITDUMP_RECORD: usize = 16;
 /// `limits`: its path as the process sees it and its code loads.
 fn read_jitdump(pid: u32, limits: &Limits) -> Option<(String, PerfMap)> {
     let st = Status::read(pid)?;
-    let maps = super::runtime::elfsym::map_lines(pid)?;
+    let maps = super::process::map_lines(pid)?;
     let m = maps.iter().find(|m| {
         let b = m.base();
         b.starts_with("jit-") && b.ends_with(".dump")

@@ -43,32 +43,25 @@ impl Format {
     }
 }
 
-/// The marker that ends a Python frame's label in folded output.
-pub const PY_MARK: &str = "_[py]";
 /// The marker that ends a Go frame's label in folded output.
 pub const GO_MARK: &str = "_[go]";
-/// The marker that ends a JavaScript function's frame label in folded output.
-pub const JS_MARK: &str = "_[js]";
-/// The marker that ends a Java method's (and a perf map's JIT) frame label
-/// in folded output, as async-profiler and flamegraph.pl's java palette
-/// have it.
+/// The marker that ends a perf map's JIT frame label in folded output (as a
+/// Java method's, as async-profiler and flamegraph.pl's java palette have it).
 pub const JIT_MARK: &str = "_[j]";
 
 /// The label of a frame in folded output: kernel frames end in `_[k]` (as
 /// flamegraph.pl's --kernel colouring expects), inlined ones in `_[i]`,
-/// JIT ones and Java methods in `_[j]` (inlined Java methods `_[i]`, as
-/// async-profiler writes them), Python functions in `_[py]`, JavaScript
-/// functions in `_[js]` (inlined ones `_[i]`).
+/// JIT ones in `_[j]`, Go functions in `_[go]`, a language runtime's in
+/// its own mark (Python `_[py]`, Java `_[j]`, JavaScript `_[js]`; inlined
+/// Java and JavaScript `_[i]`, as async-profiler writes them).
 fn label(f: &super::stacks::Frame) -> String {
     // `;` separates frames and a trailing number is the count: keep both out.
     let name = f.name.replace(';', ":");
     match (f.kind, f.inlined) {
         (FrameKind::Kernel, _) => format!("{name}_[k]"),
         (FrameKind::Jit, _) => format!("{name}{JIT_MARK}"),
-        (FrameKind::Python, _) => format!("{name}{PY_MARK}"),
+        (FrameKind::Lang(l), i) if !i || l.inlined_keeps_mark => format!("{name}{}", l.folded),
         (FrameKind::Go, false) => format!("{name}{GO_MARK}"),
-        (FrameKind::Java, false) => format!("{name}{JIT_MARK}"),
-        (FrameKind::JavaScript, false) => format!("{name}{JS_MARK}"),
         (_, true) => format!("{name}_[i]"),
         _ => name,
     }
@@ -159,7 +152,7 @@ pub fn json_lines(out: &mut impl Write, stacks: &[Stack]) -> std::io::Result<()>
             .map(|f| {
                 serde_json::json!({
                     "name": f.name, "file": f.file, "line": f.line,
-                    "kind": format!("{:?}", f.kind).to_lowercase(),
+                    "kind": f.kind.name(),
                     "module": &*f.module, "inlined": f.inlined,
                 })
             })
@@ -195,28 +188,34 @@ fn svg(lines: &[String], title: &str, count_name: &str) -> anyhow::Result<Vec<u8
 }
 
 /// Language frames in a flame graph: shown without their folded marker, in
-/// colours of their own, Python blue, Go teal, Java and JIT code green,
-/// JavaScript yellow
-/// (inferno colours by name:
-/// each such name gets its colour up front, unless a native frame of the
-/// graph has the same name).
+/// colours of their own (each runtime's [`super::runtime::plugin::Lang::colour`]; Go teal, JIT code
+/// green) (inferno colours by name: each such name gets its colour up front,
+/// unless a native frame of the graph has the same name).
 fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::color::PaletteMap) {
     use std::collections::{HashMap, HashSet};
-    let mut lang: HashMap<String, &str> = HashMap::new();
+    const GO: [(u8, i8); 3] = [(40, 1), (170, 2), (160, 1)];
+    const JIT: [(u8, i8); 3] = [(50, 1), (165, 2), (40, 1)];
+    let mut marks: Vec<(&str, [(u8, i8); 3])> = vec![(GO_MARK, GO), (JIT_MARK, JIT)];
+    for r in super::runtime::registry::RUNTIMES {
+        if !marks.iter().any(|m| m.0 == r.lang().folded) {
+            marks.push((r.lang().folded, r.lang().colour));
+        }
+    }
+    let mut lang: HashMap<String, [(u8, i8); 3]> = HashMap::new();
     let mut native: HashSet<String> = HashSet::new();
     let out = lines
         .iter()
         .map(|l| {
-            if !l.contains(PY_MARK) && !l.contains(GO_MARK) && !l.contains(JIT_MARK) && !l.contains(JS_MARK) {
+            if !marks.iter().any(|m| l.contains(m.0)) {
                 return l.clone();
             }
             let (stack, count) = l.rsplit_once(' ').unwrap_or((l, ""));
             let frames: Vec<&str> = stack
                 .split(';')
                 .map(|f| {
-                    for mark in [PY_MARK, GO_MARK, JIT_MARK, JS_MARK] {
+                    for (mark, colour) in &marks {
                         if let Some(n) = f.strip_suffix(mark) {
-                            lang.insert(n.to_string(), mark);
+                            lang.insert(n.to_string(), *colour);
                             return n;
                         }
                     }
@@ -228,19 +227,11 @@ fn language_colours(lines: &[String]) -> (Vec<String>, inferno::flamegraph::colo
         })
         .collect();
     let mut map = inferno::flamegraph::color::PaletteMap::default();
-    for (name, mark) in lang.iter().filter(|(n, _)| !native.contains(*n)) {
+    for (name, colour) in lang.iter().filter(|(n, _)| !native.contains(*n)) {
         let h = name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
-        let v = (h % 60) as u8;
-        let c = if *mark == PY_MARK {
-            inferno::flamegraph::color::Color { r: 60 + v, g: 120 + v, b: 230 - v / 2 }
-        } else if *mark == JIT_MARK {
-            inferno::flamegraph::color::Color { r: 50 + v / 2, g: 165 + v, b: 40 + v / 3 }
-        } else if *mark == JS_MARK {
-            inferno::flamegraph::color::Color { r: 195 + v, g: 170 + v / 2, b: 30 + v / 2 }
-        } else {
-            inferno::flamegraph::color::Color { r: 40 + v / 2, g: 170 + v, b: 160 + v / 2 }
-        };
-        map.insert(name, c);
+        let v = (h % 60) as i32;
+        let ch = |(base, slope): (u8, i8)| (base as i32 + v * slope as i32 / 2).clamp(0, 255) as u8;
+        map.insert(name, inferno::flamegraph::color::Color { r: ch(colour[0]), g: ch(colour[1]), b: ch(colour[2]) });
     }
     (out, map)
 }
@@ -268,10 +259,8 @@ pub fn top(stacks: &[Stack]) -> (Vec<TopRow>, u64) {
             .iter()
             .map(|f| match f.kind {
                 FrameKind::Kernel => format!("{} [k]", f.name),
-                FrameKind::Python => format!("{} [py]", f.name),
+                FrameKind::Lang(l) => format!("{} {}", f.name, l.top),
                 FrameKind::Go if !f.inlined => format!("{} [go]", f.name),
-                FrameKind::Java => format!("{} [java]", f.name),
-                FrameKind::JavaScript => format!("{} [js]", f.name),
                 _ => f.name.clone(),
             })
             .collect();

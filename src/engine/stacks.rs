@@ -283,19 +283,31 @@ pub enum FrameKind {
     User,
     /// Code named by the process's perf map (JIT).
     Jit,
-    /// A Python function, read from the interpreter's own frames.
-    Python,
     /// A Go function, named from the binary's own function table.
     Go,
-    /// A Java method, read from the JVM's own frames and debug information.
-    Java,
-    /// A JavaScript function, read from V8's own frames and code.
-    JavaScript,
+    /// A function of a language runtime (Python, Java, JavaScript), read
+    /// from the runtime's own frames ([`runtime::plugin::Lang`]).
+    Lang(&'static runtime::plugin::Lang),
     /// An address nothing could name.
     Unknown,
     /// Marks a user stack cut short (no frame pointers, or deeper than the
     /// kernel records): the frames above it are missing.
     Truncated,
+}
+
+impl FrameKind {
+    /// Its name in `--json` (`"kind"`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            FrameKind::Kernel => "kernel",
+            FrameKind::User => "user",
+            FrameKind::Jit => "jit",
+            FrameKind::Go => "go",
+            FrameKind::Lang(l) => l.kind,
+            FrameKind::Unknown => "unknown",
+            FrameKind::Truncated => "truncated",
+        }
+    }
 }
 
 /// One symbolized frame. Inlined functions are frames of their own.
@@ -447,8 +459,8 @@ impl Images {
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
         let mut out = Vec::new();
         for line in maps.lines() {
-            let Some(runtime::elfsym::MapLine { start, end, offset, exec, path }) =
-                runtime::elfsym::parse_maps_line(line)
+            let Some(super::process::MapLine { start, end, offset, exec, path }) =
+                super::process::parse_maps_line(line)
             else {
                 continue;
             };
@@ -802,11 +814,7 @@ impl Symbols {
     /// was read of its code object (several where a JIT inlined callees).
     fn lang_frames(&self, pid: u32, f: &runtime::RtFrame, images: &Images, stats: &mut SymStats, out: &mut Vec<Frame>) {
         let module = images.lang.module(pid).cloned().unwrap_or_else(|| self.unknown.clone());
-        let kind = match f.kind {
-            runtime::KIND_JAVA => FrameKind::Java,
-            runtime::KIND_V8 => FrameKind::JavaScript,
-            _ => FrameKind::Python,
-        };
+        let kind = FrameKind::Lang(runtime::registry::lang(f.kind));
         match images.lang.get(pid, f) {
             Some(c) => {
                 for (name, file, line, inlined) in c.frames(f).into_iter().rev() {

@@ -702,7 +702,8 @@ fn profile_survives_a_process_running_code_from_crafted_libraries_and_counts_the
 /// a panic; findings are kept like the ELF fuzzer's.
 #[test]
 fn bounded_fuzz_of_the_go_table_and_python_decoders() {
-    use sonde::engine::runtime::{go::Pclntab, java, mem::Mem, python, v8};
+    use sonde::engine::process::mem::{le, Mem};
+    use sonde::engine::runtime::{go::Pclntab, java, python, v8, RtFrame};
     let secs: u64 = std::env::var("SONDE_FUZZ_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20) / 4;
     let seed: u64 = std::env::var("SONDE_FUZZ_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
@@ -919,9 +920,9 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
             *b = rng.next() as u8;
         }
         let cookie = python::cookie(
-            sonde::engine::runtime::mem::le::<4>(&obj, lay.co_argcount as usize) as u32,
-            sonde::engine::runtime::mem::le::<4>(&obj, lay.co_firstlineno as usize) as u32,
-            sonde::engine::runtime::mem::le::<4>(&obj, lay.co_flags as usize) as u32,
+            le::<4>(&obj, lay.co_argcount as usize) as u32,
+            le::<4>(&obj, lay.co_firstlineno as usize) as u32,
+            le::<4>(&obj, lay.co_flags as usize) as u32,
         );
         let py = python::Python {
             version: format!("3.{}", lay.minor),
@@ -939,7 +940,8 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
         check("pycode", &all, &mut || {
             if let Ok(info) = python::code_info(&py, &mem, obj.as_ptr() as u64, cookie) {
                 assert!(info.name.chars().count() <= 4096 && info.file.chars().count() <= 4096);
-                let _ = info.line(rng.next() as u32);
+                let f = RtFrame { addr: 0, loc: rng.next() as u32, cookie: 0, flags: 0, kind: 1 };
+                let _ = info.line(&f);
             }
         });
         n_code += 1;

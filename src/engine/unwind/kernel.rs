@@ -29,6 +29,7 @@ use std::{
 use libbpf_rs::{MapCore, MapFlags, MapHandle, MapType};
 
 use super::{
+    super::process::{MapLine, Process},
     cache::{self, Cache, Key},
     elf::{self, Segment},
     table::{self, Table},
@@ -238,36 +239,9 @@ pub struct Tables {
     pub stats: TableStats,
 }
 
-/// A process's executable mapping.
-struct ExecMapping {
-    start: u64,
-    end: u64,
-    offset: u64,
-    /// `/proc/PID/maps`'s range field, for map_files.
-    range: String,
-    vdso: bool,
-}
-
-fn exec_mappings(pid: u32) -> Option<(Vec<ExecMapping>, u64)> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let mut out = Vec::new();
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for line in maps.lines() {
-        let Some(crate::engine::runtime::elfsym::MapLine { start, end, offset, exec, path }) =
-            crate::engine::runtime::elfsym::parse_maps_line(line)
-        else {
-            continue;
-        };
-        if !exec || !(path.starts_with('/') || path == "[vdso]") {
-            continue;
-        }
-        for b in line.bytes() {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-        // map_files names ranges without the zero padding maps shows.
-        out.push(ExecMapping { start, end, offset, range: format!("{start:x}-{end:x}"), vdso: path == "[vdso]" });
-    }
-    Some((out, h))
+/// The mappings the walk is told of: executable files and the vDSO.
+fn exec_mappings(p: &Process) -> impl Iterator<Item = &MapLine> {
+    p.maps.iter().filter(|m| m.exec && (m.is_file() || m.path == "[vdso]"))
 }
 
 impl Tables {
@@ -298,36 +272,35 @@ impl Tables {
         self.procs.contains_key(&pid)
     }
 
-    /// Loads the tables of `pid`'s executables and gives the walk its
-    /// mappings. Returns false when the process is gone. With `refresh`,
-    /// only if its executable mappings changed since (dlopen); a process
-    /// whose code has no file (a JIT) asks again and again, so its maps are
-    /// read at most every 100 ms.
-    pub fn load_process(&mut self, m: &Maps<'_>, pid: u32, refresh: bool) -> bool {
-        if refresh {
-            if let Some(p) = self.procs.get(&pid) {
-                if p.at.elapsed() < Duration::from_millis(100) {
-                    return true;
-                }
-            }
-        }
+    /// Whether a refresh of `pid` is due: a process whose code has no file
+    /// (a JIT) asks again and again, so its maps are read at most every
+    /// 100 ms.
+    pub fn refresh_due(&self, pid: u32) -> bool {
+        self.procs.get(&pid).is_none_or(|p| p.at.elapsed() >= Duration::from_millis(100))
+    }
+
+    /// Loads the tables of the executables `p` maps and gives the walk its
+    /// mappings. With `refresh`, only if its executable mappings changed
+    /// since (dlopen). Returns whether the process was loaded (again).
+    pub fn load_process(&mut self, m: &Maps<'_>, p: &Process, refresh: bool) -> bool {
+        let pid = p.pid;
         let t0 = Instant::now();
-        let Some((mappings, h)) = exec_mappings(pid) else { return false };
+        let h = p.exec_hash();
         if refresh {
             if let Some(p) = self.procs.get_mut(&pid).filter(|p| p.maps_hash == h) {
                 p.at = Instant::now();
-                return true;
+                return false;
             }
         }
         let mut entries: Vec<[u64; 5]> = Vec::new();
         // References are taken on what the new maps hold before those of
         // the old ones are dropped, so a table both hold stays loaded.
         let mut files = Vec::new();
-        for mp in &mappings {
-            let ft = if mp.vdso {
+        for mp in exec_mappings(p) {
+            let ft = if mp.path == "[vdso]" {
                 self.vdso_table(m)
             } else {
-                self.file_table(m, pid, &mp.range).map(|(id, ft)| {
+                self.file_table(m, pid, &mp.range()).map(|(id, ft)| {
                     files.push(id);
                     ft
                 })
@@ -866,15 +839,15 @@ mod tests {
         let mut t = Tables::new(pages.max_entries());
         // The vDSO's table is loaded with the first process and kept.
         let perl = spawn(&["/usr/bin/perl", "-e", "sleep 60"]);
-        assert!(t.load_process(&m, perl.id(), false));
+        assert!(t.load_process(&m, &Process::read(perl.id()).unwrap(), false));
         let with_perl = (t.by_key.len(), t.chunks.iter().flatten().count(), nonzero_pages(&pages));
         assert!(with_perl.0 >= 3, "perl, libc, vdso and more: {with_perl:?}");
         let sleep_a = spawn(&["/usr/bin/sleep", "60"]);
         let sleep_b = spawn(&["/usr/bin/sleep", "60"]);
-        assert!(t.load_process(&m, sleep_a.id(), false));
+        assert!(t.load_process(&m, &Process::read(sleep_a.id()).unwrap(), false));
         let with_sleep = t.by_key.len();
         assert_eq!(with_sleep, with_perl.0 + 1, "sleep adds only its own table (libc is shared)");
-        assert!(t.load_process(&m, sleep_b.id(), false));
+        assert!(t.load_process(&m, &Process::read(sleep_b.id()).unwrap(), false));
         assert_eq!(t.by_key.len(), with_sleep, "a second sleep shares every table");
         let rows_all = t.free_rows.free_total();
 
@@ -892,7 +865,7 @@ mod tests {
         // A new process reuses the freed rows and pages: no chunk is added.
         let chunks_before = t.chunks.iter().flatten().count();
         let sleep_c = spawn(&["/usr/bin/sleep", "60"]);
-        assert!(t.load_process(&m, sleep_c.id(), false));
+        assert!(t.load_process(&m, &Process::read(sleep_c.id()).unwrap(), false));
         assert_eq!(t.chunks.iter().flatten().count(), chunks_before);
         end(sleep_c);
         end(perl);

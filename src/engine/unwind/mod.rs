@@ -42,6 +42,7 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use super::{
     error::env,
+    process::Process,
     record::percpu_sum,
     runtime::{Frames, RtMaps, Runtimes},
     taskfilter::TaskFilter,
@@ -460,8 +461,10 @@ impl Session {
         let mut t = kernel::Tables::new(m.pages.max_entries());
         let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
         for pid in tf.processes_now().unwrap_or_default() {
-            t.load_process(&km, pid, false);
-            s.runtimes.on_load(&m.rt, pid);
+            if let Some(mut p) = Process::read(pid) {
+                t.load_process(&km, &p, false);
+                s.runtimes.on_load(&m.rt, &mut p);
+            }
         }
         s.tables = Some(t);
         s
@@ -492,10 +495,14 @@ impl Session {
         for (pid, what) in asked {
             let _ = m.need.delete(&pid.to_ne_bytes());
             // 1: no entry (new, or deleted by an exec): load afresh (the
-            // record of an earlier image is replaced); 2: refresh.
-            if t.load_process(&km, pid, what == 2) {
-                self.runtimes.on_load(&m.rt, pid);
+            // record of an earlier image is replaced); 2: refresh. One look
+            // at the process's mappings serves the tables and the runtimes.
+            if what == 2 && !t.refresh_due(pid) {
+                continue;
             }
+            let Some(mut p) = Process::read(pid) else { continue };
+            t.load_process(&km, &p, what == 2);
+            self.runtimes.on_load(&m.rt, &mut p);
         }
         self.runtimes.drain(&m.rt);
         if t.stats.built + t.stats.cache_hits != built {

@@ -11,7 +11,7 @@
 //! table is the traced program's, so every offset, count and varint is
 //! checked against the bytes there are, and a malformed table is an error or
 //! a frame without a name, never a panic or an endless loop.
-use crate::engine::runtime::mem::le;
+use crate::engine::process::mem::le;
 
 /// Table formats (by the header's magic).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

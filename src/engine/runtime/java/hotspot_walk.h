@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * HotSpot frames, stepped in the kernel as the native walk meets them (types
- * in hotspot.h; dispatched by runtime_jit.h's rt_jit_step from unw_step).
+ * in hotspot.h; registered in runtimes.h as RT_JAVA's stepper).
  * JIT-compiled code has no unwind tables and, by default, no frame pointer;
  * the JVM itself knows each frame's size, and so does the walk:
  *
@@ -31,6 +31,9 @@
 #ifndef SONDE_HOTSPOT_WALK_H
 #define SONDE_HOTSPOT_WALK_H
 
+#include "unwind_state.h"
+#include "hotspot.h"
+
 #define HS_SEGMAP_STEPS 16 /* segment-map hops (254 segments each) */
 #define HS_FREE         0xff
 
@@ -44,7 +47,7 @@ static __always_inline int hs_end(struct unw_state *s, __u8 why)
 static __always_inline void hs_push(struct unw_state *s, struct rt_state *r, __u32 len, __u64 addr,
                                     __u32 loc, __u16 cookie, __u8 flags)
 {
-	if (rt_push(r, addr, loc, cookie, RT_F_ENTRY | flags, RT_JAVA))
+	if (rt_push(r, addr, loc, cookie, RT_F_ENTRY | flags))
 		s->rt_marks[(len >> 6) & 1] |= 1ULL << (len & 63);
 	else
 		r->st.end = RT_END_DEPTH;
@@ -58,7 +61,7 @@ static __always_inline void hs_push(struct unw_state *s, struct rt_state *r, __u
 /* An interpreted frame at rbp. */
 static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __u32 len)
 {
-	struct hs_proc *c = &r->cfg.hs;
+	struct hs_proc *c = RT_PART(r, struct hs_proc);
 	__u64 bp = s->bp, sp = s->sp;
 	if (!s->bp_ok || bp < sp || bp & 7)
 		return hs_end(s, UNW_END_NO_TABLE);
@@ -115,7 +118,7 @@ __noinline int hs_step(__u32 slot)
 	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
 	if (!s || !r)
 		return 1;
-	struct hs_proc *c = &r->cfg.hs;
+	struct hs_proc *c = RT_PART(r, struct hs_proc);
 	__u32 len = s->st.len - 1;
 	__u64 pc = s->pc, sp = s->sp;
 	__u64 at = s->exact ? pc : pc - 1;

@@ -16,18 +16,67 @@ pub mod vmstructs;
 use std::{collections::HashMap, rc::Rc};
 
 use super::{
-    elfsym::{bias_of, ElfSyms, MapLine},
+    elfsym::{bias_of, ElfSyms},
+    layout::rt_kind,
+    plugin::{About, CodeInfo, CodeLines, Detected, Instance, Lang, ProcConfig, Runtime, Seen, SrcFrame},
+    RtFrame,
+};
+use crate::engine::process::{
     mem::{le, Mem},
-    CodeInfo, Found, Lines,
+    MapLine, Process,
 };
 use vmstructs::VmStructs;
+
+crate::skeleton!("java");
+use skel::types::hs_proc;
+crate::pod!(hs_proc);
+
+/// HotSpot, as the registry knows it.
+pub struct HotspotRuntime;
+
+/// The registry's entry.
+pub static HOTSPOT: HotspotRuntime = HotspotRuntime;
+
+/// Java methods end in `_[j]` as async-profiler and flamegraph.pl's java
+/// palette have them (inlined ones `_[i]`).
+static LANG: Lang = Lang {
+    kind: "java",
+    folded: "_[j]",
+    top: "[java]",
+    inlined_keeps_mark: false,
+    colour: [(50, 1), (165, 2), (40, 1)],
+};
+
+impl Runtime for HotspotRuntime {
+    fn kind(&self) -> u8 {
+        rt_kind::RT_JAVA.0 as u8
+    }
+
+    fn name(&self) -> &'static str {
+        "java"
+    }
+
+    fn lang(&self) -> &'static Lang {
+        &LANG
+    }
+
+    fn versions(&self) -> &'static str {
+        VERSIONS
+    }
+
+    fn by_file_name(&self, base: &str) -> Option<String> {
+        (base == "libjvm.so").then(|| "a Java VM (libjvm.so)".to_string())
+    }
+
+    fn detect(&self, p: &Process) -> Option<Detected> {
+        detect(p.pid, &p.maps, p.mem()?)
+    }
+}
 
 /// What this build reads.
 pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 11, 17, 21 and 25 on arm64";
 /// Code heaps the kernel knows per process (`HS_HEAPS`).
 pub const HEAPS: usize = 4;
-/// Bytes of `struct hs_proc`.
-pub const CONFIG_BYTES: usize = 144;
 /// `HS_F_INTERP`: an interpreted frame (addr: Method*, loc: bytecode index).
 pub const FLAG_INTERP: u8 = 2;
 /// `HS_F_LEAF`: a compiled frame's sampled instruction.
@@ -350,9 +399,9 @@ pub fn scope_chain(data: &[u8], metadata: &[u64], mut off: u32, x: u8) -> Vec<(u
 }
 
 /// The JVM in `pid`, if it runs one.
-pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
-    let m = maps.iter().find(|m| m.exec && m.base() == "libjvm.so")?;
-    let unsupported = |why: &str| Found::Unsupported { what: "a Java VM (libjvm.so)".into(), why: why.into() };
+fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Detected> {
+    let m = maps.iter().find(|m| m.exec && m.is_file() && m.base() == "libjvm.so")?;
+    let unsupported = |why: &str| Detected::not_read("a Java VM (libjvm.so)", why);
     let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else {
         return Some(unsupported("its libjvm.so cannot be read as an ELF file"));
     };
@@ -364,12 +413,12 @@ pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
     let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&elf.segments, x.start, x.offset))?;
     let syms: vmstructs::Symbols = found.into_iter().map(|(n, s)| (n, s.addr.wrapping_add(bias))).collect();
     let Some(vm) = vmstructs::read(mem, &syms) else {
-        return Some(Found::Later("Java: the VM is starting (its structure tables are not filled in yet)".into()));
+        return Some(Detected::Later("Java: the VM is starting (its structure tables are not filled in yet)".into()));
     };
     Some(read_vm(&vm, mem, &m.path, aarch64))
 }
 
-fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
+fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Detected {
     let int = |name: &str| vm.address(&[name]).and_then(|a| mem.u32(a));
     let major = int("Abstract_VM_Version::_vm_major_version").unwrap_or(0);
     let release = vm
@@ -378,7 +427,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
         .and_then(|p| vmstructs::c_string(mem, p, 128))
         .unwrap_or_else(|| major.to_string());
     let what = format!("Java {release} (HotSpot)");
-    let unsupported = |why: String| Found::Unsupported { what: what.clone(), why };
+    let unsupported = |why: String| Detected::not_read(what.clone(), why);
     if !(11..=25).contains(&major) || (aarch64 && ![11, 17, 21, 25].contains(&major)) {
         return unsupported(format!("this sonde reads {VERSIONS}"));
     }
@@ -391,7 +440,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
         Err(missing) => return unsupported(format!("its structure tables lack {missing}")),
     };
     // The code heaps, once the code cache is set up.
-    let later = || Found::Later("Java: the VM is starting (its code cache is not set up yet)".into());
+    let later = || Detected::Later("Java: the VM is starting (its code cache is not set up yet)".into());
     let Some(heaps_at) = vm.address(&["CodeCache::_heaps"]) else {
         return unsupported("its structure tables lack CodeCache::_heaps".into());
     };
@@ -446,7 +495,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Found {
         (buf != 0 && limit > 0).then_some((buf, buf + limit as u64))
     })();
     let Some(interp) = interp else { return later() };
-    Found::Java(Box::new(Hotspot {
+    Detected::Read(Box::new(Hotspot {
         version: release,
         major,
         image: image.to_string(),
@@ -544,43 +593,65 @@ fn nm_fields(vm: &VmStructs, layout: NmLayout) -> Result<NmFields, String> {
 }
 
 /// `struct hs_proc` for the kernel.
-pub fn bpf_config(h: &Hotspot) -> Vec<u8> {
-    let mut v = vec![0u8; CONFIG_BYTES];
-    let put = |v: &mut Vec<u8>, at: usize, x: u64| v[at..at + 8].copy_from_slice(&x.to_le_bytes());
-    for (i, hp) in h.heaps.iter().take(HEAPS).enumerate() {
-        put(&mut v, 8 * i, hp.lo);
-        put(&mut v, 32 + 8 * i, hp.hi);
-        put(&mut v, 64 + 8 * i, hp.segmap);
-        v[112 + i] = hp.log2;
-    }
-    put(&mut v, 96, h.interp.0);
-    put(&mut v, 104, h.interp.1);
+pub fn bpf_config(h: &Hotspot) -> hs_proc {
     let o = &h.o;
-    v[116] = h.heaps.len().min(HEAPS) as u8;
-    v[117] = o.code_abs as u8;
-    v[118] = o.fc_bytes;
-    v[119] = o.heap_block as u8;
-    for (i, x) in [
-        o.cb_size,
-        o.cb_code,
-        o.cb_frame_size,
-        o.cb_frame_complete,
-        o.nm_compile_id,
-        o.m_const,
-        o.cm_size,
-        o.cm_code_size,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        v[120 + 2 * i..122 + 2 * i].copy_from_slice(&(x as u16).to_le_bytes());
+    let mut c = hs_proc {
+        interp_lo: h.interp.0,
+        interp_hi: h.interp.1,
+        nheaps: h.heaps.len().min(HEAPS) as u8,
+        code_abs: o.code_abs as u8,
+        fc_bytes: o.fc_bytes,
+        blob_head: o.heap_block as u8,
+        cb_size: o.cb_size as u16,
+        cb_code: o.cb_code as u16,
+        cb_frame_size: o.cb_frame_size as u16,
+        cb_frame_complete: o.cb_frame_complete as u16,
+        nm_compile_id: o.nm_compile_id as u16,
+        m_const: o.m_const as u16,
+        cm_size: o.cm_size as u16,
+        cm_code_size: o.cm_code_size as u16,
+        // The interpreter's bytecode pointer: 8 words below fp on x86-64
+        // (frame_x86.hpp); on AArch64 8 or 9 (a later JDK's
+        // frame_aarch64.hpp adds extended_sp above it), the kernel taking the
+        // slot that points into the method's bytecodes.
+        bcp_slot: if h.aarch64 { 9 } else { 8 },
+        bcp_alt: if h.aarch64 { 8 } else { 0 },
+        ..Default::default()
+    };
+    for (i, hp) in h.heaps.iter().take(HEAPS).enumerate() {
+        c.heap_lo[i] = hp.lo;
+        c.heap_hi[i] = hp.hi;
+        c.segmap[i] = hp.segmap;
+        c.log2seg[i] = hp.log2;
     }
-    // The interpreter's bytecode pointer: 8 words below fp on x86-64
-    // (frame_x86.hpp); on AArch64 8 or 9 (a later JDK's
-    // frame_aarch64.hpp adds extended_sp above it), the kernel taking the
-    // slot that points into the method's bytecodes.
-    (v[136], v[137]) = if h.aarch64 { (9, 8) } else { (8, 0) };
-    v
+    c
+}
+
+impl Instance for Hotspot {
+    fn about(&self) -> About {
+        let heaps: Vec<String> = self.heaps.iter().map(|x| format!("{:#x}-{:#x}", x.lo, x.hi)).collect();
+        let interp = format!("{:#x}-{:#x}", self.interp.0, self.interp.1);
+        let mut fields = serde_json::Map::new();
+        fields.insert("code_heaps".into(), heaps.clone().into());
+        fields.insert("interpreter".into(), interp.clone().into());
+        About {
+            runtime: format!("Java {} (HotSpot)", self.version),
+            image: self.image.clone(),
+            offsets: "gHotSpotVMStructs",
+            module: "java".into(),
+            untested: None,
+            detail: format!("code heaps {}; template interpreter {interp}", heaps.join(", ")),
+            fields,
+        }
+    }
+
+    fn config(&self) -> ProcConfig {
+        ProcConfig { ranges: Vec::new(), jit: vec![self.jit], part: ProcConfig::part_of(&bpf_config(self)) }
+    }
+
+    fn code_info(&mut self, mem: &Mem, s: &Seen) -> Result<CodeInfo, &'static str> {
+        self.name_code(mem, s.addr, s.cookie)
+    }
 }
 
 /// The class-file text of a `Symbol` (modified UTF-8, read as UTF-8).
@@ -643,7 +714,7 @@ impl Hotspot {
 
     /// Names what the kernel recorded at `addr` with cookie `ck`: a method
     /// (outside the code cache) or a code blob.
-    pub fn code_info(&mut self, mem: &Mem, addr: u64, ck: u16) -> Result<CodeInfo, &'static str> {
+    fn name_code(&mut self, mem: &Mem, addr: u64, ck: u16) -> Result<CodeInfo, &'static str> {
         if !(self.jit.0..self.jit.1).contains(&addr) {
             let cm = mem.u64(addr + self.o.m_const).ok_or("unreadable")?;
             if (cm >> 3) as u16 != ck {
@@ -668,7 +739,7 @@ impl Hotspot {
                 name: format!("[jvm] {name}"),
                 file: String::new(),
                 first_line: 0,
-                lines: Lines::Java(Rc::new(JavaCode::Stub)),
+                lines: Rc::new(JavaCode::Stub),
             });
         }
         if le::<4>(&h, o.nm_compile_id as usize) as u16 != ck {
@@ -744,18 +815,25 @@ fn info(m: &JMethod, code: JavaCode) -> CodeInfo {
         name: m.name.clone(),
         file: m.file.clone(),
         first_line: m.lines.iter().map(|l| l.1).min().unwrap_or(0),
-        lines: Lines::Java(Rc::new(code)),
+        lines: Rc::new(code),
     }
 }
 
-/// Bytes a named code object holds, for the run's name budget.
-pub fn bytes(c: &JavaCode) -> usize {
-    c.bytes()
-        + match c {
-            JavaCode::Interpreted(m) => m.bytes(),
-            JavaCode::Compiled { method, .. } => method.bytes(),
-            JavaCode::Stub => 0,
-        }
+impl CodeLines for JavaCode {
+    fn frames(&self, _info: &CodeInfo, f: &RtFrame) -> Vec<SrcFrame> {
+        let fr = JavaCode::frames(self, f.loc, f.flags);
+        let n = fr.len();
+        fr.into_iter().enumerate().map(|(i, (m, line))| (m.name.clone(), m.file.clone(), line, i + 1 < n)).collect()
+    }
+
+    fn bytes(&self) -> usize {
+        JavaCode::bytes(self)
+            + match self {
+                JavaCode::Interpreted(m) => m.bytes(),
+                JavaCode::Compiled { method, .. } => method.bytes(),
+                JavaCode::Stub => 0,
+            }
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 //! answer ("not readable"), never a panic.
 use std::collections::HashMap;
 
-use super::super::mem::{le, Mem};
+use crate::engine::process::mem::{le, Mem};
 
 /// Most entries read per table (a JDK 17 has about 2,000 fields).
 const MAX_ENTRIES: usize = 20_000;

@@ -11,13 +11,62 @@
 //! used instead (a test checks the table against them). Anything else (2.x,
 //! 3.7 and older, 3.14 and newer, free-threaded or debug builds) is reported,
 //! once per process, as not read: its stacks stay native.
-use std::collections::HashMap;
+use std::{collections::HashMap, rc::Rc};
 
 use super::{
-    elfsym::{bias_of, ElfSyms, MapLine, Sym},
-    mem::{le, Mem},
-    CodeInfo, Found, Lines,
+    elfsym::{bias_of, ElfSyms, Sym},
+    layout::rt_kind,
+    plugin::{About, CodeInfo, CodeLines, Detected, Instance, Lang, ProcConfig, Runtime, Seen, SrcFrame},
+    RtFrame,
 };
+use crate::engine::process::{
+    mem::{le, Mem},
+    MapLine, Process,
+};
+
+crate::skeleton!("python");
+use skel::types::py_proc;
+crate::pod!(py_proc);
+
+/// CPython, as the registry knows it.
+pub struct CPython;
+
+/// The registry's entry.
+pub static CPYTHON: CPython = CPython;
+
+static LANG: Lang = Lang {
+    kind: "python",
+    folded: "_[py]",
+    top: "[py]",
+    inlined_keeps_mark: true,
+    colour: [(60, 2), (120, 2), (230, -1)],
+};
+
+impl Runtime for CPython {
+    fn kind(&self) -> u8 {
+        rt_kind::RT_PYTHON.0 as u8
+    }
+
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    fn lang(&self) -> &'static Lang {
+        &LANG
+    }
+
+    fn versions(&self) -> &'static str {
+        VERSIONS
+    }
+
+    fn by_file_name(&self, base: &str) -> Option<String> {
+        name_version(base).map(|(ma, mi, fl)| format!("Python {ma}.{mi}{fl}"))
+    }
+
+    fn detect(&self, p: &Process) -> Option<Detected> {
+        detect(p.pid, &p.maps, p.mem()?)
+    }
+}
 
 /// How frames are chained (`enum py_model`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -253,12 +302,12 @@ pub struct Python {
 const WANT: &[&str] = &["_PyRuntime", "_PyEval_EvalFrameDefault", "PyCode_Type", "Py_Version"];
 
 /// Looks for a CPython interpreter among `pid`'s mappings. None: none there.
-pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
+fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Detected> {
     // Interpreter images by file name; a shared build's executable names
     // no symbols of its own, its libpython does.
     let mut seen: Vec<&str> = Vec::new();
     let mut named = None;
-    for m in maps.iter().filter(|m| m.exec) {
+    for m in maps.iter().filter(|m| m.exec && m.is_file()) {
         let Some((major, minor, flags)) = name_version(m.base()) else { continue };
         if seen.contains(&m.path.as_str()) {
             continue;
@@ -266,7 +315,7 @@ pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
         seen.push(&m.path);
         let what = format!("Python {major}.{minor}{flags}");
         if major != 3 || !(8..=13).contains(&minor) {
-            return Some(Found::Unsupported { what, why: format!("this sonde reads {VERSIONS}") });
+            return Some(Detected::not_read(what, format!("this sonde reads {VERSIONS}")));
         }
         let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else { continue };
         let syms = elf.find(WANT);
@@ -275,27 +324,27 @@ pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
             continue;
         }
         if flags.contains('t') {
-            return Some(Found::Unsupported {
-                what,
-                why: "a free-threaded build (its frames are laid out apart)".into(),
-            });
+            return Some(Detected::not_read(what, "a free-threaded build (its frames are laid out apart)"));
         }
         if flags.contains('d') {
-            return Some(Found::Unsupported { what, why: "a debug build (its objects are laid out apart)".into() });
+            return Some(Detected::not_read(what, "a debug build (its objects are laid out apart)"));
         }
         let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&elf.segments, x.start, x.offset))?;
-        let found = read_interpreter(pid, m, &elf, &syms, bias, minor, mem);
-        if elf.is_x86_64() {
-            return Some(found);
-        }
+        let found = read_interpreter(pid, m, &elf, &syms, bias, minor, mem).and_then(|p| {
+            if elf.is_x86_64() {
+                Ok(p)
+            } else {
+                from_thread_pointer(p, pid, maps, &elf)
+            }
+        });
         return Some(match found {
-            Found::Python(p) => from_thread_pointer(*p, pid, maps, &elf),
-            other => other,
+            Ok(p) => Detected::Read(Box::new(p)),
+            Err(d) => d,
         });
     }
     // A python-named file without the interpreter's symbols (e.g. the
     // executable of a shared build whose libpython is not mapped yet).
-    named.map(|what| Found::Later(format!("{what}: its interpreter library is not mapped yet")))
+    named.map(|what| Detected::Later(format!("{what}: its interpreter library is not mapped yet")))
 }
 
 fn read_interpreter(
@@ -306,39 +355,41 @@ fn read_interpreter(
     bias: u64,
     minor: u32,
     mem: &Mem,
-) -> Found {
+) -> Result<Python, Detected> {
     let mut what = format!("Python 3.{minor}");
-    let unsupported = |what: &str, why: &str| Found::Unsupported { what: what.to_string(), why: why.to_string() };
+    let unsupported = |what: &str, why: &str| Detected::not_read(what, why);
     // Py_Version (3.11+) says the version exactly.
     let mut version = format!("3.{minor}");
     if let Some(v) = syms.get("Py_Version").and_then(|s| elf.read_vaddr(s.addr, 4)) {
         let v = le::<4>(&v, 0);
         let (ma, mi, mc) = (v >> 24, (v >> 16) & 0xff, (v >> 8) & 0xff);
         if (ma, mi) != (3, minor as u64) {
-            return unsupported(&what, &format!("its Py_Version says {ma}.{mi}, its file name 3.{minor}"));
+            return Err(unsupported(&what, &format!("its Py_Version says {ma}.{mi}, its file name 3.{minor}")));
         }
         version = format!("{ma}.{mi}.{mc}");
         what = format!("Python {version}");
     }
-    let Some(mut layout) = layout(minor) else { return unsupported(&what, &format!("this sonde reads {VERSIONS}")) };
+    let Some(mut layout) = layout(minor) else {
+        return Err(unsupported(&what, &format!("this sonde reads {VERSIONS}")));
+    };
     let runtime = syms["_PyRuntime"].addr.wrapping_add(bias);
     let mut debug_offsets = false;
     if minor >= 13 {
         match mem.bytes(runtime, 584).and_then(|d| from_debug_offsets(&layout, &d)) {
-            Some((_, true)) => return unsupported(&what, "a free-threaded build (its frames are laid out apart)"),
+            Some((_, true)) => return Err(unsupported(&what, "a free-threaded build (its frames are laid out apart)")),
             Some((l, false)) => {
                 layout = l;
                 debug_offsets = true;
             }
-            None => return unsupported(&what, "its _PyRuntime carries no debug offsets this sonde understands"),
+            None => return Err(unsupported(&what, "its _PyRuntime carries no debug offsets this sonde understands")),
         }
     }
     let Some(code_type) = syms.get("PyCode_Type").map(|s| s.addr.wrapping_add(bias)) else {
-        return unsupported(&what, "PyCode_Type is not in its symbol tables");
+        return Err(unsupported(&what, "PyCode_Type is not in its symbol tables"));
     };
     let eval = &syms["_PyEval_EvalFrameDefault"];
     if eval.size == 0 {
-        return unsupported(&what, "its symbol table gives no size for _PyEval_EvalFrameDefault");
+        return Err(unsupported(&what, "its symbol table gives no size for _PyEval_EvalFrameDefault"));
     }
     let mut ranges = vec![(eval.addr.wrapping_add(bias), eval.addr.wrapping_add(bias).wrapping_add(eval.size))];
     for (_, s) in elf.with_prefix("_PyEval_EvalFrameDefault.cold", 3) {
@@ -357,7 +408,7 @@ fn read_interpreter(
     let mut found = None;
     for &shift in shifts {
         let Some(tss) = mem.bytes(runtime.wrapping_add(layout.rt_autotss + shift), 8) else {
-            return unsupported(&what, "its runtime state cannot be read");
+            return Err(unsupported(&what, "its runtime state cannot be read"));
         };
         if le::<4>(&tss, 0) != 1 {
             continue;
@@ -366,7 +417,7 @@ fn read_interpreter(
         let key = le::<4>(&tss, 4) as u32;
         if key >= 1024 {
             if shifts.len() == 1 {
-                return unsupported(&what, &format!("its thread-state key {key} is not a pthread key"));
+                return Err(unsupported(&what, &format!("its thread-state key {key} is not a pthread key")));
             }
             continue;
         }
@@ -379,14 +430,14 @@ fn read_interpreter(
         }
     }
     if !initialized {
-        return Found::Later(format!("{what}: the interpreter is not initialized yet"));
+        return Err(Detected::Later(format!("{what}: the interpreter is not initialized yet")));
     }
     let Some((key, tsd)) = found else {
-        return Found::Later(format!(
+        return Err(Detected::Later(format!(
             "{what}: no thread's state found through its pthread key (not glibc, or no thread has started)"
-        ));
+        )));
     };
-    Found::Python(Box::new(Python {
+    Ok(Python {
         version,
         layout,
         from_debug_offsets: debug_offsets,
@@ -395,7 +446,7 @@ fn read_interpreter(
         key,
         tsd,
         image: m.path.clone(),
-    }))
+    })
 }
 
 /// On AArch64 the thread pointer (`tpidr_el0`, what the walk reads) is
@@ -403,7 +454,7 @@ fn read_interpreter(
 /// it (TLS variant I), `sizeof(struct pthread)` bytes (0x740 in 2.36), which
 /// its `pthread_self` subtracts. `p.tsd` becomes an offset from the thread
 /// pointer.
-fn from_thread_pointer(mut p: Python, pid: u32, maps: &[MapLine], interp: &ElfSyms) -> Found {
+fn from_thread_pointer(mut p: Python, pid: u32, maps: &[MapLine], interp: &ElfSyms) -> Result<Python, Detected> {
     let what = format!("Python {}", p.version);
     let libc =
         maps.iter().filter(|m| m.exec).find(|m| m.base().starts_with("libc.so") || m.base().starts_with("libc-"));
@@ -419,14 +470,13 @@ fn from_thread_pointer(mut p: Python, pid: u32, maps: &[MapLine], interp: &ElfSy
     match code.as_deref().and_then(pthread_below_tp) {
         Some(below) => {
             p.tsd = p.tsd.wrapping_sub(below);
-            Found::Python(Box::new(p))
+            Ok(p)
         }
-        None => Found::Unsupported {
+        None => Err(Detected::not_read(
             what,
-            why: "where its threads' pthread lies from the thread pointer is not known: its libc's pthread_self \
-                  is not glibc's `mrs x0, tpidr_el0; sub x0, x0, #N`"
-                .into(),
-        },
+            "where its threads' pthread lies from the thread pointer is not known: its libc's pthread_self \
+             is not glibc's `mrs x0, tpidr_el0; sub x0, x0, #N`",
+        )),
     }
 }
 
@@ -488,22 +538,81 @@ fn tsd_offset(mem: &Mem, me: u64, key: u32, ts: u64) -> Option<u64> {
         .map(|x| x as u64)
 }
 
-/// The kernel's `struct py_proc` (python.h), little-endian.
-pub fn bpf_config(p: &Python) -> Vec<u8> {
+/// The kernel's `struct py_proc` (python.h).
+pub fn bpf_config(p: &Python) -> py_proc {
     let l = &p.layout;
-    let mut v = Vec::with_capacity(40);
-    v.extend_from_slice(&p.tsd.to_le_bytes());
-    v.extend_from_slice(&p.code_type.to_le_bytes());
-    v.extend_from_slice(&p.key.to_le_bytes());
-    v.push(l.model as u8);
-    v.push(l.frame_read as u8);
-    for x in
-        [l.ts_frame, l.cf_frame, l.f_code, l.f_back, l.f_instr, l.f_entry, l.co_argcount, l.co_firstlineno, l.co_flags]
-    {
-        v.extend_from_slice(&(x as u16).to_le_bytes());
+    py_proc {
+        tsd: p.tsd,
+        code_type: p.code_type,
+        key: p.key,
+        model: l.model as u8,
+        frame_read: l.frame_read as u8,
+        ts_frame: l.ts_frame as u16,
+        cf_frame: l.cf_frame as u16,
+        f_code: l.f_code as u16,
+        f_back: l.f_back as u16,
+        f_instr: l.f_instr as u16,
+        f_entry: l.f_entry as u16,
+        co_argcount: l.co_argcount as u16,
+        co_firstlineno: l.co_firstlineno as u16,
+        co_flags: l.co_flags as u16,
     }
-    v.resize(40, 0);
-    v
+}
+
+impl Instance for Python {
+    fn about(&self) -> About {
+        let ranges: Vec<String> = self.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect();
+        // Below the thread pointer on AArch64 (glibc's TLS variant I).
+        let tsd = match self.tsd as i64 {
+            n if n < 0 => format!("- {:#x}", n.unsigned_abs()),
+            n => format!("+ {n:#x}"),
+        };
+        let mut fields = serde_json::Map::new();
+        fields.insert("thread_state_key".into(), self.key.into());
+        fields.insert("thread_specific_data".into(), tsd.trim_start_matches("+ ").replace("- ", "-").into());
+        fields.insert("interpreter_loop".into(), ranges.clone().into());
+        About {
+            runtime: format!("Python {}", self.version),
+            image: self.image.clone(),
+            offsets: if self.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
+            module: self.image.rsplit('/').next().unwrap_or("python").split(".so").next().unwrap_or("python").into(),
+            untested: None,
+            detail: format!(
+                "thread-state key {}, thread-specific data at thread pointer {tsd}; interpreter loop {}",
+                self.key,
+                ranges.join(", ")
+            ),
+            fields,
+        }
+    }
+
+    fn config(&self) -> ProcConfig {
+        ProcConfig { ranges: self.ranges.clone(), jit: Vec::new(), part: ProcConfig::part_of(&bpf_config(self)) }
+    }
+
+    fn code_info(&mut self, mem: &Mem, s: &Seen) -> Result<CodeInfo, &'static str> {
+        code_info(self, mem, s.addr, s.cookie)
+    }
+}
+
+/// How a code object's lines are found: its line table; `code` is where
+/// the instructions start in the code object (3.11+).
+#[derive(Debug)]
+struct PyLines {
+    minor: u8,
+    table: Vec<u8>,
+    code: u32,
+}
+
+impl CodeLines for PyLines {
+    fn frames(&self, info: &CodeInfo, f: &RtFrame) -> Vec<SrcFrame> {
+        let line = line_at(self.minor, &self.table, self.code, info.first_line, f.loc);
+        vec![(info.name.clone(), info.file.clone(), line, false)]
+    }
+
+    fn bytes(&self) -> usize {
+        self.table.len()
+    }
 }
 
 /// The cookie of python.h's `py_cookie`.
@@ -543,7 +652,7 @@ pub fn code_info(p: &Python, mem: &Mem, addr: u64, ck: u16) -> Result<CodeInfo, 
         name,
         file,
         first_line: first,
-        lines: Lines::Python { minor: l.minor as u8, table, code: l.co_code as u32 },
+        lines: Rc::new(PyLines { minor: l.minor as u8, table, code: l.co_code as u32 }),
     })
 }
 
@@ -778,20 +887,5 @@ mod tests {
         assert_eq!(locations(&[0x05, 0xff], 1, 3), None);
         assert_eq!(line_at(12, &t, 192, 20, 192 + 2), Some(23));
         assert_eq!(line_at(12, &t, 192, 20, u32::MAX), Some(20));
-    }
-
-    #[test]
-    fn the_kernel_config_is_py_proc_sized() {
-        let p = Python {
-            version: "3.12.1".into(),
-            layout: layout(12).unwrap(),
-            from_debug_offsets: false,
-            code_type: 1,
-            ranges: vec![],
-            key: 3,
-            tsd: 0x310,
-            image: String::new(),
-        };
-        assert_eq!(bpf_config(&p).len(), 40);
     }
 }

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * CPython's frame chain, read in the kernel (types in python.h; dispatched
- * by runtime.h's rt_walk). The thread state comes from the thread's own
+ * CPython's frame chain, read in the kernel (types in python.h; registered
+ * in runtimes.h as RT_PYTHON's walker). The thread state comes from the thread's own
  * thread-specific data, as PyGILState_GetThisThreadState finds it
  * (pthread_getspecific of autoTSSkey), so it works for threads that do not
  * hold the GIL (blocked ones) and never stops or signals the process.
@@ -13,10 +13,13 @@
 #ifndef SONDE_PYTHON_WALK_H
 #define SONDE_PYTHON_WALK_H
 
+#include "contract.h"
+#include "python.h"
+
 /* The thread's current frame into r->frame; nonzero (with st.end) if none. */
 static __always_inline int py_begin(struct rt_state *r)
 {
-	struct py_proc *c = &r->cfg.py;
+	struct py_proc *c = RT_PART(r, struct py_proc);
 	__u32 key = c->key;
 	__u64 at;
 	if (key < 32) {
@@ -73,7 +76,7 @@ static __always_inline long py_read_frame(struct rt_state *r, __u64 frame, __u32
 	if (r->sb_n && frame >= r->sb_at && off + size <= r->sb_n)
 		return off;
 	__u64 start = frame + size - RT_SBUF;
-	if (r->cfg.py.model != PY_FRAMEOBJECT && frame + size >= RT_SBUF &&
+	if (RT_PART(r, struct py_proc)->model != PY_FRAMEOBJECT && frame + size >= RT_SBUF &&
 	    bpf_probe_read_user(r->sb, RT_SBUF, (void *)start) == 0) {
 		r->sb_at = start;
 		r->sb_n = RT_SBUF;
@@ -117,7 +120,7 @@ __noinline int py_step(__u32 slot)
 	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
 	if (!r)
 		return 1;
-	struct py_proc *c = &r->cfg.py;
+	struct py_proc *c = RT_PART(r, struct py_proc);
 	__u64 frame = r->frame;
 	if (!frame) {
 		r->st.end = RT_END_DONE;
@@ -178,7 +181,7 @@ __noinline int py_step(__u32 slot)
 		r->cc_addr[ci] = code;
 		r->cc_cookie[ci] = cookie;
 	}
-	if (!rt_push(r, code, loc, cookie, flags, RT_PYTHON)) {
+	if (!rt_push(r, code, loc, cookie, flags)) {
 		r->st.end = RT_END_DEPTH;
 		return 1;
 	}

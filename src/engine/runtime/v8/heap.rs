@@ -6,7 +6,7 @@
 //! type is an answer ("not there"), never a panic.
 use std::collections::HashMap;
 
-use super::super::mem::{le, Mem, MAX_READ};
+use crate::engine::process::mem::{le, Mem, MAX_READ};
 
 /// Most map types remembered per process.
 const MAX_TYPES: usize = 4096;

@@ -21,19 +21,73 @@ use std::{
 };
 
 use super::{
-    elfsym::{bias_of, ElfSyms, MapLine, Sym},
+    elfsym::{bias_of, ElfSyms, Sym},
+    layout::rt_kind,
+    plugin::{About, CodeInfo, CodeLines, Detected, Instance, Lang, ProcConfig, Runtime, Seen, SrcFrame},
+    RtFrame,
+};
+use crate::engine::process::{
     mem::{le, Mem},
-    CodeInfo, Found, Lines,
+    MapLine, Process,
 };
 use heap::{smi, untag, Heap, StringLayout};
+
+crate::skeleton!("v8");
+use skel::types::v8_proc;
+crate::pod!(v8_proc);
+
+/// V8 (Node.js), as the registry knows it.
+pub struct NodeRuntime;
+
+/// The registry's entry.
+pub static NODE: NodeRuntime = NodeRuntime;
+
+static LANG: Lang = Lang {
+    kind: "javascript",
+    folded: "_[js]",
+    top: "[js]",
+    inlined_keeps_mark: false,
+    colour: [(195, 2), (170, 1), (30, 1)],
+};
+
+impl Runtime for NodeRuntime {
+    fn kind(&self) -> u8 {
+        rt_kind::RT_V8.0 as u8
+    }
+
+    fn name(&self) -> &'static str {
+        "node"
+    }
+
+    fn lang(&self) -> &'static Lang {
+        &LANG
+    }
+
+    fn versions(&self) -> &'static str {
+        VERSIONS
+    }
+
+    /// A frame's kind names it apart (an interpreted frame names a
+    /// function, an optimized one its code), and a frame in code other than
+    /// its function's current code is named by its pc.
+    fn name_key(&self) -> (u8, u8) {
+        (FLAG_INTERP | FLAG_CODE | FLAG_BASELINE | FLAG_PC, FLAG_PC)
+    }
+
+    fn by_file_name(&self, base: &str) -> Option<String> {
+        is_node(base).then(|| "Node.js".to_string())
+    }
+
+    fn detect(&self, p: &Process) -> Option<Detected> {
+        detect(p)
+    }
+}
 
 /// What this build reads.
 pub const VERSIONS: &str = "Node.js 18, 20 and 22 (V8 10.2, 11.3 and 12.4) on x86-64 and arm64";
 /// The name of a function whose name V8 holds as empty.
 pub const ANONYMOUS: &str = "(anonymous)";
 
-/// Bytes of `struct v8_proc`.
-pub const CONFIG_BYTES: usize = 192;
 /// `V8_INTERP`, `V8_BLOBS`.
 const INTERP: usize = 8;
 const BLOBS: usize = 2;
@@ -415,12 +469,12 @@ fn read_image(file: std::fs::File) -> Result<Image, String> {
 }
 
 /// The V8 in `pid`, if it runs one.
-pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
-    let _ = mem;
-    let m = maps.iter().find(|m| m.exec && is_node(m.base()))?;
+fn detect(p: &Process) -> Option<Detected> {
+    let (pid, maps) = (p.pid, &p.maps);
+    let m = maps.iter().find(|m| m.exec && m.is_file() && is_node(m.base()))?;
     let unsupported = |e: &str| {
         let (what, why) = e.split_once('\0').unwrap_or(("Node.js (V8)", e));
-        Found::Unsupported { what: what.into(), why: why.into() }
+        Detected::not_read(what, why)
     };
     let Some(file) = m.open(pid) else {
         return Some(unsupported("its binary cannot be opened"));
@@ -449,9 +503,9 @@ pub fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Found> {
     };
     let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&img.segments, x.start, x.offset))?;
     let (blobs, interp) = placed(&img, m, maps, bias);
-    let code_range = code_range(pid, &blobs);
+    let code_range = code_range(maps, &blobs);
     let pc_base = code_range.map(|r| r.0).unwrap_or(0);
-    Some(Found::V8(Box::new(V8 {
+    Some(Detected::Read(Box::new(V8 {
         version: img.version,
         image: m.path.clone(),
         l: img.l,
@@ -710,15 +764,8 @@ fn placed(img: &Image, m: &MapLine, maps: &[MapLine], bias: u64) -> (Ranges, Ran
 /// V8's code range: the anonymous executable mappings (and V8's copy of
 /// its builtins) with the reservation around them (the anonymous mappings
 /// next to them, inaccessible ones included).
-pub fn code_range(pid: u32, blobs: &[(u64, u64)]) -> Option<(u64, u64)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
-    let all: Vec<(u64, u64, bool, bool)> = text
-        .lines()
-        .filter_map(|l| {
-            let m = super::elfsym::parse_maps_line(l)?;
-            Some((m.start, m.end, m.exec, m.path.is_empty()))
-        })
-        .collect();
+pub fn code_range(maps: &[MapLine], blobs: &[(u64, u64)]) -> Option<(u64, u64)> {
+    let all: Vec<(u64, u64, bool, bool)> = maps.iter().map(|m| (m.start, m.end, m.exec, m.is_anon())).collect();
     let copy = blobs.get(1).copied();
     let mut spans: Vec<(u64, u64)> = Vec::new();
     for (i, &(s, e, exec, anon)) in all.iter().enumerate() {
@@ -762,32 +809,90 @@ pub fn code_range(pid: u32, blobs: &[(u64, u64)]) -> Option<(u64, u64)> {
 }
 
 /// `struct v8_proc`.
-pub fn bpf_config(v: &V8) -> Vec<u8> {
-    let mut b = vec![0u8; CONFIG_BYTES];
-    let put = |b: &mut Vec<u8>, at: usize, x: u64| b[at..at + 8].copy_from_slice(&x.to_ne_bytes());
+pub fn bpf_config(v: &V8) -> v8_proc {
+    let l = &v.l;
+    let mut c = v8_proc {
+        pc_base: v.pc_base,
+        fn_shared: l.fn_shared as u16,
+        fn_code: l.fn_code as u16,
+        code_start: l.code_start as u16,
+        code_size: l.code_size as u16,
+        code_flags: l.code_flags as u16,
+        sfi_name: l.sfi.1 as u16,
+        code_inline: l.code_inline as u8,
+        kind_shift: l.kind.1,
+        kind_mask: l.kind.0 as u8,
+        kind_baseline: l.kind.2,
+        ninterp: v.interp.len().min(INTERP) as u8,
+        nblobs: v.blobs.len().min(BLOBS) as u8,
+        ..Default::default()
+    };
     for (i, &(lo, hi)) in v.interp.iter().take(INTERP).enumerate() {
-        put(&mut b, 8 * i, lo);
-        put(&mut b, 8 * INTERP + 8 * i, hi);
+        c.interp_lo[i] = lo;
+        c.interp_hi[i] = hi;
     }
     for (i, &(lo, hi)) in v.blobs.iter().take(BLOBS).enumerate() {
-        put(&mut b, 16 * INTERP + 8 * i, lo);
-        put(&mut b, 16 * INTERP + 8 * BLOBS + 8 * i, hi);
+        c.blob_lo[i] = lo;
+        c.blob_hi[i] = hi;
     }
-    let mut at = 16 * INTERP + 16 * BLOBS;
-    put(&mut b, at, v.pc_base);
-    at += 8;
-    let l = &v.l;
-    for x in [l.fn_shared, l.fn_code, l.code_start, l.code_size, l.code_flags, l.sfi.1] {
-        b[at..at + 2].copy_from_slice(&(x as u16).to_ne_bytes());
-        at += 2;
+    c
+}
+
+impl Instance for V8 {
+    fn about(&self) -> About {
+        let fmt = |r: &[(u64, u64)]| r.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect::<Vec<_>>();
+        let code = self.code_range.map(|(a, b)| format!("{a:#x}-{b:#x}"));
+        let mut fields = serde_json::Map::new();
+        fields.insert("code_range".into(), code.clone().into());
+        fields.insert("builtins".into(), fmt(&self.blobs).into());
+        fields.insert("interpreter".into(), fmt(&self.interp).into());
+        About {
+            runtime: format!("Node.js (V8 {})", self.version),
+            image: self.image.clone(),
+            offsets: "v8dbg_ metadata",
+            module: "node".into(),
+            untested: None,
+            detail: format!(
+                "code range {}; builtins {}; interpreter {}",
+                code.as_deref().unwrap_or("not found"),
+                fmt(&self.blobs).join(", "),
+                fmt(&self.interp).join(", ")
+            ),
+            fields,
+        }
     }
-    b[at] = l.code_inline as u8;
-    b[at + 1] = l.kind.1;
-    b[at + 2] = l.kind.0 as u8;
-    b[at + 3] = l.kind.2;
-    b[at + 4] = v.interp.len().min(INTERP) as u8;
-    b[at + 5] = v.blobs.len().min(BLOBS) as u8;
-    b
+
+    fn config(&self) -> ProcConfig {
+        ProcConfig { ranges: Vec::new(), jit: jit_ranges(self), part: ProcConfig::part_of(&bpf_config(self)) }
+    }
+
+    fn remapped(&mut self, p: &Process) -> Option<ProcConfig> {
+        // V8's code range may have grown.
+        let r = code_range(&p.maps, &self.blobs);
+        if r.is_some() && r != self.code_range {
+            self.code_range = r;
+            return Some(self.config());
+        }
+        None
+    }
+
+    fn code_info(&mut self, mem: &Mem, s: &Seen) -> Result<CodeInfo, &'static str> {
+        self.name_code(mem, s.addr, s.cookie, s.flags, s.loc)
+    }
+
+    fn read_again(&self, info: &CodeInfo) -> bool {
+        // V8 may have been changing the function (its ScopeInfo, while it
+        // compiled it) as sonde read it: an "(anonymous)" is read again.
+        info.name == ANONYMOUS
+    }
+
+    fn end_drain(&mut self) {
+        self.reset_drain()
+    }
+
+    fn partly_named(&self, out: &mut std::collections::BTreeMap<&'static str, u64>) {
+        *out.entry("code_not_found").or_default() += self.code_not_found;
+    }
 }
 
 /// The ranges of code the kernel hands to the V8 stepper: the code range
@@ -1102,7 +1207,7 @@ impl V8 {
 
     /// Names what the kernel recorded: `addr` and `cookie` of a frame with
     /// flags `flags` (`loc` for V8_F_PC frames, whose name depends on it).
-    pub fn code_info(&mut self, mem: &Mem, addr: u64, ck: u16, flags: u8, loc: u32) -> Result<CodeInfo, &'static str> {
+    fn name_code(&mut self, mem: &Mem, addr: u64, ck: u16, flags: u8, loc: u32) -> Result<CodeInfo, &'static str> {
         let code = if flags & FLAG_CODE != 0 {
             let hd = self.code_head(mem, addr)?;
             if code_cookie(hd.start, hd.size) != ck {
@@ -1172,12 +1277,12 @@ impl V8 {
             | JsCode::Optimized { func, .. }
             | JsCode::Function(func) => (func.name.clone(), func.script.name.clone(), func.first_line().unwrap_or(0)),
         };
-        Ok(CodeInfo { name, file, first_line, lines: Lines::V8(Rc::new(code)) })
+        Ok(CodeInfo { name, file, first_line, lines: Rc::new(code) })
     }
 
     /// Forgets what a drain learnt that a moving heap may change (the
     /// functions and scripts are checked again on their next use).
-    pub fn end_drain(&mut self) {
+    fn reset_drain(&mut self) {
         self.scan_pages = SCAN_PAGES;
         if self.fns.len() > 1 << 15 {
             self.fns.clear();
@@ -1188,15 +1293,25 @@ impl V8 {
     }
 }
 
-/// Bytes a named code object holds, for the run's name budget.
-pub fn bytes(c: &JsCode) -> usize {
-    c.bytes()
-        + match c {
-            JsCode::Interpreted { func, .. }
-            | JsCode::Baseline { func, .. }
-            | JsCode::Optimized { func, .. }
-            | JsCode::Function(func) => func.bytes(),
-        }
+impl CodeLines for JsCode {
+    fn frames(&self, _info: &CodeInfo, f: &RtFrame) -> Vec<SrcFrame> {
+        let fr = JsCode::frames(self, f.loc, f.flags);
+        let n = fr.len();
+        fr.into_iter()
+            .enumerate()
+            .map(|(i, (func, line))| (func.name.clone(), func.script.name.clone(), line, i + 1 < n))
+            .collect()
+    }
+
+    fn bytes(&self) -> usize {
+        JsCode::bytes(self)
+            + match self {
+                JsCode::Interpreted { func, .. }
+                | JsCode::Baseline { func, .. }
+                | JsCode::Optimized { func, .. }
+                | JsCode::Function(func) => func.bytes(),
+            }
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * JavaScript frames on V8, stepped in the kernel as the native walk meets
- * them (types in v8.h; dispatched by runtime_jit.h's rt_jit_step from
+ * them (types in v8.h; registered in runtimes.h as RT_V8's stepper, run by
  * unw_step for pcs in V8's code range or its builtins).
  *
  * Every frame V8 generates keeps a frame pointer (rbp; x29 on AArch64):
@@ -31,6 +31,9 @@
 #ifndef SONDE_V8_WALK_H
 #define SONDE_V8_WALK_H
 
+#include "unwind_state.h"
+#include "v8.h"
+
 /* Scratch words in the runtime state (rt_state.sb, unused by V8 walks),
  * off the BPF stack (see HS_W). */
 #define V8_W(r, i) (((__u64 *)(r)->sb)[(i)&15])
@@ -52,7 +55,7 @@ static __always_inline void v8_push(struct unw_state *s, struct rt_state *r, __u
 {
 	if (s->exact)
 		flags |= V8_F_LEAF;
-	if (rt_push(r, addr, loc, cookie, RT_F_ENTRY | flags, RT_V8))
+	if (rt_push(r, addr, loc, cookie, RT_F_ENTRY | flags))
 		s->rt_marks[(len >> 6) & 1] |= 1ULL << (len & 63);
 	else
 		r->st.end = RT_END_DEPTH;
@@ -63,7 +66,7 @@ static __always_inline void v8_push(struct unw_state *s, struct rt_state *r, __u
  * Code in V8_W(6), the SharedFunctionInfo in V8_W(7). */
 static __always_inline bool v8_code_of(struct rt_state *r, __u64 fn, __u64 at)
 {
-	struct v8_proc *c = &r->cfg.v8;
+	struct v8_proc *c = RT_PART(r, struct v8_proc);
 	if (bpf_probe_read_user(r->code, 64, (void *)(fn - 1)))
 		return false;
 	__u64 code = rt_u64(r->code, c->fn_code);
@@ -90,7 +93,7 @@ __noinline int v8_step(__u32 slot)
 	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
 	if (!s || !r)
 		return 1;
-	struct v8_proc *c = &r->cfg.v8;
+	struct v8_proc *c = RT_PART(r, struct v8_proc);
 	__u32 len = s->st.len - 1;
 	__u64 pc = s->pc, sp = s->sp, fp = s->bp;
 	__u64 at = s->exact ? pc : pc - 1;

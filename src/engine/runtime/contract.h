@@ -1,23 +1,27 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * Language runtimes' own frames, read in the kernel beside the native walk
- * (unwind.h). User space (src/engine/runtime/) recognises a process's
+ * The contract between the native walk (src/bpf/unwind.h) and the kernel
+ * halves of language runtimes (one folder each beside this file, listed in
+ * runtimes.h): what a walker is handed, what it records, and the helpers it
+ * may call. User space (src/engine/runtime/) recognises a process's
  * runtime, learns where its interpreter loop lies and how to find the
- * running thread's frames, and hands that over in rt_procs. While the
- * native walk goes up the stack it marks the frames whose pc lies in the
- * interpreter loop; when it marked any, the runtime's walker (one folder per
- * runtime, dispatched in rt_walk below) reads the thread's interpreter frame
- * chain and records, per language frame, what user space needs to name it:
- * the code object's address, where in it the frame is, and a cookie that
+ * running thread's frames, and hands that over in rt_procs: the part every
+ * runtime has (struct rt_proc) and the runtime's own (its NAME_proc, in
+ * rt_proc.part). While the native walk goes up the stack it marks the
+ * frames whose pc lies in the interpreter loop, and hands frames of code the
+ * runtime generates (a JIT's) to the runtime's stepper; after it, when it
+ * marked any, the runtime's walker reads the thread's interpreter frame
+ * chain. Either records, per language frame, what user space needs to name
+ * it: the code object's address, where in it the frame is, and a cookie that
  * tells a freed and reused code object apart. User space replaces each
  * marked native frame by the language frames it was running.
  *
  * Reads only: bpf_probe_read_user of the current task's memory, every
- * pointer and length bounded. Included by unwind.h before struct unw_state.
+ * pointer and length bounded. The layouts here are Rust types too
+ * (generated from this file: src/engine/runtime/runtime.bpf.c).
  */
-#ifndef SONDE_RUNTIME_H
-#define SONDE_RUNTIME_H
-
+#ifndef SONDE_CONTRACT_H
+#define SONDE_CONTRACT_H
 #define RT_MAX_FRAMES 128  /* language frames kept per stack (a power of two) */
 #define RT_MAX_RANGES 4    /* interpreter-loop pc ranges per process */
 #define RT_BUF        128  /* bytes of a code object's head, or of a frame, read at once */
@@ -25,11 +29,13 @@
 #define RT_CODES      8    /* code objects remembered per walk (a power of two) */
 #define RT_JIT        2    /* ranges of code the runtime generates and steps itself */
 
+/* rt_proc.kind, rt_frame.kind: which runtime (one per process); each
+ * has its row in runtimes.h. */
 enum rt_kind {
 	RT_NONE = 0,
-	RT_PYTHON = 1,
-	RT_JAVA = 2,
-	RT_V8 = 3,
+	RT_PYTHON = 1, /* CPython: python/ */
+	RT_JAVA = 2,   /* HotSpot: java/ */
+	RT_V8 = 3,     /* V8 (Node.js): v8/ */
 };
 
 /* Why a runtime walk ended (rt_stack.end; slots RT_S_END + this). */
@@ -64,26 +70,30 @@ struct rt_stack {
 	struct rt_frame f[RT_MAX_FRAMES];
 };
 
-#include "python/python.h"
-#include "java/hotspot.h"
-#include "v8/v8.h"
+#define RT_PART_BYTES 256 /* the largest runtime's own part of struct rt_proc */
 
 /* What the kernel needs to know of a process's runtime: rt_procs' value. */
 struct rt_proc {
-	__u32 kind; /* enum rt_kind */
+	__u32 kind; /* enum rt_kind (runtimes.h) */
 	__u32 nranges;
 	__u64 lo[RT_MAX_RANGES]; /* the interpreter loop: [lo, hi) */
 	__u64 hi[RT_MAX_RANGES];
 	/* Code the runtime generates, whose frames it steps itself as the
-	 * native walk meets them (rt_jit_step): [jit_lo, jit_hi), or empty. */
+	 * native walk meets them (its stepper): [jit_lo, jit_hi), or empty. */
 	__u64 jit_lo[RT_JIT];
 	__u64 jit_hi[RT_JIT];
-	union {
-		struct py_proc py;
-		struct hs_proc hs;
-		struct v8_proc v8;
-	};
+	/* The rt_frame.flags that are part of what names a code object (a
+	 * frame's kind, for a runtime whose frames of one object are named
+	 * apart), and of those the ones whose loc is too (rt_seen_key). */
+	__u8 key_flags;
+	__u8 key_loc;
+	__u8 pad[6];
+	/* The runtime's own part: its struct NAME_proc (RT_PART). */
+	__u64 part[RT_PART_BYTES / 8];
 };
+
+/* The runtime's own part of a process's rt_proc, as its type. */
+#define RT_PART(r, type) ((type *)(r)->cfg.part)
 
 /* The walker's per-CPU state (two slots, as unw_scratch). */
 struct rt_state {
@@ -145,9 +155,9 @@ struct rt_seen_key {
 	__u32 pid;
 	__u16 cookie;
 	__u8 kind;
-	__u8 flags; /* V8: the frame's kind (V8_F_INTERP, _CODE, _BASELINE, _PC) */
+	__u8 flags; /* the frame's flags in rt_proc.key_flags */
 	__u64 addr;
-	__u32 loc; /* V8_F_PC frames: the pc (their name depends on it) */
+	__u32 loc; /* the frame's loc where its flags are in rt_proc.key_loc */
 	__u32 pad;
 };
 
@@ -202,9 +212,9 @@ static __always_inline __u8 rt_u8(const __u8 *buf, __u32 off)
 	return off < RT_BUF ? buf[off & (RT_BUF - 1)] : 0;
 }
 
-/* Appends a frame; false when the stack is full. */
+/* Appends a frame of the process's runtime; false when the stack is full. */
 static __always_inline bool rt_push(struct rt_state *r, __u64 addr, __u32 loc, __u16 cookie,
-                                    __u8 flags, __u8 kind)
+                                    __u8 flags)
 {
 	__u16 n = r->st.n;
 	if (n >= RT_MAX_FRAMES)
@@ -214,75 +224,11 @@ static __always_inline bool rt_push(struct rt_state *r, __u64 addr, __u32 loc, _
 	f->loc = loc;
 	f->cookie = cookie;
 	f->flags = flags;
-	f->kind = kind;
+	f->kind = r->cfg.kind;
 	r->st.n = n + 1;
 	r->hash = (r->hash ^ addr ^ ((__u64)loc << 40)) * 0x100000001b3ULL;
 	r->hash ^= r->hash >> 29;
 	return true;
-}
-
-#include "python/python_walk.h"
-
-/*
- * The dispatch point: reads the language frames of the current thread into
- * rt_scratch[slot].st (set up by unw_capture: cfg, fsbase, marks, and an
- * empty stack, or the frames rt_jit_step recorded during the native walk).
- * Global, so the verifier checks it once.
- */
-__noinline int rt_walk(__u32 slot)
-{
-	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
-	if (!r)
-		return 0;
-	r->st.kind = r->cfg.kind;
-	r->sb_n = 0;
-	for (int i = 0; i < RT_CODES; i++)
-		r->cc_addr[i] = 0;
-	rt_stat(RT_S_WALKS, 1);
-	switch (r->cfg.kind) {
-	case RT_PYTHON:
-		py_walk(slot);
-		break;
-	default:
-		break;
-	}
-	rt_stat(RT_S_FRAMES, r->st.n);
-	if (r->st.end < RT_END_MAX)
-		rt_stat(RT_S_END + r->st.end, 1);
-	return 0;
-}
-
-/* Hands the code objects of a new stack to user space (rt_seen). */
-__noinline int rt_note(__u32 slot, __u32 pid)
-{
-	struct rt_state *r = bpf_map_lookup_elem(&rt_scratch, &slot);
-	if (!r)
-		return 0;
-	__u32 n = r->st.n;
-	struct rt_seen_key k = {};
-	__u8 one = 1;
-	k.pid = pid;
-	for (int i = 0; i < RT_MAX_FRAMES; i++) {
-		if (i >= n)
-			break;
-		struct rt_frame *f = &r->st.f[i];
-		k.addr = f->addr;
-		k.cookie = f->cookie;
-		k.kind = f->kind;
-		k.flags = 0;
-		k.loc = 0;
-		if (f->kind == RT_V8) {
-			k.flags = f->flags & (V8_F_INTERP | V8_F_CODE | V8_F_BASELINE | V8_F_PC);
-			if (k.flags & V8_F_PC)
-				k.loc = f->loc;
-		}
-		if (bpf_map_lookup_elem(&rt_seen, &k))
-			continue;
-		if (bpf_map_update_elem(&rt_seen, &k, &one, BPF_NOEXIST) &&
-		    !bpf_map_lookup_elem(&rt_seen, &k))
-			rt_stat(RT_S_SEEN_FULL, 1);
-	}
-	return 0;
 }
 
 #endif
