@@ -479,3 +479,39 @@ pub(crate) fn profile_json(pid: u32, dir: &std::path::Path, args: &[&str]) -> (V
     assert_eq!(w.code, 130, "{}", w.stderr);
     (json_stacks(&json), w.stderr)
 }
+
+/// The Debian sid root `scripts/setup` makes (CPython 3.14 and 3.15,
+/// OpenJDK 26 and 27), with /proc mounted in it (the JDKs need it). Its
+/// processes run from another root, as a container's do: sonde reads their
+/// files through /proc/PID/map_files.
+pub(crate) fn sid_root() -> std::path::PathBuf {
+    static MOUNT: std::sync::Once = std::sync::Once::new();
+    let root = std::path::PathBuf::from("/opt/sonde-sid/current");
+    assert!(root.join(".sonde-ready").exists(), "the Debian sid root at {} (scripts/setup makes it)", root.display());
+    MOUNT.call_once(|| {
+        let proc_dir = root.join("proc");
+        let mounted = Command::new("mountpoint").arg("-q").arg(&proc_dir).status().is_ok_and(|s| s.success());
+        if !mounted {
+            let st = Command::new("mount").args(["-t", "proc", "proc"]).arg(&proc_dir).status().unwrap();
+            assert!(st.success(), "mounting /proc in the sid root");
+        }
+    });
+    root
+}
+
+/// `prog` (a path inside the sid root, or a name on its PATH) as a command
+/// run in the sid root.
+pub(crate) fn in_sid(prog: &str) -> Command {
+    let mut c = Command::new("chroot");
+    c.arg(sid_root()).arg(prog);
+    c
+}
+
+/// Copies tests/workloads/`name` into the sid root; its path there.
+pub(crate) fn into_sid(name: &str) -> String {
+    let dir = sid_root().join("tmp/sonde-workloads");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = format!("{}/tests/workloads/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::copy(&src, dir.join(name)).unwrap_or_else(|e| panic!("{src}: {e}"));
+    format!("/tmp/sonde-workloads/{name}")
+}

@@ -800,7 +800,7 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
         n_ok += ok as u64;
         // Python line tables, every format, random locations.
         let table: Vec<u8> = (0..rng.below(64)).map(|_| rng.next() as u8).collect();
-        for minor in [8u8, 9, 10, 11, 12, 13] {
+        for minor in [8u8, 9, 10, 11, 12, 13, 14, 15] {
             let loc = [0, u32::MAX, rng.next() as u32, 200 + rng.below(400) as u32][rng.below(4)];
             check("pylines", &table, &mut || {
                 let _ = python::line_at(minor, &table, 192, rng.next() as u32, loc);
@@ -891,7 +891,7 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
             n_js += 1;
         }
         // A code object in our own memory, read as a traced process's.
-        let mut lay = python::layout([8, 10, 11, 12, 13][rng.below(5)]).unwrap();
+        let mut lay = python::layout([8, 10, 11, 12][rng.below(4)]).unwrap();
         lay.co_name = lay.co_name.min(200);
         let mut obj = vec![0u8; 256];
         let mut strbuf = vec![0u8; 128];
@@ -922,16 +922,16 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
         let cookie = python::cookie(
             le::<4>(&obj, lay.co_argcount as usize) as u32,
             le::<4>(&obj, lay.co_firstlineno as usize) as u32,
-            le::<4>(&obj, lay.co_flags as usize) as u32,
+            le::<4>(&obj, lay.co_extra as usize) as u32,
         );
         let py = python::Python {
             version: format!("3.{}", lay.minor),
             layout: lay,
             from_debug_offsets: false,
+            untested: None,
             code_type,
             ranges: vec![],
-            key: 0,
-            tsd: 0,
+            ts: python::ThreadState::Key { key: 0, tsd: 0 },
             image: String::new(),
         };
         let mem = Mem::open(std::process::id()).unwrap();

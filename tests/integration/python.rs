@@ -29,6 +29,29 @@ fn python(v: &str) -> String {
     dir.join("bin").join(format!("python{v}")).to_string_lossy().into_owned()
 }
 
+/// Whether Python `v` is Debian sid's (3.14, 3.15: in the sid root).
+fn is_sid(v: &str) -> bool {
+    v == "3.14" || v == "3.15"
+}
+
+/// A command running Python `v` (pyenv's, "debian", or sid's).
+fn interp(v: &str) -> Command {
+    if is_sid(v) {
+        in_sid(&format!("python{v}"))
+    } else {
+        Command::new(python(v))
+    }
+}
+
+/// The path of workload `name` as Python `v` sees it.
+fn script(v: &str, name: &str) -> String {
+    if is_sid(v) {
+        into_sid(name)
+    } else {
+        wl(name)
+    }
+}
+
 /// py-spy, from its PyPI wheel (scripts/setup).
 const PY_SPY: &str = "/opt/sonde-pytools/bin/py-spy";
 
@@ -120,10 +143,17 @@ fn pysplit_calls() -> BTreeSet<(String, String, u64)> {
 }
 
 /// The 2:1 split, the parent on every sample, and the call sites py-spy
-/// sees, all from one process of Python `v`.
+/// sees, all from one process of Python `v` (pyenv's, or "debian").
 fn split_matches(v: &str) {
+    let mut cmd = Command::new(python(v));
+    split_matches_of(v, &mut cmd, &wl("pysplit.py"));
+}
+
+/// The same for Python `v` started by `cmd` (an interpreter, the workload
+/// path `script` as it sees it to come).
+fn split_matches_of(v: &str, cmd: &mut Command, script: &str) {
     let dir = scratch(&format!("split{v}"));
-    let w = start(Command::new(python(v)).arg(wl("pysplit.py")).arg("60").current_dir(&dir));
+    let w = start(cmd.arg(script).arg("60").current_dir(&dir));
     let pid = w.0.id();
     let spy = py_spy_triples(pid, 8, "pysplit.py");
     let pb = dir.join("p.pb.gz");
@@ -165,9 +195,22 @@ fn split_matches(v: &str) {
     let out = Command::new(go_bin()).args(["tool", "pprof", "-top", "-lines"]).arg(&pb).output().unwrap();
     let top = String::from_utf8_lossy(&out.stdout);
     assert!(
-        top.contains(&format!("heavy {}:{}", wl("pysplit.py"), line_of("pysplit.py", "return spin(2 * turns)"))),
+        top.contains(&format!("heavy {script}:{}", line_of("pysplit.py", "return spin(2 * turns)"))),
         "go tool pprof -lines: {top}"
     );
+}
+
+/// Debian sid's CPython 3.14 (its loop in a `.cold` part its stripped
+/// binary does not name, tagged frame references) and 3.15 (no autoTSSkey:
+/// the thread state in a thread-local variable), in a root of their own.
+#[test]
+fn python_3_14_from_debian_sid_split_and_call_sites_match_py_spy() {
+    split_matches_of("3.14", &mut in_sid("python3.14"), &into_sid("pysplit.py"));
+}
+
+#[test]
+fn python_3_15_from_debian_sid_split_and_call_sites_match_py_spy() {
+    split_matches_of("3.15", &mut in_sid("python3.15"), &into_sid("pysplit.py"));
 }
 
 #[test]
@@ -208,9 +251,9 @@ fn python_3_13_split_and_call_sites_match_py_spy() {
 /// offcpu: a worker thread's sleep, socket recv and lock wait, 1:2:3.
 #[test]
 fn python_offcpu_splits_sleep_recv_and_lock_waits() {
-    for v in ["debian", "3.13"] {
+    for v in ["debian", "3.13", "3.15"] {
         let dir = scratch(&format!("block{v}"));
-        let w = start(Command::new(python(v)).arg(wl("pyblock.py")).arg("60").current_dir(&dir));
+        let w = start(interp(v).arg(script(v, "pyblock.py")).arg("60").current_dir(&dir));
         let (stacks, err) = stacks_of(&["offcpu", "-p", &w.0.id().to_string(), "-d", "4s"], &dir.join("o.json"));
         let (a, b, c) = (under(&stacks, "sleeper"), under(&stacks, "receiver"), under(&stacks, "locker"));
         let t = (a + b + c) as f64;
@@ -224,11 +267,15 @@ fn python_offcpu_splits_sleep_recv_and_lock_waits() {
             );
         }
         // Each wait sits under its function, under the worker.
-        for (name, leaf) in [("sleeper", "sleep"), ("receiver", "recv"), ("locker", "acquire")] {
+        // (3.13's locks wait in PyThread_acquire_lock_timed, 3.14's in
+        // _PySemaphore_Wait.)
+        for (name, leaf) in [("sleeper", "sleep"), ("receiver", "recv"), ("locker", "acquire|_PySemaphore_Wait")] {
             let named: u64 = stacks
                 .iter()
                 .filter(|(f, _)| py_names(f).ends_with(&["worker".into(), name.into()]))
-                .filter(|(f, _)| f.iter().any(|x| x["name"].as_str().is_some_and(|n| n.contains(leaf))))
+                .filter(|(f, _)| {
+                    f.iter().any(|x| x["name"].as_str().is_some_and(|n| leaf.split('|').any(|l| n.contains(l))))
+                })
                 .map(|s| s.1)
                 .sum();
             assert!(
@@ -242,8 +289,14 @@ fn python_offcpu_splits_sleep_recv_and_lock_waits() {
 /// wakeup: the worker's recv is woken by the helper's send, both in Python.
 #[test]
 fn python_wakeup_names_waiter_and_waker() {
-    let dir = scratch("wakeup");
-    let w = start(Command::new(python("3.12")).arg(wl("pyblock.py")).arg("60").current_dir(&dir));
+    for v in ["3.12", "3.15"] {
+        wakeup_names_waiter_and_waker(v);
+    }
+}
+
+fn wakeup_names_waiter_and_waker(v: &str) {
+    let dir = scratch(&format!("wakeup{v}"));
+    let w = start(interp(v).arg(script(v, "pyblock.py")).arg("60").current_dir(&dir));
     let folded = dir.join("w.folded");
     let out = Command::new(SONDE)
         .args(["wakeup", "-p", &w.0.id().to_string(), "-d", "3s", "-o", folded.to_str().unwrap()])
@@ -267,7 +320,7 @@ fn python_wakeup_names_waiter_and_waker() {
 /// Runs pyshapes.py `shape` under Python `v` and profiles it.
 fn shape(v: &str, shape: &str, args: &[&str]) -> (Vec<(Vec<Value>, u64)>, String) {
     let dir = scratch(&format!("shape{v}{shape}"));
-    let w = start(Command::new(python(v)).args([&wl("pyshapes.py"), shape, "60"]).current_dir(&dir));
+    let w = start(interp(v).args([&script(v, "pyshapes.py"), shape, "60"]).current_dir(&dir));
     profile_json(w.0.id(), &dir, args)
 }
 
@@ -285,7 +338,7 @@ fn chain_share(stacks: &[(Vec<Value>, u64)], seq: &[&str]) -> f64 {
 
 #[test]
 fn python_threads_keep_their_own_splits() {
-    for v in ["3.8", "3.11", "3.13"] {
+    for v in ["3.8", "3.11", "3.13", "3.14", "3.15"] {
         let (stacks, err) = shape(v, "threads", &["--per-thread"]);
         let (ah, al, bh, bl) = (
             under(&stacks, "a_heavy"),
@@ -311,26 +364,38 @@ fn python_threads_keep_their_own_splits() {
 
 #[test]
 fn python_coroutines_generators_and_c_callbacks_keep_their_callers() {
-    for v in ["3.8", "3.11", "3.12", "3.13"] {
+    for v in ["3.8", "3.11", "3.12", "3.13", "3.14", "3.15"] {
         let (s, err) = shape(v, "coro", &[]);
         let c = chain_share(&s, &["coro_outer", "coro_middle", "coro_inner", "spin"]);
         assert!(c > 0.95, "Python {v}: async chain on {c:.3} of coro_inner's samples; {err}");
         let (s, err) = shape(v, "gen", &[]);
         let c = chain_share(&s, &["gen_consumer", "gen_outer", "gen_inner", "spin"]);
         assert!(c > 0.95, "Python {v}: generator chain on {c:.3} of gen_inner's samples; {err}");
+        // A constructor's work: from 3.13 the interpreter calls __init__
+        // through a frame of its own (a code object named __init__, as
+        // py-spy shows it), from 3.14 referenced by a tagged pointer.
+        let (s, err) = shape(v, "init", &[]);
+        let chain: &[&str] = match v {
+            "3.13" | "3.14" | "3.15" => &["init_caller", "__init__", "Built.__init__", "spin"],
+            // Qualified names from 3.11.
+            "3.8" | "3.9" | "3.10" => &["init_caller", "__init__", "spin"],
+            _ => &["init_caller", "Built.__init__", "spin"],
+        };
+        let c = chain_share(&s, chain);
+        assert!(c > 0.95, "Python {v}: {chain:?} on {c:.3} of the constructor's samples; {err}");
         // sorted() calls the key function from C: its native frames stay
-        // between the Python caller and the key function.
+        // between the Python caller and the key function (in Debian sid's
+        // stripped interpreters, list_sort's static functions are
+        // [unknown]: a native frame there).
         let (s, err) = shape(v, "sort", &[]);
         let ok: u64 = s
             .iter()
             .filter(|(f, _)| {
                 let at = |p: &dyn Fn(&Value) -> bool| f.iter().position(p);
-                match (
-                    at(&|x| is_py(x) && x["name"] == "sort_caller"),
-                    at(&|x| !is_py(x) && x["name"].as_str().is_some_and(|n| n.contains("sort"))),
-                    at(&|x| is_py(x) && x["name"] == "sort_key"),
-                ) {
-                    (Some(a), Some(b), Some(c)) => a < b && b < c,
+                let sorting =
+                    |x: &Value| !is_py(x) && x["name"].as_str().is_some_and(|n| n.contains("sort") || is_sid(v));
+                match (at(&|x| is_py(x) && x["name"] == "sort_caller"), at(&|x| is_py(x) && x["name"] == "sort_key")) {
+                    (Some(a), Some(c)) => a < c && f[a + 1..c].iter().any(sorting),
                     _ => false,
                 }
             })
@@ -480,7 +545,7 @@ fn python_versions_not_read_are_said_once_and_stay_native() {
         let w = start(Command::new(python(v)).arg(wl("pysplit.py")).arg("60").current_dir(&dir));
         let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
         assert_eq!(err.matches("is not read").count(), 1, "Python {v}: said once: {err}");
-        assert!(err.contains(&format!("Python {v} is not read (this sonde reads CPython 3.8 to 3.13")), "{err}");
+        assert!(err.contains(&format!("Python {v} is not read (this sonde reads CPython 3.8 to 3.15")), "{err}");
         assert!(stacks.iter().all(|(f, _)| !f.iter().any(is_py)), "Python {v}: no Python frames");
         let eval: u64 = stacks
             .iter()
@@ -510,19 +575,71 @@ fn python_versions_not_read_are_said_once_and_stay_native() {
     );
     let out = Command::new(SONDE).args(["doctor", "--pid", "999999999"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "a pid that does not exist");
+    // A free-threaded build (here its name: Debian ships none) is said
+    // not read, never read with a GIL build's layout.
+    let ft = sid_root().join("usr/local/bin/python3.14t");
+    std::fs::create_dir_all(ft.parent().unwrap()).unwrap();
+    std::fs::copy(sid_root().join("usr/bin/python3.14"), &ft).unwrap();
+    let dir = scratch("ft");
+    let w = start(in_sid("/usr/local/bin/python3.14t").arg(into_sid("pysplit.py")).arg("60").current_dir(&dir));
+    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+    assert!(err.contains("Python 3.14t is not read (a free-threaded build"), "{err}");
+    assert!(stacks.iter().all(|(f, _)| !f.iter().any(is_py)), "3.14t: no Python frames");
 }
 
-/// 3.13's interpreter carries its own offsets: the built-in table agrees.
+/// The layouts sonde derives from each interpreter's own description of
+/// itself (`_Py_DebugOffsets` in `_PyRuntime`, as its ELF file holds it)
+/// are the ones each version's debug information gives (DWARF of pyenv's
+/// 3.13.0 and of Debian's python3.14-dbg and python3.15-dbg: the frame's
+/// fields, the thread state's, the code object's).
 #[test]
-fn python_3_13_table_agrees_with_its_debug_offsets() {
+fn described_layouts_agree_with_each_versions_debug_information() {
     use sonde::engine::runtime::{elfsym::ElfSyms, python};
     let py = python("3.13");
-    let lib = std::path::Path::new(&py).parent().unwrap().parent().unwrap().join("lib/libpython3.13.so.1.0");
-    let elf = ElfSyms::open(std::fs::File::open(&lib).unwrap()).unwrap();
-    let rt = elf.find(&["_PyRuntime"])["_PyRuntime"];
-    let d = elf.read_vaddr(rt.addr, 584).expect("_PyRuntime's initial bytes");
-    let table = python::layout(13).unwrap();
-    let (from_py, free_threaded) = python::from_debug_offsets(&table, &d).expect("a debug-offsets block");
-    assert!(!free_threaded);
-    assert_eq!(from_py, table, "the table's 3.13 offsets against libpython3.13's _Py_DebugOffsets");
+    let lib13 = std::path::Path::new(&py).parent().unwrap().parent().unwrap().join("lib/libpython3.13.so.1.0");
+    let sid = sid_root();
+    for (file, minor, want) in [
+        // (current_frame, thread_id, previous, executable, instr_ptr, owner, frame_read,
+        //  exec_tag, co_code_adaptive, qualname, firstlineno, argcount)
+        (lib13, 13, (72, 152, 8, 0, 56, 70, 72, 0, 200, 128, 68, 52)),
+        (sid.join("usr/bin/python3.14"), 14, (72, 152, 8, 0, 56, 74, 80, 3, 208, 128, 68, 52)),
+        (sid.join("usr/bin/python3.15"), 15, (72, 176, 8, 0, 56, 74, 80, 3, 208, 128, 68, 52)),
+    ] {
+        let elf = ElfSyms::open(std::fs::File::open(&file).unwrap()).unwrap();
+        let rt = elf.find(&["_PyRuntime"])["_PyRuntime"];
+        let d = elf.read_vaddr(rt.addr, python::describe::READ_BYTES as u64).expect("_PyRuntime's initial bytes");
+        let (desc, tested) = python::describe::describe(&d, minor).expect("a debug-offsets block");
+        assert!(tested && !desc.free_threaded);
+        let l = python::from_described(&desc, minor);
+        let got = (
+            l.ts_frame,
+            l.ts_thread_id,
+            l.f_back,
+            l.f_code,
+            l.f_instr,
+            l.f_entry,
+            l.frame_read,
+            l.exec_tag,
+            l.co_code,
+            l.co_name,
+            l.co_firstlineno,
+            l.co_argcount,
+        );
+        assert_eq!(got, want, "3.{minor}: {}", file.display());
+        if minor == 15 {
+            // The same block said to be 3.16's: read (the newest format
+            // passes its checks) as untested; with a field inserted early
+            // (every later one a word further), or free-threaded, not.
+            let mut next = d.clone();
+            next[8..16].copy_from_slice(&0x0310_00f0u64.to_le_bytes());
+            let (d16, tested) = python::describe::describe(&next, 16).expect("3.15's format");
+            assert!(!tested);
+            assert_eq!(python::from_described(&d16, 16).f_entry, l.f_entry);
+            let mut moved = next.clone();
+            moved.copy_within(200..880, 208);
+            assert!(python::describe::describe(&moved, 16).is_err());
+            next[16] = 1;
+            assert!(python::describe::head(&next).unwrap().1, "free-threaded");
+        }
+    }
 }

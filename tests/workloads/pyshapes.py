@@ -1,7 +1,7 @@
 """Stack shapes for sonde's Python tests, each spinning on the CPU:
 `threads` (two threads with 2:1 and 1:3 splits of work), `coro` (an async
 chain), `gen` (generators), `sort` (a Python key function called by C's
-sorted()). A unit of work is a loop calibrated to about 1 ms at start.
+sorted()), `init` (work in a constructor). A unit of work is a loop calibrated to about 1 ms at start.
 Usage: pyshapes.py SHAPE SECONDS."""
 import asyncio
 import sys
@@ -97,6 +97,18 @@ def sort_caller(until):
         sorted(range(20), key=sort_key)
 
 
+class Built:
+    """Work done in a constructor: 3.14 calls __init__ through a shim frame."""
+
+    def __init__(self):
+        spin(2)
+
+
+def init_caller(until):
+    while time.monotonic() < until:
+        Built()
+
+
 if __name__ == "__main__":
     shape, secs = sys.argv[1], float(sys.argv[2])
     UNIT = calibrate()
@@ -113,3 +125,5 @@ if __name__ == "__main__":
         gen_consumer(until)
     elif shape == "sort":
         sort_caller(until)
+    elif shape == "init":
+        init_caller(until)

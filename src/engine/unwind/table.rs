@@ -707,6 +707,39 @@ where
     (v, bad)
 }
 
+/// The code each `.eh_frame` description covers, as (start, end, whether
+/// its first row is a function's entry: the return address just pushed, at
+/// the stack pointer, on x86-64; still in the link register, the CFA the
+/// stack pointer, on AArch64). A part of a function split off from it (GCC's
+/// `.cold`) starts with the function's frame already built.
+pub fn fde_spans(info: &ElfUnwindInfo) -> Vec<(u64, u64, bool)> {
+    let Some(eh) = &info.eh_frame else { return Vec::new() };
+    let text = info.segments.iter().find(|s| s.exec).map(|s| s.vaddr).unwrap_or(0);
+    let mut sec = EhFrame::new(&eh.data, LittleEndian);
+    sec.set_address_size(8);
+    sec.set_vendor(info.arch.vendor());
+    let bases = BaseAddresses::default().set_eh_frame(eh.addr).set_text(text);
+    let (fdes, _) = sorted_fdes(&sec, &bases);
+    let mut ctx = Box::new(UnwindContext::<usize>::new());
+    let [sp, _, _] = info.arch.regs();
+    let entry = match info.arch {
+        Arch::X86_64 => 8,
+        Arch::Aarch64 => 0,
+    };
+    let mut out = Vec::with_capacity(fdes.len());
+    for (_, off) in fdes {
+        let Ok(fde) = sec.fde_from_offset(&bases, off.into(), EhFrame::cie_from_offset) else { continue };
+        let (start, len) = (fde.initial_address(), fde.len());
+        let first = fde.rows(&sec, &bases, &mut ctx).ok().and_then(|mut t| {
+            t.next_row().ok().flatten().map(|r| {
+                matches!(r.cfa(), CfaRule::RegisterAndOffset { register, offset } if *register == sp && *offset == entry)
+            })
+        });
+        out.push((start, start.saturating_add(len), first.unwrap_or(true)));
+    }
+    out
+}
+
 /// Builds the table of an ELF file from its unwind sections: `.eh_frame`
 /// first, then `.debug_frame` for the addresses `.eh_frame` leaves out, then
 /// rules for PLT stubs no CFI covers (`.plt.sec`, `.plt.got`: the return

@@ -428,7 +428,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Detected {
         .unwrap_or_else(|| major.to_string());
     let what = format!("Java {release} (HotSpot)");
     let unsupported = |why: String| Detected::not_read(what.clone(), why);
-    if !(11..=25).contains(&major) || (aarch64 && ![11, 17, 21, 25].contains(&major)) {
+    if !(11..=99).contains(&major) || (aarch64 && ![11, 17, 21, 25].contains(&major)) {
         return unsupported(format!("this sonde reads {VERSIONS}"));
     }
     let o = match offsets(vm) {

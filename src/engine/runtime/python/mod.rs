@@ -2,22 +2,35 @@
 //! its threads' frames (`python.h`, `python_walk.h`), and name the code
 //! objects the kernel met (qualified name, file, line).
 //!
-//! Versions 3.8 to 3.13, GIL builds, glibc, on x86-64 and AArch64 (which lay
-//! CPython's structures out alike; only where a thread's pthread lies from
-//! its thread pointer differs: [`from_thread_pointer`]). The structure
-//! offsets below were read from each version's own debug information (pyenv's
-//! builds on the development machine, `gdb`'s `&((T*)0)->field`); a 3.13+
-//! interpreter carries its offsets in `_PyRuntime.debug_offsets`, which are
-//! used instead (a test checks the table against them). Anything else (2.x,
-//! 3.7 and older, 3.14 and newer, free-threaded or debug builds) is reported,
-//! once per process, as not read: its stacks stay native.
+//! GIL builds, glibc, on x86-64 and AArch64 (which lay CPython's structures
+//! out alike; only where a thread's pthread lies from its thread pointer
+//! differs: [`pthread_below_tp`]):
+//!
+//! - From 3.13 every offset comes from the interpreter's own description of
+//!   itself ([`describe`]: `_Py_DebugOffsets`), so a new version that
+//!   describes itself as a known one does is read, said to be untested.
+//!   3.8 to 3.12 take a table read from each version's debug information.
+//! - A thread's state is found where `PyGILState_GetThisThreadState` finds
+//!   it: a thread-local variable when that function is a plain load of one
+//!   (3.15), else the autoTSSkey pthread key (up to 3.14).
+//! - The interpreter loop is `_PyEval_EvalFrameDefault` and its `.cold`
+//!   part, found by its unwind description where a stripped build (Debian's)
+//!   names none.
+//!
+//! Anything else (2.x, 3.7 and older, free-threaded or debug builds, a
+//! newer version that describes itself otherwise) is reported, once per
+//! process, as not read: its stacks stay native.
 use std::{collections::HashMap, rc::Rc};
+
+pub mod describe;
+
+use describe::Described;
 
 use super::{
     elfsym::{bias_of, ElfSyms, Sym},
     layout::rt_kind,
     plugin::{About, CodeInfo, CodeLines, Detected, Instance, Lang, ProcConfig, Runtime, Seen, SrcFrame},
-    RtFrame,
+    RtFrame, MAX_RANGES,
 };
 use crate::engine::process::{
     mem::{le, Mem},
@@ -77,11 +90,11 @@ pub enum Model {
     CFrameEntry = 1,
     /// 3.12: through `tstate->cframe`, C-stack-owned shim frames.
     CFrameOwner = 2,
-    /// 3.13: `tstate->current_frame`, shim frames.
+    /// 3.13 on: `tstate->current_frame`, shim frames.
     DirectOwner = 3,
 }
 
-/// Offsets of one CPython minor version (x86-64, release build).
+/// Offsets of one CPython (x86-64 and AArch64 lay them out alike).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// Minor version (3.x).
@@ -90,8 +103,9 @@ pub struct Layout {
     pub model: Model,
     /// `_PyRuntimeState.interpreters.head`.
     pub rt_interp_head: u64,
-    /// `_PyRuntimeState`'s autoTSSkey (`Py_tss_t`: initialized flag, then the key).
-    pub rt_autotss: u64,
+    /// `_PyRuntimeState`'s autoTSSkey (`Py_tss_t`: initialized flag, then
+    /// the key), up to 3.14 (3.15 keeps the thread's state in a TLS variable).
+    pub rt_autotss: Option<u64>,
     /// `PyInterpreterState`: its first thread (`tstate_head`, `threads.head`).
     pub interp_threads: u64,
     /// `PyThreadState.next`.
@@ -102,7 +116,7 @@ pub struct Layout {
     pub ts_frame: u64,
     /// `_PyCFrame.current_frame`.
     pub cf_frame: u64,
-    /// Frame: code object.
+    /// Frame: code object (3.14 on: a tagged `_PyStackRef`).
     pub f_code: u64,
     /// Frame: caller.
     pub f_back: u64,
@@ -112,12 +126,17 @@ pub struct Layout {
     pub f_entry: u64,
     /// Bytes of a frame the kernel reads.
     pub frame_read: u64,
+    /// Low bits of the frame's code pointer that tag it (3.14's
+    /// `_PyStackRef`), 0 where it is a plain pointer.
+    pub exec_tag: u64,
     /// `PyCodeObject.co_argcount`.
     pub co_argcount: u64,
     /// `PyCodeObject.co_firstlineno`.
     pub co_firstlineno: u64,
-    /// `PyCodeObject.co_flags`.
-    pub co_flags: u64,
+    /// A third field of the code object in its cookie: `co_flags` where the
+    /// layout comes from the table, the low half of `co_name`'s address
+    /// where it comes from the interpreter's own description.
+    pub co_extra: u64,
     /// `PyCodeObject.co_filename`.
     pub co_filename: u64,
     /// `co_qualname` (3.11+) or `co_name`.
@@ -132,13 +151,15 @@ pub struct Layout {
     pub compact_size: u64,
 }
 
-/// The offsets of 3.`minor` (None: not a version this build reads).
+/// The built-in offsets of 3.`minor` for the versions before CPython
+/// described itself (3.8 to 3.12; None otherwise), read from each version's
+/// own debug information (pyenv's builds, `gdb`'s `&((T*)0)->field`).
 pub fn layout(minor: u32) -> Option<Layout> {
     let old = |autotss, f_lasti, frame_read| Layout {
         minor,
         model: Model::FrameObject,
         rt_interp_head: 32,
-        rt_autotss: autotss,
+        rt_autotss: Some(autotss),
         interp_threads: 8,
         ts_next: 8,
         ts_thread_id: 176,
@@ -149,9 +170,10 @@ pub fn layout(minor: u32) -> Option<Layout> {
         f_instr: f_lasti,
         f_entry: 0,
         frame_read,
+        exec_tag: 0,
         co_argcount: 16,
         co_firstlineno: 40,
-        co_flags: 36,
+        co_extra: 36,
         co_filename: 104,
         co_name: 112,
         co_linetable: 120,
@@ -167,7 +189,7 @@ pub fn layout(minor: u32) -> Option<Layout> {
             minor,
             model: Model::CFrameEntry,
             rt_interp_head: 40,
-            rt_autotss: 592,
+            rt_autotss: Some(592),
             interp_threads: 16,
             ts_next: 8,
             ts_thread_id: 152,
@@ -178,9 +200,10 @@ pub fn layout(minor: u32) -> Option<Layout> {
             f_instr: 56,
             f_entry: 68,
             frame_read: 72,
+            exec_tag: 0,
             co_argcount: 56,
             co_firstlineno: 72,
-            co_flags: 48,
+            co_extra: 48,
             co_filename: 112,
             co_name: 128,
             co_linetable: 136,
@@ -188,28 +211,29 @@ pub fn layout(minor: u32) -> Option<Layout> {
             ascii_size: 48,
             compact_size: 72,
         },
-        12 | 13 => Layout {
+        12 => Layout {
             minor,
-            model: if minor == 12 { Model::CFrameOwner } else { Model::DirectOwner },
-            rt_interp_head: if minor == 12 { 40 } else { 632 },
-            rt_autotss: if minor == 12 { 1544 } else { 2160 },
-            interp_threads: if minor == 12 { 72 } else { 7344 },
+            model: Model::CFrameOwner,
+            rt_interp_head: 40,
+            rt_autotss: Some(1544),
+            interp_threads: 72,
             ts_next: 8,
-            ts_thread_id: if minor == 12 { 136 } else { 152 },
-            ts_frame: if minor == 12 { 56 } else { 72 },
+            ts_thread_id: 136,
+            ts_frame: 56,
             cf_frame: 0,
             f_code: 0,
             f_back: 8,
             f_instr: 56,
             f_entry: 70,
             frame_read: 72,
+            exec_tag: 0,
             co_argcount: 52,
             co_firstlineno: 68,
-            co_flags: 48,
+            co_extra: 48,
             co_filename: 112,
             co_name: 128,
             co_linetable: 136,
-            co_code: if minor == 12 { 192 } else { 200 },
+            co_code: 192,
             ascii_size: 40,
             compact_size: 56,
         },
@@ -217,49 +241,62 @@ pub fn layout(minor: u32) -> Option<Layout> {
     })
 }
 
-/// The versions this build reads, for `doctor` and the docs.
-pub const VERSIONS: &str = "CPython 3.8 to 3.13 (GIL builds, glibc; x86-64 and AArch64)";
-
-/// `_Py_DebugOffsets` (3.13): the cookie at the start of `_PyRuntime`.
-const DEBUG_COOKIE: &[u8; 8] = b"xdebugpy";
-
-/// Replaces the table's offsets by those the interpreter carries (3.13's
-/// `_PyRuntime.debug_offsets`, laid out as in its pycore_runtime.h); None
-/// when `d` is not such a block. Also says whether the build is free-threaded.
-pub fn from_debug_offsets(base: &Layout, d: &[u8]) -> Option<(Layout, bool)> {
-    if d.len() < 584 || &d[..8] != DEBUG_COOKIE {
-        return None;
+/// Where `_PyRuntime.autoTSSkey` is in the versions that describe
+/// themselves but not it (3.13 and 3.14: x86-64's; AArch64's may be further
+/// on, see [`read_interpreter`]). 3.15 has none.
+fn autotss(minor: u32) -> Option<u64> {
+    match minor {
+        13 => Some(2160),
+        14 => Some(2336),
+        _ => None,
     }
-    let at = |o: usize| le::<8>(d, o);
-    let version = at(8);
-    if (version >> 24, (version >> 16) & 0xff) != (3, base.minor as u64) {
-        return None;
-    }
-    let free_threaded = at(16) != 0;
-    // Each block starts with its struct's size; a field past it is not one.
-    let field = |size_at: usize, o: usize| {
-        let v = at(o);
-        (v < at(size_at) && v < 1 << 20).then_some(v)
-    };
-    let mut l = base.clone();
-    l.rt_interp_head = field(24, 40)?;
-    l.interp_threads = field(48, 72)?;
-    l.ts_next = field(152, 168)?;
-    l.ts_frame = field(152, 184)?;
-    l.ts_thread_id = field(152, 192)?;
-    l.f_back = field(224, 232)?;
-    l.f_code = field(224, 240)?;
-    l.f_instr = field(224, 248)?;
-    l.f_entry = field(224, 264)?;
-    l.co_filename = field(272, 280)?;
-    l.co_name = field(272, 296)?;
-    l.co_linetable = field(272, 304)?;
-    l.co_firstlineno = field(272, 312)?;
-    l.co_argcount = field(272, 320)?;
-    l.co_code = field(272, 344)?;
-    l.ascii_size = at(560);
-    Some((l, free_threaded))
 }
+
+/// The layout an interpreter describes (3.13 on).
+pub fn from_described(d: &Described, minor: u32) -> Layout {
+    let g = |n: &str| d.get(n);
+    let frame_fields = ["interpreter_frame.previous", "interpreter_frame.executable", "interpreter_frame.instr_ptr"];
+    let frame_read = frame_fields.iter().map(|n| g(n) + 8).chain([g("interpreter_frame.owner") + 1]).max().unwrap_or(0);
+    let ascii = g("unicode_object.asciiobject_size");
+    Layout {
+        minor,
+        model: Model::DirectOwner,
+        rt_interp_head: g("runtime_state.interpreters_head"),
+        rt_autotss: autotss(minor),
+        interp_threads: g("interpreter_state.threads_head"),
+        ts_next: g("thread_state.next"),
+        ts_thread_id: g("thread_state.thread_id"),
+        ts_frame: g("thread_state.current_frame"),
+        cf_frame: 0,
+        f_code: g("interpreter_frame.executable"),
+        f_back: g("interpreter_frame.previous"),
+        f_instr: g("interpreter_frame.instr_ptr"),
+        f_entry: g("interpreter_frame.owner"),
+        frame_read: (frame_read + 7) & !7,
+        // 3.14's format describes the frame's stack pointer: its frames
+        // hold tagged references (Py_TAG_BITS).
+        exec_tag: if d.has("interpreter_frame.stackpointer") { 3 } else { 0 },
+        co_argcount: g("code_object.argcount"),
+        co_firstlineno: g("code_object.firstlineno"),
+        co_extra: g("code_object.name"),
+        co_filename: g("code_object.filename"),
+        co_name: g("code_object.qualname"),
+        co_linetable: g("code_object.linetable"),
+        co_code: g("code_object.co_code_adaptive"),
+        ascii_size: ascii,
+        compact_size: if d.has("unicode_object.compactunicodeobject_size") {
+            g("unicode_object.compactunicodeobject_size")
+        } else {
+            ascii + 16
+        },
+    }
+}
+
+/// The versions this build reads, for `doctor` and the docs.
+pub const VERSIONS: &str = "CPython 3.8 to 3.15 (GIL builds, glibc; x86-64 and AArch64), and newer ones that describe \
+                            themselves as 3.15 does";
+/// The versions tested, for the word on an untested one.
+const TESTED: &str = "CPython 3.8 to 3.15";
 
 /// `python3.11`, `libpython3.12.so.1.0`, `python3.13t`: (major, minor,
 /// ABI flags) of an interpreter image's file name.
@@ -278,6 +315,26 @@ pub fn name_version(base: &str) -> Option<(u32, u32, String)> {
     Some((major, minor, flags))
 }
 
+/// How the kernel finds a thread's `PyThreadState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadState {
+    /// Through glibc's thread-specific data for pthread key `key` (the
+    /// interpreter's autoTSSkey, up to 3.14), `tsd` bytes from the thread
+    /// pointer.
+    Key {
+        /// The key.
+        key: u32,
+        /// Where `specific_1stblock` is from the thread pointer.
+        tsd: u64,
+    },
+    /// The word `off` bytes from the thread pointer (3.15's
+    /// `_Py_tss_gilstate`, a thread-local variable of the executable).
+    Tls {
+        /// Its offset from the thread pointer.
+        off: i64,
+    },
+}
+
 /// What the kernel needs and user space keeps for one Python process.
 #[derive(Debug, Clone)]
 pub struct Python {
@@ -287,19 +344,20 @@ pub struct Python {
     pub layout: Layout,
     /// Whether they came from the interpreter's own debug offsets.
     pub from_debug_offsets: bool,
+    /// Read although newer than the versions tested: those.
+    pub untested: Option<String>,
     /// `&PyCode_Type`.
     pub code_type: u64,
     /// The interpreter loop's ranges.
     pub ranges: Vec<(u64, u64)>,
-    /// autoTSSkey's pthread key.
-    pub key: u32,
-    /// glibc's `specific_1stblock` from the thread pointer.
-    pub tsd: u64,
+    /// How a thread's state is found.
+    pub ts: ThreadState,
     /// The file holding the interpreter, as the process shows it.
     pub image: String,
 }
 
-const WANT: &[&str] = &["_PyRuntime", "_PyEval_EvalFrameDefault", "PyCode_Type", "Py_Version"];
+const WANT: &[&str] =
+    &["_PyRuntime", "_PyEval_EvalFrameDefault", "PyCode_Type", "Py_Version", "PyGILState_GetThisThreadState"];
 
 /// Looks for a CPython interpreter among `pid`'s mappings. None: none there.
 fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Detected> {
@@ -314,8 +372,14 @@ fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Detected> {
         }
         seen.push(&m.path);
         let what = format!("Python {major}.{minor}{flags}");
-        if major != 3 || !(8..=13).contains(&minor) {
+        if major != 3 || minor < 8 {
             return Some(Detected::not_read(what, format!("this sonde reads {VERSIONS}")));
+        }
+        if flags.contains('t') {
+            return Some(Detected::not_read(what, FREE_THREADED));
+        }
+        if flags.contains('d') {
+            return Some(Detected::not_read(what, "a debug build (its objects are laid out apart)"));
         }
         let Some(elf) = m.open(pid).and_then(|f| ElfSyms::open(f).ok()) else { continue };
         let syms = elf.find(WANT);
@@ -323,20 +387,20 @@ fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Detected> {
             named = Some(what);
             continue;
         }
-        if flags.contains('t') {
-            return Some(Detected::not_read(what, "a free-threaded build (its frames are laid out apart)"));
-        }
-        if flags.contains('d') {
-            return Some(Detected::not_read(what, "a debug build (its objects are laid out apart)"));
-        }
         let bias = maps.iter().filter(|x| x.path == m.path).find_map(|x| bias_of(&elf.segments, x.start, x.offset))?;
-        let found = read_interpreter(pid, m, &elf, &syms, bias, minor, mem).and_then(|p| {
-            if elf.is_x86_64() {
-                Ok(p)
-            } else {
-                from_thread_pointer(p, pid, maps, &elf)
-            }
-        });
+        // Where a thread's pthread lies below its thread pointer (AArch64).
+        let below = if elf.is_x86_64() {
+            Ok(0)
+        } else {
+            pthread_below(pid, maps, &elf).ok_or_else(|| {
+                Detected::not_read(
+                    what.clone(),
+                    "where its threads' pthread lies from the thread pointer is not known: its libc's pthread_self \
+                     is not glibc's `mrs x0, tpidr_el0; sub x0, x0, #N`",
+                )
+            })
+        };
+        let found = below.and_then(|below| read_interpreter(pid, m, &elf, &syms, bias, minor, mem, below));
         return Some(match found {
             Ok(p) => Detected::Read(Box::new(p)),
             Err(d) => d,
@@ -347,14 +411,19 @@ fn detect(pid: u32, maps: &[MapLine], mem: &Mem) -> Option<Detected> {
     named.map(|what| Detected::Later(format!("{what}: its interpreter library is not mapped yet")))
 }
 
+const FREE_THREADED: &str = "a free-threaded build (no GIL: its objects have another header, its threads run copies \
+                             of the bytecode; this sonde reads builds with the GIL)";
+
+#[allow(clippy::too_many_arguments)]
 fn read_interpreter(
-    _pid: u32,
+    pid: u32,
     m: &MapLine,
     elf: &ElfSyms,
     syms: &HashMap<String, Sym>,
     bias: u64,
     minor: u32,
     mem: &Mem,
+    below: u64,
 ) -> Result<Python, Detected> {
     let mut what = format!("Python 3.{minor}");
     let unsupported = |what: &str, why: &str| Detected::not_read(what, why);
@@ -369,93 +438,283 @@ fn read_interpreter(
         version = format!("{ma}.{mi}.{mc}");
         what = format!("Python {version}");
     }
-    let Some(mut layout) = layout(minor) else {
-        return Err(unsupported(&what, &format!("this sonde reads {VERSIONS}")));
-    };
-    let runtime = syms["_PyRuntime"].addr.wrapping_add(bias);
-    let mut debug_offsets = false;
-    if minor >= 13 {
-        match mem.bytes(runtime, 584).and_then(|d| from_debug_offsets(&layout, &d)) {
-            Some((_, true)) => return Err(unsupported(&what, "a free-threaded build (its frames are laid out apart)")),
-            Some((l, false)) => {
-                layout = l;
-                debug_offsets = true;
-            }
-            None => return Err(unsupported(&what, "its _PyRuntime carries no debug offsets this sonde understands")),
+    // 3.14 gives _PyRuntime a section of its own.
+    let runtime = elf
+        .section_range(".PyRuntime")
+        .map(|(a, _)| a)
+        .or_else(|| syms.get("_PyRuntime").map(|s| s.addr))
+        .unwrap_or(0)
+        .wrapping_add(bias);
+    let (mut layout, described, untested) = if minor >= 13 {
+        let block = mem
+            .prefix(runtime, describe::READ_BYTES, 584)
+            .ok_or_else(|| Detected::Later(format!("{what}: its _PyRuntime cannot be read yet")))?;
+        if describe::head(&block).is_some_and(|(_, ft)| ft) {
+            return Err(unsupported(&what, FREE_THREADED));
         }
-    }
+        let (d, tested) = describe::describe(&block, minor).map_err(|e| unsupported(&what, &e))?;
+        if (d.version().0, d.version().1) != (3, minor as u64) {
+            let (ma, mi, _) = d.version();
+            return Err(unsupported(&what, &format!("its _Py_DebugOffsets say {ma}.{mi}, its file name 3.{minor}")));
+        }
+        (from_described(&d, minor), true, (!tested).then(|| TESTED.to_string()))
+    } else {
+        let l = layout(minor).ok_or_else(|| unsupported(&what, &format!("this sonde reads {VERSIONS}")))?;
+        (l, false, None)
+    };
     let Some(code_type) = syms.get("PyCode_Type").map(|s| s.addr.wrapping_add(bias)) else {
         return Err(unsupported(&what, "PyCode_Type is not in its symbol tables"));
     };
+    // A code object's instructions follow its fixed part: the type's size
+    // (tp_basicsize, the word after tp_name) is where they start.
+    if layout.co_code > 0 {
+        let basic = mem.u64(code_type.wrapping_add(32));
+        if basic != Some(layout.co_code) {
+            return Err(unsupported(
+                &what,
+                &format!(
+                    "its code objects are {} bytes before their instructions, not the {} its layout says",
+                    basic.map_or("?".into(), |b| b.to_string()),
+                    layout.co_code
+                ),
+            ));
+        }
+    }
     let eval = &syms["_PyEval_EvalFrameDefault"];
     if eval.size == 0 {
         return Err(unsupported(&what, "its symbol table gives no size for _PyEval_EvalFrameDefault"));
     }
-    let mut ranges = vec![(eval.addr.wrapping_add(bias), eval.addr.wrapping_add(bias).wrapping_add(eval.size))];
+    let hot = (eval.addr, eval.addr.wrapping_add(eval.size));
+    let mut parts = vec![hot];
     for (_, s) in elf.with_prefix("_PyEval_EvalFrameDefault.cold", 3) {
         if s.size > 0 {
-            ranges.push((s.addr.wrapping_add(bias), s.addr.wrapping_add(bias).wrapping_add(s.size)));
+            parts.push((s.addr, s.addr.wrapping_add(s.size)));
         }
     }
-    // The thread-state key, once the runtime has made it. On AArch64 the
-    // table's offset of autoTSSkey (x86-64's) can be short of the real one:
-    // _PyRuntimeState embeds the GIL's pthread mutexes (40 bytes on x86-64,
-    // 48 on AArch64) before it. There the candidates up to 64 bytes on are
-    // tried, and one counts only if a thread's own pthread slot for its key
-    // holds that thread's state (the calibration below).
-    let shifts: &[u64] = if elf.is_x86_64() || debug_offsets { &[0] } else { &[0, 8, 16, 24, 32, 40, 48, 56, 64] };
-    let mut initialized = false;
-    let mut found = None;
-    for &shift in shifts {
-        let Some(tss) = mem.bytes(runtime.wrapping_add(layout.rt_autotss + shift), 8) else {
-            return Err(unsupported(&what, "its runtime state cannot be read"));
-        };
-        if le::<4>(&tss, 0) != 1 {
-            continue;
-        }
-        initialized = true;
-        let key = le::<4>(&tss, 4) as u32;
-        if key >= 1024 {
-            if shifts.len() == 1 {
-                return Err(unsupported(&what, &format!("its thread-state key {key} is not a pthread key")));
-            }
-            continue;
-        }
-        // Where glibc keeps thread-specific data: found from a thread whose
-        // state we know (the interpreter's thread list) and its pthread.
-        if let Some(tsd) = calibrate(mem, runtime, &layout, key) {
-            layout.rt_autotss += shift;
-            found = Some((key, tsd));
-            break;
+    if parts.len() == 1 {
+        // A stripped build (Debian's) names no .cold part: the code its
+        // hot part jumps to, which no function's entry starts.
+        if let Some(f) = m.open(pid) {
+            parts.extend(cold_parts(elf, f, hot));
         }
     }
-    if !initialized {
+    let ranges: Vec<(u64, u64)> =
+        parts.iter().take(MAX_RANGES).map(|&(a, b)| (a.wrapping_add(bias), b.wrapping_add(bias))).collect();
+    // The thread state: a thread-local variable where
+    // PyGILState_GetThisThreadState reads one (3.15), else through the
+    // autoTSSkey pthread key (up to 3.14).
+    let accessor = syms.get("PyGILState_GetThisThreadState").and_then(|s| elf.read_vaddr(s.addr, 32));
+    let tls = accessor.as_deref().and_then(|c| tls_offset(c, elf.is_x86_64()));
+    let threads = thread_list(mem, runtime, &layout);
+    if threads.as_ref().is_none_or(|t| t.is_empty()) {
         return Err(Detected::Later(format!("{what}: the interpreter is not initialized yet")));
     }
-    let Some((key, tsd)) = found else {
-        return Err(Detected::Later(format!(
-            "{what}: no thread's state found through its pthread key (not glibc, or no thread has started)"
-        )));
+    let threads = threads.unwrap_or_default();
+    let ts = if let Some(off) = tls {
+        // Every thread's slot holds its own state (one at least).
+        let holds = |(ts, id): &(u64, u64)| mem.u64(id.wrapping_add(below).wrapping_add_signed(off)) == Some(*ts);
+        if !threads.iter().all(holds) {
+            return Err(Detected::Later(format!(
+                "{what}: its threads' states are not yet where PyGILState_GetThisThreadState reads them"
+            )));
+        }
+        ThreadState::Tls { off }
+    } else {
+        let Some(at) = layout.rt_autotss else {
+            return Err(unsupported(
+                &what,
+                "where a thread's state is kept is not known: PyGILState_GetThisThreadState reads no thread-local \
+                 variable this sonde recognises, and the version has no autoTSSkey",
+            ));
+        };
+        // On AArch64 the offset of autoTSSkey (x86-64's) can be short of the
+        // real one: _PyRuntimeState embeds the GIL's pthread mutexes (40
+        // bytes on x86-64, 48 on AArch64) before it. There the candidates up
+        // to 64 bytes on are tried, and one counts only if a thread's own
+        // pthread slot for its key holds that thread's state.
+        let shifts: &[u64] = if elf.is_x86_64() { &[0] } else { &[0, 8, 16, 24, 32, 40, 48, 56, 64] };
+        let mut initialized = false;
+        let mut found = None;
+        for &shift in shifts {
+            let Some(tss) = mem.bytes(runtime.wrapping_add(at + shift), 8) else {
+                return Err(unsupported(&what, "its runtime state cannot be read"));
+            };
+            if le::<4>(&tss, 0) != 1 {
+                continue;
+            }
+            initialized = true;
+            let key = le::<4>(&tss, 4) as u32;
+            if key >= 1024 {
+                if shifts.len() == 1 {
+                    return Err(unsupported(&what, &format!("its thread-state key {key} is not a pthread key")));
+                }
+                continue;
+            }
+            // Where glibc keeps thread-specific data: found from a thread
+            // whose state we know (the interpreter's thread list) and its
+            // pthread.
+            if let Some(tsd) = threads.iter().find_map(|&(ts, id)| tsd_offset(mem, id, key, ts)) {
+                layout.rt_autotss = Some(at + shift);
+                // An offset from the pthread: from the thread pointer on
+                // AArch64, where the pthread lies below it.
+                found = Some(ThreadState::Key { key, tsd: tsd.wrapping_sub(below) });
+                break;
+            }
+        }
+        if !initialized {
+            return Err(Detected::Later(format!("{what}: the interpreter is not initialized yet")));
+        }
+        found.ok_or_else(|| {
+            Detected::Later(format!(
+                "{what}: no thread's state found through its pthread key (not glibc, or no thread has started)"
+            ))
+        })?
     };
     Ok(Python {
         version,
         layout,
-        from_debug_offsets: debug_offsets,
+        from_debug_offsets: described,
+        untested,
         code_type,
         ranges,
-        key,
-        tsd,
+        ts,
         image: m.path.clone(),
     })
 }
 
-/// On AArch64 the thread pointer (`tpidr_el0`, what the walk reads) is
-/// not the `struct pthread` as on x86-64: glibc puts that struct just below
-/// it (TLS variant I), `sizeof(struct pthread)` bytes (0x740 in 2.36), which
-/// its `pthread_self` subtracts. `p.tsd` becomes an offset from the thread
-/// pointer.
-fn from_thread_pointer(mut p: Python, pid: u32, maps: &[MapLine], interp: &ElfSyms) -> Result<Python, Detected> {
-    let what = format!("Python {}", p.version);
+/// The interpreter's threads: (thread state, pthread), at most 256.
+fn thread_list(mem: &Mem, runtime: u64, l: &Layout) -> Option<Vec<(u64, u64)>> {
+    let interp = mem.u64(runtime.wrapping_add(l.rt_interp_head)).filter(|&p| p != 0)?;
+    let mut ts = mem.u64(interp.wrapping_add(l.interp_threads))?;
+    let mut out = Vec::new();
+    for _ in 0..256 {
+        if ts == 0 {
+            break;
+        }
+        let me = mem.u64(ts.wrapping_add(l.ts_thread_id))?;
+        if me != 0 {
+            out.push((ts, me));
+        }
+        ts = mem.u64(ts.wrapping_add(l.ts_next))?;
+    }
+    Some(out)
+}
+
+/// The thread-pointer offset of the thread-local variable an accessor
+/// returns, when it is a plain load of one: on x86-64 `mov %fs:OFF,%rax`
+/// (or `mov %fs:0,%rax` then `mov OFF(%rax),%rax`), on AArch64
+/// `mrs xN, tpidr_el0`, then `add` of the offset's high and low parts and
+/// an `ldr` (the local-exec forms an executable's own TLS takes), after
+/// `endbr64`, `bti c` or `paciasp`.
+pub fn tls_offset(code: &[u8], x86_64: bool) -> Option<i64> {
+    if x86_64 {
+        let c = code.strip_prefix(&[0xf3, 0x0f, 0x1e, 0xfa]).unwrap_or(code);
+        let d32 = |b: &[u8]| b.get(..4).map(|x| i32::from_le_bytes([x[0], x[1], x[2], x[3]]) as i64);
+        // mov %fs:disp32,%rax
+        let c = c.strip_prefix(&[0x64, 0x48, 0x8b, 0x04, 0x25])?;
+        let off = d32(c)?;
+        let rest = &c[4..];
+        if off != 0 {
+            return rest.first().is_some_and(|&b| b == 0xc3).then_some(off);
+        }
+        // mov disp32(%rax),%rax; ret
+        let r = rest.strip_prefix(&[0x48, 0x8b, 0x80])?;
+        let off = d32(r)?;
+        return (r.get(4) == Some(&0xc3)).then_some(off);
+    }
+    let words: Vec<u32> = code.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect();
+    const HINTS: [u32; 3] = [0xd503_245f, 0xd503_233f, 0xd503_201f]; // bti c, paciasp, nop
+    let mut i = words.iter().position(|w| !HINTS.contains(w))?;
+    // mrs xN, tpidr_el0
+    let mrs = *words.get(i)?;
+    if mrs & !0x1f != 0xd53b_d040 {
+        return None;
+    }
+    let mut reg = mrs & 0x1f;
+    let mut off: i64 = 0;
+    i += 1;
+    loop {
+        let w = *words.get(i)?;
+        let (rd, rn) = (w & 0x1f, (w >> 5) & 0x1f);
+        if w & 0xff80_0000 == 0x9100_0000 && rn == reg {
+            // add xD, xN, #imm{, lsl #12}
+            let imm = ((w >> 10) & 0xfff) as i64;
+            off += if w & (1 << 22) != 0 { imm << 12 } else { imm };
+            reg = rd;
+            i += 1;
+        } else if w & 0xffc0_0000 == 0xf940_0000 && rn == reg {
+            // ldr xT, [xN, #imm]: the load, and its result is returned
+            off += (((w >> 10) & 0xfff) as i64) * 8;
+            let next = *words.get(i + 1)?;
+            let ret = next == 0xd65f_03c0 || next == 0xd65f_0bff; // ret, retaa
+            return (rd == 0 && ret).then_some(off);
+        } else {
+            return None;
+        }
+    }
+}
+
+/// The code ranges of a function's parts its hot part jumps to: the `.cold`
+/// part GCC splits out (the interpreter's loop, in Debian's builds), found
+/// by the `.eh_frame` descriptions that start where a jump from `hot` lands
+/// and whose first row is not a function's entry.
+fn cold_parts(elf: &ElfSyms, file: std::fs::File, hot: (u64, u64)) -> Vec<(u64, u64)> {
+    let Some(code) = elf.read_vaddr(hot.0, hot.1.saturating_sub(hot.0).min(1 << 20)) else { return Vec::new() };
+    let targets = branch_targets(&code, hot.0, elf.is_x86_64());
+    let Ok(info) = crate::engine::unwind::elf::read_file(file) else { return Vec::new() };
+    let spans = crate::engine::unwind::table::fde_spans(&info);
+    let mut out: Vec<(u64, u64)> = spans
+        .into_iter()
+        .filter(|&(s, e, entry)| !entry && targets.contains(&s) && !(hot.0 <= s && s < hot.1) && e > s)
+        .map(|(s, e, _)| (s, e))
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The targets of direct jumps in `code` (at address `at`): x86-64's
+/// `jmp rel32` and `jcc rel32` (looked for at every byte: a target must
+/// then also start a code part, which chance does not give), AArch64's
+/// `b`, `b.cond`, `cbz`/`cbnz` and `tbz`/`tbnz`.
+pub fn branch_targets(code: &[u8], at: u64, x86_64: bool) -> std::collections::HashSet<u64> {
+    let mut out = std::collections::HashSet::new();
+    let rel = |i: usize| code.get(i..i + 4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as i64);
+    if x86_64 {
+        for i in 0..code.len() {
+            let (len, disp) = match (code[i], code.get(i + 1)) {
+                (0xe9, _) => (5, rel(i + 1)),
+                (0x0f, Some(&b)) if b & 0xf0 == 0x80 => (6, rel(i + 2)),
+                _ => continue,
+            };
+            if let Some(d) = disp {
+                out.insert((at + i as u64 + len).wrapping_add_signed(d));
+            }
+        }
+        return out;
+    }
+    for (i, w) in code.chunks_exact(4).map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])).enumerate() {
+        let pc = at + 4 * i as u64;
+        let sext = |v: u32, bits: u32| ((v << (32 - bits)) as i32 >> (32 - bits)) as i64 * 4;
+        let d = if w & 0xfc00_0000 == 0x1400_0000 {
+            sext(w & 0x03ff_ffff, 26) // b
+        } else if w & 0xff00_0010 == 0x5400_0000 || w & 0x7e00_0000 == 0x3400_0000 {
+            sext((w >> 5) & 0x7_ffff, 19) // b.cond, cbz, cbnz
+        } else if w & 0x7e00_0000 == 0x3600_0000 {
+            sext((w >> 5) & 0x3fff, 14) // tbz, tbnz
+        } else {
+            continue;
+        };
+        out.insert(pc.wrapping_add_signed(d));
+    }
+    out
+}
+
+/// Where glibc puts a thread's pthread below its thread pointer: 0 on
+/// x86-64 (the thread pointer is the pthread); on AArch64 (TLS variant I)
+/// `sizeof(struct pthread)` bytes (0x740 in 2.36), which its `pthread_self`
+/// subtracts.
+fn pthread_below(pid: u32, maps: &[MapLine], interp: &ElfSyms) -> Option<u64> {
     let libc =
         maps.iter().filter(|m| m.exec).find(|m| m.base().starts_with("libc.so") || m.base().starts_with("libc-"));
     let own;
@@ -466,18 +725,8 @@ fn from_thread_pointer(mut p: Python, pid: u32, maps: &[MapLine], interp: &ElfSy
         }
         None => interp, // a static build: its own glibc
     };
-    let code = elf.find(&["pthread_self"]).get("pthread_self").and_then(|s| elf.read_vaddr(s.addr, 24));
-    match code.as_deref().and_then(pthread_below_tp) {
-        Some(below) => {
-            p.tsd = p.tsd.wrapping_sub(below);
-            Ok(p)
-        }
-        None => Err(Detected::not_read(
-            what,
-            "where its threads' pthread lies from the thread pointer is not known: its libc's pthread_self \
-             is not glibc's `mrs x0, tpidr_el0; sub x0, x0, #N`",
-        )),
-    }
+    let code = elf.find(&["pthread_self"]).get("pthread_self").and_then(|s| elf.read_vaddr(s.addr, 24))?;
+    pthread_below_tp(&code)
 }
 
 /// The N of AArch64 glibc's `pthread_self`: `mrs x0, tpidr_el0`, then
@@ -498,27 +747,9 @@ pub fn pthread_below_tp(code: &[u8]) -> Option<u64> {
 
 /// glibc's `struct pthread` keeps the first 32 keys' values in
 /// `specific_1stblock` (a `{seq, data}` pair each) and further ones behind
-/// `specific[key / 32]` right after it. Its offset from the thread pointer
-/// is found on a live thread: the offset at which the thread's slot for
-/// `key` holds its own thread state (0x310 on glibc 2.26 to 2.41).
-fn calibrate(mem: &Mem, runtime: u64, l: &Layout, key: u32) -> Option<u64> {
-    let interp = mem.u64(runtime.wrapping_add(l.rt_interp_head)).filter(|&p| p != 0)?;
-    let mut ts = mem.u64(interp.wrapping_add(l.interp_threads))?;
-    for _ in 0..256 {
-        if ts == 0 {
-            break;
-        }
-        let me = mem.u64(ts.wrapping_add(l.ts_thread_id))?;
-        if me != 0 {
-            if let Some(x) = tsd_offset(mem, me, key, ts) {
-                return Some(x);
-            }
-        }
-        ts = mem.u64(ts.wrapping_add(l.ts_next))?;
-    }
-    None
-}
-
+/// `specific[key / 32]` right after it. Its offset in the pthread is found
+/// on a live thread (`me`, whose state is `ts`): the offset at which the
+/// thread's slot for `key` holds its own state (0x310 on glibc 2.26 to 2.43).
 fn tsd_offset(mem: &Mem, me: u64, key: u32, ts: u64) -> Option<u64> {
     let block = mem.bytes(me, 0x1000).or_else(|| mem.bytes(me, 0x800))?;
     let k = key as usize;
@@ -541,10 +772,19 @@ fn tsd_offset(mem: &Mem, me: u64, key: u32, ts: u64) -> Option<u64> {
 /// The kernel's `struct py_proc` (python.h).
 pub fn bpf_config(p: &Python) -> py_proc {
     let l = &p.layout;
+    let (tsd, key, ts_tls) = match p.ts {
+        ThreadState::Key { key, tsd } => (tsd, key, 0),
+        ThreadState::Tls { off } => (off as u64, 0, 1),
+    };
+    // The code object's head the kernel reads: its type and the cookie's fields.
+    let head = [l.co_argcount, l.co_firstlineno, l.co_extra].into_iter().max().unwrap_or(0) + 4;
     py_proc {
-        tsd: p.tsd,
+        tsd,
         code_type: p.code_type,
-        key: p.key,
+        key,
+        ts_tls,
+        code_read: head.clamp(16, 128) as u8,
+        exec_tag: l.exec_tag as u8,
         model: l.model as u8,
         frame_read: l.frame_read as u8,
         ts_frame: l.ts_frame as u16,
@@ -555,33 +795,40 @@ pub fn bpf_config(p: &Python) -> py_proc {
         f_entry: l.f_entry as u16,
         co_argcount: l.co_argcount as u16,
         co_firstlineno: l.co_firstlineno as u16,
-        co_flags: l.co_flags as u16,
+        co_extra: l.co_extra as u16,
+        ..Default::default()
     }
 }
 
 impl Instance for Python {
     fn about(&self) -> About {
         let ranges: Vec<String> = self.ranges.iter().map(|(a, b)| format!("{a:#x}-{b:#x}")).collect();
-        // Below the thread pointer on AArch64 (glibc's TLS variant I).
-        let tsd = match self.tsd as i64 {
-            n if n < 0 => format!("- {:#x}", n.unsigned_abs()),
-            n => format!("+ {n:#x}"),
-        };
+        // From the thread pointer: below it on AArch64 (glibc's TLS
+        // variant I) for thread-specific data, and on x86-64 (variant II)
+        // for an executable's thread-local variables.
+        let signed = |n: i64| if n < 0 { format!("- {:#x}", n.unsigned_abs()) } else { format!("+ {n:#x}") };
         let mut fields = serde_json::Map::new();
-        fields.insert("thread_state_key".into(), self.key.into());
-        fields.insert("thread_specific_data".into(), tsd.trim_start_matches("+ ").replace("- ", "-").into());
+        let how = match self.ts {
+            ThreadState::Key { key, tsd } => {
+                let at = signed(tsd as i64);
+                fields.insert("thread_state_key".into(), key.into());
+                fields.insert("thread_specific_data".into(), at.trim_start_matches("+ ").replace("- ", "-").into());
+                format!("thread-state key {key}, thread-specific data at thread pointer {at}")
+            }
+            ThreadState::Tls { off } => {
+                let at = signed(off);
+                fields.insert("thread_state_tls".into(), at.trim_start_matches("+ ").replace("- ", "-").into());
+                format!("thread state in a thread-local variable at thread pointer {at}")
+            }
+        };
         fields.insert("interpreter_loop".into(), ranges.clone().into());
         About {
             runtime: format!("Python {}", self.version),
             image: self.image.clone(),
             offsets: if self.from_debug_offsets { "_Py_DebugOffsets" } else { "built-in table" },
             module: self.image.rsplit('/').next().unwrap_or("python").split(".so").next().unwrap_or("python").into(),
-            untested: None,
-            detail: format!(
-                "thread-state key {}, thread-specific data at thread pointer {tsd}; interpreter loop {}",
-                self.key,
-                ranges.join(", ")
-            ),
+            untested: self.untested.clone(),
+            detail: format!("{how}; interpreter loop {}", ranges.join(", ")),
             fields,
         }
     }
@@ -616,9 +863,9 @@ impl CodeLines for PyLines {
 }
 
 /// The cookie of python.h's `py_cookie`.
-pub fn cookie(argcount: u32, firstlineno: u32, flags: u32) -> u16 {
+pub fn cookie(argcount: u32, firstlineno: u32, extra: u32) -> u16 {
     let h =
-        argcount.wrapping_mul(0x9e37_79b1) ^ firstlineno.wrapping_mul(0x85eb_ca6b) ^ flags.wrapping_mul(0xc2b2_ae35);
+        argcount.wrapping_mul(0x9e37_79b1) ^ firstlineno.wrapping_mul(0x85eb_ca6b) ^ extra.wrapping_mul(0xc2b2_ae35);
     (h ^ (h >> 16)) as u16
 }
 
@@ -631,7 +878,7 @@ const MAX_LINETABLE: u64 = 1 << 20;
 /// says why not (the process changed it, or it is not one).
 pub fn code_info(p: &Python, mem: &Mem, addr: u64, ck: u16) -> Result<CodeInfo, &'static str> {
     let l = &p.layout;
-    let head_len = [l.co_argcount, l.co_firstlineno, l.co_flags, l.co_filename, l.co_name, l.co_linetable]
+    let head_len = [l.co_argcount, l.co_firstlineno, l.co_extra, l.co_filename, l.co_name, l.co_linetable]
         .into_iter()
         .max()
         .unwrap_or(0)
@@ -641,7 +888,7 @@ pub fn code_info(p: &Python, mem: &Mem, addr: u64, ck: u16) -> Result<CodeInfo, 
         return Err("not_code");
     }
     let first = le::<4>(&h, l.co_firstlineno as usize) as u32;
-    let c = cookie(le::<4>(&h, l.co_argcount as usize) as u32, first, le::<4>(&h, l.co_flags as usize) as u32);
+    let c = cookie(le::<4>(&h, l.co_argcount as usize) as u32, first, le::<4>(&h, l.co_extra as usize) as u32);
     if c != ck {
         return Err("reused");
     }

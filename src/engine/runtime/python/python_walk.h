@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * CPython's frame chain, read in the kernel (types in python.h; registered
- * in runtimes.h as RT_PYTHON's walker). The thread state comes from the thread's own
- * thread-specific data, as PyGILState_GetThisThreadState finds it
- * (pthread_getspecific of autoTSSkey), so it works for threads that do not
- * hold the GIL (blocked ones) and never stops or signals the process.
+ * in runtimes.h as RT_PYTHON's walker). The thread state comes from where
+ * PyGILState_GetThisThreadState finds it: the thread's own thread-specific
+ * data for autoTSSkey (up to 3.14), or the thread-local variable that holds
+ * it (3.15), so it works for threads that do not hold the GIL (blocked
+ * ones) and never stops or signals the process.
  * Reads of the process's memory are most of the walk's cost (a helper call
  * each): frames that lie next to each other on the data stack (3.11+) come
  * RT_SBUF bytes at a time, and a code object's head (type check and
@@ -22,7 +23,9 @@ static __always_inline int py_begin(struct rt_state *r)
 	struct py_proc *c = RT_PART(r, struct py_proc);
 	__u32 key = c->key;
 	__u64 at;
-	if (key < 32) {
+	if (c->ts_tls) {
+		at = r->fsbase + c->tsd;
+	} else if (key < 32) {
 		at = r->fsbase + c->tsd + key * 16 + 8;
 	} else {
 		/* glibc's second level: specific[key / 32] follows the first block */
@@ -138,19 +141,24 @@ __noinline int py_step(__u32 slot)
 		r->st.end = RT_END_READ;
 		return 1;
 	}
-	__u64 code = py_f64(r, at + c->f_code);
+	__u64 code = py_f64(r, at + c->f_code) & ~(__u64)c->exec_tag;
 	r->frame = py_f64(r, at + c->f_back);
 	__u8 flags = 0;
 	if (c->model == PY_FRAMEOBJECT) {
 		flags = RT_F_ENTRY;
 	} else if (c->model == PY_CFRAME_ENTRY) {
 		flags = py_f8(r, at + c->f_entry) ? RT_F_ENTRY : 0;
-	} else if (py_f8(r, at + c->f_entry) == PY_OWNED_BY_CSTACK) {
-		/* A shim: the frames below it (leaf side) were one call's. */
-		__u16 n = r->st.n;
-		if (n > 0)
-			r->st.f[(n - 1) & (RT_MAX_FRAMES - 1)].flags |= RT_F_ENTRY;
-		return 0;
+	} else {
+		__u8 owner = py_f8(r, at + c->f_entry);
+		if (owner == PY_OWNED_BY_CSTACK) {
+			/* A shim: the frames below it (leaf side) were one call's. */
+			__u16 n = r->st.n;
+			if (n > 0)
+				r->st.f[(n - 1) & (RT_MAX_FRAMES - 1)].flags |= RT_F_ENTRY;
+			return 0;
+		}
+		if (owner > PY_OWNED_BY_CSTACK)
+			return 0; /* not a Python frame (3.14's C-stack owner) */
 	}
 	__u32 loc;
 	if (c->model == PY_FRAMEOBJECT) {
@@ -164,12 +172,15 @@ __noinline int py_step(__u32 slot)
 	if (code && r->cc_addr[ci] == code) {
 		cookie = r->cc_cookie[ci];
 	} else {
-		if (!code || bpf_probe_read_user(r->code, 80, (void *)code)) {
+		__u32 head = c->code_read;
+		if (head < 16 || head > RT_BUF)
+			head = RT_BUF;
+		if (!code || bpf_probe_read_user(r->code, head, (void *)code)) {
 			r->st.end = RT_END_READ;
 			return 1;
 		}
 		if (rt_u64(r->code, 8) != c->code_type) {
-			/* 3.13: a frame may run something other than a code object */
+			/* 3.13 on: a frame may run something other than a code object */
 			if (c->model == PY_DIRECT_OWNER)
 				return 0;
 			r->st.end = RT_END_BAD_FRAME;
@@ -177,7 +188,7 @@ __noinline int py_step(__u32 slot)
 		}
 		cookie =
 		        py_cookie(rt_u32(r->code, c->co_argcount),
-		                  rt_u32(r->code, c->co_firstlineno), rt_u32(r->code, c->co_flags));
+		                  rt_u32(r->code, c->co_firstlineno), rt_u32(r->code, c->co_extra));
 		r->cc_addr[ci] = code;
 		r->cc_cookie[ci] = cookie;
 	}
