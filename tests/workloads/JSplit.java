@@ -4,6 +4,8 @@
 //                    waits 30 ms on a monitor (waiter): 1:2:3 off the CPU
 //   deopt SECONDS    as cpu, through a virtual call the JIT binds while one class implements
 //                    it; a second class loaded halfway makes the JVM deoptimize and recompile
+//   shared SECONDS   twice() and once() call one compiled worker(), 2:1 iterations (run
+//                    with worker() kept out of line: -XX:CompileCommand=dontinline,JSplit::worker)
 import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.ServerSocket;
@@ -29,6 +31,29 @@ public class JSplit {
     static void parent() {
         sink += heavy(20_000);
         sink += light(10_000);
+    }
+
+    // One compiled method, two callers: which caller a sample in worker()
+    // is credited to is the return address into the caller's code.
+    static long worker(long n) {
+        long x = 1;
+        for (long i = 0; i < n; i++) x = x * 3202034522624059733L + i;
+        return x;
+    }
+
+    // Short calls, many of them: a sample often stands in worker()'s
+    // prologue or epilogue, where its frame is not whole.
+    static void twice() {
+        for (int k = 0; k < 1600; k++) sink += worker(10);
+    }
+
+    static void once() {
+        for (int k = 0; k < 800; k++) sink += worker(10);
+    }
+
+    static void callers() {
+        twice();
+        once();
     }
 
     // While Heavy is its only subclass, the JIT calls run() directly (or
@@ -87,6 +112,9 @@ public class JSplit {
         switch (a[0]) {
             case "cpu":
                 while (System.nanoTime() < end) parent();
+                break;
+            case "shared":
+                while (System.nanoTime() < end) callers();
                 break;
             case "deopt": {
                 long half = System.nanoTime() + (end - System.nanoTime()) / 2;

@@ -8,7 +8,7 @@
 //!   runtime is a folder: [`python`] (CPython), [`java`] (HotSpot), [`v8`]
 //!   (Node.js). Go is read apart, from its binary's own tables, by the
 //!   unwinder and the symbolizer ([`go`]).
-//! - [`manager`]: per process, when the unwinder first loads its tables
+//! - `manager`: per process, when the unwinder first loads its tables
 //!   ([`Runtimes::on_load`], from the same look at its mappings), each
 //!   runtime looks for itself (also in another mount namespace, through
 //!   `/proc/PID/map_files`, and embedded in another program) and, when

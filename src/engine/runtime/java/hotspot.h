@@ -37,7 +37,10 @@ struct hs_proc {
 	__u16 cm_code_size;      /* ConstMethod::_code_size */
 	__u8 bcp_slot;           /* an interpreted frame's bytecode pointer: fp - 8 * this */
 	__u8 bcp_alt;            /* or here (0: nowhere else), the one inside the bytecodes */
-	__u8 pad[6];
+	__u16 nm_vep;            /* nmethod's verified entry point (0: not known) */
+	__u8 vep_abs; /* 1: it is an address (JDK 9-22); 0: a 16-bit offset from the code (23+) */
+	__u8 pad;
+	__u16 nm_osr; /* nmethod::_osr_entry_point (0: not known) */
 };
 
 #endif

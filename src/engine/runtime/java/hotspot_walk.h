@@ -108,6 +108,111 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
 	return ra ? 0 : hs_end(s, UNW_END_FP_CHAIN);
 }
 
+/* A byte of the 32 read at r->sb[256]. */
+#define HS_B(b, i) ((b)[(i)&31])
+
+/*
+ * x86-64: a sampled pc in a compiled method's prologue (before its frame is
+ * complete). C1 and C2 build a frame from its verified entry point in one
+ * of two ways: the stack bang, `push rbp` (`mov rbp, rsp` with
+ * PreserveFramePointer), then `sub rsp, n`; or, a frame small enough to
+ * need no bang, `sub rsp, n` making the whole frame at once, then
+ * `mov [rsp + n - 8], rbp`. Where the instructions before pc got to says
+ * what is pushed: *pushed, the bytes pushed or subtracted; *rbp_below,
+ * where the caller's rbp was saved, below the CFA (0: still in rbp). A pc
+ * before the verified entry (the inline-cache check) has nothing pushed; an
+ * on-stack-replacement nmethod builds its frame from its OSR entry.
+ * Returns 0 where the code is neither: the walk ends rather than read a
+ * wrong caller.
+ */
+static __always_inline int hs_x86_prologue(struct hs_proc *c, struct rt_state *r, __u64 blob,
+                                           __u64 code, __u64 pc, __u64 *pushed, int *rbp_below)
+{
+	__u64 vep = 0;
+	*pushed = 0;
+	*rbp_below = 0;
+	if (!c->nm_vep)
+		return 0;
+	if (c->vep_abs) {
+		if (bpf_probe_read_user(&vep, 8, (void *)(blob + c->nm_vep)))
+			return 0;
+	} else {
+		__u16 o = 0;
+		if (bpf_probe_read_user(&o, 2, (void *)(blob + c->nm_vep)))
+			return 0;
+		vep = code + o;
+	}
+	if (pc <= vep)
+		return 1;
+	__u64 osr = 0;
+	if (c->nm_osr && bpf_probe_read_user(&osr, 8, (void *)(blob + c->nm_osr)) == 0 &&
+	    osr > vep && osr <= pc)
+		vep = osr;
+	__u64 at = pc - vep; /* bytes of the prologue done */
+	__u8 *b = &r->sb[256];
+	if (bpf_probe_read_user(b, 32, (void *)vep))
+		return 0;
+	__u32 i = 0;
+	/* the stack bang: mov [rsp - n], eax */
+	if (HS_B(b, 0) == 0x89 && HS_B(b, 1) == 0x84 && HS_B(b, 2) == 0x24)
+		i = 7;
+	/* push rbp (and mov rbp, rsp) */
+	__u32 push_end = 0;
+	if (HS_B(b, i) == 0x55) {
+		push_end = i + 1;
+		i = push_end;
+		if (HS_B(b, i) == 0x48 && HS_B(b, i + 1) == 0x89 && HS_B(b, i + 2) == 0xe5)
+			i += 3;
+	}
+	/* sub rsp, imm8 or imm32 */
+	if (HS_B(b, i) != 0x48 || HS_B(b, i + 2) != 0xec)
+		return 0;
+	__u32 n = 0, sub_end = 0;
+	if (HS_B(b, i + 1) == 0x83) {
+		n = HS_B(b, i + 3);
+		sub_end = i + 4;
+	} else if (HS_B(b, i + 1) == 0x81) {
+		n = (__u32)HS_B(b, i + 3) | (__u32)HS_B(b, i + 4) << 8 |
+		    (__u32)HS_B(b, i + 5) << 16 | (__u32)HS_B(b, i + 6) << 24;
+		sub_end = i + 7;
+	} else {
+		return 0;
+	}
+	if (n > 0x100000)
+		return 0;
+	if (push_end) {
+		if (at >= push_end) {
+			*pushed = 8;
+			*rbp_below = 16;
+		}
+		if (at >= sub_end)
+			*pushed += n;
+		return 1;
+	}
+	/* No push: mov [rsp + d], rbp (disp8 or disp32) saves rbp. */
+	i = sub_end;
+	if (HS_B(b, i) != 0x48 || HS_B(b, i + 1) != 0x89 || HS_B(b, i + 3) != 0x24)
+		return 0;
+	__u32 d = 0, mov_end = 0;
+	if (HS_B(b, i + 2) == 0x6c) {
+		d = HS_B(b, i + 4);
+		mov_end = i + 5;
+	} else if (HS_B(b, i + 2) == 0xac) {
+		d = (__u32)HS_B(b, i + 4) | (__u32)HS_B(b, i + 5) << 8 |
+		    (__u32)HS_B(b, i + 6) << 16 | (__u32)HS_B(b, i + 7) << 24;
+		mov_end = i + 8;
+	} else {
+		return 0;
+	}
+	if (d + 8 > n)
+		return 0;
+	if (at >= sub_end)
+		*pushed = n;
+	if (at >= mov_end)
+		*rbp_below = 8 + n - d;
+	return 1;
+}
+
 /*
  * One HotSpot frame of the walk in slot `slot` (its pc lies in the code
  * cache); the pc is recorded already. Returns nonzero when the walk ends.
@@ -296,19 +401,23 @@ __noinline int hs_step(__u32 slot)
 			cfa = sp + 16; /* pop rbp */
 		} else if ((ins[0] == 0x49 && ins[1] == 0x3b && ins[2] == 0xa7 && ins[7] == 0x0f &&
 		            ins[8] == 0x87 && ins[13] == 0xc3) ||
+		           (ins[0] == 0x49 && ins[1] == 0x3b && ins[2] == 0x67 && ins[4] == 0x0f &&
+		            ins[5] == 0x87 && ins[10] == 0xc3) ||
 		           (ins[0] == 0x0f && ins[1] == 0x87 && ins[6] == 0xc3) ||
 		           (ins[0] == 0x41 && ins[1] == 0x85 && ins[2] == 0x02 && ins[3] == 0xc3)) {
-			cfa = sp + 8; /* the return poll, after pop rbp */
+			cfa = sp +
+			      8; /* the return poll (cmp rsp, [r15 + d32 or d8]; ja), after pop rbp */
 			rbp_at = 0;
 		} else if (fc >= 0 && pc - code < (__u64)fc) {
-			/* The prologue: `push rbp` done only where `sub rsp` is next. */
-			if (ins[0] == 0x48 && (ins[1] == 0x83 || ins[1] == 0x81) &&
-			    ins[2] == 0xec) {
-				cfa = sp + 16;
-			} else {
-				cfa = sp + 8;
-				rbp_at = 0;
+			/* The prologue: what the code before pc did. */
+			__u64 pushed = 0;
+			int below = 0;
+			if (!hs_x86_prologue(c, r, blob, code, pc, &pushed, &below)) {
+				rt_stat(RT_S_JIT_UNKNOWN, 1);
+				return hs_end(s, UNW_END_NO_TABLE);
 			}
+			cfa = sp + 8 + pushed;
+			rbp_at = below;
 		}
 	}
 	if (in_lr) {

@@ -8,9 +8,11 @@
 //! Every structure offset comes from the JVM's own exported tables
 //! ([`vmstructs`]); only the interpreter's frame slots (method and bytecode
 //! pointer, `frame_x86.hpp`, `frame_aarch64.hpp`) are HotSpot's fixed
-//! layouts, which the tables do not carry. JDK 11 to 25 are read on x86-64,
-//! JDK 11, 17, 21 and 25 on AArch64 (where each is tested); anything else
-//! is reported, once per process, as not read.
+//! layouts, which the tables do not carry. JDK 11 to 27 are tested on
+//! x86-64, JDK 11, 17, 21, 25 and 27 on AArch64; another JDK from 11 on is
+//! read when its tables describe every field the walk reads, and said to be
+//! untested; a JDK before 11, or one whose tables lack a field, is
+//! reported, once per process, as not read.
 pub mod vmstructs;
 
 use std::{collections::HashMap, rc::Rc};
@@ -74,7 +76,11 @@ impl Runtime for HotspotRuntime {
 }
 
 /// What this build reads.
-pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 to 25 on x86-64, JDK 11, 17, 21 and 25 on arm64";
+pub const VERSIONS: &str = "HotSpot JVMs of JDK 11 and newer (tested: 11 to 27 on x86-64; 11, 17, 21, 25 and 27 on \
+                            arm64; others are read where their structure tables describe every field the walk \
+                            reads, and said to be untested)";
+/// The versions tested, for the word on an untested one.
+const TESTED: &str = "JDK 11 to 27 (x86-64), 11, 17, 21, 25 and 27 (arm64)";
 /// Code heaps the kernel knows per process (`HS_HEAPS`).
 pub const HEAPS: usize = 4;
 /// `HS_F_INTERP`: an interpreted frame (addr: Method*, loc: bytecode index).
@@ -124,6 +130,11 @@ pub struct Offsets {
     pub cb_kind: Option<(u64, u8)>,
     /// `nmethod::_compile_id`.
     pub nm_compile_id: u64,
+    /// `nmethod::_verified_entry_point` (an address: true) or
+    /// `_verified_entry_offset` (from the code, JDK 23+), when exported.
+    pub nm_vep: Option<(u64, bool)>,
+    /// `nmethod::_osr_entry_point`, when exported.
+    pub nm_osr: Option<u64>,
     /// `nmethod::_method`.
     pub nm_method: u64,
     /// Where the debug information lies (by JDK).
@@ -220,6 +231,8 @@ pub struct Hotspot {
     x: u8,
     /// An AArch64 JVM (its interpreter keeps the bytecode pointer elsewhere).
     aarch64: bool,
+    /// Read although not tested: the versions tested.
+    untested: Option<String>,
     /// Methods named, by address and ConstMethod.
     methods: HashMap<(u64, u64), Rc<JMethod>>,
 }
@@ -428,9 +441,14 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Detected {
         .unwrap_or_else(|| major.to_string());
     let what = format!("Java {release} (HotSpot)");
     let unsupported = |why: String| Detected::not_read(what.clone(), why);
-    if !(11..=99).contains(&major) || (aarch64 && ![11, 17, 21, 25].contains(&major)) {
+    if major < 11 {
         return unsupported(format!("this sonde reads {VERSIONS}"));
     }
+    // Every offset comes from the JVM's tables (a field they lack is said
+    // below); the interpreter's frame slots, which they do not carry, are
+    // checked on every frame (the bytecode pointer must point into the
+    // method's bytecodes).
+    let tested = if aarch64 { [11, 17, 21, 25, 27].contains(&major) } else { (11..=27).contains(&major) };
     let o = match offsets(vm) {
         Ok(o) => o,
         Err(missing) => return unsupported(format!("its structure tables lack {missing}")),
@@ -506,6 +524,7 @@ fn read_vm(vm: &VmStructs, mem: &Mem, image: &str, aarch64: bool) -> Detected {
         nm,
         x: if major >= 21 { 1 } else { 0 },
         aarch64,
+        untested: (!tested).then(|| TESTED.to_string()),
         methods: HashMap::new(),
     }))
 }
@@ -534,6 +553,21 @@ fn offsets(vm: &VmStructs) -> Result<Offsets, String> {
         cb_name: need(&["CodeBlob::_name"])?,
         cb_kind,
         nm_compile_id: need(&["nmethod::_compile_id"])?,
+        nm_vep: match (
+            vm.offset(&["nmethod::_verified_entry_point"], MAX_TYPE),
+            vm.field(&["nmethod::_verified_entry_offset"]),
+        ) {
+            (Some(o), _) => Some((o, true)),
+            // A 16-bit offset ("u2" in JDK 23 to 27).
+            (None, Some(f))
+                if ["u2", "uint16_t", "int16_t", "jushort", "jshort"].contains(&f.type_string.as_str())
+                    && f.offset < MAX_TYPE =>
+            {
+                Some((f.offset, false))
+            }
+            _ => None,
+        },
+        nm_osr: vm.offset(&["nmethod::_osr_entry_point"], MAX_TYPE),
         nm_method: need(&["nmethod::_method", "CompiledMethod::_method"])?,
         nm_layout: if vm.field(&["nmethod::_immutable_data"]).is_some() { NmLayout::Split } else { NmLayout::Inline },
         nm_size: size("nmethod")?,
@@ -616,6 +650,9 @@ pub fn bpf_config(h: &Hotspot) -> hs_proc {
         // slot that points into the method's bytecodes.
         bcp_slot: if h.aarch64 { 9 } else { 8 },
         bcp_alt: if h.aarch64 { 8 } else { 0 },
+        nm_vep: o.nm_vep.map_or(0, |v| v.0 as u16),
+        vep_abs: o.nm_vep.is_some_and(|v| v.1) as u8,
+        nm_osr: o.nm_osr.unwrap_or(0) as u16,
         ..Default::default()
     };
     for (i, hp) in h.heaps.iter().take(HEAPS).enumerate() {
@@ -639,7 +676,7 @@ impl Instance for Hotspot {
             image: self.image.clone(),
             offsets: "gHotSpotVMStructs",
             module: "java".into(),
-            untested: None,
+            untested: self.untested.clone(),
             detail: format!("code heaps {}; template interpreter {interp}", heaps.join(", ")),
             fields,
         }
