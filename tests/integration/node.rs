@@ -1,5 +1,6 @@
 //! JavaScript frames on V8, read from Node's own structures with no flag
-//! and no agent, on Node.js 18, 20 and 22: the 2:1 split that
+//! and no agent, on Node.js 18, 20, 22, 24 and 26 (V8 10.2 to 14.6; 25 read
+//! as an untested line): the 2:1 split that
 //! nodesplit.js builds in (with V8 inlining heavy() and light() into their
 //! callers, and without; baseline and interpreted), the (function, caller)
 //! pairs and the shares against V8's own profiler (`node --cpu-prof`) of the
@@ -10,17 +11,18 @@ use std::path::{Path, PathBuf};
 
 use super::common::*;
 
-/// The Node.js builds the test runs: the machine's Node 20, and 18 and 22
-/// from the npm registry's official builds (scripts/setup).
+/// The Node.js builds the test runs: the machine's Node 20, and 18, 22,
+/// 24 and 26 from the npm registry's official builds (scripts/setup).
 fn nodes() -> Vec<(&'static str, PathBuf)> {
-    [("18", "/opt/sonde-node/18/bin/node"), ("20", "/usr/bin/node"), ("22", "/opt/sonde-node/22/bin/node")]
-        .iter()
-        .map(|(v, p)| {
-            let p = PathBuf::from(p);
-            assert!(p.exists(), "Node.js {v} at {} (scripts/setup installs it)", p.display());
-            (*v, p)
-        })
-        .collect()
+    ["18", "20", "22", "24", "26"].iter().map(|v| (*v, node_bin(v))).collect()
+}
+
+/// Node `v`'s binary.
+fn node_bin(v: &str) -> PathBuf {
+    let p =
+        PathBuf::from(if v == "20" { "/usr/bin/node".to_string() } else { format!("/opt/sonde-node/{v}/bin/node") });
+    assert!(p.exists(), "Node.js {v} at {} (scripts/setup installs it)", p.display());
+    p
 }
 
 fn script() -> String {
@@ -169,15 +171,18 @@ fn against_cpu_prof(v: &str, bin: &Path, what: &str, flags: &[&str], dir: &Path)
     stacks
 }
 
-#[test]
-fn node_split_matches_cpu_prof_on_every_node_inlined_or_not() {
-    let dir = scratch_dir("node");
-    for (v, bin) in nodes() {
+/// The split and pairs against `--cpu-prof` on Node `v`, V8 inlining
+/// heavy() and light() into parent() and not.
+fn split_matches_cpu_prof(v: &str) {
+    let dir = scratch_dir(&format!("node-{v}"));
+    {
+        let bin = node_bin(v);
         let s = against_cpu_prof(v, &bin, "inlined", &[], &dir);
-        assert!(
-            inlined(&s, "heavy") * 10 >= under(&s, "heavy") * 9 && inlined(&s, "light") * 10 >= under(&s, "light") * 9,
-            "Node {v}: V8 inlined heavy() and light() into their caller"
-        );
+        // V8 inlines what its budget allows: heavy() and light() into
+        // parent() (18 to 22, 26), or parent() and batch() into tick() (24).
+        let all = under(&s, "parent");
+        let most = ["heavy", "light", "parent", "batch"].iter().map(|f| inlined(&s, f)).max().unwrap_or(0);
+        assert!(most * 10 >= all * 9, "Node {v}: V8 inlined some of the workload's functions: {}", js_paths(&s));
         let s = against_cpu_prof(v, &bin, "not inlined", &["--no-turbo-inlining"], &dir);
         assert_eq!(
             inlined(&s, "heavy") + inlined(&s, "light"),
@@ -187,13 +192,45 @@ fn node_split_matches_cpu_prof_on_every_node_inlined_or_not() {
     }
 }
 
-/// V8's baseline compiler (Sparkplug) and its interpreter, on Node 20.
+#[test]
+fn node_18_split_matches_cpu_prof_inlined_or_not() {
+    split_matches_cpu_prof("18");
+}
+
+#[test]
+fn node_20_split_matches_cpu_prof_inlined_or_not() {
+    split_matches_cpu_prof("20");
+}
+
+#[test]
+fn node_22_split_matches_cpu_prof_inlined_or_not() {
+    split_matches_cpu_prof("22");
+}
+
+/// V8 13.6: functions reach their code through the dispatch table
+/// (leaptiering), the code's SharedFunctionInfo is wrapped.
+#[test]
+fn node_24_split_matches_cpu_prof_inlined_or_not() {
+    split_matches_cpu_prof("24");
+}
+
+/// V8 14.6: as 13.6, and source position tables written unsigned.
+#[test]
+fn node_26_split_matches_cpu_prof_inlined_or_not() {
+    split_matches_cpu_prof("26");
+}
+
+/// V8's baseline compiler (Sparkplug) and its interpreter, on Node 20
+/// and 26 (whose bytecode position tables are written unsigned: the call
+/// sites' lines tell).
 #[test]
 fn node_baseline_and_interpreted_frames_match_cpu_prof() {
     let dir = scratch_dir("node-tiers");
-    let bin = PathBuf::from("/usr/bin/node");
-    against_cpu_prof("20", &bin, "baseline", &["--no-opt", "--no-maglev"], &dir);
-    against_cpu_prof("20", &bin, "interpreted", &["--no-opt", "--no-maglev", "--no-sparkplug"], &dir);
+    for v in ["20", "26"] {
+        let bin = node_bin(v);
+        against_cpu_prof(v, &bin, "baseline", &["--no-opt", "--no-maglev"], &dir);
+        against_cpu_prof(v, &bin, "interpreted", &["--no-opt", "--no-maglev", "--no-sparkplug"], &dir);
+    }
 }
 
 /// One long loop that V8 optimizes while it runs (on-stack replacement),
@@ -244,7 +281,7 @@ fn node_frames_switched_off_leave_the_javascript_unnamed() {
 #[test]
 fn node_offcpu_splits_a_timer_await_and_two_blocking_waits() {
     let dir = scratch_dir("node-offcpu");
-    for (v, bin) in nodes().into_iter().filter(|(v, _)| ["20", "22"].contains(v)) {
+    for (v, bin) in nodes().into_iter().filter(|(v, _)| ["20", "26"].contains(v)) {
         let w = node(&bin, &[], &["off", "30"]);
         thread::sleep(Duration::from_millis(1500));
         let (stacks, err) = stacks_of(&["offcpu", "-p", &w.0.id().to_string(), "-d", "4s"], &dir.join("o.json"));
@@ -271,16 +308,29 @@ fn node_offcpu_splits_a_timer_await_and_two_blocking_waits() {
     }
 }
 
-/// A Node whose V8 this build does not read (Node 24, V8 13.6): said once,
-/// and its stacks stay native.
+/// A Node whose V8 this build does not read (Node 16, V8 9.4): said once,
+/// and its stacks stay native. A V8 line not tested (Node 25, V8 14.1) that
+/// describes itself as the tested ones do: read, the split right, said once
+/// to be untested.
 #[test]
-fn node_24_is_said_and_left_native() {
-    let dir = scratch_dir("node-24");
-    let w = node(Path::new("/opt/sonde-node/24/bin/node"), &[], &["cpu", "30"]);
+fn node_not_read_is_said_and_untested_is_read_and_said() {
+    let dir = scratch_dir("node-old");
+    let w = node(&node_bin("16"), &[], &["cpu", "30"]);
     thread::sleep(Duration::from_millis(1000));
     let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
-    assert!(err.contains("Node.js (V8 13.6") && err.contains("is not read"), "{err}");
+    assert!(err.contains("Node.js (V8 9.4") && err.matches("is not read").count() == 1, "{err}");
     assert!(stacks.iter().all(|(f, _)| f.iter().all(|x| x["kind"] != "javascript")), "{err}");
+    drop(w);
+    let w = node(&node_bin("25"), &[], &["cpu", "30"]);
+    thread::sleep(Duration::from_millis(2500));
+    let (stacks, err) = profile_json(w.0.id(), &dir, &[]);
+    assert_eq!(err.matches("is newer than the versions this sonde was tested on").count(), 1, "{err}");
+    assert!(err.contains("Node.js (V8 14.1"), "{err}");
+    let (share, n) = heavy_share(&sonde_pairs(&stacks));
+    assert!(n > 300 && (share - 2.0 / 3.0).abs() < 0.05, "Node 25: heavy's share {share:.3} of {n}; {err}");
+    let out = Command::new(SONDE).args(["doctor", "--json", "--pid", &w.0.id().to_string()]).output().unwrap();
+    let d: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(d["read"] == true && d["untested"].as_str().is_some_and(|t| t.contains("Node.js 18 to 26")), "{d}");
 }
 
 /// Code V8 throws away and makes again mid-run (a type its optimized code
@@ -290,7 +340,7 @@ fn node_24_is_said_and_left_native() {
 #[test]
 fn node_names_stay_right_across_deoptimization() {
     let dir = scratch_dir("node-deopt");
-    for (v, bin) in nodes().into_iter().filter(|(v, _)| ["20", "22"].contains(v)) {
+    for (v, bin) in nodes().into_iter().filter(|(v, _)| ["20", "22", "26"].contains(v)) {
         let log = dir.join(format!("deopt-{v}.log"));
         let mut c = Command::new(&bin);
         c.arg("--trace-deopt").arg(script()).args(["deopt", "60"]).stdout(std::fs::File::create(&log).unwrap());

@@ -7,11 +7,18 @@
 //! reads).
 //!
 //! Offsets come from the postmortem metadata V8 builds into Node's binary
-//! (the `v8dbg_` symbols); where the metadata lacks a field the walk or the
-//! naming needs, the field's place in that V8 line is built in below,
-//! checked on the processes of the Node.js releases the tests run (18, 20
-//! and 22: V8 10.2, 11.3 and 12.4). Other V8 lines are reported, once per
-//! process, as not read: their stacks stay native.
+//! (the `v8dbg_` symbols, a class's field found whatever type its name
+//! gives it), and what the metadata does not say from the binary's other
+//! symbols: the dispatch table functions reach their code through from V8
+//! 13 (leaptiering: its size from its table type's template argument, its
+//! place in the process found in the isolate group and checked on its own
+//! entries), and how source position tables write code offsets (V8 14.x's
+//! table builder takes two flags). Where neither says, the field's place is
+//! the V8 lines' (each checked on the Node.js releases the tests run: 18
+//! to 26, V8 10.2 to 14.6). Another V8 from 10 on is read when its metadata
+//! describes every field, and said to be untested; an older one, or one
+//! whose metadata lacks a field, is reported, once per process, as not
+//! read: its stacks stay native.
 pub mod heap;
 pub mod tables;
 
@@ -84,7 +91,13 @@ impl Runtime for NodeRuntime {
 }
 
 /// What this build reads.
-pub const VERSIONS: &str = "Node.js 18, 20 and 22 (V8 10.2, 11.3 and 12.4) on x86-64 and arm64";
+pub const VERSIONS: &str = "Node.js 18 and newer (V8 10.2 on; tested: Node.js 18, 20, 22, 24 and 26, V8 10.2, 11.3, \
+                            12.4, 13.6 and 14.6, on x86-64 and arm64; others are read where their metadata describes \
+                            every field the walk reads, and said to be untested)";
+/// The V8 lines tested.
+const TESTED: [(u32, u32); 5] = [(10, 2), (11, 3), (12, 4), (13, 6), (14, 6)];
+/// The versions tested, for the word on an untested one.
+const TESTED_WORDS: &str = "Node.js 18 to 26 (V8 10.2, 11.3, 12.4, 13.6, 14.6)";
 /// The name of a function whose name V8 holds as empty.
 pub const ANONYMOUS: &str = "(anonymous)";
 
@@ -145,8 +158,13 @@ pub struct Layout {
     pub t_interp_data: Option<u16>,
     /// `JSFunction::shared`, `code`.
     pub fn_shared: u64,
-    /// `JSFunction::code`.
-    pub fn_code: u64,
+    /// `JSFunction::code`, or None where a function reaches its code
+    /// through the dispatch table (V8 13 on: leaptiering).
+    pub fn_code: Option<u64>,
+    /// `JSFunction::dispatch_handle` (a 32-bit handle) with leaptiering.
+    pub fn_dispatch: u64,
+    /// The dispatch table, as its binary describes it.
+    pub dispatch: Option<Dispatch>,
     /// Code: the instructions' address, or (V8 10) where they start in it.
     pub code_start: u64,
     /// Whether the instructions are inside the Code (V8 10).
@@ -168,6 +186,9 @@ pub struct Layout {
     /// Deoptimization data indices: inlined function count, literal
     /// array, the code's SharedFunctionInfo, inlining positions.
     pub dd: (u64, u64, u64, u64),
+    /// Where the code's SharedFunctionInfo is wrapped (V8 13 on): the
+    /// wrapper's `shared_info`.
+    pub dd_wrapped: Option<u64>,
     /// Arrays: length (a Smi) and first element.
     pub arr: (u64, u64),
     /// SharedFunctionInfo: function data, name or scope info, script.
@@ -178,6 +199,25 @@ pub struct Layout {
     pub ba: (u64, u64, u64),
     /// ScopeInfo: index of the context-local count, of the first variable part.
     pub scope: (u64, u64),
+    /// How source position tables write code offsets.
+    pub positions: tables::Encoding,
+}
+
+/// V8's table of functions' entry points (leaptiering, V8 13 on): an
+/// entry per function, its code at `code_word`, shifted by `code_shift`,
+/// found by a handle shifted by `handle_shift`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dispatch {
+    /// Bytes the table reserves.
+    pub reserved: u64,
+    /// Bytes of an entry.
+    pub entry: u64,
+    /// A handle is the entry's index shifted left by this.
+    pub handle_shift: u8,
+    /// The entry's word holding the code, from its start.
+    pub code_word: u64,
+    /// ... shifted left by this.
+    pub code_shift: u8,
 }
 
 /// A script's name and where its lines end.
@@ -372,6 +412,13 @@ pub struct V8 {
     pub code_not_found: u64,
     /// ... of those, because the budget was spent.
     pub search_budget_spent: u64,
+    /// Where the dispatch table is in this process (leaptiering), once found.
+    pub dispatch_base: Option<u64>,
+    /// `IsolateGroup::default_isolate_group_` in this process: the object
+    /// that holds the dispatch table's base.
+    group: Option<u64>,
+    /// Read although not tested: the versions tested.
+    untested: Option<String>,
 }
 
 /// Pages of generated code read per drain looking for the code at a pc.
@@ -398,6 +445,7 @@ fn dbg_values(elf: &ElfSyms, syms: &HashMap<String, Sym>) -> Dbg {
 
 /// The symbols detection reads, besides the `v8dbg_` and `Builtins_` ones.
 const SYMBOLS: &[&str] = &[
+    GROUP,
     "_ZN2v88internal7Version6major_E",
     "_ZN2v88internal7Version6minor_E",
     "_ZN2v88internal7Version6build_E",
@@ -407,6 +455,37 @@ const SYMBOLS: &[&str] = &[
     "v8_Default_embedded_blob_code_",
     "v8_Default_embedded_blob_code_size_",
 ];
+
+/// `v8::internal::IsolateGroup::default_isolate_group_`.
+const GROUP: &str = "_ZN2v88internal12IsolateGroup22default_isolate_group_E";
+/// `SourcePositionTableBuilder::AddPosition(...)`: its arguments tell how
+/// the binary writes source position tables.
+const ADD_POSITION: &str = "_ZN2v88internal26SourcePositionTableBuilder11AddPosition";
+/// A symbol whose template arguments give the dispatch table's size.
+const DISPATCH_TABLE: &str = "_ZN2v88internal14SegmentedTableINS0_15JSDispatchEntryELm";
+
+/// The dispatch table as the binary describes it: its reservation, from
+/// the template argument of its table type (`SegmentedTable<JSDispatchEntry,
+/// SIZE>`); an entry is 16 bytes, its code at +8 shifted left by 16, and a
+/// handle is the index shifted left by 32 less the index's bits (V8's
+/// js-dispatch-table.h; checked on the process's own entries before use).
+fn dispatch_table(elf: &ElfSyms, syms: &HashMap<String, Sym>) -> Option<Dispatch> {
+    let _ = elf;
+    let name = syms.keys().find(|k| k.starts_with(DISPATCH_TABLE))?;
+    let digits: String = name[DISPATCH_TABLE.len()..].chars().take_while(|c| c.is_ascii_digit()).collect();
+    let reserved: u64 = digits.parse().ok()?;
+    let entries = reserved / 16;
+    if !reserved.is_power_of_two() || !(1 << 16..=1 << 32).contains(&entries) {
+        return None;
+    }
+    Some(Dispatch {
+        reserved,
+        entry: 16,
+        handle_shift: 32 - entries.trailing_zeros() as u8,
+        code_word: 8,
+        code_shift: 16,
+    })
+}
 
 /// What a Node binary tells of its V8, read once per file (a host runs
 /// many processes of one binary).
@@ -421,6 +500,10 @@ struct Image {
     blob: (u64, u64, u64),
     /// The interpreter's code in them (virtual addresses).
     ranges: Ranges,
+    /// Read although not tested: the versions tested.
+    untested: Option<String>,
+    /// `IsolateGroup::default_isolate_group_`'s virtual address.
+    group: Option<u64>,
 }
 
 /// Images read, by the file's device, inode, size and modification time.
@@ -437,7 +520,7 @@ fn images() -> &'static std::sync::Mutex<HashMap<ImageKey, Result<Image, String>
 fn read_image(file: std::fs::File) -> Result<Image, String> {
     let elf = ElfSyms::open(file).ok().ok_or("Node.js (V8)\0its binary cannot be read as an ELF file")?;
     // One pass over the binary's symbols (a Node has some 300,000).
-    let syms = elf.collect(SYMBOLS, &["v8dbg_", "Builtins_"], 1 << 15);
+    let syms = elf.collect(SYMBOLS, &["v8dbg_", "Builtins_", DISPATCH_TABLE, ADD_POSITION], 1 << 15);
     let d = dbg_values(&elf, &syms);
     if d.is_empty() {
         return Err("Node.js (V8)\0its binary carries no V8 postmortem metadata (v8dbg_ symbols)".into());
@@ -452,10 +535,25 @@ fn read_image(file: std::fs::File) -> Result<Image, String> {
     };
     let version = format!("{major}.{minor}.{build}.{}", part("patch").unwrap_or(0));
     let what = format!("Node.js (V8 {version})\0");
-    if !matches!((major, minor), (10, 2) | (11, 3) | (12, 4)) {
+    if major < 10 {
         return Err(format!("{what}this sonde reads {VERSIONS}"));
     }
-    let l = layout(&d, (major, minor)).map_err(|e| format!("{what}{e}"))?;
+    // Every other V8 is read from its metadata; one whose metadata lacks
+    // a field, or describes a layout this sonde does not walk, is not.
+    let mut l = layout(&d, (major, minor)).map_err(|e| format!("{what}{e}"))?;
+    l.dispatch = dispatch_table(&elf, &syms);
+    // Source position tables: V8 14.x writes code offsets unsigned with two
+    // flags below them, and its table builder takes both flags.
+    l.positions = if syms.keys().any(|k| k.starts_with(ADD_POSITION) && k.ends_with("SourcePositionEbb")) {
+        tables::Encoding::Flagged
+    } else {
+        tables::Encoding::Signed
+    };
+    if l.fn_code.is_none() && l.dispatch.is_none() {
+        return Err(format!(
+            "{what}its functions' code is reached through a dispatch table its binary does not describe"
+        ));
+    }
     let sizes = syms
         .get("_ZN2v88internal11interpreter9Bytecodes14kBytecodeSizesE")
         .copied()
@@ -465,7 +563,9 @@ fn read_image(file: std::fs::File) -> Result<Image, String> {
         .unwrap_or_default();
     let (blob, ranges) = builtins(&elf, &syms)
         .ok_or_else(|| format!("{what}its binary names no embedded builtins (v8_Default_embedded_blob_code_)"))?;
-    Ok(Image { version, l, sizes, segments: elf.segments.clone(), blob, ranges })
+    let untested = (!TESTED.contains(&(major, minor))).then(|| TESTED_WORDS.to_string());
+    let group = syms.get(GROUP).map(|s| s.addr);
+    Ok(Image { version, l, sizes, segments: elf.segments.clone(), blob, ranges, untested, group })
 }
 
 /// The V8 in `pid`, if it runs one.
@@ -505,7 +605,8 @@ fn detect(p: &Process) -> Option<Detected> {
     let (blobs, interp) = placed(&img, m, maps, bias);
     let code_range = code_range(maps, &blobs);
     let pc_base = code_range.map(|r| r.0).unwrap_or(0);
-    Some(Detected::Read(Box::new(V8 {
+    let group = img.group.map(|g| g.wrapping_add(bias));
+    let mut v = V8 {
         version: img.version,
         image: m.path.clone(),
         l: img.l,
@@ -521,11 +622,18 @@ fn detect(p: &Process) -> Option<Detected> {
         scan_pages: SCAN_PAGES,
         code_not_found: 0,
         search_budget_spent: 0,
-    })))
+        dispatch_base: None,
+        group,
+        untested: img.untested,
+    };
+    if let Some(mem) = p.mem() {
+        v.find_dispatch(mem, maps);
+    }
+    Some(Detected::Read(Box::new(v)))
 }
 
-/// The offsets of V8 `ver` (10.2, 11.3 or 12.4) from its metadata, with the
-/// fields it lacks placed as that V8 line lays them out.
+/// The offsets of V8 `ver` from its metadata, with the fields it lacks
+/// placed as the V8 lines it is like lay them out.
 fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
     let get = |names: &[&str]| names.iter().find_map(|n| d.get(*n).copied());
     let need = |names: &[&str]| get(names).ok_or_else(|| format!("its V8 metadata lacks v8dbg_{}", names[0]));
@@ -538,6 +646,17 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
         }
     };
     let ty = |names: &[&str]| -> Result<u16, String> { Ok(need(names)? as u16) };
+    // A class's field, whatever type the metadata gives it (the type in
+    // its name changes from line to line).
+    let field = |class: &str, name: &str| -> Option<u64> {
+        let prefix = format!("class_{class}__{name}__");
+        let mut v: Vec<(&String, &i64)> = d.iter().filter(|(k, _)| k.starts_with(&prefix)).collect();
+        v.sort();
+        v.first().map(|(_, &x)| x).filter(|x| (0..=4096).contains(x)).map(|x| x as u64)
+    };
+    let need_field = |class: &str, name: &str| {
+        field(class, name).ok_or_else(|| format!("its V8 metadata lacks v8dbg_class_{class}__{name}"))
+    };
     // The tagging scheme the kernel assumes: heap objects tagged 01, Smis
     // in the upper half of a word (no pointer compression).
     if get(&["HeapObjectTag"]) != Some(1)
@@ -572,12 +691,14 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
         repr_mask: ty(&["StringRepresentationMask"])?,
         encoding: (ty(&["StringEncodingMask"])?, ty(&["OneByteStringTag"])?),
     };
-    let fn_shared = off(&["class_JSFunction__shared__SharedFunctionInfo"])?;
+    let fn_shared = need_field("JSFunction", "shared")?;
     // JSFunction::code: named in 10.2 and 12.4's metadata; in 11.3 three
-    // words after `shared`.
-    let fn_code = match get(&["class_JSFunction__code__CodeT", "class_JSFunction__code__Tagged_Code_"]) {
-        Some(v) => v as u64,
-        None => fn_shared + 24,
+    // words after `shared`; from 13 there is none: the word before
+    // `shared` holds the function's handle in the dispatch table.
+    let (fn_code, fn_dispatch) = match field("JSFunction", "code") {
+        Some(v) => (Some(v), 0),
+        None if ver == (11, 3) => (Some(fn_shared + 24), 0),
+        None => (None, fn_shared.checked_sub(8).ok_or("JSFunction::shared is its first field")?),
     };
     let arr = (off(&["class_FixedArrayBase__length__SMI"])?, off(&["class_FixedArray__data__uintptr_t"])?);
     let kind = (
@@ -585,15 +706,25 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
         get(&["CodeKindFieldShift"]).unwrap_or(0) as u8,
         need(&["CodeKindBaseline"])? as u8,
     );
-    let (code_start, code_inline, code_size, code_flags, code_deopt, code_spt, code_istream, istream_hdr) = match ver {
-        (10, _) => {
+    // Code: V8 10 holds the instructions in it; V8 11 names its tables in
+    // the metadata; from 12, the tables are the two words after the map
+    // (before the wrapper) and the instructions are elsewhere.
+    let form = if get(&["type_InstructionStream__INSTRUCTION_STREAM_TYPE"]).is_none() {
+        10
+    } else if get(&["class_Code__source_position_table__ByteArray"]).is_some() {
+        11
+    } else {
+        12
+    };
+    let (code_start, code_inline, code_size, code_flags, code_deopt, code_spt, code_istream, istream_hdr) = match form {
+        10 => {
             // Code holds its instructions; the position table and the
             // deoptimization data are the two words before its size's.
             let start = off(&["class_Code__instruction_start__uintptr_t"])?;
             let size = off(&["class_Code__instruction_size__int"])?;
             (start, true, size, off(&["class_Code__flags__uint32_t"])?, size - 24, size - 16, None, start)
         }
-        (11, _) => {
+        11 => {
             // The metadata names the tables; the instruction start follows
             // the InstructionStream, then flags and (before 11.4) two
             // 16-bit fields, then the size.
@@ -603,33 +734,48 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
             (spt + 16, false, spt + 32, spt + 24, deopt, spt, Some(spt + 8), hdr)
         }
         _ => {
-            // 12.4: the tables are the two words after the map.
-            let start = off(&["class_Code__instruction_start__Address"])?;
+            // 12.4 on: the tables are the two words after the map.
+            let wrapper = need_field("Code", "wrapper")?;
             (
-                start,
+                need_field("Code", "instruction_start")?,
                 false,
-                off(&["class_Code__instruction_size__int"])?,
-                off(&["class_Code__flags__uint32_t"])?,
-                start - 32,
-                start - 24,
-                Some(off(&["class_Code__instruction_stream__Tagged_InstructionStream_"])?),
-                off(&["class_InstructionStream__instruction_start__uintptr_t"])?,
+                need_field("Code", "instruction_size")?,
+                need_field("Code", "flags")?,
+                wrapper.checked_sub(16).ok_or("Code::wrapper is among its first fields")?,
+                wrapper - 8,
+                Some(need_field("Code", "instruction_stream")?),
+                need_field("InstructionStream", "instruction_start")?,
             )
         }
     };
+    // The deoptimization data's indices (V8 10's metadata has none: its
+    // places then). From 13 the code's SharedFunctionInfo is wrapped.
+    let old = get(&["DeoptimizationDataInlinedFunctionCountIndex"]).is_none();
+    let index = |name: &str, before: i64| -> Result<u64, String> {
+        match get(&[name]) {
+            Some(v) if (0..64).contains(&v) => Ok(v as u64),
+            None if old => Ok(before as u64),
+            _ => Err(format!("its V8 metadata lacks v8dbg_{name}")),
+        }
+    };
+    let (sfi_index, dd_wrapped) = match get(&["DeoptimizationDataSharedFunctionInfoIndex"]) {
+        Some(v) => (v as u64, None),
+        None if old => (6, None),
+        None => (
+            index("DeoptimizationDataWrappedSharedFunctionInfoIndex", 0)?,
+            Some(need_field("SharedFunctionInfoWrapper", "shared_info")?),
+        ),
+    };
     let dd = (
-        get(&["DeoptimizationDataInlinedFunctionCountIndex"]).unwrap_or(1) as u64,
-        get(&["DeoptimizationDataLiteralArrayIndex"]).unwrap_or(2) as u64,
-        get(&["DeoptimizationDataSharedFunctionInfoIndex"]).unwrap_or(6) as u64,
-        get(&["DeoptimizationDataInliningPositionsIndex"]).unwrap_or(7) as u64,
+        index("DeoptimizationDataInlinedFunctionCountIndex", 1)?,
+        index("DeoptimizationDataLiteralArrayIndex", 2)?,
+        sfi_index,
+        index("DeoptimizationDataInliningPositionsIndex", 7)?,
     );
     let sfi = (
         // The function data (the trusted one in 12.4) is the word after the map.
         get(&["class_SharedFunctionInfo__function_data__Object"]).unwrap_or(8) as u64,
-        off(&[
-            "class_SharedFunctionInfo__name_or_scope_info__Object",
-            "class_SharedFunctionInfo__name_or_scope_info__Tagged_Object_",
-        ])?,
+        need_field("SharedFunctionInfo", "name_or_scope_info")?,
         off(&[
             "class_SharedFunctionInfo__script_or_debug_info__HeapObject",
             "class_SharedFunctionInfo__script__Tagged_HeapObject_",
@@ -646,7 +792,10 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
     // (after its wrapper).
     let ba = (
         get(&["class_BytecodeArray__length__SMI"]).map(|v| v as u64).unwrap_or(arr.0),
-        if ver.0 >= 12 { 24 } else { 32 },
+        match field("BytecodeArray", "wrapper") {
+            Some(w) => w + 8,
+            None => 32,
+        },
         off(&["class_BytecodeArray__data__uintptr_t"])?,
     );
     Ok(Layout {
@@ -661,6 +810,8 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
         t_interp_data: get(&["type_InterpreterData__INTERPRETER_DATA_TYPE"]).map(|v| v as u16),
         fn_shared,
         fn_code,
+        fn_dispatch,
+        dispatch: None,
         code_start,
         code_inline,
         code_size,
@@ -671,6 +822,7 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
         code_istream,
         istream_hdr,
         dd,
+        dd_wrapped,
         arr,
         sfi,
         script,
@@ -679,6 +831,7 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
             get(&["scopeinfo_idx_ncontextlocals"]).unwrap_or(2) as u64,
             get(&["scopeinfo_idx_first_vars"]).unwrap_or(3) as u64,
         ),
+        positions: tables::Encoding::Signed,
     })
 }
 
@@ -730,8 +883,17 @@ fn builtins(elf: &ElfSyms, s: &HashMap<String, Sym>) -> Option<((u64, u64, u64),
             }
         }
     }
-    if let Some(first) = syms.iter().find(|(_, n)| n.ends_with("Handler")).map(|x| x.0) {
-        ranges.push((first, end));
+    // The bytecode handlers: a run of `*Handler` builtins from the first
+    // one, `WideHandler` (other builtins end in "Handler" too: Node 24 has
+    // a thousand builtins between AtomicsMutexAsyncUnlockResolveHandler and
+    // it).
+    let first = syms
+        .iter()
+        .position(|(_, n)| *n == "Builtins_WideHandler")
+        .or_else(|| syms.iter().position(|(_, n)| n.ends_with("Handler")));
+    if let Some(i) = first {
+        let stop = syms[i..].iter().find(|(_, n)| !n.ends_with("Handler")).map(|x| x.0).unwrap_or(end);
+        ranges.push((syms[i].0, stop));
     }
     if ranges.len() < 3 {
         ranges = vec![(start, end)];
@@ -814,7 +976,8 @@ pub fn bpf_config(v: &V8) -> v8_proc {
     let mut c = v8_proc {
         pc_base: v.pc_base,
         fn_shared: l.fn_shared as u16,
-        fn_code: l.fn_code as u16,
+        fn_code: l.fn_code.unwrap_or(0) as u16,
+        fn_dispatch: l.fn_dispatch as u16,
         code_start: l.code_start as u16,
         code_size: l.code_size as u16,
         code_flags: l.code_flags as u16,
@@ -827,6 +990,14 @@ pub fn bpf_config(v: &V8) -> v8_proc {
         nblobs: v.blobs.len().min(BLOBS) as u8,
         ..Default::default()
     };
+    if let (Some(base), Some(d)) = (v.dispatch_base, l.dispatch) {
+        c.dispatch_base = base;
+        c.dispatch_entries = (d.reserved / d.entry) as u32;
+        c.dispatch_entry = d.entry as u8;
+        c.dispatch_code = d.code_word as u8;
+        c.handle_shift = d.handle_shift;
+        c.code_shift = d.code_shift;
+    }
     for (i, &(lo, hi)) in v.interp.iter().take(INTERP).enumerate() {
         c.interp_lo[i] = lo;
         c.interp_hi[i] = hi;
@@ -851,7 +1022,7 @@ impl Instance for V8 {
             image: self.image.clone(),
             offsets: "v8dbg_ metadata",
             module: "node".into(),
-            untested: None,
+            untested: self.untested.clone(),
             detail: format!(
                 "code range {}; builtins {}; interpreter {}",
                 code.as_deref().unwrap_or("not found"),
@@ -867,13 +1038,20 @@ impl Instance for V8 {
     }
 
     fn remapped(&mut self, p: &Process) -> Option<ProcConfig> {
-        // V8's code range may have grown.
+        // V8's code range may have grown, or its dispatch table been made.
+        let mut changed = false;
         let r = code_range(&p.maps, &self.blobs);
         if r.is_some() && r != self.code_range {
             self.code_range = r;
-            return Some(self.config());
+            changed = true;
         }
-        None
+        if self.dispatch_base.is_none() && self.l.dispatch.is_some() {
+            if let Some(mem) = p.mem() {
+                self.find_dispatch(mem, &p.maps);
+                changed |= self.dispatch_base.is_some();
+            }
+        }
+        changed.then(|| self.config())
     }
 
     fn code_info(&mut self, mem: &Mem, s: &Seen) -> Result<CodeInfo, &'static str> {
@@ -927,6 +1105,67 @@ struct CodeHead {
 }
 
 impl V8 {
+    /// Finds the dispatch table of this process (leaptiering): a word of
+    /// the isolate group that points at an anonymous mapping whose entries
+    /// are functions' code, each entry's code starting at the entry point
+    /// beside it. Left unfound (the kernel then records the function and
+    /// the pc, and the code is looked for below the pc) until the table
+    /// checks out.
+    fn find_dispatch(&mut self, mem: &Mem, maps: &[MapLine]) {
+        let (Some(d), None, Some(group)) = (self.l.dispatch, self.dispatch_base, self.group) else { return };
+        let Some(obj) = mem.u64(group).filter(|&g| g != 0) else { return };
+        // The group object: its first 1 MiB at most, 64 KiB at a time.
+        let mut words = Vec::new();
+        for i in 0..16u64 {
+            let Some(b) = mem.bytes(obj + i * 0x10000, 0x10000) else { break };
+            words.extend(b.chunks_exact(8).map(|c| le::<8>(c, 0)));
+        }
+        let starts: std::collections::HashSet<u64> = maps.iter().filter(|m| m.is_anon()).map(|m| m.start).collect();
+        let mut tried = std::collections::HashSet::new();
+        for &w in words.iter().filter(|w| starts.contains(w)) {
+            if tried.insert(w) && self.dispatch_checks(mem, w, &d) {
+                self.dispatch_base = Some(w);
+                return;
+            }
+        }
+    }
+
+    /// Whether the table at `base` holds functions' code: of the live
+    /// entries in its first writable 64 KiB (after a read-only segment),
+    /// at least 8, and 9 in 10 of those read, are Code objects whose
+    /// instructions start at the entry point beside them.
+    fn dispatch_checks(&mut self, mem: &Mem, base: u64, d: &Dispatch) -> bool {
+        for seg in 0..4u64 {
+            let Some(block) = mem.bytes(base + seg * 0x10000, 0x10000) else { return false };
+            let (mut good, mut seen) = (0u32, 0u32);
+            for e in block.chunks_exact(d.entry as usize) {
+                let (entry, word) = (le::<8>(e, 0), le::<8>(e, d.code_word as usize));
+                if entry == 0 || entry >> 48 == 0xffff || word == 0 {
+                    continue;
+                }
+                seen += 1;
+                let code = (word >> d.code_shift) | 1;
+                if self.code_head(mem, code).is_ok_and(|h| h.start == entry) {
+                    good += 1;
+                }
+                if seen >= 512 {
+                    break;
+                }
+            }
+            if seen > 0 {
+                return good >= 8 && good * 10 >= seen * 9;
+            }
+        }
+        false
+    }
+
+    /// Whether Code of kind `kind` is optimized (Maglev or TurboFan: the
+    /// two kinds after baseline; wasm's follow them).
+    fn is_optimized(&self, kind: u8) -> bool {
+        let b = self.l.kind.2;
+        kind > b && kind <= b.saturating_add(2)
+    }
+
     fn heap<'a>(&'a mut self, mem: &'a Mem) -> (Heap<'a>, &'a Layout) {
         (Heap { mem, map_type: self.l.map_type, types: &mut self.types }, &self.l)
     }
@@ -1036,7 +1275,7 @@ impl V8 {
         let positions = bytecode
             .and_then(|ba| h.word(untag(ba)? + l.ba.1))
             .and_then(|t| h.byte_array(t, l.arr.0, l.arr.1, MAX_TABLE))
-            .map(|t| tables::positions(&t))
+            .map(|t| tables::positions(&t, l.positions))
             .unwrap_or_default();
         let f = Rc::new(JsFn {
             name: if name.is_empty() { ANONYMOUS.into() } else { name },
@@ -1080,9 +1319,17 @@ impl V8 {
         let words = (slots.len() / 8 - 1) as u64;
         let slot = |i: u64| if i < words { le::<8>(&slots, 8 + 8 * i as usize) } else { 0 };
         let n = smi(slot(nlocals_at)).unwrap_or(0).max(0) as u64;
-        // Up to 75 locals are named inline (a name and an info each);
+        // V8 12.8 on keep the start and end positions in the two slots
+        // after the context-local count, before the variable part.
+        let fixed = (first == nlocals_at + 3).then(|| (smi(slot(nlocals_at + 1)), smi(slot(nlocals_at + 2)))).and_then(
+            |(a, b)| match (a, b) {
+                (Some(a), Some(b)) if a >= 0 && a <= b => Some(a as u32),
+                _ => None,
+            },
+        );
+        // Fewer than 75 locals are named inline (a name and an info each);
         // more, in a hash table.
-        let i = first + if n <= 75 { 2 * n } else { 1 + n };
+        let i = first + if n < 75 { 2 * n } else { 1 + n };
         // The function's name, then its inferred name (`obj.f = function
         // () {}`), where the name is empty: the first non-empty string.
         let mut name = None;
@@ -1101,6 +1348,9 @@ impl V8 {
         }
         // No string there at all: a function V8 gave no name.
         let name = name.unwrap_or_default();
+        if fixed.is_some() {
+            return Ok((name, fixed));
+        }
         let mut start = None;
         for j in after..(after + 4).min(47) {
             if let (Some(a), Some(b)) = (smi(slot(j)), smi(slot(j + 1))) {
@@ -1122,12 +1372,18 @@ impl V8 {
         if dd.len() <= l.dd.3 as usize {
             return Err("not_code");
         }
-        let positions =
-            h.byte_array(head.spt, l.arr.0, l.arr.1, MAX_TABLE).map(|t| tables::positions(&t)).ok_or("unreadable")?;
+        let positions = h
+            .byte_array(head.spt, l.arr.0, l.arr.1, MAX_TABLE)
+            .map(|t| tables::positions(&t, l.positions))
+            .ok_or("unreadable")?;
         let count = smi(dd[l.dd.0 as usize]).unwrap_or(0).clamp(0, MAX_INLINED as i32) as usize;
         let literals = if count > 0 { h.words(dd[l.dd.1 as usize], l.arr.0, l.arr.1, count) } else { Some(Vec::new()) };
         let inl = h.byte_array(dd[l.dd.3 as usize], l.arr.0, l.arr.1, MAX_TABLE).unwrap_or_default();
-        let root = dd[l.dd.2 as usize];
+        let mut root = dd[l.dd.2 as usize];
+        if let Some(at) = l.dd_wrapped {
+            // V8 13 on: a SharedFunctionInfoWrapper holds it.
+            root = untag(root).and_then(|w| h.word(w + at)).ok_or("unreadable")?;
+        }
         let func = self.func(mem, root)?;
         let literals = literals.unwrap_or_default();
         let mut inlined = Vec::new();
@@ -1213,7 +1469,7 @@ impl V8 {
             if code_cookie(hd.start, hd.size) != ck {
                 return Err("reused");
             }
-            if hd.kind <= self.l.kind.2 {
+            if !self.is_optimized(hd.kind) {
                 return Err("not_code");
             }
             if self.codes.len() < 1 << 16 {
@@ -1255,7 +1511,7 @@ impl V8 {
             }
             let pc = self.pc_base.wrapping_add(loc as u64);
             match self.code_at(mem, pc) {
-                Some((_, hd)) if hd.kind > self.l.kind.2 => {
+                Some((_, hd)) if self.is_optimized(hd.kind) => {
                     let shift = (hd.start.wrapping_sub(self.pc_base)) as u32;
                     match self.optimized(mem, &hd, shift) {
                         // The code must be the frame's function's.

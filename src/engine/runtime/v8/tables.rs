@@ -28,18 +28,40 @@ fn svlq(b: &[u8], i: &mut usize) -> Option<i64> {
     Some(((v >> 1) as i64) ^ -((v & 1) as i64))
 }
 
+/// How a source position table writes a code offset's difference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Encoding {
+    /// Signed (zigzag), its sign telling statements from expressions (V8
+    /// to 14.x).
+    #[default]
+    Signed,
+    /// Unsigned, shifted left by two flag bits (is_breakable,
+    /// is_statement), since V8 14.x (its table builder's AddPosition takes
+    /// both flags).
+    Flagged,
+}
+
 /// The entries of a source position table, by code offset: (code offset,
 /// source position). Each entry is the difference from the one before,
 /// starting from offset -1 (a function's entry) and position 0; the code
-/// offset's sign tells statements from expressions. A table cut short
-/// keeps what was whole.
-pub fn positions(b: &[u8]) -> Vec<(u32, u64)> {
+/// offset as `enc` writes it. A table cut short keeps what was whole.
+pub fn positions(b: &[u8], enc: Encoding) -> Vec<(u32, u64)> {
     let mut out = Vec::new();
     let (mut i, mut code, mut pos) = (0usize, -1i64, 0i64);
     while i < b.len() && out.len() < MAX_ENTRIES {
-        let Some(d) = svlq(b, &mut i) else { break };
+        let d = match enc {
+            Encoding::Signed => match svlq(b, &mut i) {
+                Some(d) if d >= 0 => d,
+                Some(d) => -(d + 1),
+                None => break,
+            },
+            Encoding::Flagged => match uvlq(b, &mut i) {
+                Some(d) => (d >> 2) as i64,
+                None => break,
+            },
+        };
         let Some(p) = svlq(b, &mut i) else { break };
-        code = code.saturating_add(if d >= 0 { d } else { -(d + 1) });
+        code = code.saturating_add(d);
         pos = pos.wrapping_add(p);
         // Bytecode's first entry is the function's entry (offset -1).
         if code < 0 {
@@ -182,7 +204,7 @@ mod tests {
             pc = c;
             pos = p;
         }
-        let t = positions(&b);
+        let t = positions(&b, Encoding::Signed);
         assert_eq!(t.iter().map(|e| e.0).collect::<Vec<_>>(), [0, 0x27, 0x42]);
         assert_eq!(script_offset(t[0].1), Some(171));
         assert_eq!(script_offset(t[2].1), Some(26));
@@ -190,17 +212,47 @@ mod tests {
         assert_eq!(position_at(&t, 0x30), Some(t[1].1));
         assert_eq!(position_at(&t, 0x42), Some(t[2].1));
         // Cut short, garbage, or empty: what was whole, never a panic.
-        assert_eq!(positions(&b[..b.len() - 1]).len(), 2);
-        assert!(positions(&[0xff; 20]).is_empty());
+        assert_eq!(positions(&b[..b.len() - 1], Encoding::Signed).len(), 2);
+        assert!(positions(&[0xff; 20], Encoding::Signed).is_empty());
+        assert!(positions(&[0xff; 20], Encoding::Flagged).is_empty());
         // A bytecode table starts at the function's entry (offset -1).
         let mut e = Vec::new();
         enc(-1, &mut e); // delta 0 from -1, an expression
         enc(2 * 9, &mut e);
         enc(-5, &mut e); // to offset 3
         enc(2, &mut e);
-        assert_eq!(positions(&e), [(3, 2 * 10)]);
+        assert_eq!(positions(&e, Encoding::Signed), [(3, 2 * 10)]);
         assert_eq!(position_at(&[], 3), None);
         assert_eq!(script_offset(1), None);
+    }
+
+    #[test]
+    fn flagged_tables_take_the_offset_above_two_flag_bits() {
+        // V8 14.x: (delta << 2 | breakable << 1 | statement), unsigned. The
+        // first entries of Node 26's optimized batch(): deltas 12 (from
+        // -1: offset 12... the entry is at 12 - 1 + 1), 39 and 9, each
+        // breakable.
+        let mut b = Vec::new();
+        let u = |v: u64, b: &mut Vec<u8>| {
+            let mut v = v;
+            loop {
+                let c = (v & 0x7f) as u8;
+                v >>= 7;
+                b.push(if v > 0 { c | 0x80 } else { c });
+                if v == 0 {
+                    break;
+                }
+            }
+        };
+        for (d, p) in [(13u64, 2 * 50i64), (39, 2), (9, -4)] {
+            u(d << 2 | 0b10, &mut b);
+            enc(p, &mut b);
+        }
+        let t = positions(&b, Encoding::Flagged);
+        assert_eq!(t.iter().map(|e| e.0).collect::<Vec<_>>(), [12, 51, 60]);
+        assert_eq!(t.iter().map(|e| script_offset(e.1)).collect::<Vec<_>>(), [Some(49), Some(50), Some(48)]);
+        // Read as the signed form, the same bytes double every offset.
+        assert!(positions(&b, Encoding::Signed)[1].0 > 2 * 51);
     }
 
     #[test]

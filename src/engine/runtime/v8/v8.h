@@ -43,7 +43,7 @@ struct v8_proc {
 	__u64 blob_hi[V8_BLOBS];
 	__u64 pc_base;   /* V8_F_PC frames' loc is pc - pc_base */
 	__u16 fn_shared; /* JSFunction::shared */
-	__u16 fn_code;   /* JSFunction::code */
+	__u16 fn_code;   /* JSFunction::code (0: none, see fn_dispatch) */
 	__u16 code_start; /* Code: the instructions' address, or where they start in it (code_inline) */
 	__u16 code_size;  /* Code: instruction size (int32) */
 	__u16 code_flags; /* Code: flags, CodeKind in (flags >> kind_shift) & kind_mask */
@@ -54,7 +54,18 @@ struct v8_proc {
 	__u8 kind_baseline; /* CodeKind::BASELINE; MAGLEV and TURBOFAN follow it */
 	__u8 ninterp;
 	__u8 nblobs;
-	__u8 pad[2];
+	__u16 fn_dispatch; /* JSFunction::dispatch_handle, where its code is reached through the table */
+	/* The dispatch table (leaptiering, V8 13 on; 0: none, or not found yet:
+	 * a frame in generated code is then recorded with its pc): a handle is
+	 * the entry's index shifted left by handle_shift, an entry
+	 * dispatch_entry bytes, its code at dispatch_code shifted left by
+	 * code_shift. */
+	__u64 dispatch_base;
+	__u32 dispatch_entries;
+	__u8 dispatch_entry;
+	__u8 dispatch_code;
+	__u8 handle_shift;
+	__u8 code_shift;
 };
 
 /* A Code object's cookie (src/engine/runtime/v8/mod.rs computes the same

@@ -69,7 +69,18 @@ static __always_inline bool v8_code_of(struct rt_state *r, __u64 fn, __u64 at)
 	struct v8_proc *c = RT_PART(r, struct v8_proc);
 	if (bpf_probe_read_user(r->code, 64, (void *)(fn - 1)))
 		return false;
-	__u64 code = rt_u64(r->code, c->fn_code);
+	__u64 code = 0;
+	if (c->fn_code) {
+		code = rt_u64(r->code, c->fn_code);
+	} else if (c->dispatch_base) {
+		/* Leaptiering: the function's entry in the dispatch table. */
+		__u64 idx = rt_u32(r->code, c->fn_dispatch) >> (c->handle_shift & 31);
+		if (idx < c->dispatch_entries &&
+		    bpf_probe_read_user(&code, 8,
+		                        (void *)(c->dispatch_base + idx * c->dispatch_entry +
+		                                 c->dispatch_code)) == 0)
+			code = (code >> (c->code_shift & 63)) | 1;
+	}
 	V8_W(r, 7) = rt_u64(r->code, c->fn_shared);
 	V8_W(r, 6) = code;
 	if ((code & 3) != 1 || bpf_probe_read_user(r->code, 64, (void *)(code - 1)))
@@ -201,9 +212,10 @@ __noinline int v8_step(__u32 slot)
 				__u32 kind = V8_W(r, 5);
 				__u16 ck = v8_code_cookie(V8_W(r, 3), V8_W(r, 4));
 				__u32 off = (__u32)(pc - V8_W(r, 3));
+				/* Baseline (Sparkplug), then Maglev and TurboFan. */
 				if (kind == c->kind_baseline)
 					v8_push(s, r, len, V8_W(r, 7), off, ck, V8_F_BASELINE);
-				else if (kind > c->kind_baseline)
+				else if (kind > c->kind_baseline && kind <= c->kind_baseline + 2)
 					v8_push(s, r, len, V8_W(r, 6), off, ck, V8_F_CODE);
 			} else if ((V8_W(r, 7) & 3) == 1 && pc >= c->pc_base &&
 			           pc - c->pc_base < 0xffffffffULL) {
