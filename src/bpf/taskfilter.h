@@ -8,6 +8,7 @@
 #ifndef SONDE_TASKFILTER_H
 #define SONDE_TASKFILTER_H
 
+#include <bpf/bpf_core_read.h>
 #include "inlist.h"
 
 #define TF_MAX_PIDS 64
@@ -20,8 +21,11 @@ const volatile __u32 tf_tids[TF_MAX_TIDS] = {};
 const volatile __u64 tf_cgroup_id = 0;
 const volatile bool tf_filter_comm = false;
 const volatile char tf_comm[TF_COMM_LEN] = {};
+/* -- CMD: add the processes a watched process starts to tf_pids. */
+const volatile bool tf_follow = false;
 
-/* Processes to look at with -p (tgid -> 1). */
+/* Processes to look at with -p (tgid -> 1); with tf_follow, their
+ * children too (sized by user space). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, TF_MAX_PIDS);
@@ -57,6 +61,33 @@ static __always_inline bool tf_wanted_current(__u32 tgid, __u32 tid)
 			return false;
 	}
 	return true;
+}
+
+/* Processes not followed: tf_pids was full. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} tf_lost SEC(".maps");
+
+/* A new process forked by a watched one is watched too, from its first
+ * instruction (a new thread shares its process's tgid, watched already). */
+SEC("raw_tp/sched_process_fork")
+int tf_fork(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct task_struct *parent = (struct task_struct *)ctx->args[0];
+	struct task_struct *child = (struct task_struct *)ctx->args[1];
+	__u32 ptgid = BPF_CORE_READ(parent, tgid), tgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+	if (tf_follow && tgid != ptgid && bpf_map_lookup_elem(&tf_pids, &ptgid) &&
+	    bpf_map_update_elem(&tf_pids, &tgid, &one, BPF_ANY)) {
+		__u32 k = 0;
+		__u64 *n = bpf_map_lookup_elem(&tf_lost, &k);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+	}
+	return 0;
 }
 
 #endif

@@ -24,6 +24,16 @@
 #include "unwind_state.h"
 #include "runtimes.h"
 
+/* Asks user space to load process `pid`'s tables (`what` 1) or look at its
+ * mappings again (2), and wakes it when the ask is new (user space keeps
+ * an ask it is not ready for, so a JIT's code, outside every mapping,
+ * wakes it at most as often as it refreshes). */
+static __always_inline void unw_ask(__u32 pid, __u32 what)
+{
+	if (bpf_map_update_elem(&unw_need, &pid, &what, BPF_NOEXIST) == 0)
+		bpf_ringbuf_output(&unw_wake, &pid, sizeof(pid), 0);
+}
+
 /*
  * One frame of the walk in scratch slot `slot`: record the pc, then find
  * the caller's pc, sp and bp. Returns nonzero when the walk ends (the
@@ -96,8 +106,7 @@ __noinline int unw_step(__u32 slot)
 		if (!m) {
 			/* Code outside every mapping we know: JIT, or mapped
 			 * after the tables were loaded (ask for a refresh). */
-			__u32 two = 2;
-			bpf_map_update_elem(&unw_need, &pid, &two, BPF_NOEXIST);
+			unw_ask(pid, 2);
 			s->why_fp = UNW_END_NO_TABLE;
 		} else {
 			s->why_fp = in_table ? UNW_END_GAP : UNW_END_NO_TABLE;
@@ -301,8 +310,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	*uhash = 0;
 	struct unw_proc *p = bpf_map_lookup_elem(&unw_procs, &pid);
 	if (!p) {
-		__u32 one = 1;
-		bpf_map_update_elem(&unw_need, &pid, &one, BPF_NOEXIST);
+		unw_ask(pid, 1);
 		unw_stat(UNW_S_PENDING);
 		return false;
 	}
@@ -398,6 +406,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	__u32 n = p->n;
 	if (n > UNW_MAX_MAPS)
 		n = UNW_MAX_MAPS;
+	s->st.gen = p->gen;
 	s->proc.n = n;
 	bpf_probe_read_kernel(&s->proc.maps, n * sizeof(struct unw_map), &p->maps);
 	for (int i = 0; i < STK_MAX_DEPTH + 1; i++)
@@ -422,7 +431,8 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 			how = s->st.how;
 		}
 	}
-	__u64 h = s->hash ^ ((__u64)end << 56) ^ ((__u64)how << 48) ^ s->st.len ^ rh;
+	__u64 h = s->hash ^ ((__u64)end << 56) ^ ((__u64)how << 48) ^ ((__u64)s->st.gen << 24) ^
+	          s->st.len ^ rh;
 	h *= 0x9e3779b97f4a7c15ULL;
 	h ^= h >> 31;
 	if (!h)
@@ -447,16 +457,20 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	return true;
 }
 
-/* An exec replaces the process's mappings: forget its tables, so its next
- * sample asks for new ones. */
+/* An exec replaces the process's mappings: forget its tables and runtime,
+ * and ask for the new image's at once. */
 SEC("raw_tp/sched_process_exec")
 int unw_exec(void *ctx)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (bpf_map_lookup_elem(&unw_procs, &pid))
-		bpf_map_delete_elem(&unw_procs, &pid);
 	if (bpf_map_lookup_elem(&rt_procs, &pid))
 		bpf_map_delete_elem(&rt_procs, &pid);
+	if (bpf_map_lookup_elem(&unw_procs, &pid)) {
+		bpf_map_delete_elem(&unw_procs, &pid);
+		/* Watched before: its new image is loaded now, before it runs
+		 * much of it. */
+		unw_ask(pid, 1);
+	}
 	return 0;
 }
 

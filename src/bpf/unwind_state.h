@@ -55,7 +55,7 @@ struct unw_map {
 /* A process's executable mappings, sorted by start. */
 struct unw_proc {
 	__u32 n;
-	__u32 pad;
+	__u32 gen; /* which image of the process (user space counts its execs) */
 	struct unw_map maps[UNW_MAX_MAPS];
 };
 
@@ -83,6 +83,8 @@ struct unw_stack {
 	__u8 end;       /* enum unw_end */
 	__u8 how;       /* UNW_HOW_* */
 	__u16 sigframe; /* 1 + the index of the first signal trampoline frame, or 0 */
+	__u32 gen;      /* unw_proc.gen of the mappings it was walked in */
+	__u32 pad;
 	__u64 pcs
 	        [STK_MAX_DEPTH]; /* leaf first; a frame interrupted by a signal is stored as pc + 1 */
 };
@@ -204,6 +206,14 @@ struct {
 	__type(key, __u32);
 	__type(value, __u32);
 } unw_need SEC(".maps");
+
+/* Wakes user space when a process needs its tables loaded (a pid per
+ * record): a new process's first sample, or an exec, is walked from tables
+ * within milliseconds rather than at the next poll. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} unw_wake SEC(".maps");
 
 /* Sized by user space, as unw_procs. */
 struct {

@@ -11,6 +11,7 @@ pub mod features;
 pub mod flowfilter;
 pub mod hist;
 pub mod kfunc;
+pub mod launch;
 pub mod mib;
 pub mod netns;
 pub mod output;

@@ -43,6 +43,9 @@ pub struct Walk {
     pub how: u8,
     /// 1 + the index (leaf first) of the first signal trampoline frame, or 0.
     pub sigframe: u16,
+    /// Which image of its process it was walked in (how often the process
+    /// had exec'd: [`super::unwind::Session::generation`]).
+    pub gen: u32,
 }
 
 /// One row of the in-kernel count map with its stacks resolved to addresses.
@@ -151,12 +154,15 @@ pub fn read_walked(walked: &dyn MapCore, hash: u64) -> anyhow::Result<Option<(Ve
         return Ok(None);
     }
     let Some(v) = walked.lookup(&hash.to_ne_bytes(), MapFlags::ANY)? else { return Ok(None) };
-    if v.len() < 8 {
+    // struct unw_stack: len, end, how, sigframe, gen, pad, then the pcs.
+    const HEAD: usize = 16;
+    if v.len() < HEAD {
         return Ok(None);
     }
-    let len = (u32::from_ne_bytes(v[..4].try_into().unwrap()) as usize).min(MAX_DEPTH).min((v.len() - 8) / 8);
-    let pcs = v[8..8 + len * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
-    Ok(Some((pcs, Walk { end: v[4], how: v[5], sigframe: u16::from_ne_bytes([v[6], v[7]]) })))
+    let len = (u32::from_ne_bytes(v[..4].try_into().unwrap()) as usize).min(MAX_DEPTH).min((v.len() - HEAD) / 8);
+    let pcs = v[HEAD..HEAD + len * 8].chunks_exact(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+    let gen = u32::from_ne_bytes(v[8..12].try_into().unwrap());
+    Ok(Some((pcs, Walk { end: v[4], how: v[5], sigframe: u16::from_ne_bytes([v[6], v[7]]), gen })))
 }
 
 /// A user stack as a tool's record names it (frame-pointer stack id,
@@ -369,7 +375,10 @@ enum Place {
 /// Snapshots of processes' mappings, taken while they live.
 #[derive(Default)]
 pub struct Images {
-    by_pid: HashMap<u32, Image>,
+    /// By process and image (its generation: an exec makes a new one).
+    by_pid: HashMap<(u32, u32), Image>,
+    /// Per process, the newest image seen.
+    latest: HashMap<u32, u32>,
     files: HashMap<(u64, u64), Rc<MappedFile>>,
     /// The kernel's vDSO image (the same in every process of an
     /// architecture), copied once from our own process into a memfd.
@@ -420,18 +429,40 @@ impl Images {
     /// Takes a snapshot of `pid` unless there is one; call it as soon as a
     /// process shows up in the samples. Fails quietly if the process is gone.
     pub fn observe(&mut self, pid: u32) {
-        if pid == 0 || self.by_pid.contains_key(&pid) {
+        let gen = self.latest.get(&pid).copied().unwrap_or(0);
+        self.observe_image(pid, gen);
+    }
+
+    /// Takes a snapshot of image `gen` of `pid` (what it runs now, which the
+    /// caller knows to be that image) unless there is one.
+    pub fn observe_image(&mut self, pid: u32, gen: u32) {
+        if pid == 0 || self.by_pid.contains_key(&(pid, gen)) {
             return;
         }
         if let Some(img) = self.snapshot(pid) {
-            self.by_pid.insert(pid, img);
+            self.by_pid.insert((pid, gen), img);
+            let l = self.latest.entry(pid).or_insert(gen);
+            *l = (*l).max(gen);
         }
     }
 
-    /// Re-reads the mappings of a live process (code loaded since).
+    /// Re-reads the mappings of a live process (code loaded since): its
+    /// newest image, which is what it runs.
     pub fn refresh(&mut self, pid: u32) {
+        let gen = self.latest.get(&pid).copied().unwrap_or(0);
         if let Some(img) = self.snapshot(pid) {
-            self.by_pid.insert(pid, img);
+            self.by_pid.insert((pid, gen), img);
+        }
+    }
+
+    /// The image a stack of `pid` walked in image `gen` is named from: that
+    /// one, else the newest (a stack the kernel's frame-pointer walk took
+    /// carries none).
+    fn image(&self, pid: u32, gen: Option<u32>) -> Option<&Image> {
+        let newest = || self.latest.get(&pid).and_then(|g| self.by_pid.get(&(pid, *g)));
+        match gen {
+            Some(g) => self.by_pid.get(&(pid, g)).or_else(newest),
+            None => newest(),
         }
     }
 
@@ -444,13 +475,13 @@ impl Images {
 
     /// The process's name (its main thread's comm) when we saw it alive.
     pub fn name(&self, pid: u32) -> Option<&str> {
-        self.by_pid.get(&pid).map(|i| i.name.as_str())
+        self.image(pid, None).map(|i| i.name.as_str())
     }
 
     /// What came of the perf maps of every process seen (each as last read).
     pub fn perf_maps(&self) -> Tally {
         let mut t = Tally::default();
-        self.by_pid.iter().for_each(|(pid, i)| t.add(*pid, &i.jit_note));
+        self.by_pid.iter().for_each(|((pid, _), i)| t.add(*pid, &i.jit_note));
         t
     }
 
@@ -507,8 +538,8 @@ impl Images {
         Some(m)
     }
 
-    fn place(&self, pid: u32, addr: u64) -> Place {
-        let Some(img) = self.by_pid.get(&pid) else { return Place::Unknown };
+    fn place(&self, pid: u32, gen: Option<u32>, addr: u64) -> Place {
+        let Some(img) = self.image(pid, gen) else { return Place::Unknown };
         if let Some(m) = img.maps.iter().find(|m| (m.start..m.end).contains(&addr)) {
             return Place::Elf { file: m.file.clone(), offset: addr - m.start + m.offset };
         }
@@ -522,8 +553,8 @@ impl Images {
         Place::Unknown
     }
 
-    fn covers(&self, pid: u32, addr: u64) -> bool {
-        !matches!(self.place(pid, addr), Place::Unknown)
+    fn covers(&self, pid: u32, gen: Option<u32>, addr: u64) -> bool {
+        !matches!(self.place(pid, gen, addr), Place::Unknown)
     }
 }
 
@@ -916,11 +947,17 @@ impl Symbols {
     fn symbolize_user(&mut self, samples: &[RawSample], images: &mut Images, stats: &mut SymStats) -> Vec<Vec<Place>> {
         let adj = |i: usize, a: u64| if i == 0 { a } else { a.saturating_sub(1) };
         let mut refreshed = std::collections::HashSet::new();
+        let gen = |s: &RawSample| s.walk.map(|w| w.gen);
         for s in samples {
             images.observe(s.pid);
             // Once per process: code without a file or perf map (e.g. a JIT
-            // with no map) stays uncovered however often we look.
-            if !refreshed.contains(&s.pid) && s.ustack.iter().any(|&a| !images.covers(s.pid, a)) {
+            // with no map) stays uncovered however often we look. Only the
+            // image it runs now can be read again.
+            let now = images.latest.get(&s.pid).copied();
+            if !refreshed.contains(&s.pid)
+                && gen(s).is_none_or(|g| Some(g) == now)
+                && s.ustack.iter().any(|&a| !images.covers(s.pid, gen(s), a))
+            {
                 images.refresh(s.pid);
                 refreshed.insert(s.pid);
             }
@@ -928,7 +965,7 @@ impl Symbols {
         // Where each user address lies, looked up once (leaf first, like ustack).
         let placed: Vec<Vec<Place>> = samples
             .iter()
-            .map(|s| s.ustack.iter().enumerate().map(|(i, &a)| images.place(s.pid, adj(i, a))).collect())
+            .map(|s| s.ustack.iter().enumerate().map(|(i, &a)| images.place(s.pid, gen(s), adj(i, a))).collect())
             .collect();
         let mut per_file: HashMap<usize, (Rc<MappedFile>, Vec<u64>)> = HashMap::new();
         for place in placed.iter().flatten() {

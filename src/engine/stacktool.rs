@@ -17,6 +17,7 @@ use super::{
     ringbuf::poll_until_stop,
     run::{RunControl, Stop},
     stacks::{read_samples, Images, Stack, StackMaps, SymStats, Symbols},
+    taskfilter::Targets,
     unwind,
 };
 
@@ -88,13 +89,14 @@ fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
     v
 }
 
-/// Waits for the stop while, every 250 ms, loading the unwind tables the
-/// walk asked for (`unw`) and snapshotting processes that appeared in
+/// Waits for the stop while loading the unwind tables the walk asked for
+/// (`unw`, every 50 ms), and every 250 ms snapshotting processes that appeared in
 /// `counts` (so they can be symbolized after they exit). On a terminal,
 /// `status()` is shown on stderr once a second with the time left. With a
 /// ring buffer `rb`, its events are handled as they come. `tick()` runs
-/// every 250 ms too, for the tool's own upkeep, and names more processes to
-/// snapshot (e.g. those the events were about).
+/// every 250 ms, for the tool's own upkeep, and names more processes to
+/// snapshot (e.g. those the events were about), and the run stops once
+/// every target (`targets`) has exited.
 #[allow(clippy::too_many_arguments)]
 pub fn run_until_stop(
     counts: &dyn MapCore,
@@ -102,22 +104,43 @@ pub fn run_until_stop(
     duration: Option<Duration>,
     rb: Option<&libbpf_rs::RingBuffer<'_>>,
     unw: (&mut unwind::Session, &unwind::UnwMaps<'_>),
+    targets: (&mut Targets, &dyn MapCore),
     mut tick: impl FnMut() -> Vec<u32>,
     mut status: impl FnMut() -> anyhow::Result<String>,
 ) -> anyhow::Result<(Stop, Images)> {
     // -d counts from here, once everything is attached: loading can take
     // seconds (hundreds of probes, or a slow machine), and must not eat the run.
     ctl.start_clock();
+    let (targets, tf_pids) = targets;
+    let (session, um) = unw;
+    // `-- CMD` runs from here: everything is attached and set to follow it.
+    if let Some(l) = &mut targets.launched {
+        l.release()?;
+        session.load_now(um, l.pid);
+    }
     let start = Instant::now();
     let mut images = Images::default();
     let tty = std::io::stderr().is_terminal();
     let mut last = Instant::now();
-    let (session, um) = unw;
-    let stop = poll_until_stop(rb, ctl, Some(Duration::from_millis(250)), |due| {
-        if due {
-            session.tick(um);
+    // Tables are loaded as soon as a process asks (a new process, or one
+    // that exec'd: `rb` carries `unw_wake`, see Session::wake_on), else
+    // within 50 ms; its samples until then are walked by frame pointers.
+    // The rest of the upkeep runs every 250 ms.
+    let mut ticks = 0u32;
+    let stop = poll_until_stop(rb, ctl, Some(Duration::from_millis(50)), |due| {
+        if due || session.due() {
+            // A process that exec'd runs a new image: snapshot it now.
+            for pid in session.tick(um) {
+                images.observe_image(pid, session.generation(pid));
+            }
+            ticks += due as u32;
+        }
+        if due && ticks % 5 == 0 {
             for pid in pids_in(counts).into_iter().chain(tick()) {
-                images.observe(pid);
+                images.observe_image(pid, session.generation(pid));
+            }
+            if targets.all_gone(tf_pids) {
+                ctl.request_stop();
             }
         }
         if tty && last.elapsed() >= Duration::from_secs(1) {
@@ -138,6 +161,57 @@ pub fn run_until_stop(
     Ok((stop, images))
 }
 
+/// What became of the command a run started (`-- CMD`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CommandSummary {
+    /// The command line.
+    pub command: String,
+    /// Its exit status (128 + the signal that ended it), or none: it still
+    /// ran when the run ended (-d, a signal).
+    pub exit_status: Option<i32>,
+    /// Processes watched: the command and those it (and they) started.
+    pub processes: u64,
+    /// Processes it started that were not watched: the kernel's table of
+    /// them was full.
+    pub processes_not_followed: u64,
+}
+
+impl CommandSummary {
+    /// Of the run's targets, `tf_pids` and `tf_lost` the kernel half's.
+    pub fn of(t: &Targets, tf_pids: &dyn MapCore, tf_lost: &dyn MapCore) -> Option<CommandSummary> {
+        let l = t.launched.as_ref()?;
+        let lost = tf_lost
+            .lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)
+            .ok()
+            .flatten()
+            .and_then(|v| super::record::decode::<u64>(&v))
+            .unwrap_or(0);
+        Some(CommandSummary {
+            command: l.what.clone(),
+            exit_status: l.status(),
+            processes: tf_pids.keys().count() as u64,
+            processes_not_followed: lost,
+        })
+    }
+
+    /// The summary's line.
+    pub fn text(&self) -> String {
+        let how = match self.exit_status {
+            Some(s) if s > 128 => format!("ended by signal {}", s - 128),
+            Some(s) => format!("exited with status {s}"),
+            None => "still ran at the end".to_string(),
+        };
+        let mut s = format!("command `{}` {how}; {} processes watched", self.command, self.processes);
+        if self.processes_not_followed > 0 {
+            s.push_str(&format!(
+                ", {} it started not watched (the table of watched processes was full)",
+                self.processes_not_followed
+            ));
+        }
+        s
+    }
+}
+
 /// Symbolized stacks and what it took.
 pub struct Finished {
     /// The stacks, root first.
@@ -148,6 +222,8 @@ pub struct Finished {
     pub sym: SymStats,
     /// Time to symbolize and write every output.
     pub render_time: Duration,
+    /// The command the run started, if it did (set by the tool).
+    pub command: Option<CommandSummary>,
 }
 
 /// Where and how a stack tool writes its results.
@@ -286,7 +362,7 @@ fn finish_with(
         render::write(p, *f, &stacks, &meta)?;
         eprintln!("sonde: wrote {}", p.display());
     }
-    Ok(Finished { unique, stacks, sym, render_time: t0.elapsed() })
+    Ok(Finished { unique, stacks, sym, render_time: t0.elapsed(), command: None })
 }
 
 /// The top functions by self and total weight, `fmt` formatting a weight.
@@ -334,6 +410,9 @@ pub struct StackSummary {
     pub unwind: unwind::Report,
     /// Language runtimes' frames (`--frames`).
     pub language_frames: LangSummary,
+    /// The command the run started (`-- CMD`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<CommandSummary>,
 }
 
 /// The summary's `language_frames`: what was read of language runtimes.
@@ -420,6 +499,7 @@ impl StackSummary {
                 unpaired_stacks: f.sym.lang_unpaired_stacks,
                 report: unw.runtimes.clone(),
             },
+            command: f.command.clone(),
         }
     }
 }
@@ -441,6 +521,10 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
     if let Some(line) = f.sym.perf_maps.text() {
         s.push('\n');
         s.push_str(&line);
+    }
+    if let Some(c) = &f.command {
+        s.push('\n');
+        s.push_str(&c.text());
     }
     if !f.sym.unsymbolized_files.is_empty() {
         let by: Vec<String> = f.sym.unsymbolized_files.iter().map(|(k, n)| format!("{n} {k}")).collect();

@@ -2,12 +2,14 @@
 //! the kernel half is `src/bpf/taskfilter.h`.
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{cgroup::cgroup_dir, error::usage};
+use super::{cgroup::cgroup_dir, error::usage, launch::Launched};
 
 /// Most processes `-p` takes (TF_MAX_PIDS).
 pub const TASK_MAX_PIDS: usize = 64;
 /// Most threads `--tid` takes (TF_MAX_TIDS).
 pub const TASK_MAX_TIDS: usize = 16;
+/// Processes a run that follows a command's children holds (`tf_pids`).
+pub const FOLLOW_MAX_PIDS: u32 = 16384;
 
 /// `-p`, `--tid`, `--cgroup`, `--comm` as every task-sampling tool takes them
 /// (flattened into profile, offcpu and wakeup).
@@ -25,12 +27,71 @@ pub struct TaskArgs {
     /// Only threads with this name (as in /proc/PID/comm, up to 15 bytes).
     #[arg(long)]
     pub comm: Option<String>,
+    /// Start this command and watch it and the processes it starts, from
+    /// their first instruction; the run ends when they have all exited
+    /// (give it after `--`: `sonde profile -- make -j8`).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 impl TaskArgs {
     /// Checks the filters (usage errors, exit 2) and resolves the cgroup.
     pub fn validate(&self) -> anyhow::Result<TaskFilter> {
+        if !self.command.is_empty() && (!self.pid.is_empty() || !self.tid.is_empty()) {
+            return Err(usage("-- CMD watches the command it starts: give it without -p or --tid"));
+        }
         TaskFilter::new(&self.pid, &self.tid, self.cgroup.as_deref(), self.comm.as_deref())
+    }
+
+    /// Starts `-- CMD` ([`launch`]).
+    pub fn launch(&self, tf: &mut TaskFilter) -> anyhow::Result<Option<Launched>> {
+        launch(&self.command, tf)
+    }
+}
+
+/// Starts `command` (`-- CMD`; none when empty), held before its exec
+/// ([`Launched::release`]), and makes `tf` watch it and the processes it
+/// starts.
+pub fn launch(command: &[String], tf: &mut TaskFilter) -> anyhow::Result<Option<Launched>> {
+    if command.is_empty() {
+        return Ok(None);
+    }
+    let l = super::launch::spawn(command)?;
+    tf.pids = vec![l.pid];
+    tf.follow = true;
+    Ok(Some(l))
+}
+
+/// The processes a run watches, to end it when they have all exited: the
+/// command it started, the processes of -p, and those the kernel half
+/// followed into (their children).
+#[derive(Debug, Default)]
+pub struct Targets {
+    pids: Vec<u32>,
+    /// The command the run started.
+    pub launched: Option<Launched>,
+}
+
+impl Targets {
+    /// The targets of `tf` (none: a run over every process, ended by -d or
+    /// a signal only) and the command started.
+    pub fn new(tf: &TaskFilter, launched: Option<Launched>) -> Targets {
+        Targets { pids: tf.pids.clone(), launched }
+    }
+
+    /// Whether every target has exited: the command reaped, and no process
+    /// of `tf_pids` (-p's and those followed into) alive.
+    pub fn all_gone(&mut self, tf_pids: &dyn MapCore) -> bool {
+        if self.pids.is_empty() {
+            return false;
+        }
+        if let Some(l) = &mut self.launched {
+            if !l.reap(false) {
+                return false;
+            }
+        }
+        let followed = tf_pids.keys().filter(|k| k.len() == 4).map(|k| u32::from_ne_bytes(k[..4].try_into().unwrap()));
+        !self.pids.iter().copied().chain(followed).any(super::process_alive)
     }
 }
 
@@ -47,6 +108,8 @@ pub struct TaskFilter {
     pub cgroup_path: Option<std::path::PathBuf>,
     /// Thread name, up to 15 bytes.
     pub comm: Option<String>,
+    /// Whether the kernel half adds the processes they start to `pids`.
+    pub follow: bool,
 }
 
 impl TaskFilter {
@@ -77,13 +140,24 @@ impl TaskFilter {
             Some((id, p)) => (id, Some(p)),
             None => (0, None),
         };
-        Ok(TaskFilter { pids: pids.to_vec(), tids: tids.to_vec(), cgroup, cgroup_path, comm: comm.map(str::to_string) })
+        Ok(TaskFilter {
+            pids: pids.to_vec(),
+            tids: tids.to_vec(),
+            cgroup,
+            cgroup_path,
+            comm: comm.map(str::to_string),
+            follow: false,
+        })
     }
 
     /// The processes these filters select now, or None when they select
     /// every process (no -p, --tid, --cgroup or --comm). A process matches
     /// every filter given, as in the kernel half.
     pub fn processes_now(&self) -> Option<Vec<u32>> {
+        // A command started: held before its exec, it runs nothing to load yet.
+        if self.follow {
+            return Some(Vec::new());
+        }
         if self.pids.is_empty() && self.tids.is_empty() && self.cgroup_path.is_none() && self.comm.is_none() {
             return None;
         }
@@ -143,6 +217,20 @@ impl TaskFilter {
         }
         Ok(())
     }
+}
+
+/// Sizes `tf_pids` of an open skeleton (`$open`) for a run that follows a
+/// command's children, and tells the kernel half to ([`TaskFilter::follow`]).
+#[macro_export]
+macro_rules! set_task_follow {
+    ($open:expr, $f:expr) => {{
+        let (open, f) = ($open, $f);
+        if f.follow {
+            open.maps.tf_pids.set_max_entries($crate::engine::taskfilter::FOLLOW_MAX_PIDS)?;
+        }
+        open.maps.rodata_data.as_deref_mut().expect("rodata present").tf_follow = f.follow;
+        open.progs.tf_fork.set_autoload(f.follow);
+    }};
 }
 
 /// Sets the `tf_*` read-only data of an open skeleton (`$ro`, the generated

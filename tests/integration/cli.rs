@@ -155,6 +155,11 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["lab", "msglat", "--size", "8"],
         &["lab", "msglat", "--messages", "0"],
         &["lab", "msglat", "--cpu", "4096"],
+        &["profile", "-p", "1", "--", "true"],
+        &["profile", "--", "no-such-command-xyz"],
+        &["offcpu", "--", "/nonexistent-dir/cmd"],
+        &["wakeup", "--tid", "1", "--", "true"],
+        &["slow", "syscall:read", "--over", "1ms", "-p", "1", "--", "true"],
         &["frobnicate"],
     ];
     for c in cases {

@@ -515,3 +515,78 @@ pub(crate) fn into_sid(name: &str) -> String {
     std::fs::copy(&src, dir.join(name)).unwrap_or_else(|e| panic!("{src}: {e}"));
     format!("/tmp/sonde-workloads/{name}")
 }
+
+/// Samples by leaf function.
+pub(crate) type Leaves = std::collections::BTreeMap<String, u64>;
+
+/// How closely two samplers' leaf-function distributions agree, as a share
+/// of the agreement two honest samplers of one distribution reach with the
+/// same sample counts: the overlap of the two (the sum over functions of
+/// the smaller share) over the mean overlap of two multinomial draws of
+/// those sizes from the pooled distribution (400 draws, a fixed seed).
+/// 1.0: as close as sampling noise allows; less: one of the two puts
+/// samples where the other does not. Returns (that ratio, the overlap, the
+/// overlap noise allows).
+pub(crate) fn agreement(a: &Leaves, b: &Leaves) -> (f64, f64, f64) {
+    let (na, nb) = (a.values().sum::<u64>(), b.values().sum::<u64>());
+    assert!(na > 0 && nb > 0, "no samples to compare: {na} and {nb}");
+    let overlap = |x: &Leaves, nx: u64, y: &Leaves, ny: u64| -> f64 {
+        x.iter().map(|(k, &n)| (n as f64 / nx as f64).min(*y.get(k).unwrap_or(&0) as f64 / ny as f64)).sum()
+    };
+    let seen = overlap(a, na, b, nb);
+    // The pooled distribution, as a cumulative table to draw from.
+    let mut pooled = a.clone();
+    for (k, n) in b {
+        *pooled.entry(k.clone()).or_default() += n;
+    }
+    let keys: Vec<&String> = pooled.keys().collect();
+    let mut cum = Vec::with_capacity(keys.len());
+    let mut acc = 0u64;
+    for k in &keys {
+        acc += pooled[*k];
+        cum.push(acc);
+    }
+    // SplitMix64: reproducible draws without a dependency.
+    let mut state = 0x5eed_u64;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let mut draw = |n: u64| -> Leaves {
+        let mut m = Leaves::new();
+        for _ in 0..n {
+            let r = next() % acc;
+            let i = cum.partition_point(|&c| c <= r);
+            *m.entry(keys[i].clone()).or_default() += 1;
+        }
+        m
+    };
+    const DRAWS: usize = 400;
+    let noise: f64 = (0..DRAWS).map(|_| overlap(&draw(na), na, &draw(nb), nb)).sum::<f64>() / DRAWS as f64;
+    (seen / noise, seen, noise)
+}
+
+/// The `n` heaviest leaves of each side, for a failure's message.
+pub(crate) fn leaves_side_by_side(a: &Leaves, b: &Leaves, n: usize) -> String {
+    let (na, nb) = (a.values().sum::<u64>().max(1) as f64, b.values().sum::<u64>().max(1) as f64);
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.sort_by(|x, y| {
+        let w = |k: &String| a.get(k).copied().unwrap_or(0) as f64 / na + b.get(k).copied().unwrap_or(0) as f64 / nb;
+        w(y).total_cmp(&w(x))
+    });
+    keys.iter()
+        .take(n)
+        .map(|k| {
+            format!(
+                "\n  {:6.2}% {:6.2}%  {k}",
+                100.0 * a.get(*k).copied().unwrap_or(0) as f64 / na,
+                100.0 * b.get(*k).copied().unwrap_or(0) as f64 / nb
+            )
+        })
+        .collect()
+}

@@ -24,6 +24,8 @@ mod hostile_elf;
 mod java;
 /// The labs, end to end.
 mod labs;
+/// `-- CMD`, processes that exec while watched, runs that end with their targets.
+mod launch;
 /// `sonde msglat`.
 mod msglat;
 /// `sonde msglat` on a relay that reuses its listener's fd for the onward connection.
@@ -38,6 +40,8 @@ mod perfmap;
 mod profile;
 /// Python frames read in the kernel, on every CPython here, against py-spy.
 mod python;
+/// Real programs (pyflakes, terser, javac, gofmt) against each runtime's own or a trusted profiler.
+mod real;
 /// `sonde retrans`.
 mod retrans;
 /// `sonde serve`: a real Prometheus, go tool pprof, a push receiver, bad input.

@@ -6,14 +6,14 @@ use std::collections::{BTreeSet, HashMap};
 use super::common::*;
 
 /// A workload file of tests/workloads.
-fn wl(name: &str) -> String {
+pub(crate) fn wl(name: &str) -> String {
     format!("{}/tests/workloads/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The interpreter of version `v` ("3.12"): pyenv's build, or Debian's
 /// python3.11 for "debian". A missing one fails the test (scripts/setup and
 /// the machine provide them).
-fn python(v: &str) -> String {
+pub(crate) fn python(v: &str) -> String {
     if v == "debian" {
         return "/usr/bin/python3.11".into();
     }

@@ -15,6 +15,16 @@
 //   off SECONDS   cycle(), an async function, awaits a 10 ms timer, then blocks
 //                 20 ms in waitA() and 30 ms in waitB() (Atomics.wait): 1:2:3
 //                 off the CPU
+//   inline SECONDS batchI(), from the event loop, calls
+//                 - parentI(), which runs outerA() and outerB(), both of which
+//                   run inner(): 2:1 iterations; V8 inlines all three into
+//                   parentI() (two levels, one function inlined at two sites)
+//                 - parentB(), which runs searchA() and searchB(), inlined into
+//                   it, each calling the builtin String.prototype.indexOf on a
+//                   string of 2:1 length that does not hold what is searched:
+//                   the time is in the builtin, and parentB()'s frame is found
+//                   by its return address, which stands right after the call,
+//                   at the end of the inlined function's code
 'use strict';
 
 let sink = 0;
@@ -56,6 +66,54 @@ function tick(end) {
 
 function main(end) {
   while (Date.now() < end) parent(false);
+}
+
+function inner(n) {
+  let x = 1;
+  for (let i = 0; i < n; i++) x = (x * 41 + i) | 0;
+  return x;
+}
+
+function outerA(n) {
+  return inner(2 * n);
+}
+
+function outerB(n) {
+  return inner(n);
+}
+
+function parentI() {
+  sink += outerA(10000);
+  sink += outerB(10000);
+}
+
+// Flat strings of 2:1 length: 'ab' repeated, then searched for 'abd'.
+const hayA = ('ab'.repeat(40000) + 'x').split('').join('');
+const hayB = ('ab'.repeat(20000) + 'x').split('').join('');
+
+function searchA(s) {
+  return s.indexOf('abd');
+}
+
+function searchB(s) {
+  return s.indexOf('abd');
+}
+
+function parentB() {
+  sink += searchA(hayA);
+  sink += searchB(hayB);
+}
+
+function batchI() {
+  for (let k = 0; k < 20; k++) {
+    parentI();
+    parentB();
+  }
+}
+
+function tickI(end) {
+  batchI();
+  if (Date.now() < end) setImmediate(tickI, end);
 }
 
 const cell = new Int32Array(new SharedArrayBuffer(4));
@@ -120,6 +178,8 @@ if (!isMainThread) {
   main(end);
 } else if (mode === 'off') {
   cycle(end);
+} else if (mode === 'inline') {
+  tickI(end);
 } else {
-  throw new Error(`mode: cpu, osr or off, not ${mode}`);
+  throw new Error(`mode: cpu, deopt, wake, osr, off or inline, not ${mode}`);
 }

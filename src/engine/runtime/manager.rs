@@ -27,6 +27,14 @@ const RECHECKS: u8 = 3;
 /// How long a runtime that is starting is waited for (looks, 500 ms apart).
 const LATER_TRIES: u32 = 60;
 
+/// How long a runtime that is starting is left before the next look after
+/// `tries` looks: 50 ms more each time, up to 500 ms (a process that just
+/// started is read within tens of ms of its runtime being ready; one that
+/// never gets ready is given up on after about 28 s).
+fn later_wait(tries: u32) -> Duration {
+    Duration::from_millis(50 * u64::from(tries.clamp(1, 10)))
+}
+
 /// A code object as the kernel saw it: process, kind, address, cookie, and
 /// the frame's flags and location where they are part of its name.
 pub type NameKey = (u32, u8, u64, u16, u8, u32);
@@ -161,8 +169,11 @@ pub struct RtMaps<'a> {
 enum State {
     /// A runtime this build reads, and the process's memory while it lives.
     Read { rt: &'static dyn Runtime, inst: Box<dyn Instance>, mem: Option<Mem> },
-    /// No runtime, or one this build does not read.
-    Other,
+    /// No runtime (with the hash of the executable mappings it was looked
+    /// for in: a process that maps more, as one that just exec'd and then
+    /// maps its libraries, is looked at again), or one this build does not
+    /// read (None: said once, never looked at again).
+    Other(Option<u64>),
     /// A runtime that is starting: look again at `.0` (try `.1` of
     /// [`LATER_TRIES`]).
     Later(Instant, u32),
@@ -226,8 +237,9 @@ impl Runtimes {
                 }
                 return;
             }
-            Some(State::Read { .. }) | Some(State::Other) => return,
-            Some(State::Later(at, _)) if at.elapsed() < Duration::from_millis(500) => return,
+            Some(State::Other(Some(h))) if *h != p.exec_hash() => {}
+            Some(State::Read { .. }) | Some(State::Other(_)) => return,
+            Some(State::Later(at, n)) if at.elapsed() < later_wait(*n) => return,
             _ => {}
         }
         let tries = match self.procs.get(&pid) {
@@ -237,7 +249,7 @@ impl Runtimes {
         let found = if p.mem().is_some() { registry::detect(p) } else { None };
         match found {
             None => {
-                self.procs.insert(pid, State::Other);
+                self.procs.insert(pid, State::Other(Some(p.exec_hash())));
             }
             Some((Some(rt), Detected::Read(inst))) => {
                 let about = inst.about();
@@ -266,19 +278,19 @@ impl Runtimes {
                 self.procs.insert(pid, State::Read { rt, inst, mem: p.take_mem() });
             }
             Some((_, Detected::Read(_))) => {
-                self.procs.insert(pid, State::Other);
+                self.procs.insert(pid, State::Other(None));
             }
             Some((_, Detected::NotRead { what, why })) => {
                 eprintln!("sonde: process {pid} ({}): {what} is not read ({why}); its stacks stay native", p.comm());
                 self.reports.insert(pid, not_read(pid, what, why));
-                self.procs.insert(pid, State::Other);
+                self.procs.insert(pid, State::Other(None));
             }
             Some((_, Detected::Later(why))) => {
                 if tries >= LATER_TRIES {
                     eprintln!("sonde: process {pid} ({}): {why}; its stacks stay native", p.comm());
                     let what = why.split(':').next().unwrap_or("a runtime").to_string();
                     self.reports.insert(pid, not_read(pid, what, why));
-                    self.procs.insert(pid, State::Other);
+                    self.procs.insert(pid, State::Other(None));
                 } else {
                     self.procs.insert(pid, State::Later(Instant::now(), tries));
                 }
@@ -295,7 +307,7 @@ impl Runtimes {
         let later: Vec<u32> = self
             .procs
             .iter()
-            .filter(|(_, k)| matches!(k, State::Later(at, _) if at.elapsed() >= Duration::from_millis(500)))
+            .filter(|(_, k)| matches!(k, State::Later(at, n) if at.elapsed() >= later_wait(*n)))
             .map(|(p, _)| *p)
             .collect();
         for pid in later {

@@ -96,6 +96,9 @@ struct Proc {
     /// Hash of its executable lines in maps when loaded.
     maps_hash: u64,
     at: Instant,
+    /// Refreshes in a row that found its maps unchanged (a JIT's code);
+    /// None: none since it was loaded.
+    quiet: Option<u32>,
     /// The mapped files it holds a reference on, one per mapping.
     files: Vec<FileId>,
 }
@@ -272,23 +275,29 @@ impl Tables {
         self.procs.contains_key(&pid)
     }
 
-    /// Whether a refresh of `pid` is due: a process whose code has no file
-    /// (a JIT) asks again and again, so its maps are read at most every
-    /// 100 ms.
+    /// Whether a refresh of `pid` is due. The first after a load is due
+    /// at once (a process that just exec'd maps its libraries right after
+    /// it was loaded); then a process whose code has no file (a JIT) asks
+    /// again and again, so its maps are read at most every 100 ms, and less
+    /// often (up to every 3.2 s) while they stay the same.
     pub fn refresh_due(&self, pid: u32) -> bool {
-        self.procs.get(&pid).is_none_or(|p| p.at.elapsed() >= Duration::from_millis(100))
+        self.procs.get(&pid).is_none_or(|p| match p.quiet {
+            None => p.at.elapsed() >= Duration::from_millis(2),
+            Some(q) => p.at.elapsed() >= Duration::from_millis(100 << q.min(5)),
+        })
     }
 
     /// Loads the tables of the executables `p` maps and gives the walk its
     /// mappings. With `refresh`, only if its executable mappings changed
     /// since (dlopen). Returns whether the process was loaded (again).
-    pub fn load_process(&mut self, m: &Maps<'_>, p: &Process, refresh: bool) -> bool {
+    pub fn load_process(&mut self, m: &Maps<'_>, p: &Process, refresh: bool, gen: u32) -> bool {
         let pid = p.pid;
         let t0 = Instant::now();
         let h = p.exec_hash();
         if refresh {
             if let Some(p) = self.procs.get_mut(&pid).filter(|p| p.maps_hash == h) {
                 p.at = Instant::now();
+                p.quiet = Some(p.quiet.map_or(0, |q| q + 1));
                 return false;
             }
         }
@@ -320,6 +329,7 @@ impl Tables {
         }
         let mut v = vec![0u8; PROC_BYTES];
         v[..4].copy_from_slice(&(entries.len() as u32).to_ne_bytes());
+        v[4..8].copy_from_slice(&gen.to_ne_bytes());
         for (i, e) in entries.iter().enumerate() {
             let o = 8 + i * MAP_BYTES;
             for (j, w) in e.iter().enumerate() {
@@ -330,7 +340,7 @@ impl Tables {
             self.stats.procs_full += 1;
             self.release(m, files);
         } else {
-            match self.procs.insert(pid, Proc { maps_hash: h, at: Instant::now(), files }) {
+            match self.procs.insert(pid, Proc { maps_hash: h, at: Instant::now(), quiet: None, files }) {
                 Some(old) => self.release(m, old.files),
                 None => self.stats.processes += 1,
             }
@@ -839,15 +849,15 @@ mod tests {
         let mut t = Tables::new(pages.max_entries());
         // The vDSO's table is loaded with the first process and kept.
         let perl = spawn(&["/usr/bin/perl", "-e", "sleep 60"]);
-        assert!(t.load_process(&m, &Process::read(perl.id()).unwrap(), false));
+        assert!(t.load_process(&m, &Process::read(perl.id()).unwrap(), false, 0));
         let with_perl = (t.by_key.len(), t.chunks.iter().flatten().count(), nonzero_pages(&pages));
         assert!(with_perl.0 >= 3, "perl, libc, vdso and more: {with_perl:?}");
         let sleep_a = spawn(&["/usr/bin/sleep", "60"]);
         let sleep_b = spawn(&["/usr/bin/sleep", "60"]);
-        assert!(t.load_process(&m, &Process::read(sleep_a.id()).unwrap(), false));
+        assert!(t.load_process(&m, &Process::read(sleep_a.id()).unwrap(), false, 0));
         let with_sleep = t.by_key.len();
         assert_eq!(with_sleep, with_perl.0 + 1, "sleep adds only its own table (libc is shared)");
-        assert!(t.load_process(&m, &Process::read(sleep_b.id()).unwrap(), false));
+        assert!(t.load_process(&m, &Process::read(sleep_b.id()).unwrap(), false, 0));
         assert_eq!(t.by_key.len(), with_sleep, "a second sleep shares every table");
         let rows_all = t.free_rows.free_total();
 
@@ -865,7 +875,7 @@ mod tests {
         // A new process reuses the freed rows and pages: no chunk is added.
         let chunks_before = t.chunks.iter().flatten().count();
         let sleep_c = spawn(&["/usr/bin/sleep", "60"]);
-        assert!(t.load_process(&m, &Process::read(sleep_c.id()).unwrap(), false));
+        assert!(t.load_process(&m, &Process::read(sleep_c.id()).unwrap(), false, 0));
         assert_eq!(t.chunks.iter().flatten().count(), chunks_before);
         end(sleep_c);
         end(perl);

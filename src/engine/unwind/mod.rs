@@ -236,6 +236,8 @@ pub struct UnwMaps<'a> {
     pub rt: RtMaps<'a>,
     /// `rt_walked`.
     pub rt_walked: &'a dyn MapCore,
+    /// `unw_wake`: a pid per process that asked for its tables.
+    pub wake: &'a dyn MapCore,
 }
 
 /// The [`UnwMaps`] of a loaded skeleton `$skel`.
@@ -252,6 +254,7 @@ macro_rules! unw_maps {
             walked: &m.unw_walked,
             rt: $crate::engine::runtime::RtMaps { procs: &m.rt_procs, seen: &m.rt_seen, stats: &m.rt_stats },
             rt_walked: &m.rt_walked,
+            wake: &m.unw_wake,
         }
     }};
 }
@@ -445,7 +448,18 @@ pub struct Session {
     tables: Option<kernel::Tables>,
     last_sweep: Instant,
     runtimes: Runtimes,
+    /// Per process, which image it runs: how often it exec'd since the run
+    /// met it (stacks walked carry it, to be named from that image).
+    gens: std::collections::HashMap<u32, u32>,
+    /// Set by `unw_wake`'s records: a process asked for its tables.
+    woken: std::rc::Rc<std::cell::Cell<bool>>,
+    /// When the last load ran.
+    last_tick: Instant,
 }
+
+/// Least time between loads that `unw_wake` asks for (a process that
+/// cannot be loaded asks again at its next sample).
+const WAKE_GAP: Duration = Duration::from_millis(5);
 
 impl Session {
     /// Starts the unwinder on a loaded object: with tables, loads those of
@@ -453,8 +467,15 @@ impl Session {
     /// first samples are walked).
     pub fn start(plan: &Plan, m: &UnwMaps<'_>, tf: &TaskFilter) -> Session {
         let frames = if plan.tables { plan.frames } else { Frames::Native };
-        let mut s =
-            Session { plan: plan.clone(), tables: None, last_sweep: Instant::now(), runtimes: Runtimes::new(frames) };
+        let mut s = Session {
+            plan: plan.clone(),
+            tables: None,
+            last_sweep: Instant::now(),
+            runtimes: Runtimes::new(frames),
+            gens: Default::default(),
+            woken: Default::default(),
+            last_tick: Instant::now(),
+        };
         if !plan.tables {
             return s;
         }
@@ -462,7 +483,7 @@ impl Session {
         let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
         for pid in tf.processes_now().unwrap_or_default() {
             if let Some(mut p) = Process::read(pid) {
-                t.load_process(&km, &p, false);
+                t.load_process(&km, &p, false, 0);
                 s.runtimes.on_load(&m.rt, &mut p);
             }
         }
@@ -470,10 +491,64 @@ impl Session {
         s
     }
 
+    /// Which image `pid` runs: how often it exec'd since the run met it.
+    pub fn generation(&self, pid: u32) -> u32 {
+        self.gens.get(&pid).copied().unwrap_or(0)
+    }
+
+    /// Adds `unw_wake` (`wake`, of [`UnwMaps`]) to a tool's ring buffer, so
+    /// that a process asking for its tables wakes the run's poll
+    /// ([`Session::due`]).
+    pub fn wake_on<'a>(
+        &self,
+        rb: &mut libbpf_rs::RingBufferBuilder<'a, 'a>,
+        wake: &'a dyn MapCore,
+    ) -> anyhow::Result<()> {
+        if self.tables.is_some() {
+            let w = self.woken.clone();
+            rb.add(wake, move |_: &[u8]| {
+                w.set(true);
+                0
+            })?;
+        }
+        Ok(())
+    }
+
+    /// A ring buffer of `unw_wake` alone, for a tool that has none of its
+    /// own ([`Session::wake_on`]); None without tables.
+    pub fn wake_ring<'a>(&self, wake: &'a dyn MapCore) -> anyhow::Result<Option<libbpf_rs::RingBuffer<'a>>> {
+        if self.tables.is_none() {
+            return Ok(None);
+        }
+        let mut b = libbpf_rs::RingBufferBuilder::new();
+        self.wake_on(&mut b, wake)?;
+        Ok(Some(b.build()?))
+    }
+
+    /// Whether a load is due now: a process asked (`unw_wake`), and the
+    /// last load is [`WAKE_GAP`] old.
+    pub fn due(&self) -> bool {
+        self.woken.get() && self.last_tick.elapsed() >= WAKE_GAP
+    }
+
+    /// Loads `pid`'s tables and runtime now, as if its walk had asked (a
+    /// command just started: its image is known the moment its exec
+    /// returned, before its first sample).
+    pub fn load_now(&mut self, m: &UnwMaps<'_>, pid: u32) {
+        if self.tables.is_some() {
+            let _ = m.need.update(&pid.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY);
+            self.tick(m);
+        }
+    }
+
     /// Loads what the walk asked for since the last call; forgets exited
-    /// processes every few seconds.
-    pub fn tick(&mut self, m: &UnwMaps<'_>) {
-        let Some(t) = &mut self.tables else { return };
+    /// processes every few seconds. Returns the processes that exec'd (a
+    /// new image: new tables, their runtime looked for again).
+    pub fn tick(&mut self, m: &UnwMaps<'_>) -> Vec<u32> {
+        self.woken.set(false);
+        self.last_tick = Instant::now();
+        let mut execs = Vec::new();
+        let Some(t) = &mut self.tables else { return execs };
         let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
         let asked: Vec<(u32, u32)> = m
             .need
@@ -493,15 +568,24 @@ impl Session {
             .collect();
         let built = t.stats.built + t.stats.cache_hits;
         for (pid, what) in asked {
-            let _ = m.need.delete(&pid.to_ne_bytes());
             // 1: no entry (new, or deleted by an exec): load afresh (the
             // record of an earlier image is replaced); 2: refresh. One look
             // at the process's mappings serves the tables and the runtimes.
+            // A refresh not due yet keeps its entry: the walk asks (and
+            // wakes the poll) again only once it is done.
             if what == 2 && !t.refresh_due(pid) {
                 continue;
             }
+            let _ = m.need.delete(&pid.to_ne_bytes());
+            // Asked afresh for a process loaded before: its entry went with
+            // an exec (unw_exec).
+            if what == 1 && t.has(pid) {
+                *self.gens.entry(pid).or_default() += 1;
+                self.runtimes.forget(&m.rt, pid);
+                execs.push(pid);
+            }
             let Some(mut p) = Process::read(pid) else { continue };
-            t.load_process(&km, &p, what == 2);
+            t.load_process(&km, &p, what == 2, self.gens.get(&pid).copied().unwrap_or(0));
             self.runtimes.on_load(&m.rt, &mut p);
         }
         self.runtimes.drain(&m.rt);
@@ -519,6 +603,7 @@ impl Session {
             t.forget_gone(&km);
             self.runtimes.sweep(&m.rt);
         }
+        execs
     }
 
     /// What stacks show of language runtimes (`--frames`, `native` when

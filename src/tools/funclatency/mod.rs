@@ -34,7 +34,7 @@ use crate::engine::{
     ringbuf::poll_until_stop,
     run::{duration_arg, RunControl, Stop},
     stacktool,
-    taskfilter::TaskFilter,
+    taskfilter::{Targets, TaskFilter},
 };
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -360,7 +360,12 @@ fn load_way(
     if plan.tables {
         links.push(Attachment::Lib(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?));
     }
-    // Processes user-function probes are placed in (-1: every process).
+    if tf.follow {
+        links.push(Attachment::Lib(skel.progs.tf_fork.attach().context("attaching sched_process_fork")?));
+    }
+    // Processes user-function probes are placed in (-1: every process; so
+    // with `-- CMD`, whose children are not known yet: the kernel half's
+    // task filter keeps the command's).
     let upids: Vec<i32> = if pids.is_empty() { vec![-1] } else { pids.iter().map(|&p| p as i32).collect() };
     let unprobeable = attach_calls(&skel, &upids, probes, way, btf.as_ref(), &kfuncs, &mut links)?;
     if probes.iter().any(|p| matches!(p.kind, ProbeKind::Softirq(_))) {
@@ -427,6 +432,7 @@ fn open_configured(
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = FunclatencySkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
+    crate::set_task_follow!(&mut open, tf);
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     crate::set_task_filter!(&mut *ro, tf);
     for (i, p) in probes.iter().enumerate() {
@@ -974,6 +980,7 @@ fn poll(
     skel: &FunclatencySkel<'_>,
     probes: &[Probe],
     attached: Instant,
+    targets: &mut Targets,
 ) -> anyhow::Result<Stop> {
     let n = probes.len();
     let mut last = vec![Hist::default(); n];
@@ -983,6 +990,10 @@ fn poll(
         if Instant::now() >= next_prune {
             prune_dead_threads(&skel.maps.stacks);
             next_prune = Instant::now() + Duration::from_secs(1);
+            // -p: the run ends with its targets.
+            if targets.all_gone(&skel.maps.tf_pids) {
+                ctl.request_stop();
+            }
         }
         let Some(iv) = a.interval.filter(|_| due) else { return Ok(()) };
         interval_no += 1;
@@ -1058,10 +1069,11 @@ pub fn run_with(
 ) -> anyhow::Result<Outcome> {
     let (tf, probes) = validate(a)?;
     let loaded = load(a, &tf, &probes)?;
+    let mut targets = Targets::new(&tf, None);
     ctl.start_clock();
     let attached = Instant::now();
     ready();
-    let stop = poll(out, a, ctl, &loaded.skel, &probes, attached)?;
+    let stop = poll(out, a, ctl, &loaded.skel, &probes, attached, &mut targets)?;
     let at_stop = read_at_stop(&loaded.skel, &probes, attached)?;
     detach(loaded.links);
     let targets = target_results(probes, at_stop.hists, at_stop.flight);

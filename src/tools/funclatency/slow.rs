@@ -36,7 +36,7 @@ use crate::engine::{
     run::{duration_arg, RunControl, Stop},
     stacks::{read_return_probe_stack, read_stack, read_user_stack, Images, RawSample, Stack, SymStats, Symbols},
     stacktool::{self, Finished, StackLoss},
-    taskfilter::TaskFilter,
+    taskfilter::{self, Targets, TaskFilter},
     unwind::{self, UnwMaps, UnwindArgs},
 };
 use serde_json::{json, Value};
@@ -93,6 +93,11 @@ pub struct SlowArgs {
     /// How user stacks are walked.
     #[command(flatten)]
     pub unwind: UnwindArgs,
+    /// Start this command and watch it and the processes it starts, from
+    /// their first instruction; the run ends when they have all exited
+    /// (after `--`: `sonde slow ./app:handle --over 5ms -- ./app`).
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 /// One call over the threshold.
@@ -173,6 +178,9 @@ pub struct Summary {
     pub kernel_mechanism: Option<&'static str>,
     /// Functions the kernel refused a probe on, not traced.
     pub unprobeable: Vec<String>,
+    /// The command the run started (`-- CMD`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<stacktool::CommandSummary>,
 }
 
 /// What a run saw.
@@ -358,6 +366,9 @@ fn validate(a: &SlowArgs) -> anyhow::Result<(Outs, TaskFilter, Vec<Probe>)> {
     if a.frequency == 0 || a.frequency > 10_000 {
         return Err(usage(format!("-F {}: pick 1 to 10000 samples per second", a.frequency)));
     }
+    if !a.command.is_empty() && !a.scope.pid.is_empty() {
+        return Err(usage("-- CMD watches the command it starts: give it without -p"));
+    }
     let outs = stacktool::check_outputs(&a.scope.run.output)?;
     let (tf, probes) = a.scope.resolve()?;
     Ok((outs, tf, probes))
@@ -379,7 +390,10 @@ fn load(a: &SlowArgs, tf: &TaskFilter, probes: &[Probe]) -> anyhow::Result<Loade
 }
 
 /// The ring buffer of slow calls, gathered into the returned [`Seen`].
-fn ring<'a>(skel: &'a FunclatencySkel<'_>) -> anyhow::Result<(Rc<RefCell<Seen>>, RingBuffer<'a>)> {
+fn ring<'a>(
+    skel: &'a FunclatencySkel<'_>,
+    session: &unwind::Session,
+) -> anyhow::Result<(Rc<RefCell<Seen>>, RingBuffer<'a>)> {
     let seen: Rc<RefCell<Seen>> = Rc::default();
     let sink = seen.clone();
     let mut rb = RingBufferBuilder::new();
@@ -389,6 +403,8 @@ fn ring<'a>(skel: &'a FunclatencySkel<'_>) -> anyhow::Result<(Rc<RefCell<Seen>>,
         }
         0
     })?;
+    // Processes that exec or start wake the poll to load their tables.
+    session.wake_on(&mut rb, &skel.maps.unw_wake)?;
     Ok((seen, rb.build().context("setting up the ring buffer")?))
 }
 
@@ -401,6 +417,7 @@ fn drain(
     unw: (&mut unwind::Session, &UnwMaps<'_>),
     rb: &RingBuffer<'_>,
     seen: &RefCell<Seen>,
+    targets: &mut Targets,
 ) -> anyhow::Result<(Stop, Images)> {
     stacktool::run_until_stop(
         &skel.maps.stk_counts,
@@ -408,6 +425,7 @@ fn drain(
         a.scope.run.duration,
         Some(rb),
         unw,
+        (targets, &skel.maps.tf_pids),
         || {
             // As in funclatency: a thread that exits inside a call would keep
             // it in flight, old enough to look slow to the sampler.
@@ -579,20 +597,22 @@ fn summary(
         unwind: t.unwind.clone(),
         kernel_mechanism: probing.kernel.map(KernelMechanism::name),
         unprobeable: probing.unprobeable,
+        command: f.command.clone(),
     })
 }
 
 /// Runs slow; `ready` is called once everything is attached.
 pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    let (outs, tf, probes) = validate(a)?;
+    let (outs, mut tf, probes) = validate(a)?;
+    let launched = taskfilter::launch(&a.command, &mut tf)?;
     let mut loaded = load(a, &tf, &probes)?;
-    ctl.start_clock();
+    let mut targets = Targets::new(&tf, launched);
     let attached = Instant::now();
     let skel = &loaded.skel;
     let um = crate::unw_maps!(skel);
-    let (seen, rb) = ring(skel)?;
+    let (seen, rb) = ring(skel, &loaded.session)?;
     ready();
-    let (stop, mut images) = drain(a, ctl, skel, (&mut loaded.session, &um), &rb, &seen)?;
+    let (stop, mut images) = drain(a, ctl, skel, (&mut loaded.session, &um), &rb, &seen, &mut targets)?;
     let at_stop = read_at_stop(skel, &probes, attached)?;
     detach(loaded.links);
     let _ = rb.consume();
@@ -608,7 +628,8 @@ pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow:
     let (mut calls, call_sym) = slow_calls(skel, &probes, evs, &mut images)?;
     let sites = group_sites(calls.split_off(listed), &aggs);
     drop(aggs);
-    let f = flame_graph(a, &outs, skel, &probes, images, at_stop.elapsed)?;
+    let mut f = flame_graph(a, &outs, skel, &probes, images, at_stop.elapsed)?;
+    f.command = stacktool::CommandSummary::of(&targets, &skel.maps.tf_pids, &skel.maps.tf_lost);
     let totals = Totals { at_stop, slow_total, sites_full, listed, sites: sites.len(), loss, unwind, call_sym };
     let summary = summary(a, skel, totals, &f, loaded.probing)?;
     Ok(Outcome { calls, sites, stacks: f.stacks, summary, stop })
@@ -710,6 +731,9 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
     );
     if let Some(line) = s.perf_maps.text() {
         eprintln!("{line}");
+    }
+    if let Some(c) = &s.command {
+        eprintln!("{}", c.text());
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ use crate::engine::{
     run::{duration_arg, duration_or_zero_arg, RunControl, Stop},
     stacks::Stack,
     stacktool::{self, StackLoss, StackSummary},
-    taskfilter::{TaskArgs, TaskFilter},
+    taskfilter::{Targets, TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
 use serde::Serialize;
@@ -167,6 +167,7 @@ fn load(
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = OffcpuSkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
+    crate::set_task_follow!(&mut open, tf);
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     ro.want_kernel = !a.user_only;
     ro.want_user = !a.kernel_only;
@@ -214,6 +215,9 @@ fn load(
     if plan.tables {
         links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
     }
+    if tf.follow {
+        links.push(skel.progs.tf_fork.attach().context("attaching sched_process_fork")?);
+    }
     links.push(if typed { skel.progs.btf_switch.attach()? } else { skel.progs.raw_switch.attach()? });
     if at_exit {
         links.push(if typed { skel.progs.btf_exit.attach()? } else { skel.progs.raw_exit.attach()? });
@@ -251,10 +255,12 @@ fn us(v: u64) -> String {
 
 /// Runs offcpu (or, with `wake`, wakeup); `ready` is called once tracing runs.
 pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    let (outs, tf) = validate(a)?;
+    let (outs, mut tf) = validate(a)?;
     features::require_tracing_privileges()?;
     let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();
+    let launched = a.task.launch(&mut tf)?;
+    let mut targets = Targets::new(&tf, launched);
     let order = &attach::order(MECHANISMS, a.mechanism);
     // Best: sched_exit_tp, right after the switch in the context of the
     // thread that runs again; else everything at sched_switch.
@@ -276,10 +282,24 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let um = crate::unw_maps!(skel);
     ready();
     let counts: &dyn MapCore = if wake { &skel.maps.wake_counts } else { &skel.maps.stk_counts };
-    let (stop, images) =
-        stacktool::run_until_stop(counts, ctl, a.run.duration, None, (&mut session, &um), Vec::new, || {
-            Ok(format!("sonde offcpu: {} blocked periods", percpu_sum(&skel.maps.stats, OS_RECORDED)?))
-        })?;
+    // Processes that exec or start wake the poll to load their tables.
+    let wake_rb = session.wake_ring(um.wake)?;
+    let (stop, images) = stacktool::run_until_stop(
+        counts,
+        ctl,
+        a.run.duration,
+        wake_rb.as_ref(),
+        (&mut session, &um),
+        (&mut targets, &skel.maps.tf_pids),
+        Vec::new,
+        || {
+            Ok(format!(
+                "sonde {}: {} blocked periods",
+                if wake { "wakeup" } else { "offcpu" },
+                percpu_sum(&skel.maps.stats, OS_RECORDED)?
+            ))
+        },
+    )?;
     drop(_links);
     let unwind = session.report(&um)?;
     // The window the programs were attached: what the counts cover.
@@ -294,7 +314,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
     let loss = StackLoss::read(&skel.maps.stats, OS_STACKS)?;
     let tool = if wake { "wakeup" } else { "offcpu" };
     let finish = if wake { stacktool::finish_wakeup } else { stacktool::finish };
-    let f = finish(
+    let mut f = finish(
         counts,
         crate::stack_maps!(skel),
         images,
@@ -309,6 +329,7 @@ pub fn run_with(a: &OffcpuArgs, ctl: &RunControl, wake: bool, ready: impl FnOnce
             relabel: None,
         },
     )?;
+    f.command = stacktool::CommandSummary::of(&targets, &skel.maps.tf_pids, &skel.maps.tf_lost);
     let summary = Summary {
         kind: "summary",
         mechanism: mech,

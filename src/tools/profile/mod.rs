@@ -22,7 +22,7 @@ use crate::engine::{
     run::{RunControl, Stop},
     stacks::SymStats,
     stacktool::{self, StackLoss, StackSummary},
-    taskfilter::{TaskArgs, TaskFilter},
+    taskfilter::{Targets, TaskArgs, TaskFilter},
     unwind::{self, UnwindArgs},
 };
 use serde::Serialize;
@@ -58,13 +58,15 @@ pub enum Event {
 /// walked from each executable's unwind tables (.eh_frame), so programs built
 /// without frame pointers get whole stacks (--unwind); stacks that still do
 /// not reach a program's start are marked [truncated] and counted with why.
-/// Python (CPython 3.8-3.13), Go (stripped too), Java (HotSpot, JDK 11-25:
-/// interpreted, compiled and inlined methods) and Node.js (18, 20, 22:
+/// Python (CPython 3.8-3.15), Go (stripped too), Java (HotSpot, JDK 11-27:
+/// interpreted, compiled and inlined methods) and Node.js (18-26:
 /// interpreted, baseline, optimized and inlined functions) programs show
 /// their own functions, files and lines, read in the kernel without stopping them and
 /// with no flag or agent (--frames; `sonde doctor --pid PID` says what sonde
-/// finds in a process); other JITs' code is named from the process's perf
-/// map or mapped jitdump.
+/// finds in a process); a newer version that describes itself as a known
+/// one does is read and said to be untested. Other JITs' code is named from
+/// the process's perf map or mapped jitdump. `-- CMD ARGS` starts a command
+/// and follows it and what it starts to their end.
 ///
 /// OVERHEAD: one perf-event interrupt per CPU per sample period, a user-stack
 /// walk and one in-kernel hash update per sample; nothing per sample in user
@@ -196,6 +198,7 @@ fn load(a: &ProfileArgs, tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = ProfileSkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
+    crate::set_task_follow!(&mut open, tf);
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     ro.include_idle = a.include_idle;
     ro.want_kernel = !a.user_only;
@@ -209,6 +212,9 @@ fn load(a: &ProfileArgs, tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result
     let mut links = Vec::new();
     if plan.tables {
         links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
+    }
+    if tf.follow {
+        links.push(skel.progs.tf_fork.attach().context("attaching sched_process_fork")?);
     }
     let counter = match a.event {
         Event::CpuClock => Counter::CpuClock,
@@ -242,21 +248,26 @@ pub fn table_walk_loads() -> anyhow::Result<()> {
 
 /// Runs a profile; `ready` is called once sampling runs.
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
-    let (outs, tf) = validate(a)?;
+    let (outs, mut tf) = validate(a)?;
     features::require_tracing_privileges()?;
     let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();
+    let launched = a.task.launch(&mut tf)?;
     let (loaded, mut session) = load(a, &tf, &plan)?;
+    let mut targets = Targets::new(&tf, launched);
     let attached = std::time::Instant::now();
     let skel = &loaded.skel;
     let um = crate::unw_maps!(skel);
     ready();
+    // Processes that exec or start wake the poll to load their tables.
+    let wake_rb = session.wake_ring(um.wake)?;
     let (stop, images) = stacktool::run_until_stop(
         &skel.maps.stk_counts,
         ctl,
         a.run.duration,
-        None,
+        wake_rb.as_ref(),
         (&mut session, &um),
+        (&mut targets, &skel.maps.tf_pids),
         Vec::new,
         || Ok(format!("sonde profile: {} samples", percpu_sum(&skel.maps.stats, PS_SAMPLES)?)),
     )?;
@@ -272,7 +283,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
         loss: StackLoss::read(&skel.maps.stats, PS_STACKS)?,
         ..Default::default()
     };
-    let f = stacktool::finish(
+    let mut f = stacktool::finish(
         &skel.maps.stk_counts,
         crate::stack_maps!(skel),
         images,
@@ -287,6 +298,7 @@ pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyh
             relabel: None,
         },
     )?;
+    f.command = stacktool::CommandSummary::of(&targets, &skel.maps.tf_pids, &skel.maps.tf_lost);
     let sym_line = stacktool::sym_summary(&f, "samples", Some(&unwind));
     let stack_summary = StackSummary::of(&f, &unwind);
     totals.unique_stacks = f.unique;
