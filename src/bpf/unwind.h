@@ -471,6 +471,14 @@ int unw_exec(void *ctx)
 		 * much of it. */
 		unw_ask(pid, 1);
 	}
+#ifdef SONDE_TASKFILTER_H
+	/* A command sonde started, or a process it started: loaded as its
+	 * program begins (its maps are whole only now: the exec has mapped
+	 * the binary and its interpreter). */
+	else if (tf_follow && bpf_map_lookup_elem(&tf_pids, &pid)) {
+		unw_ask(pid, 1);
+	}
+#endif
 	return 0;
 }
 

@@ -116,7 +116,6 @@ pub fn run_until_stop(
     // `-- CMD` runs from here: everything is attached and set to follow it.
     if let Some(l) = &mut targets.launched {
         l.release()?;
-        session.load_now(um, l.pid);
     }
     let start = Instant::now();
     let mut images = Images::default();

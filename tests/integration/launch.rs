@@ -101,7 +101,9 @@ fn profile_of_a_command_follows_its_exec_and_ends_with_it() {
     let module = py_weight(&stacks, "<module>");
     assert!(module as f64 > 0.9 * total as f64, "<module> on {module} of {total}: {err}");
     let truncated = truncated_samples(&s);
-    assert!((truncated as f64) < 0.02 * total as f64, "{truncated} of {total} truncated: {s}");
+    // The new image's first tens of ms run while its tables load (walked
+    // by frame pointers, which this Python has none of): a few percent.
+    assert!((truncated as f64) < 0.05 * total as f64, "{truncated} of {total} truncated: {s}");
 }
 
 /// `sonde offcpu -- sh -c '...'` follows the command into the processes it
@@ -225,5 +227,5 @@ fn a_process_that_execs_while_watched_is_read_as_its_new_program() {
     assert!(h + l > 500, "heavy {h}, light {l} of {total} after the exec: {err}");
     assert!((share - 2.0 / 3.0).abs() < 0.05, "heavy {h}, light {l} ({share:.3}): {err}");
     let truncated = truncated_samples(&s);
-    assert!((truncated as f64) < 0.02 * total as f64, "{truncated} of {total} truncated after the exec: {s}");
+    assert!((truncated as f64) < 0.05 * total as f64, "{truncated} of {total} truncated after the exec: {s}");
 }

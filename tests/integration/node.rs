@@ -308,6 +308,177 @@ fn node_offcpu_splits_a_timer_await_and_two_blocking_waits() {
     }
 }
 
+/// sonde's stacks of a run: frames root first, and counts.
+type Stacks = Vec<(Vec<Value>, u64)>;
+
+/// Runs nodesplit.js in `mode` on Node `v` beside `--cpu-prof`, profiled
+/// once V8 has optimized it: sonde's stacks and V8's (pairs of the
+/// workload's frames and weights by path, root first).
+fn mode_beside_cpu_prof(v: &str, mode: &str, dir: &Path) -> (Stacks, String, BTreeMap<String, u64>) {
+    let prof = dir.join(format!("prof-{mode}-{v}"));
+    let _ = std::fs::remove_dir_all(&prof);
+    let cp = format!("--cpu-prof-dir={}", prof.display());
+    let mut w = node(&node_bin(v), &["--cpu-prof", cp.as_str(), "--cpu-prof-interval=500"], &[mode, "8"]);
+    thread::sleep(Duration::from_millis(2500));
+    let (stacks, err) = profile_json(w.0.id(), dir, &[]);
+    assert!(w.0.wait().unwrap().success(), "Node {v} ({mode}) exited badly");
+    (stacks, err, cpu_prof_paths(&prof))
+}
+
+/// `--cpu-prof`'s samples by path of the workload's frames, root first.
+fn cpu_prof_paths(dir: &Path) -> BTreeMap<String, u64> {
+    let f = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "cpuprofile"))
+        .expect("node --cpu-prof wrote its profile");
+    let p: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+    let mut parent: HashMap<u64, u64> = HashMap::new();
+    let mut name: HashMap<u64, Option<String>> = HashMap::new();
+    for n in p["nodes"].as_array().unwrap() {
+        let id = n["id"].as_u64().unwrap();
+        for c in n["children"].as_array().into_iter().flatten() {
+            parent.insert(c.as_u64().unwrap(), id);
+        }
+        let cf = &n["callFrame"];
+        let ours = cf["url"].as_str().unwrap_or("").ends_with("nodesplit.js");
+        name.insert(id, ours.then(|| cf["functionName"].as_str().unwrap_or("").to_string()));
+    }
+    let mut out = BTreeMap::new();
+    for s in p["samples"].as_array().unwrap() {
+        let mut chain = Vec::new();
+        let mut id = s.as_u64();
+        while let Some(i) = id {
+            if let Some(Some(n)) = name.get(&i) {
+                chain.push(n.clone());
+            }
+            id = parent.get(&i).copied();
+        }
+        chain.reverse();
+        *out.entry(chain.join(";")).or_default() += 1;
+    }
+    out
+}
+
+/// Weight of `paths` whose leaf is `leaf` right under `caller`.
+fn leaf_under(paths: &BTreeMap<String, u64>, caller: &str, leaf: &str) -> u64 {
+    paths.iter().filter(|(p, _)| p.ends_with(&format!("{caller};{leaf}"))).map(|(_, n)| n).sum()
+}
+
+/// sonde's stacks as paths of the workload's frames, root first.
+fn sonde_paths(stacks: &[(Vec<Value>, u64)]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for (f, n) in stacks {
+        let p: Vec<&str> = f.iter().filter(|x| ours(x)).map(|x| x["name"].as_str().unwrap_or("")).collect();
+        *out.entry(p.join(";")).or_default() += n;
+    }
+    out
+}
+
+/// Functions V8 inlines, with their shares built in: outerA() and outerB()
+/// (2:1) both running inner(), all three inlined into parentI(); searchA()
+/// and searchB() (2:1), inlined into parentB(), each spending its time in
+/// a call of the builtin String.prototype.indexOf, where parentB()'s frame
+/// is found by the return address after the call (the last instruction of
+/// the inlined function's code). sonde's shares are the program's on Node
+/// 20 and 26; on 26, V8's own profiler agrees (Node 20's leaves out what
+/// it inlined at the sampled instruction: inner()'s loop is credited to
+/// the function it was inlined into).
+#[test]
+fn node_inlined_functions_keep_their_built_in_shares() {
+    let dir = scratch_dir("node-inline");
+    for v in ["20", "26"] {
+        let (stacks, err, v8) = mode_beside_cpu_prof(v, "inline", &dir);
+        let ours = sonde_paths(&stacks);
+        let share = |p: &BTreeMap<String, u64>, caller: &str, a: &str, b: &str| {
+            let (x, y) = (leaf_under(p, caller, a), leaf_under(p, caller, b));
+            (x as f64 / (x + y).max(1) as f64, x + y)
+        };
+        let (a, b) = (leaf_under(&ours, "outerA", "inner"), leaf_under(&ours, "outerB", "inner"));
+        let s_inner = a as f64 / (a + b).max(1) as f64;
+        assert!(
+            a + b > 100 && (s_inner - 2.0 / 3.0).abs() < 0.08,
+            "Node {v}: inner() under outerA() {a}, outerB() {b}; {}{err}",
+            js_paths(&stacks)
+        );
+        let (s_search, n_search) = share(&ours, "parentB", "searchA", "searchB");
+        assert!(
+            n_search > 300 && (s_search - 2.0 / 3.0).abs() < 0.05,
+            "Node {v}: searchA()'s share {s_search:.3} of {n_search}; {}{err}",
+            js_paths(&stacks)
+        );
+        // V8 inlined them (else this proves nothing about inlining).
+        for f in ["inner", "outerA", "searchA"] {
+            assert!(inlined(&stacks, f) * 10 >= under(&stacks, f) * 9, "Node {v}: {f} inlined; {}", js_paths(&stacks));
+        }
+        if v == "26" {
+            let (vs, _) = share(&v8, "parentB", "searchA", "searchB");
+            let (va, vb) = (leaf_under(&v8, "outerA", "inner"), leaf_under(&v8, "outerB", "inner"));
+            assert!((vs - s_search).abs() < 0.06, "Node 26: --cpu-prof's searchA share {vs:.3}, sonde's {s_search:.3}");
+            let vi = va as f64 / (va + vb).max(1) as f64;
+            assert!(
+                (vi - s_inner).abs() < 0.1,
+                "Node 26: --cpu-prof's inner() under outerA() {vi:.3}, sonde's {s_inner:.3}"
+            );
+        }
+    }
+}
+
+/// parentC() calls make() twice, which calls Object.create() 2:1 times in
+/// a loop: the builtin behind it runs without a frame of its own. sonde
+/// finds make()'s frame by the return address at the top of the stack and
+/// credits the two calls (make() inlined into parentC() on Node 20 and 26)
+/// 2:1. V8's own profiler takes the frame it finds for the builtin's and
+/// credits the samples to the function above: make() and what it was
+/// inlined into left out. This is why, on terser, `--cpu-prof` gives its
+/// small inlined methods (TreeWalker's push and pop, MAP) less than sonde
+/// does and their callers' callers (_visit) more (real.rs). Node 24 (V8
+/// 13.6) does not inline make() here, and its call sites' split comes out
+/// 0.59 for 0.67: a known limit (docs/runtime-frames.md), left out.
+#[test]
+fn node_frameless_builtins_called_from_inlined_code_keep_their_caller() {
+    let dir = scratch_dir("node-create");
+    let (long, short) = (line_of("sinkO = make(px, 2000)"), line_of("sinkO = make(py, 1000)"));
+    for v in ["20", "26"] {
+        let (stacks, err, v8) = mode_beside_cpu_prof(v, "create", &dir);
+        let sites = call_sites(&stacks, ours);
+        let at = |line: u64| -> u64 {
+            sites
+                .iter()
+                .filter(|((callee, caller, l), _)| callee == "make" && caller == "parentC" && *l == line)
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let (a, b) = (at(long), at(short));
+        let share = a as f64 / (a + b).max(1) as f64;
+        assert!(
+            a + b > 500 && (share - 2.0 / 3.0).abs() < 0.05,
+            "Node {v}: make() from parentC():{long} {a}, :{short} {b}; {}{err}",
+            js_paths(&stacks)
+        );
+        assert!(
+            inlined(&stacks, "make") * 10 >= under(&stacks, "make") * 9,
+            "Node {v}: make() inlined; {}",
+            js_paths(&stacks)
+        );
+        let (parent, batch) = (under(&stacks, "parentC"), under(&stacks, "batchC"));
+        assert!(
+            parent as f64 >= 0.95 * batch as f64,
+            "Node {v}: parentC() on {parent} of batchC()'s {batch}; {}",
+            js_paths(&stacks)
+        );
+        // V8's profiler: most of those samples on a function above make().
+        let v8_total: u64 = v8.iter().filter(|(p, _)| p.contains("batchC")).map(|(_, n)| n).sum();
+        let v8_made = leaf_under(&v8, "parentC", "make");
+        eprintln!("Node {v}: sonde make() {a}:{b}; --cpu-prof credits {v8_made} of {v8_total} samples under batchC() to make()");
+        assert!(
+            (v8_made as f64) < 0.75 * v8_total as f64,
+            "Node {v}: --cpu-prof credits {v8_made} of {v8_total} to make(): V8's profiler changed, see the test's comment"
+        );
+    }
+}
+
 /// A Node whose V8 this build does not read (Node 16, V8 9.4): said once,
 /// and its stacks stay native. A V8 line not tested (Node 25, V8 14.1) that
 /// describes itself as the tested ones do: read, the split right, said once

@@ -35,6 +35,30 @@ fn profile_command(
     (json_stacks(&json), err)
 }
 
+/// [`profile_command`], each stack with its process's name.
+fn profile_command_pids(
+    dir: &Path,
+    hz: &str,
+    extra: &[&str],
+    cmd: &mut Vec<String>,
+    env: &[(&str, &str)],
+) -> (Vec<(String, Vec<Value>, u64)>, String) {
+    let (_, err) = profile_command(dir, hz, extra, cmd, env);
+    let stacks = std::fs::read_to_string(dir.join("sonde.json"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            (
+                v["process"].as_str().unwrap_or("").to_string(),
+                v["frames"].as_array().unwrap().clone(),
+                v["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    (stacks, err)
+}
+
 /// The innermost frame of each stack that `pick` keys (None: not one of
 /// the runtime's), by weight.
 fn sonde_leaves(stacks: &[(Vec<Value>, u64)], pick: impl Fn(&Value) -> Option<String>) -> Leaves {
@@ -135,55 +159,122 @@ fn pyflakes_on_python_3_14_from_debian_sid_matches_py_spy() {
 }
 
 /// terser (npm, scripts/setup) minifying its own 1 MB bundle with its
-/// command line, on Node `v` with `--cpu-prof`, run by sonde. V8's profile
-/// names a sample by its innermost JavaScript function; a sample in a
-/// builtin or the runtime by the JavaScript that called it; garbage
-/// collection apart (left out of both).
-fn terser_matches_cpu_prof(v: &str, node: &Path) {
+/// command line on Node `v`, under `perf record` (user-mode samples, V8
+/// writing a perf map of its code with `--perf-basic-prof`), run by sonde.
+/// Compared at the level perf sees: the code object or native function at
+/// each sample's pc (a JavaScript function with what V8 inlined into it,
+/// a builtin, a C++ function). What V8 inlined is checked against programs
+/// whose inlined shares are built in (node.rs). V8's own `--cpu-prof` is no
+/// oracle for this program: a sample in a builtin that runs without a frame
+/// of its own (Array.prototype.push's, LoadIC_Megamorphic, Object.create's)
+/// is credited to the caller's caller, dropping the function that called it
+/// and all V8 inlined into it (node.rs,
+/// `node_frameless_builtins_called_from_inlined_code_keep_their_caller`);
+/// terser makes such calls from its small inlined methods everywhere.
+fn terser_matches_perf(v: &str, node: &Path) {
     let dir = scratch_dir(&format!("real-terser-{v}"));
     let terser = PathBuf::from("/opt/sonde-real/terser-5.51.4/node_modules/terser");
     assert!(terser.join("dist/bundle.min.js").exists(), "terser at {} (scripts/setup installs it)", terser.display());
-    let prof = dir.join("prof");
-    let mut cmd = vec![
+    let data = dir.join("perf.data");
+    let mut cmd: Vec<String> =
+        ["perf", "record", "-q", "-F", "999", "-e", "cpu-clock:u", "-o"].iter().map(|s| s.to_string()).collect();
+    cmd.extend([
+        data.display().to_string(),
+        "--".into(),
         node.display().to_string(),
-        "--cpu-prof".into(),
-        format!("--cpu-prof-dir={}", prof.display()),
-        "--cpu-prof-interval=1000".into(),
+        "--perf-basic-prof".into(),
         terser.join("bin/terser").display().to_string(),
         terser.join("dist/bundle.min.js").display().to_string(),
         "-c".into(),
         "-m".into(),
         "-o".into(),
         "/dev/null".into(),
-    ];
-    let (stacks, err) = profile_command(&dir, "999", &[], &mut cmd, &[]);
-    let gc = |frames: &[Value]| {
-        frames.iter().any(|f| {
-            f["name"].as_str().is_some_and(|n| {
-                n.starts_with("v8::internal::Heap::") || n.contains("::Scavenger") || n.contains("MarkCompactCollector")
-            })
-        })
-    };
+    ]);
+    let (stacks, err) = profile_command_pids(&dir, "999", &[], &mut cmd, &[]);
+    // sonde's samples of Node in user mode (perf's own process apart).
     let mut ours = Leaves::new();
-    for (frames, n) in &stacks {
-        if gc(frames) {
+    for (process, frames, n) in &stacks {
+        if process == "perf" || frames.iter().any(|f| f["kind"] == "kernel") {
             continue;
         }
-        if let Some(f) = frames.iter().rev().find(|f| f["kind"] == "javascript") {
-            *ours
-                .entry(format!(
-                    "{} {}",
-                    js_name(f["name"].as_str().unwrap_or("")),
-                    base(f["file"].as_str().unwrap_or(""))
-                ))
-                .or_default() += n;
-        }
+        let Some(last) = frames.len().checked_sub(1) else { continue };
+        let key = if frames[last]["kind"] == "javascript" {
+            // The code object: the innermost frame V8 did not inline.
+            let head = (0..=last)
+                .rev()
+                .take_while(|&i| frames[i]["kind"] == "javascript")
+                .find(|&i| frames[i]["inlined"] != true);
+            let Some(h) = head else { continue };
+            format!(
+                "JS {} {}",
+                js_name(frames[h]["name"].as_str().unwrap_or("")),
+                base(frames[h]["file"].as_str().unwrap_or(""))
+            )
+        } else if let Some(js) = frames[last]["name"].as_str().and_then(perf_map_js) {
+            // JIT code sonde named from V8's perf map (a stack taken while
+            // the process's tables loaded, by frame pointers).
+            js
+        } else {
+            native_key(frames[last]["name"].as_str().unwrap_or(""))
+        };
+        *ours.entry(key).or_default() += n;
     }
-    let theirs = cpu_prof_leaves(&prof);
+    let out = Command::new("perf").args(["script", "-F", "ip,sym,dso", "-i"]).arg(&data).output().unwrap();
+    let mut theirs = Leaves::new();
+    for l in String::from_utf8_lossy(&out.stdout).lines() {
+        // `IP SYMBOL (DSO)`; a symbol of V8's perf map: `JS:*'name FILE:LINE:COL`.
+        let l = l.trim();
+        let Some((_, rest)) = l.split_once(' ') else { continue };
+        let Some((sym, _dso)) = rest.rsplit_once(" (") else { continue };
+        let key = match perf_map_js(sym) {
+            Some(js) => js,
+            None if sym == "[unknown]" => continue,
+            None => native_key(sym),
+        };
+        *theirs.entry(key).or_default() += 1;
+    }
     assert_agree(&format!("terser on Node {v}"), &ours, &theirs, &err);
 }
 
-/// A JavaScript function's name as `--cpu-prof` gives it.
+/// The key of a V8 perf map symbol, `JS:*'name FILE:LINE:COL` (the marks
+/// say the tier), as sonde keys a JavaScript function; None for others.
+fn perf_map_js(sym: &str) -> Option<String> {
+    let js = sym.strip_prefix("JS:")?.trim_start_matches(['*', '~', '^', '+', '\'', ' ']);
+    let (name, file) = match js.rsplit_once(' ') {
+        Some((n, f)) => (n, f),
+        None if js.contains('/') => ("", js),
+        None => (js, ""),
+    };
+    let file = file.split(':').next().unwrap_or(file);
+    Some(format!("JS {} {}", js_name(name), base(file)))
+}
+
+/// A native function's name as perf gives it: without its parameters, or
+/// the return type a demangled template function carries, and one name
+/// for C library aliases (memcpy's code is memmove's).
+fn native_key(n: &str) -> String {
+    // Template brackets and `(anonymous namespace)` hold spaces and
+    // parentheses that are not the name's end.
+    let (mut angle, mut paren) = (0i32, 0i32);
+    let (mut start, mut end) = (0, n.len());
+    for (i, c) in n.char_indices() {
+        match c {
+            '<' => angle += 1,
+            '>' => angle -= 1,
+            '(' if n[i..].starts_with("(anonymous namespace)") => paren += 1,
+            ')' if paren > 0 => paren -= 1,
+            '(' if angle == 0 => {
+                end = i;
+                break;
+            }
+            ' ' if angle == 0 && paren == 0 => start = i + 1,
+            _ => {}
+        }
+    }
+    n[start.min(end)..end].trim().replace("__memcpy_", "__memmove_")
+}
+
+/// A JavaScript function's name as V8 gives it.
 fn js_name(n: &str) -> String {
     if n.is_empty() || n == "<anonymous>" {
         "(anonymous)".into()
@@ -192,48 +283,14 @@ fn js_name(n: &str) -> String {
     }
 }
 
-/// The innermost JavaScript function of each `--cpu-prof` sample (builtins
-/// and the runtime credited to their caller; samples with none left out).
-fn cpu_prof_leaves(dir: &Path) -> Leaves {
-    let f = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "cpuprofile"))
-        .expect("node --cpu-prof wrote its profile");
-    let p: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-    let mut parent = std::collections::HashMap::new();
-    let mut key = std::collections::HashMap::new();
-    for n in p["nodes"].as_array().unwrap() {
-        let id = n["id"].as_u64().unwrap();
-        for c in n["children"].as_array().into_iter().flatten() {
-            parent.insert(c.as_u64().unwrap(), id);
-        }
-        let cf = &n["callFrame"];
-        let url = cf["url"].as_str().unwrap_or("");
-        let name = cf["functionName"].as_str().unwrap_or("");
-        key.insert(
-            id,
-            (url.ends_with(".js") || url.ends_with(".mjs")).then(|| format!("{} {}", js_name(name), base(url))),
-        );
-    }
-    let mut out = Leaves::new();
-    for s in p["samples"].as_array().unwrap() {
-        let mut id = s.as_u64();
-        while let Some(i) = id {
-            if let Some(Some(k)) = key.get(&i) {
-                *out.entry(k.clone()).or_default() += 1;
-                break;
-            }
-            id = parent.get(&i).copied();
-        }
-    }
-    out
+#[test]
+fn terser_on_node_26_matches_perf() {
+    terser_matches_perf("26", Path::new("/opt/sonde-node/26/bin/node"));
 }
 
 #[test]
-fn terser_on_node_26_matches_cpu_prof() {
-    terser_matches_cpu_prof("26", Path::new("/opt/sonde-node/26/bin/node"));
+fn terser_on_node_20_matches_perf() {
+    terser_matches_perf("20", Path::new("/usr/bin/node"));
 }
 
 /// javac (the JDK's own compiler) compiling Apache Commons Lang's sources
@@ -260,7 +317,7 @@ fn javac_matches_async_profiler(v: &str, javac: &str) {
     files.sort();
     let mut cmd = vec![
         javac.to_string(),
-        format!("-J-agentpath:{ap}=start,event=cpu,interval=2000000,collapsed,ann,file={}", collapsed.display()),
+        format!("-J-agentpath:{ap}=start,event=cpu,interval=1000000,collapsed,ann,file={}", collapsed.display()),
         "-d".into(),
         dir.join("classes").display().to_string(),
         "-nowarn".into(),
@@ -268,7 +325,7 @@ fn javac_matches_async_profiler(v: &str, javac: &str) {
         "-Xlint:none".into(),
     ];
     cmd.extend(files);
-    let (stacks, err) = profile_command(&dir, "499", &[], &mut cmd, &[]);
+    let (stacks, err) = profile_command(&dir, "999", &[], &mut cmd, &[]);
     // The JVM's own code (stubs, adapters: sonde names them `[jvm] ...`)
     // is no Java method: a sample there counts for the method above it, as
     // async-profiler's leaf Java frame does.

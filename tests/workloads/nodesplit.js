@@ -25,6 +25,12 @@
 //                   the time is in the builtin, and parentB()'s frame is found
 //                   by its return address, which stands right after the call,
 //                   at the end of the inlined function's code
+//   create SECONDS batchC(), from the event loop, calls parentC(), which
+//                 calls make() twice, 2:1 times Object.create() in a loop
+//                 (V8 inlines make() into parentC(), or not): the builtin
+//                 behind it, CreateObjectWithoutProperties, runs without a
+//                 frame of its own (its caller's frame is found by the
+//                 return address at the top of the stack)
 'use strict';
 
 let sink = 0;
@@ -83,13 +89,13 @@ function outerB(n) {
 }
 
 function parentI() {
-  sink += outerA(10000);
-  sink += outerB(10000);
+  sink += outerA(100000);
+  sink += outerB(100000);
 }
 
 // Flat strings of 2:1 length: 'ab' repeated, then searched for 'abd'.
-const hayA = ('ab'.repeat(40000) + 'x').split('').join('');
-const hayB = ('ab'.repeat(20000) + 'x').split('').join('');
+const hayA = ('ab'.repeat(160000) + 'x').split('').join('');
+const hayB = ('ab'.repeat(80000) + 'x').split('').join('');
 
 function searchA(s) {
   return s.indexOf('abd');
@@ -114,6 +120,33 @@ function batchI() {
 function tickI(end) {
   batchI();
   if (Date.now() < end) setImmediate(tickI, end);
+}
+
+let sinkO = null;
+const protoX = { a: 1 };
+const protoY = { b: 2 };
+
+function make(p, n) {
+  let o;
+  for (let i = 0; i < n; i++) o = Object.create(p);
+  return o;
+}
+
+function parentC(px, py) {
+  sinkO = make(px, 2000);
+  sinkO = make(py, 1000);
+}
+
+function batchC() {
+  for (let k = 0; k < 20; k++) {
+    parentC(protoX, protoY);
+    parentC(protoY, protoX);
+  }
+}
+
+function tickC(end) {
+  batchC();
+  if (Date.now() < end) setImmediate(tickC, end);
 }
 
 const cell = new Int32Array(new SharedArrayBuffer(4));
@@ -180,6 +213,8 @@ if (!isMainThread) {
   cycle(end);
 } else if (mode === 'inline') {
   tickI(end);
+} else if (mode === 'create') {
+  tickC(end);
 } else {
-  throw new Error(`mode: cpu, deopt, wake, osr, off or inline, not ${mode}`);
+  throw new Error(`mode: cpu, deopt, wake, osr, off, inline or create, not ${mode}`);
 }

@@ -190,6 +190,9 @@ pub struct Runtimes {
     unnamed: BTreeMap<&'static str, u64>,
     /// Time spent reading names from processes' memory.
     naming: Duration,
+    /// Processes whose runtime is not settled ([`Instance::settled`]):
+    /// when they were last looked at, and how often.
+    unsettled: HashMap<u32, (Instant, u32)>,
 }
 
 impl Runtimes {
@@ -203,6 +206,7 @@ impl Runtimes {
             named: 0,
             unnamed: BTreeMap::new(),
             naming: Duration::ZERO,
+            unsettled: HashMap::new(),
         }
     }
 
@@ -214,6 +218,7 @@ impl Runtimes {
     /// Forgets what was known of `pid` (it ran another program since: an
     /// exec); its next look detects its runtime afresh. Its names stay.
     pub fn forget(&mut self, m: &RtMaps<'_>, pid: u32) {
+        self.unsettled.remove(&pid);
         if self.procs.remove(&pid).is_some() {
             let _ = m.procs.delete(&pid.to_ne_bytes());
         }
@@ -311,6 +316,24 @@ impl Runtimes {
             .map(|(p, _)| *p)
             .collect();
         for pid in later {
+            if let Some(mut p) = Process::read(pid) {
+                self.on_load(m, &mut p);
+            }
+        }
+        // Runtimes still starting: looked at again, 50 ms apart at first,
+        // up to a second apart.
+        let unsettled: Vec<u32> = self
+            .procs
+            .iter()
+            .filter(|(_, k)| matches!(k, State::Read { inst, mem: Some(_), .. } if !inst.settled()))
+            .map(|(p, _)| *p)
+            .filter(|p| {
+                self.unsettled.get(p).is_none_or(|(at, n)| at.elapsed() >= later_wait(*n).min(Duration::from_secs(1)))
+            })
+            .collect();
+        for pid in unsettled {
+            let e = self.unsettled.entry(pid).or_insert((Instant::now(), 0));
+            *e = (Instant::now(), e.1 + 1);
             if let Some(mut p) = Process::read(pid) {
                 self.on_load(m, &mut p);
             }

@@ -138,6 +138,15 @@ pub trait Instance {
     fn remapped(&mut self, _p: &Process) -> Option<ProcConfig> {
         None
     }
+    /// Whether all the kernel needs was found. Until then the manager
+    /// looks at the process again ([`Instance::remapped`]) every 50 ms or
+    /// so, slowing to once a second: a runtime starting up (V8 makes its
+    /// code range and dispatch table after its binary is mapped, and code
+    /// there lies in mappings the unwinder knows already, so nothing else
+    /// asks for a look).
+    fn settled(&self) -> bool {
+        true
+    }
     /// Names a code object the kernel met, reading the process's memory;
     /// an error says why not (`gone`, `reused`, `unreadable`, `not_code`).
     fn code_info(&mut self, mem: &Mem, s: &Seen) -> Result<CodeInfo, &'static str>;

@@ -531,16 +531,6 @@ impl Session {
         self.woken.get() && self.last_tick.elapsed() >= WAKE_GAP
     }
 
-    /// Loads `pid`'s tables and runtime now, as if its walk had asked (a
-    /// command just started: its image is known the moment its exec
-    /// returned, before its first sample).
-    pub fn load_now(&mut self, m: &UnwMaps<'_>, pid: u32) {
-        if self.tables.is_some() {
-            let _ = m.need.update(&pid.to_ne_bytes(), &1u32.to_ne_bytes(), MapFlags::ANY);
-            self.tick(m);
-        }
-    }
-
     /// Loads what the walk asked for since the last call; forgets exited
     /// processes every few seconds. Returns the processes that exec'd (a
     /// new image: new tables, their runtime looked for again).

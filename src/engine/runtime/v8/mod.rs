@@ -1054,6 +1054,10 @@ impl Instance for V8 {
         changed.then(|| self.config())
     }
 
+    fn settled(&self) -> bool {
+        self.code_range.is_some() && (self.l.dispatch.is_none() || self.dispatch_base.is_some())
+    }
+
     fn code_info(&mut self, mem: &Mem, s: &Seen) -> Result<CodeInfo, &'static str> {
         self.name_code(mem, s.addr, s.cookie, s.flags, s.loc)
     }
