@@ -28,10 +28,14 @@
  * mappings again (2), and wakes it when the ask is new (user space keeps
  * an ask it is not ready for, so a JIT's code, outside every mapping,
  * wakes it at most as often as it refreshes). */
-static __always_inline void unw_ask(__u32 pid, __u32 what)
+static __always_inline void unw_ask(const __u32 *pid, __u32 what)
 {
-	if (bpf_map_update_elem(&unw_need, &pid, &what, BPF_NOEXIST) == 0)
-		bpf_ringbuf_output(&unw_wake, &pid, sizeof(pid), 0);
+	/* By pointer: a copy of the pid would take a stack slot of its own,
+	 * and unw_step's frame must stay within 128 bytes (the verifier adds
+	 * each frame of a call chain, rounded up to 32 bytes, against 512: the
+	 * sched_switch program, unw_capture, unw_step and a runtime's step). */
+	if (bpf_map_update_elem(&unw_need, pid, &what, BPF_NOEXIST) == 0)
+		bpf_ringbuf_output(&unw_wake, (void *)pid, sizeof(*pid), 0);
 }
 
 /*
@@ -106,7 +110,7 @@ __noinline int unw_step(__u32 slot)
 		if (!m) {
 			/* Code outside every mapping we know: JIT, or mapped
 			 * after the tables were loaded (ask for a refresh). */
-			unw_ask(pid, 2);
+			unw_ask(&pid, 2);
 			s->why_fp = UNW_END_NO_TABLE;
 		} else {
 			s->why_fp = in_table ? UNW_END_GAP : UNW_END_NO_TABLE;
@@ -310,7 +314,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	*uhash = 0;
 	struct unw_proc *p = bpf_map_lookup_elem(&unw_procs, &pid);
 	if (!p) {
-		unw_ask(pid, 1);
+		unw_ask(&pid, 1);
 		unw_stat(UNW_S_PENDING);
 		return false;
 	}
@@ -469,14 +473,14 @@ int unw_exec(void *ctx)
 		bpf_map_delete_elem(&unw_procs, &pid);
 		/* Watched before: its new image is loaded now, before it runs
 		 * much of it. */
-		unw_ask(pid, 1);
+		unw_ask(&pid, 1);
 	}
 #ifdef SONDE_TASKFILTER_H
 	/* A command sonde started, or a process it started: loaded as its
 	 * program begins (its maps are whole only now: the exec has mapped
 	 * the binary and its interpreter). */
 	else if (tf_follow && bpf_map_lookup_elem(&tf_pids, &pid)) {
-		unw_ask(pid, 1);
+		unw_ask(&pid, 1);
 	}
 #endif
 	return 0;
