@@ -693,7 +693,9 @@ fn profile_survives_a_process_running_code_from_crafted_libraries_and_counts_the
 /// (`SONDE_FUZZ_SECS` / 4): Go's function table (a real one from a build of
 /// gosplit.go, mutated: header words, offsets, counts, varints, truncation)
 /// through parsing, naming at random pcs and the unwinder's rows; CPython's
-/// line tables of every format; HotSpot's compressed line tables and
+/// line tables of every format, its description of itself
+/// (`_Py_DebugOffsets`, every format) and its thread-state accessor's
+/// instructions; HotSpot's compressed line tables and
 /// inlining scopes (UNSIGNED5 before and since JDK 21); and code objects
 /// crafted in this process's
 /// own memory (lengths, string states, pointers and line-table sizes a
@@ -806,6 +808,32 @@ fn bounded_fuzz_of_the_go_table_and_python_decoders() {
                 let _ = python::line_at(minor, &table, 192, rng.next() as u32, loc);
             });
             n_lines += 1;
+        }
+        // CPython's description of itself (`_Py_DebugOffsets`), every
+        // version's format and a newer one's, from random bytes or a real
+        // block's header mutated; and the thread-state accessor's
+        // instructions, both architectures.
+        let mut dbg: Vec<u8> = (0..rng.below(1024)).map(|_| rng.next() as u8).collect();
+        if rng.below(2) == 0 && dbg.len() >= 16 {
+            dbg[..8].copy_from_slice(b"xdebugpy");
+            let v = 0x030e_00f0u64 + ((rng.below(4) as u64) << 16);
+            dbg[8..16].copy_from_slice(&v.to_le_bytes());
+        }
+        for minor in [13u32, 14, 15, 16] {
+            check("pydescribe", &dbg, &mut || {
+                let _ = python::describe::head(&dbg);
+                if let Ok((d, _)) = python::describe::describe(&dbg, minor) {
+                    let _ = d.version();
+                    let _ = d.get("interpreter_frame.executable");
+                }
+            });
+            n_lines += 1;
+        }
+        let ins: Vec<u8> = (0..rng.below(48)).map(|_| rng.next() as u8).collect();
+        for x86 in [true, false] {
+            check("pytls", &ins, &mut || {
+                let _ = python::tls_offset(&ins, x86);
+            });
         }
         // HotSpot: line tables and inlining scopes, both UNSIGNED5 forms.
         let jb: Vec<u8> = (0..rng.below(256)).map(|_| rng.next() as u8).collect();

@@ -503,7 +503,10 @@ fn read_interpreter(
     // The thread state: a thread-local variable where
     // PyGILState_GetThisThreadState reads one (3.15), else through the
     // autoTSSkey pthread key (up to 3.14).
-    let accessor = syms.get("PyGILState_GetThisThreadState").and_then(|s| elf.read_vaddr(s.addr, 32));
+    // 64 bytes: sid's arm64 build takes 44 (its frame record around the load).
+    let accessor = syms
+        .get("PyGILState_GetThisThreadState")
+        .and_then(|s| elf.read_vaddr(s.addr, 64).or_else(|| elf.read_vaddr(s.addr, 32)));
     let tls = accessor.as_deref().and_then(|c| tls_offset(c, elf.is_x86_64()));
     let threads = thread_list(mem, runtime, &layout);
     if threads.as_ref().is_none_or(|t| t.is_empty()) {
@@ -605,7 +608,11 @@ fn thread_list(mem: &Mem, runtime: u64, l: &Layout) -> Option<Vec<(u64, u64)>> {
 /// (or `mov %fs:0,%rax` then `mov OFF(%rax),%rax`), on AArch64
 /// `mrs xN, tpidr_el0`, then `add` of the offset's high and low parts and
 /// an `ldr` (the local-exec forms an executable's own TLS takes), after
-/// `endbr64`, `bti c` or `paciasp`.
+/// `endbr64`, `bti c` or `paciasp`. On AArch64 the frame record a build with
+/// branch protection saves and restores around them (`paciasp`, `stp x29,
+/// x30, [sp, #-16]!`, `mov x29, sp`, `ldp x29, x30, [sp], #16`, `autiasp`)
+/// and the `nop` the linker leaves of a relaxed high part are passed over
+/// (Debian sid's arm64 python3.15).
 pub fn tls_offset(code: &[u8], x86_64: bool) -> Option<i64> {
     if x86_64 {
         let c = code.strip_prefix(&[0xf3, 0x0f, 0x1e, 0xfa]).unwrap_or(code);
@@ -633,10 +640,15 @@ pub fn tls_offset(code: &[u8], x86_64: bool) -> Option<i64> {
     let mut reg = mrs & 0x1f;
     let mut off: i64 = 0;
     i += 1;
+    // paciasp, autiasp, nop; stp x29, x30, [sp, #-16]!; mov x29, sp;
+    // ldp x29, x30, [sp], #16: none writes the register followed (x0..x28).
+    const FRAME: [u32; 6] = [0xd503_233f, 0xd503_23bf, 0xd503_201f, 0xa9bf_7bfd, 0x9100_03fd, 0xa8c1_7bfd];
     loop {
         let w = *words.get(i)?;
         let (rd, rn) = (w & 0x1f, (w >> 5) & 0x1f);
-        if w & 0xff80_0000 == 0x9100_0000 && rn == reg {
+        if FRAME.contains(&w) && reg < 29 {
+            i += 1;
+        } else if w & 0xff80_0000 == 0x9100_0000 && rn == reg {
             // add xD, xN, #imm{, lsl #12}
             let imm = ((w >> 10) & 0xfff) as i64;
             off += if w & (1 << 22) != 0 { imm << 12 } else { imm };
@@ -1091,6 +1103,41 @@ mod tests {
         assert_eq!(pthread_below_tp(&w(&[0xd53b_d040, 0xd65f_03c0])), None);
         assert_eq!(pthread_below_tp(&w(&[0xd53b_d041, 0xd11d_0000])), None, "into x1");
         assert_eq!(pthread_below_tp(&w(&[0xd53b_d040, 0x911d_0000])), None, "an add");
+    }
+
+    #[test]
+    fn thread_local_accessors_give_their_offsets() {
+        let w = |v: &[u32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        // Debian sid's arm64 python3.15, PyGILState_GetThisThreadState: the
+        // frame record around a relaxed local-exec access (hi12 a nop).
+        #[rustfmt::skip]
+        let sid = [
+            0xd503_245f, 0xd53b_d040, 0xd503_233f, 0xa9bf_7bfd, 0xd503_201f, 0x9100_8000, 0x9100_03fd, 0xa8c1_7bfd,
+            0xd503_23bf, 0xf940_0000, 0xd65f_03c0,
+        ];
+        assert_eq!(tls_offset(&w(&sid), false), Some(32));
+        // Unrelaxed: add x0, x0, #1, lsl #12; add x0, x0, #0x10; ldr x0, [x0, #8]; ret.
+        assert_eq!(
+            tls_offset(&w(&[0xd53b_d040, 0x9140_0400, 0x9100_4000, 0xf940_0400, 0xd65f_03c0]), false),
+            Some(0x1000 + 0x10 + 8)
+        );
+        // Not a plain load: another instruction between, a load not
+        // returned, a frame instruction when the register followed is x29.
+        let mut odd = sid;
+        odd[6] = 0x9100_0421; // add x1, x1, #1
+        assert_eq!(tls_offset(&w(&odd), false), None);
+        assert_eq!(tls_offset(&w(&[0xd53b_d040, 0xf940_0001, 0xd65f_03c0]), false), None, "into x1");
+        assert_eq!(tls_offset(&w(&[0xd53b_d05d, 0x9100_03fd, 0xf940_03a0, 0xd65f_03c0]), false), None, "x29");
+        // x86-64: mov %fs:-8,%rax; ret, after endbr64; and the two-step form.
+        assert_eq!(
+            tls_offset(&[0xf3, 0x0f, 0x1e, 0xfa, 0x64, 0x48, 0x8b, 0x04, 0x25, 0xf8, 0xff, 0xff, 0xff, 0xc3], true),
+            Some(-8)
+        );
+        assert_eq!(
+            tls_offset(&[0x64, 0x48, 0x8b, 0x04, 0x25, 0, 0, 0, 0, 0x48, 0x8b, 0x80, 0x10, 0, 0, 0, 0xc3], true),
+            Some(0x10)
+        );
+        assert_eq!(tls_offset(&[0x64, 0x48, 0x8b, 0x04, 0x25, 0xf8, 0xff, 0xff, 0xff, 0x90], true), None);
     }
 
     #[test]
