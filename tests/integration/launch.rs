@@ -181,7 +181,7 @@ fn a_process_that_execs_while_watched_is_read_as_its_new_program() {
     let json = dir.join("p.json");
     let go = dir.join("go");
     let script =
-        format!("while [ ! -e {} ]; do sleep 0.05; done; exec {} {} 3", go.display(), python("3.12"), wl("pysplit.py"));
+        format!("while [ ! -e {} ]; do sleep 0.05; done; exec {} {} 5", go.display(), python("3.12"), wl("pysplit.py"));
     let w = KillOnDrop(Command::new("sh").args(["-c", &script]).spawn().unwrap());
     let pid = w.0.id().to_string();
     let mut child = Command::new(SONDE)
@@ -226,6 +226,9 @@ fn a_process_that_execs_while_watched_is_read_as_its_new_program() {
     let share = h as f64 / (h + l).max(1) as f64;
     assert!(h + l > 500, "heavy {h}, light {l} of {total} after the exec: {err}");
     assert!((share - 2.0 / 3.0).abs() < 0.05, "heavy {h}, light {l} ({share:.3}): {err}");
+    // Cut short only while the new image's tables load (85 ms of samples on
+    // a quiet host, some 175 on a busy one; with the tables of the image
+    // before, 843 of 1384 were).
     let truncated = truncated_samples(&s);
-    assert!((truncated as f64) < 0.05 * total as f64, "{truncated} of {total} truncated after the exec: {s}");
+    assert!((truncated as f64) < 0.10 * total as f64, "{truncated} of {total} truncated after the exec: {s}");
 }

@@ -108,7 +108,19 @@ fn line_of(file: &str, text: &str) -> u64 {
 fn py_spy_triples(pid: u32, n: usize, file: &str) -> BTreeSet<(String, String, u64)> {
     let mut out = BTreeSet::new();
     for _ in 0..n {
-        let o = Command::new(PY_SPY).args(["dump", "--json", "--pid", &pid.to_string()]).output().expect("py-spy");
+        // py-spy's dump now and then fails to find the interpreter (its scan
+        // of .data: "Failed to find a python interpreter", seen once on 3.14
+        // in CI): tried again, a few times.
+        let dump =
+            || Command::new(PY_SPY).args(["dump", "--json", "--pid", &pid.to_string()]).output().expect("py-spy");
+        let mut o = dump();
+        for _ in 0..4 {
+            if o.status.success() {
+                break;
+            }
+            thread::sleep(Duration::from_millis(200));
+            o = dump();
+        }
         assert!(o.status.success(), "py-spy dump: {}", String::from_utf8_lossy(&o.stderr));
         let v: Value = serde_json::from_slice(&o.stdout).unwrap();
         for t in v.as_array().unwrap() {

@@ -445,10 +445,17 @@ fn slow_calls(
 ) -> anyhow::Result<(Vec<SlowCall>, SymStats)> {
     // Kernel functions by kprobe: their stacks are taken in the return
     // probe (arm64 before 5.15 hands it no pc: see read_return_probe_stack).
-    let trampoline = ["kretprobe_trampoline", "__kretprobe_trampoline"]
-        .into_iter()
-        .find_map(crate::engine::symbols::kernel_function_range)
-        .map_or(0, |r| r.0);
+    // Looked up only for those: parsing /proc/kallsyms twice took most of a
+    // short run of user-function probes.
+    let kernel = probes.iter().any(|p| matches!(p.kind, super::targets::ProbeKind::Kernel(_)));
+    let trampoline = if kernel {
+        ["kretprobe_trampoline", "__kretprobe_trampoline"]
+            .into_iter()
+            .find_map(crate::engine::symbols::kernel_function_range)
+            .map_or(0, |r| r.0)
+    } else {
+        0
+    };
     let raws: Vec<RawSample> = evs
         .iter()
         .map(|e| {
