@@ -55,9 +55,10 @@ fn sonde_pairs(stacks: &[(Vec<Value>, u64)]) -> Pairs {
     })
 }
 
-/// The same from V8's own profile (`--cpu-prof`): each sample's node and
-/// its parents, the workload's frames only.
-fn cpu_prof_pairs(dir: &Path) -> Pairs {
+/// Each sample of V8's own profile (`--cpu-prof`) in `dir`: its node and
+/// the node's parents, the workload's frames only, leaf first; a function
+/// with no name is called `anon`.
+fn cpu_prof_chains(dir: &Path, anon: &str) -> Vec<Vec<String>> {
     let f = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok())
@@ -73,10 +74,10 @@ fn cpu_prof_pairs(dir: &Path) -> Pairs {
             parent.insert(c.as_u64().unwrap(), id);
         }
         let cf = &n["callFrame"];
-        let name = cf["functionName"].as_str().filter(|s| !s.is_empty()).unwrap_or("(anonymous)").to_string();
+        let name = cf["functionName"].as_str().filter(|s| !s.is_empty()).unwrap_or(anon).to_string();
         frame.insert(id, cf["url"].as_str().unwrap_or("").ends_with("nodesplit.js").then_some(name));
     }
-    let mut out = Pairs::new();
+    let mut out = Vec::new();
     for s in p["samples"].as_array().unwrap() {
         let mut chain = Vec::new(); // leaf first
         let mut id = s.as_u64();
@@ -86,6 +87,15 @@ fn cpu_prof_pairs(dir: &Path) -> Pairs {
             }
             id = parent.get(&i).copied();
         }
+        out.push(chain);
+    }
+    out
+}
+
+/// The same from V8's own profile (`--cpu-prof`).
+fn cpu_prof_pairs(dir: &Path) -> Pairs {
+    let mut out = Pairs::new();
+    for chain in cpu_prof_chains(dir, "(anonymous)") {
         for w in chain.windows(2) {
             *out.entry((w[0].clone(), w[1].clone())).or_default() += 1;
         }
@@ -331,34 +341,8 @@ fn mode_beside_cpu_prof(v: &str, mode: &str, dir: &Path) -> (Stacks, String, BTr
 
 /// `--cpu-prof`'s samples by path of the workload's frames, root first.
 fn cpu_prof_paths(dir: &Path) -> BTreeMap<String, u64> {
-    let f = std::fs::read_dir(dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.extension().is_some_and(|x| x == "cpuprofile"))
-        .expect("node --cpu-prof wrote its profile");
-    let p: Value = serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
-    let mut parent: HashMap<u64, u64> = HashMap::new();
-    let mut name: HashMap<u64, Option<String>> = HashMap::new();
-    for n in p["nodes"].as_array().unwrap() {
-        let id = n["id"].as_u64().unwrap();
-        for c in n["children"].as_array().into_iter().flatten() {
-            parent.insert(c.as_u64().unwrap(), id);
-        }
-        let cf = &n["callFrame"];
-        let ours = cf["url"].as_str().unwrap_or("").ends_with("nodesplit.js");
-        name.insert(id, ours.then(|| cf["functionName"].as_str().unwrap_or("").to_string()));
-    }
     let mut out = BTreeMap::new();
-    for s in p["samples"].as_array().unwrap() {
-        let mut chain = Vec::new();
-        let mut id = s.as_u64();
-        while let Some(i) = id {
-            if let Some(Some(n)) = name.get(&i) {
-                chain.push(n.clone());
-            }
-            id = parent.get(&i).copied();
-        }
+    for mut chain in cpu_prof_chains(dir, "") {
         chain.reverse();
         *out.entry(chain.join(";")).or_default() += 1;
     }
