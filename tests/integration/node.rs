@@ -328,13 +328,19 @@ fn mode_beside_cpu_prof(v: &str, mode: &str, dir: &Path) -> (Stacks, String, BTr
     let prof = dir.join(format!("prof-{mode}-{v}"));
     let _ = std::fs::remove_dir_all(&prof);
     let cp = format!("--cpu-prof-dir={}", prof.display());
-    let mut w = node(&node_bin(v), &["--cpu-prof", cp.as_str(), "--cpu-prof-interval=500"], &[mode, "8"]);
+    // Long enough for the window below on a host busy with other work
+    // (with two CPU hogs beside it, an 8-s run ended after 1.3 s of its
+    // CPU: 256 of the 300 samples asked for), then ended by SIGTERM, on
+    // which the workload exits and V8 writes its profile.
+    let mut w = node(&node_bin(v), &["--cpu-prof", cp.as_str(), "--cpu-prof-interval=500"], &[mode, "40"]);
     // Sampled from 4 s on, once V8 has optimized and inlined what these
     // modes check: on a busy host its compiler thread gets less CPU, and
     // from 2.5 s on Node 20's make() and outerA() were sampled while not
     // yet inlined (the call sites' split then leans as on Node 24: 0.61).
     thread::sleep(Duration::from_millis(4000));
     let (stacks, err) = profile_json(w.0.id(), dir, &[]);
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(w.0.id() as i32, libc::SIGTERM) };
     assert!(w.0.wait().unwrap().success(), "Node {v} ({mode}) exited badly");
     (stacks, err, cpu_prof_paths(&prof))
 }
