@@ -327,6 +327,16 @@ pub(crate) struct Window {
     pub(crate) cpu: f64,
 }
 
+/// Reads `out` to its end on a thread of its own (a child's pipe that must
+/// not fill while the test waits on the child); joined for the bytes.
+pub(crate) fn drain(mut out: impl std::io::Read + Send + 'static) -> thread::JoinHandle<Vec<u8>> {
+    thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    })
+}
+
 /// `sonde profile ARGS` sampling from its ready line until process `pid`
 /// has used `cpu_secs` of CPU by the kernel's account (or 40 s have
 /// passed, or it has exited), ended with SIGINT; that CPU time is the
@@ -339,12 +349,7 @@ pub(crate) struct Window {
 pub(crate) fn profile_window(args: &[&str], pid: u32, cpu_secs: f64) -> Window {
     let mut child =
         Command::new(SONDE).arg("profile").args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let reader = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut v);
-        v
-    });
+    let reader = drain(child.stdout.take().unwrap());
     let mut r = BufReader::new(child.stderr.take().unwrap());
     let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
     // SAFETY: sysconf takes no pointers.

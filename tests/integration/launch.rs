@@ -191,19 +191,10 @@ fn a_process_that_execs_while_watched_is_read_as_its_new_program() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut out = child.stdout.take().unwrap();
-    let reader = thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut out, &mut v);
-        v
-    });
+    let reader = drain(child.stdout.take().unwrap());
     let mut r = BufReader::new(child.stderr.take().unwrap());
     let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
-    let rest = thread::spawn(move || {
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut r, &mut rest);
-        rest
-    });
+    let rest = drain(r);
     std::fs::write(&go, "").unwrap();
     // No -d: it must end once the process has, within a generous bound.
     let t0 = Instant::now();
@@ -217,7 +208,7 @@ fn a_process_that_execs_while_watched_is_read_as_its_new_program() {
         }
         thread::sleep(Duration::from_millis(100));
     };
-    err.push_str(&rest.join().unwrap());
+    err.push_str(&String::from_utf8_lossy(&rest.join().unwrap()));
     let stdout = reader.join().unwrap();
     assert_eq!(code, 0, "{err}");
     let s = summary(&json_lines(&stdout)).clone();
