@@ -477,10 +477,21 @@ pub(crate) fn call_sites(stacks: &[(Vec<Value>, u64)], ours: impl Fn(&Value) -> 
 /// ([`profile_window`]): about 1,000 samples, so a 2:1 split's share has a
 /// standard error of 1.5 points. The stacks and stderr.
 pub(crate) fn profile_json(pid: u32, dir: &std::path::Path, args: &[&str]) -> (Vec<(Vec<Value>, u64)>, String) {
+    profile_json_for(pid, dir, args, 2.0)
+}
+
+/// [`profile_json`] over `cpu_secs` of the process's CPU, for checks
+/// whose functions get a small part of it.
+pub(crate) fn profile_json_for(
+    pid: u32,
+    dir: &std::path::Path,
+    args: &[&str],
+    cpu_secs: f64,
+) -> (Vec<(Vec<Value>, u64)>, String) {
     let json = dir.join("p.json");
     let pid_arg = pid.to_string();
     let base = ["-p", pid_arg.as_str(), "-F", "499", "-o", json.to_str().unwrap()];
-    let w = profile_window(&[&base[..], args].concat(), pid, 2.0);
+    let w = profile_window(&[&base[..], args].concat(), pid, cpu_secs);
     assert_eq!(w.code, 130, "{}", w.stderr);
     (json_stacks(&json), w.stderr)
 }
