@@ -114,13 +114,14 @@ fn jfr_calls(j: &Jdk, file: &Path) -> Calls {
     assert!(out.status.success(), "jfr print: {}", String::from_utf8_lossy(&out.stderr));
     let mut calls = Calls::new();
     for ev in String::from_utf8_lossy(&out.stdout).split("jdk.ExecutionSample {") {
-        // "    JSplit.heavy(long) line: 17", leaf first.
+        // "    JSplit.heavy(long) line: 17" or "JSplit$Worker.work(long) line:
+        // 70", leaf first.
         let frames: Vec<(String, u64)> = ev
             .lines()
             .filter_map(|l| {
                 let l = l.trim();
                 let (name, rest) = l.split_once('(')?;
-                if !name.starts_with("JSplit.") {
+                if !name.starts_with("JSplit.") && !name.starts_with("JSplit$") {
                     return None;
                 }
                 let line = rest.split("line:").nth(1)?.split_whitespace().next()?.parse().ok()?;
@@ -457,18 +458,26 @@ fn java_in_its_own_mount_namespace() {
 /// frame small enough for no stack bang makes itself with `sub rsp` and
 /// saves rbp with a `mov`, and JDK 23+ keep the verified entry as an
 /// offset). Every sample in worker() is credited to one of its callers, 2:1
-/// as built in, as JFR credits them in the same JVM and seconds.
+/// as built in, as JFR credits them in the same JVM and seconds. The same
+/// through a virtual call (JSplit's `virtual`: with no type profile, C2
+/// calls Worker.work() through an inline cache, `{virtual_call}` in its
+/// -XX:+PrintAssembly, where with one it binds the call to the verified
+/// entry): a sample in the inline-cache check, before the verified entry,
+/// has nothing of the frame built.
 #[test]
 fn java_one_compiled_method_two_callers_split_as_built_in() {
-    for v in ["17", "25", "27"] {
+    let direct = ("JSplit.worker", "JSplit.twice", "JSplit.once");
+    let virt = ("JSplit$Worker.work", "JSplit.twiceVirtual", "JSplit.onceVirtual");
+    for (v, mode) in [("17", "shared"), ("25", "shared"), ("27", "shared"), ("17", "virtual"), ("25", "virtual")] {
+        let (worker, twice, once) = if mode == "shared" { direct } else { virt };
         let j = jdk(v);
-        let (dir, cp, inside) = setup(&j, &format!("java-shared-{v}"));
-        let w = java(
-            &j,
-            &cp,
-            &["-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,JSplit::worker"],
-            &["shared", "60"],
-        );
+        let (dir, cp, inside) = setup(&j, &format!("java-{mode}-{v}"));
+        let flags: &[&str] = if mode == "shared" {
+            &["-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,JSplit::worker"]
+        } else {
+            &["-XX:CompileCommand=quiet", "-XX:CompileCommand=dontinline,JSplit$Worker::work", "-XX:-UseTypeProfile"]
+        };
+        let w = java(&j, &cp, flags, &[mode, "60"]);
         let pid = w.0.id();
         thread::sleep(Duration::from_millis(3000));
         let jfr = inside.join("shared.jfr");
@@ -480,31 +489,133 @@ fn java_one_compiled_method_two_callers_split_as_built_in() {
         let (stacks, err) = profile_json(pid, &dir, &[]);
         jcmd(&["JFR.stop", "name=sonde"]);
         drop(w);
-        // The frame under worker(), per sample in worker().
+        // The frame under the worker, per sample in it.
         let mut callers: std::collections::BTreeMap<String, u64> = Default::default();
         for (f, n) in &stacks {
-            if let Some(i) = f.iter().position(|x| x["name"] == "JSplit.worker") {
+            if let Some(i) = f.iter().position(|x| x["name"] == worker) {
                 let under = if i == 0 { "(none)" } else { f[i - 1]["name"].as_str().unwrap_or("?") };
                 *callers.entry(under.to_string()).or_default() += n;
             }
         }
         let total: u64 = callers.values().sum();
-        let (t, o) =
-            (callers.get("JSplit.twice").copied().unwrap_or(0), callers.get("JSplit.once").copied().unwrap_or(0));
-        assert!(total > 500, "JDK {v}: {total} samples in worker(); {err}");
-        assert!((t + o) as f64 >= 0.995 * total as f64, "JDK {v}: worker()'s callers {callers:?}; {err}");
+        let (t, o) = (callers.get(twice).copied().unwrap_or(0), callers.get(once).copied().unwrap_or(0));
+        assert!(total > 500, "JDK {v} ({mode}): {total} samples in {worker}(); {err}");
+        assert!((t + o) as f64 >= 0.995 * total as f64, "JDK {v} ({mode}): {worker}()'s callers {callers:?}; {err}");
         let share = t as f64 / (t + o) as f64;
         let theirs = jfr_calls(&j, &jfr);
-        let jt: u64 =
-            theirs.iter().filter(|(k, _)| k.0 == "JSplit.worker" && k.1 == "JSplit.twice").map(|(_, n)| n).sum();
-        let jo: u64 =
-            theirs.iter().filter(|(k, _)| k.0 == "JSplit.worker" && k.1 == "JSplit.once").map(|(_, n)| n).sum();
+        let jfr_n = |caller: &str| -> u64 {
+            theirs.iter().filter(|(k, _)| k.0 == worker && k.1 == caller).map(|(_, n)| n).sum()
+        };
+        let (jt, jo) = (jfr_n(twice), jfr_n(once));
         let jshare = jt as f64 / (jt + jo).max(1) as f64;
-        eprintln!("JDK {v}: twice {t} : once {o} ({share:.3}); JFR {jt} : {jo} ({jshare:.3})");
+        eprintln!("JDK {v} ({mode}): {twice} {t} : {once} {o} ({share:.3}); JFR {jt} : {jo} ({jshare:.3})");
         assert!(
             (share - 2.0 / 3.0).abs() < 0.05,
-            "JDK {v}: twice's share {share:.3} of worker(), JFR {jshare:.3}; {err}"
+            "JDK {v} ({mode}): {twice}'s share {share:.3} of {worker}(), JFR {jshare:.3}; {err}"
         );
-        assert!(jt + jo > 100 && (jshare - 2.0 / 3.0).abs() < 0.1, "JDK {v}: JFR's share {jshare:.3} ({jt} : {jo})");
+        // JFR samples every 10 ms (some 170-250 samples here): its share is
+        // held to 4 standard deviations of its own count (0.10 was 2.1 to
+        // 3.4 of them; 0.576 of 170 once).
+        let jtol = 4.0 * (2.0 / 9.0 / (jt + jo).max(1) as f64).sqrt();
+        assert!(
+            jt + jo > 100 && (jshare - 2.0 / 3.0).abs() < jtol,
+            "JDK {v} ({mode}): JFR's share {jshare:.3} ({jt} : {jo}), within {jtol:.3}"
+        );
+    }
+}
+
+/// The AArch64 walk's decoder of HotSpot prologues (hs_a64.h, built for the
+/// host), on the sequences C1 and C2 emit from a compiled method's entry
+/// (MacroAssembler::build_frame, the stack bang and the entry barrier),
+/// assembled from their mnemonics by clang: after each instruction, where
+/// the return address is (x30, or pushed with x29) and how far sp is
+/// lowered, as the architecture's semantics say. A sampled pc before the
+/// verified entry (a virtual call's inline-cache check) or in a prologue
+/// decoded so goes on to the right caller; one the decoder cannot follow
+/// ends the walk.
+#[test]
+fn arm64_prologues_are_decoded_from_the_methods_entry() {
+    use std::io::Write;
+    let inc = |d: &str| format!("-I{}/{d}", env!("CARGO_MANIFEST_DIR"));
+    let decoder = build_workload("hs_a64_decode", &["-O2", &inc("src/bpf"), &inc("src/engine/runtime/java")]);
+    let dir = scratch_dir("hs-a64");
+    let words = |name: &str, asm: &str| -> Vec<u32> {
+        let (s, o, b) = (dir.join(format!("{name}.s")), dir.join(format!("{name}.o")), dir.join(format!("{name}.bin")));
+        std::fs::write(&s, asm).unwrap();
+        let st =
+            Command::new("clang").args(["--target=aarch64-linux-gnu", "-c", "-o"]).arg(&o).arg(&s).status().unwrap();
+        assert!(st.success(), "assembling {name}");
+        let st = Command::new("llvm-objcopy")
+            .args(["-O", "binary", "--only-section=.text"])
+            .arg(&o)
+            .arg(&b)
+            .status()
+            .unwrap();
+        assert!(st.success(), "extracting {name}");
+        std::fs::read(&b).unwrap().chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect()
+    };
+    // (instructions done before pc, (ok, state, lowered)); state 0: the
+    // return address in x30, 2: x29 and x30 pushed, 3: the frame whole.
+    let (x30, pushed, whole) = (0, 2, 3);
+    /// (ok, state, lowered) after that many instructions.
+    type After = Vec<(u64, (i32, i32, u32))>;
+    let cases: Vec<(&str, String, After)> = vec![
+        (
+            // C2, a frame under 528 bytes, with the stack bang.
+            "small",
+            "nop\nsub x9, sp, #0x14, lsl #12\nstr xzr, [x9]\nsub sp, sp, #0x20\nstp x29, x30, [sp, #0x10]\nldr w8, [x1, #8]\n".into(),
+            vec![(0, (1, x30, 0)), (3, (1, x30, 0)), (4, (1, x30, 0x20)), (5, (1, whole, 0x20)), (6, (1, whole, 0x20))],
+        ),
+        (
+            // A frame of 528 bytes or more: x29 and x30 pushed first.
+            "large",
+            "nop\nsub x9, sp, #0x14, lsl #12\nstr xzr, [x9]\nstp x29, x30, [sp, #-16]!\nsub sp, sp, #0x230\nldr w8, [x1, #8]\n".into(),
+            vec![(3, (1, x30, 0)), (4, (1, pushed, 0)), (5, (1, whole, 0))],
+        ),
+        (
+            // Larger still: sp lowered by a register; a native wrapper's mov x29, sp.
+            "huge",
+            "nop\nstp x29, x30, [sp, #-16]!\nmov x29, sp\nmov x8, #0x2000\nsub sp, sp, x8\nldr w8, [x1, #8]\n".into(),
+            vec![(1, (1, x30, 0)), (2, (1, pushed, 0)), (4, (1, pushed, 0)), (5, (1, whole, 0))],
+        ),
+        (
+            // ZGC's nmethod entry barrier after the frame.
+            "barrier",
+            "nop\nsub sp, sp, #0x30\nstp x29, x30, [sp, #0x20]\nldr w8, 1f\ndmb ishld\nldr w9, [x28, #0x28]\ncmp w8, w9\n1: nop\n".into(),
+            vec![(2, (1, x30, 0x30)), (3, (1, whole, 0x30)), (7, (1, whole, 0x30))],
+        ),
+        (
+            // cmp sp (subs into xzr) does not move sp; add sp does, and ends the walk.
+            "moves",
+            "nop\ncmp sp, #4\nsub sp, sp, #0x20\nstp x29, x30, [sp, #0x10]\n".into(),
+            vec![(2, (1, x30, 0)), (4, (1, whole, 0x20))],
+        ),
+        ("unknown", "nop\nadd sp, sp, #16\nstp x29, x30, [sp, #-16]!\n".into(), vec![(1, (1, x30, 0)), (2, (0, x30, 0))]),
+        // No frame within the 24 words read: the walk ends.
+        ("none", "nop\n".repeat(30), vec![(23, (1, x30, 0)), (30, (0, x30, 0))]),
+    ];
+    for (name, asm, want) in cases {
+        let w = words(name, &asm);
+        let input: String = want
+            .iter()
+            .map(|(done, _)| format!("{done} {}\n", w.iter().map(|x| format!("{x:08x}")).collect::<Vec<_>>().join(" ")))
+            .collect();
+        let mut child = Command::new(&decoder).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let out = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
+        let got: Vec<(i32, i32, u32)> = out
+            .lines()
+            .map(|l| {
+                let v: Vec<i64> = l.split(' ').map(|x| x.parse().unwrap()).collect();
+                (v[0] as i32, v[1] as i32, v[2] as u32)
+            })
+            .collect();
+        let wanted: Vec<(i32, i32, u32)> = want.iter().map(|(_, r)| *r).collect();
+        assert_eq!(
+            got,
+            wanted,
+            "{name}: (ok, state, lowered) after {:?} instructions of {w:08x?}",
+            want.iter().map(|(d, _)| d).collect::<Vec<_>>()
+        );
     }
 }

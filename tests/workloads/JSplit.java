@@ -6,6 +6,10 @@
 //                    it; a second class loaded halfway makes the JVM deoptimize and recompile
 //   shared SECONDS   twice() and once() call one compiled worker(), 2:1 iterations (run
 //                    with worker() kept out of line: -XX:CompileCommand=dontinline,JSplit::worker)
+//   virtual SECONDS  as shared, through a virtual call of Worker.work() that the JIT cannot
+//                    bind (run with -XX:CompileCommand=dontinline,JSplit$Worker::work and
+//                    -XX:-UseTypeProfile): each call enters work()'s compiled code at its
+//                    unverified entry, whose inline-cache check runs before the frame is built
 import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.ServerSocket;
@@ -54,6 +58,30 @@ public class JSplit {
     static void callers() {
         twice();
         once();
+    }
+
+    // worker()'s loop as a method of an object. Another class overrides it
+    // (loaded and called once), so the JIT cannot call Worker.work()
+    // directly; without a type profile to guess the receiver by, it calls
+    // through an inline cache.
+    static class Worker {
+        long work(long n) {
+            long x = 1;
+            for (long i = 0; i < n; i++) x = x * 3202034522624059733L + i;
+            return x;
+        }
+    }
+
+    static final class Idle extends Worker {
+        long work(long n) { return n; }
+    }
+
+    static void twiceVirtual(Worker w) {
+        for (int k = 0; k < 1600; k++) sink += w.work(10);
+    }
+
+    static void onceVirtual(Worker w) {
+        for (int k = 0; k < 800; k++) sink += w.work(10);
     }
 
     // While Heavy is its only subclass, the JIT calls run() directly (or
@@ -116,6 +144,15 @@ public class JSplit {
             case "shared":
                 while (System.nanoTime() < end) callers();
                 break;
+            case "virtual": {
+                sink += new Idle().work(1);
+                Worker w = new Worker();
+                while (System.nanoTime() < end) {
+                    twiceVirtual(w);
+                    onceVirtual(w);
+                }
+                break;
+            }
             case "deopt": {
                 long half = System.nanoTime() + (end - System.nanoTime()) / 2;
                 Work w = new Heavy();

@@ -33,6 +33,7 @@
 
 #include "unwind_state.h"
 #include "hotspot.h"
+#include "hs_a64.h"
 
 #define HS_SEGMAP_STEPS 16 /* segment-map hops (254 segments each) */
 #define HS_FREE         0xff
@@ -128,32 +129,20 @@ static __always_inline int hs_interp(struct unw_state *s, struct rt_state *r, __
  * what is pushed: *pushed, the bytes pushed or subtracted; *rbp_below,
  * where the caller's rbp was saved, below the CFA (0: still in rbp). A pc
  * before the verified entry (the inline-cache check) has nothing pushed; an
- * on-stack-replacement nmethod builds its frame from its OSR entry.
- * Returns 0 where the code is neither: the walk ends rather than read a
- * wrong caller.
+ * on-stack-replacement nmethod builds its frame from its OSR entry (vep
+ * and osr: hs_entries). Returns 0 where the code is neither: the walk ends
+ * rather than read a wrong caller.
  */
-static __always_inline int hs_x86_prologue(struct hs_proc *c, struct rt_state *r, __u64 blob,
-                                           __u64 code, __u64 pc, __u64 *pushed, int *rbp_below)
+static __always_inline int hs_x86_prologue(struct rt_state *r, __u64 vep, __u64 osr, __u64 pc,
+                                           __u64 *pushed, int *rbp_below)
 {
-	__u64 vep = 0;
 	*pushed = 0;
 	*rbp_below = 0;
-	if (!c->nm_vep)
+	if (!vep)
 		return 0;
-	if (c->vep_abs) {
-		if (bpf_probe_read_user(&vep, 8, (void *)(blob + c->nm_vep)))
-			return 0;
-	} else {
-		__u16 o = 0;
-		if (bpf_probe_read_user(&o, 2, (void *)(blob + c->nm_vep)))
-			return 0;
-		vep = code + o;
-	}
 	if (pc <= vep)
 		return 1;
-	__u64 osr = 0;
-	if (c->nm_osr && bpf_probe_read_user(&osr, 8, (void *)(blob + c->nm_osr)) == 0 &&
-	    osr > vep && osr <= pc)
+	if (osr > vep && osr <= pc)
 		vep = osr;
 	__u64 at = pc - vep; /* bytes of the prologue done */
 	__u8 *b = &r->sb[256];
@@ -220,6 +209,41 @@ static __always_inline int hs_x86_prologue(struct hs_proc *c, struct rt_state *r
 	return 1;
 }
 
+/* `n` (2 or 8) bytes at `off` in the blob: from its head where the read
+ * of it held them (`have` bytes), else read. */
+static __always_inline __u64 hs_field(const __u8 *head, __u32 have, __u64 blob, __u16 off, __u32 n)
+{
+	__u64 v = 0;
+	if (off + n <= have && off <= HS_HEAD_MAX - 8) {
+		__builtin_memcpy(&v, head + (off & 511), 8);
+		return n == 8 ? v : (__u16)v;
+	}
+	if (n == 8)
+		bpf_probe_read_user(&v, 8, (void *)(blob + off));
+	else
+		bpf_probe_read_user(&v, 2, (void *)(blob + off));
+	return v;
+}
+
+/* An nmethod's verified entry and on-stack-replacement entry (0 if none),
+ * checked to lie in the prologue of its code (a stub's blob has no such
+ * field: what is read there is no entry). */
+static __always_inline void hs_entries(struct hs_proc *c, const __u8 *head, __u32 have, __u64 blob,
+                                       __u64 code, __s32 fc, __u64 *vep, __u64 *osr)
+{
+	*vep = 0;
+	*osr = 0;
+	if (!c->nm_vep || fc < 0)
+		return;
+	__u64 v = c->vep_abs ? hs_field(head, have, blob, c->nm_vep, 8)
+	                     : code + hs_field(head, have, blob, c->nm_vep, 2);
+	if (v < code || v >= code + (__u64)fc || (ARCH_HAS_LR && (v & 3)))
+		return;
+	*vep = v;
+	if (c->nm_osr)
+		*osr = hs_field(head, have, blob, c->nm_osr, 8);
+}
+
 /*
  * One HotSpot frame of the walk in slot `slot` (its pc lies in the code
  * cache); the pc is recorded already. Returns nonzero when the walk ends.
@@ -264,14 +288,14 @@ __noinline int hs_step(__u32 slot)
 	 * index, and its bytes at r->sb[HS_SEG_AT]. */
 	__u8 *sw = &r->sb[HS_SEG_AT];
 	__u64 wlo = 0;
-	bool have = false;
+	bool win = false;
 	bool start = false;
 	for (int k = 0; k < HS_SEGMAP_STEPS; k++) {
-		if (!have || idx < wlo) {
+		if (!win || idx < wlo) {
 			wlo = idx < 255 ? 0 : idx - 255;
 			if (bpf_probe_read_user(sw, 256, (void *)(segmap + wlo)))
 				return hs_end(s, UNW_END_READ);
-			have = true;
+			win = true;
 		}
 		__u8 hop = sw[(idx - wlo) & 255];
 		if (hop == HS_FREE || hop > idx)
@@ -295,6 +319,7 @@ __noinline int hs_step(__u32 slot)
 	if (want < RT_BUF)
 		want = RT_BUF;
 	HS_W(r, 0) = 0;
+	__u32 have = want;
 	if (want <= HS_HEAD_MAX && bpf_probe_read_user(head, want, (void *)blob) == 0) {
 		__u32 o = c->nm_compile_id;
 		if (o <= HS_HEAD_MAX - 4)
@@ -302,6 +327,7 @@ __noinline int hs_step(__u32 slot)
 	} else {
 		if (bpf_probe_read_user(head, RT_BUF, (void *)blob))
 			return hs_end(s, UNW_END_READ);
+		have = RT_BUF;
 		bpf_probe_read_user(&HS_W(r, 0), 4, (void *)(blob + c->nm_compile_id));
 	}
 	__u32 size = rt_u32(head, c->cb_size);
@@ -359,7 +385,10 @@ __noinline int hs_step(__u32 slot)
 		bool stop = false;
 		for (int i = 3; i >= 0; i--) {
 			__u32 x = w[i];
-			if (stop || gone || at_pop)
+			/* Words before the code are the blob's data, not
+			 * instructions (pc at the code's first word: the entry of a
+			 * virtual call). */
+			if (stop || gone || at_pop || pc - 16 + 4 * i < code)
 				break;
 			if (A64_IS_SUB_SP_IMM(x)) {
 				lowered = true; /* sub sp, sp, #n */
@@ -392,9 +421,35 @@ __noinline int hs_step(__u32 slot)
 			rbp_at = 0;
 			in_lr = true;
 		} else if (!in_lr && fc >= 0 && pc - code < (__u64)fc) {
-			/* The prologue: x29 and x30 saved ahead, the stack lowered
-			 * ahead or not. */
-			bool sub = false, found = false;
+			/* The prologue: an nmethod's decoded from its verified entry
+			 * (hs_a64.h); before it (the inline-cache check of a virtual
+			 * call) nothing is done yet. */
+			__u64 vep = 0, osr = 0;
+			hs_entries(c, head, have, blob, code, fc, &vep, &osr);
+			if (vep) {
+				int st = HS_A64_NOTHING;
+				__u32 low = 0;
+				if (pc > vep) {
+					if (osr > vep && osr <= pc)
+						vep = osr;
+					__u32 *e = (__u32 *)&r->sb[128];
+					if (bpf_probe_read_user(e, HS_A64_PRO * 4, (void *)vep) ||
+					    !hs_a64_pro_words(e, (pc - vep) >> 2, &st, &low)) {
+						rt_stat(RT_S_JIT_UNKNOWN, 1);
+						return hs_end(s, UNW_END_NO_TABLE);
+					}
+				}
+				if (st == HS_A64_PUSHED) {
+					cfa = sp + 16;
+				} else if (st == HS_A64_NOTHING) {
+					cfa = sp + low;
+					rbp_at = 0;
+					in_lr = true;
+				}
+			}
+			/* A stub's: x29 and x30 saved ahead, the stack lowered ahead
+			 * or not. */
+			bool sub = false, found = vep != 0;
 			for (int i = 4; i < 12; i++) {
 				__u32 x = w[i];
 				if (found)
@@ -415,7 +470,7 @@ __noinline int hs_step(__u32 slot)
 				}
 			}
 			if (!found && pushed16 && !lowered)
-				cfa = sp + 16;
+				cfa = sp + 16; /* a stub's */
 		}
 	} else if (s->exact) {
 		/* A sampled instruction may stand where the frame is not whole. */
@@ -441,7 +496,9 @@ __noinline int hs_step(__u32 slot)
 			/* The prologue: what the code before pc did. */
 			__u64 pushed = 0;
 			int below = 0;
-			if (!hs_x86_prologue(c, r, blob, code, pc, &pushed, &below)) {
+			__u64 vep = 0, osr = 0;
+			hs_entries(c, head, have, blob, code, fc, &vep, &osr);
+			if (!hs_x86_prologue(r, vep, osr, pc, &pushed, &below)) {
 				rt_stat(RT_S_JIT_UNKNOWN, 1);
 				return hs_end(s, UNW_END_NO_TABLE);
 			}
