@@ -41,9 +41,9 @@
  * instructions at 256, a blob's head at HS_HEAD_AT (up to HS_HEAD_MAX
  * bytes: through the nmethod's compile id, at 212 on JDK 25, 304 on 17),
  * a 256-byte window of the segment map at HS_SEG_AT. */
-#define HS_HEAD_AT  320
-#define HS_HEAD_MAX 384
-#define HS_SEG_AT   768
+#define HS_HEAD_AT      320
+#define HS_HEAD_MAX     384
+#define HS_SEG_AT       768
 
 static __always_inline int hs_end(struct unw_state *s, __u8 why)
 {

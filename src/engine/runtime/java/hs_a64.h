@@ -60,7 +60,8 @@ static __always_inline int hs_a64_pro_words(const __u32 *w, __u64 done, int *sta
 			return 1;
 		} else if (*state == HS_A64_NOTHING && !*lowered && A64_IS_STP_FP_LR_PRE(x)) {
 			*state = HS_A64_PUSHED; /* stp x29, x30, [sp, #-16]! */
-		} else if (*state == HS_A64_PUSHED && (A64_IS_SUB_SP_IMM(x) || HS_A64_SUB_SP_REG(x))) {
+		} else if (*state == HS_A64_PUSHED &&
+		           (A64_IS_SUB_SP_IMM(x) || HS_A64_SUB_SP_REG(x))) {
 			*state = HS_A64_WHOLE; /* sub sp, sp, #n-16 (or x8) */
 			return 1;
 		} else if (HS_A64_MOVES_SP(x)) {
