@@ -204,11 +204,7 @@ fn split_matches_cpu_prof(v: &str) {
         let no_inline: &[&str] =
             if v == "18" { &["--no-turbo-inlining"] } else { &["--no-turbo-inlining", "--no-maglev-inlining"] };
         let s = against_cpu_prof(v, &bin, "not inlined", no_inline, &dir);
-        assert_eq!(
-            inlined(&s, "heavy") + inlined(&s, "light"),
-            0,
-            "Node {v}: nothing inlined with {no_inline:?}"
-        );
+        assert_eq!(inlined(&s, "heavy") + inlined(&s, "light"), 0, "Node {v}: nothing inlined with {no_inline:?}");
     }
 }
 

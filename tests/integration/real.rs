@@ -191,6 +191,10 @@ fn terser_matches_perf(v: &str, node: &Path) {
         "--".into(),
         node.display().to_string(),
         "--perf-basic-prof".into(),
+        // Node 20's V8 also writes a log of its code ranges, by default
+        // into the working directory (the source tree): kept here.
+        "--no-logfile-per-isolate".into(),
+        format!("--logfile={}", dir.join("v8.log").display()),
         terser.join("bin/terser").display().to_string(),
         terser.join("dist/bundle.min.js").display().to_string(),
         "-c".into(),
