@@ -41,6 +41,15 @@ fn node(bin: &Path, flags: &[&str], args: &[&str]) -> KillOnDrop {
     KillOnDrop(c.spawn().unwrap())
 }
 
+/// Ends a workload of nodesplit.js early by SIGTERM (on which it exits
+/// through process.exit, and `--cpu-prof` writes its profile); it must
+/// exit cleanly.
+fn end_by_sigterm(w: &mut KillOnDrop, what: &str) {
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(w.0.id() as i32, libc::SIGTERM) };
+    assert!(w.0.wait().unwrap().success(), "{what} exited badly");
+}
+
 /// (callee, caller) of consecutive frames of the workload's, by weight.
 type Pairs = BTreeMap<(String, String), u64>;
 
@@ -164,9 +173,7 @@ fn against_cpu_prof(v: &str, bin: &Path, what: &str, flags: &[&str], dir: &Path)
     // Warm: V8 has optimized (or, held back, compiled) parent().
     thread::sleep(Duration::from_millis(2500));
     let (stacks, err) = profile_json(pid, dir, &[]);
-    // SAFETY: kill takes no pointers.
-    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    assert!(w.0.wait().unwrap().success(), "Node {v} ({what}) exited badly");
+    end_by_sigterm(&mut w, &format!("Node {v} ({what})"));
     let (a, b) = (sonde_pairs(&stacks), cpu_prof_pairs(&prof));
     assert_eq!(sites(&a), sites(&b), "Node {v} ({what}): sonde's (function, caller) pairs against --cpu-prof's; {err}");
     let ((sa, na), (sb, _)) = (heavy_share(&a), heavy_share(&b));
@@ -350,9 +357,7 @@ fn mode_beside_cpu_prof(v: &str, mode: &str, dir: &Path) -> (Stacks, String, BTr
     // (one CI run: 0.584; 8-s runs: 0.662 of 784 on Node 20, 0.671 of
     // 2,026 on 26).
     let (stacks, err) = profile_json_for(w.0.id(), dir, &[], 5.0);
-    // SAFETY: kill takes no pointers.
-    unsafe { libc::kill(w.0.id() as i32, libc::SIGTERM) };
-    assert!(w.0.wait().unwrap().success(), "Node {v} ({mode}) exited badly");
+    end_by_sigterm(&mut w, &format!("Node {v} ({mode})"));
     (stacks, err, cpu_prof_paths(&prof))
 }
 
