@@ -313,7 +313,12 @@ __noinline int hs_step(__u32 slot)
 	__u64 blob = lo + (idx << log2) + c->blob_head;
 	/* The blob's head through the nmethod's compile id in one read where
 	 * the code heap holds that much past the blob (a small stub at the end
-	 * of what is committed may not: then its head and the id apart). */
+	 * of what is committed may not: then its head and the id apart).
+	 * The id is copied here by hand, not by hs_field: clang keeps
+	 * hs_field's value on the stack, and on arm64 that takes hs_step from
+	 * 160 to 168 bytes (192 once the verifier rounds it up), past the 512
+	 * bytes that sched_switch's program, unw_capture, unw_step and
+	 * hs_step may use together. */
 	__u8 *head = &r->sb[HS_HEAD_AT];
 	__u32 want = c->nm_compile_id + 4;
 	if (want < RT_BUF)
@@ -447,8 +452,11 @@ __noinline int hs_step(__u32 slot)
 					in_lr = true;
 				}
 			}
-			/* A stub's: x29 and x30 saved ahead, the stack lowered ahead
-			 * or not. */
+			/* A stub's (no verified entry): x29 and x30 saved ahead, the
+			 * stack lowered ahead or not. Skipped for a method by
+			 * starting with found set: an `if (!vep)` around the scan
+			 * costs hs_step 8 bytes of stack on arm64, which the 512
+			 * bytes of the whole call chain do not have. */
 			bool sub = false, found = vep != 0;
 			for (int i = 4; i < 12; i++) {
 				__u32 x = w[i];
