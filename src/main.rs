@@ -28,6 +28,7 @@ enum Cmd {
     Slow(tools::funclatency::slow::SlowArgs),
     Msglat(tools::msglat::MsglatArgs),
     Serve(tools::serve::ServeArgs),
+    Why(tools::why::WhyArgs),
     /// One-command reproductions on real traffic in network namespaces.
     Lab(lab::LabArgs),
     /// Write the man pages and shell completions (`make install` does).
@@ -135,6 +136,7 @@ fn dispatch(cmd: &Cmd) -> anyhow::Result<i32> {
         Cmd::Slow(a) => tools::funclatency::slow::run(a),
         Cmd::Msglat(a) => tools::msglat::run(a),
         Cmd::Serve(a) => tools::serve::run(a),
+        Cmd::Why(a) => tools::why::run(a),
         Cmd::Lab(a) => lab::run(a),
         Cmd::Generate(a) => generate(a),
     }

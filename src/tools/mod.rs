@@ -8,3 +8,4 @@ pub mod offcpu;
 pub mod profile;
 pub mod retrans;
 pub mod serve;
+pub mod why;

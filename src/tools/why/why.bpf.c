@@ -1,0 +1,799 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/*
+ * sonde why: every nanosecond of each traced thread's window in one slot:
+ * on CPU, runnable (in the run queue, or throttled by its cgroup's CPU
+ * quota), or blocked by class (enum why_class). A thread is in exactly one
+ * state at a time and every state change of a thread passes one of the
+ * hooks below, so the slots of each thread sum to its window:
+ *
+ *   sched_switch out  ON_CPU   -> RUNNABLE (preempted, yielded) or BLOCKED
+ *   sched_wakeup(_new)  BLOCKED -> RUNNABLE (the waker taken at sched_waking)
+ *   sched_switch in   RUNNABLE -> ON_CPU
+ *   sched_process_exit  the window ends
+ *
+ * A thread first seen at a hook was, until then (since the run began), in
+ * the state that hook leaves: on CPU before its first switch-out, runnable
+ * before its first switch-in, blocked before its first wake-up. The task
+ * iterator (why_iter), run once everything is attached, gives every thread
+ * that exists its state at the start, so a thread that never changes state
+ * in the window (blocked throughout, or alone on a CPU) is counted too.
+ *
+ * Waits are classified at the switch-out in the thread's own context (at
+ * the wake-up for one that began before the run): what the kernel says about
+ * it then, its system call and the descriptor it waits on (file, pipe,
+ * socket with its addresses), its flags (in_iowait, in_memstall), and where
+ * it waits in the kernel when that is what names it. Records stay in the
+ * kernel (no event per switch); user space reads them at the end.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include "arch.h"
+#include "taskfilter.h"
+#include "why.h"
+#define SONDE_STATS_MAX WT_MAX
+#include "stats.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* What each system call number waits on (enum why_sys). */
+const volatile __u8 sys_kind[WHY_NSYS] = {};
+/* bpf_task_pt_regs (5.15); without it the registers are found at the top
+ * of the task's kernel stack, THREAD_SIZE above its base. */
+const volatile bool has_task_regs = true;
+const volatile __u64 thread_size = 16384;
+
+/* Set by user space before attaching: when the run's window begins. */
+volatile __u64 t_start = 0;
+/* why_iter: 0 at the start (gives each thread its state), 1 at the end
+ * (takes each thread's user and system time). */
+volatile __u32 iter_phase = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct why_thread);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct why_wait_key);
+	__type(value, struct why_wait);
+} waits SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct why_obj);
+} objects SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u64[WHY_KFRAMES]);
+} kstacks SEC(".maps");
+
+/* Room for a new thread's record and a kernel stack, off the BPF stack. */
+struct why_scratch {
+	struct why_thread t;
+	__u64 frames[WHY_KFRAMES];
+	struct why_obj o;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct why_scratch);
+} scratch SEC(".maps");
+
+/* Referenced so that the skeleton mirrors the layouts. */
+struct why_thread _why_thread = {};
+struct why_wait_key _why_wait_key = {};
+struct why_wait _why_wait = {};
+struct why_obj _why_obj = {};
+
+/* Task states (include/linux/sched.h). */
+#define TASK_RUNNING_         0x0000
+#define TASK_UNINTERRUPTIBLE_ 0x0002
+#define TASK_DEAD_            0x0080
+
+/* File types (include/uapi/linux/stat.h). */
+#define S_IFMT_   00170000
+#define S_IFSOCK_ 0140000
+#define S_IFREG_  0100000
+#define S_IFBLK_  0060000
+#define S_IFCHR_  0020000
+#define S_IFIFO_  0010000
+
+#define AF_UNIX_  1
+#define AF_INET_  2
+#define AF_INET6_ 10
+
+struct task_struct___old {
+	long state;
+} __attribute__((preserve_access_index));
+
+static __always_inline unsigned int task_state(struct task_struct *t)
+{
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state);
+	return BPF_CORE_READ((struct task_struct___old *)t, state);
+}
+
+static __always_inline bool wanted(struct task_struct *t)
+{
+	__u32 tid = BPF_CORE_READ(t, pid), tgid = BPF_CORE_READ(t, tgid);
+	if (!tid)
+		return false; /* idle */
+	if (tf_filter_pids && !bpf_map_lookup_elem(&tf_pids, &tgid))
+		return false;
+	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
+		return false;
+	if (tf_cgroup_id && BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id) != tf_cgroup_id)
+		return false;
+	if (tf_filter_comm) {
+		char c[TF_COMM_LEN];
+		BPF_CORE_READ_STR_INTO(&c, t, comm);
+		if (!tf_comm_matches(c))
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The cumulative time the cfs_rq `p` (a task's, so its group and every
+ * group above it) has been throttled, in its CPU's run-queue clock. From
+ * 6.8 the kernel keeps it per cfs_rq (throttled_clock_self_time, plus the
+ * throttle in progress); before, the PELT clock's stopped time
+ * (throttled_clock_pelt_time), which runs as wall time on a CPU at full
+ * capacity. 0 without CPU bandwidth control.
+ */
+static __always_inline __u64 thr_clock(__u64 p)
+{
+	struct cfs_rq *c = (struct cfs_rq *)p;
+	if (!c)
+		return 0;
+	if (bpf_core_field_exists(c->throttled_clock_self_time)) {
+		__u64 tot = BPF_CORE_READ(c, throttled_clock_self_time);
+		__u64 s = BPF_CORE_READ(c, throttled_clock_self);
+		if (s) {
+			__u64 clk = BPF_CORE_READ(c, rq, clock);
+			if (clk > s)
+				tot += clk - s;
+		}
+		return tot;
+	}
+	if (bpf_core_field_exists(c->throttled_clock_pelt_time)) {
+		__u64 tot = BPF_CORE_READ(c, throttled_clock_pelt_time);
+		if (BPF_CORE_READ(c, throttle_count)) {
+			__u64 s = BPF_CORE_READ(c, throttled_clock_pelt);
+			__u64 clk = BPF_CORE_READ(c, rq, clock_pelt);
+			if (clk > s)
+				tot += clk - s;
+		}
+		return tot;
+	}
+	return 0;
+}
+
+/* A runnable period begins: where its throttled time will be read. */
+static __always_inline void runnable_from(struct why_thread *r, struct task_struct *t, __u64 now)
+{
+	r->state = WS_RUNNABLE;
+	r->since = now;
+	r->thr_rq = 0;
+	r->thr_at = 0;
+	if (bpf_core_field_exists(t->se.cfs_rq)) {
+		__u64 c = (__u64)BPF_CORE_READ(t, se.cfs_rq);
+		r->thr_rq = c;
+		r->thr_at = thr_clock(c);
+	}
+}
+
+static __always_inline void wait_add(struct why_thread *r, __u32 tid, __u64 d)
+{
+	struct why_wait_key k = {.obj = r->obj,
+	                         .kstack = r->kstack,
+	                         .tid = tid,
+	                         .waker = r->waker,
+	                         .sys = r->sys,
+	                         .cls = r->cls,
+	                         .wctx = r->wctx};
+	struct why_wait *w = bpf_map_lookup_elem(&waits, &k);
+	if (!w) {
+		struct why_wait z = {};
+		if (bpf_map_update_elem(&waits, &k, &z, BPF_NOEXIST) &&
+		    bpf_map_lookup_elem(&waits, &k) == NULL) {
+			stat_add(WT_WAITS_FULL);
+			return;
+		}
+		w = bpf_map_lookup_elem(&waits, &k);
+		if (!w)
+			return;
+	}
+	w->ns += d;
+	w->count++;
+	if (r->waker)
+		__builtin_memcpy(w->waker_comm, r->waker_comm, sizeof(w->waker_comm));
+}
+
+/* Ends the thread's current state at `now`, into its slots. A wait that
+ * ends here (woken, or the window's end for one still open) is also added
+ * to `waits` by its object and waker. */
+static __always_inline void close_state(struct why_thread *r, __u32 tid, __u64 now)
+{
+	__u64 d = now > r->since ? now - r->since : 0;
+	if (r->state == WS_ON_CPU) {
+		r->acc[WA_ON_CPU] += d;
+	} else if (r->state == WS_RUNNABLE) {
+		__u64 th = 0;
+		if (r->thr_rq) {
+			__u64 c = thr_clock(r->thr_rq);
+			th = c > r->thr_at ? c - r->thr_at : 0;
+			if (th > d)
+				th = d;
+		}
+		r->acc[WA_THROTTLED] += th;
+		r->acc[WA_RUNQUEUE] += d - th;
+	} else if (r->state == WS_BLOCKED) {
+		__u32 c = r->cls;
+		if (c < WC_MAX)
+			r->acc[WA_BLOCKED + c] += d;
+		r->waits++;
+		wait_add(r, tid, d);
+	}
+	r->since = now;
+}
+
+static __always_inline struct pt_regs *regs_of(struct task_struct *t)
+{
+	if (has_task_regs)
+		return (struct pt_regs *)bpf_task_pt_regs(t);
+	void *stack = BPF_CORE_READ(t, stack);
+	if (!stack)
+		return NULL;
+	return (struct pt_regs *)(stack + thread_size - bpf_core_type_size(struct pt_regs));
+}
+
+/* The open file `fd` of `t`, or NULL. */
+static __always_inline struct file *fd_file(struct task_struct *t, __u64 fd)
+{
+	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return NULL;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd & 0xffffff]);
+	return f;
+}
+
+/* Describes the object `id` (once per thread and object) in `objects`. */
+static __always_inline void describe(struct why_thread *r, __u64 id, struct why_obj *o)
+{
+	if (!id || r->last_obj == id)
+		return;
+	r->last_obj = id;
+	if (bpf_map_lookup_elem(&objects, &id))
+		return;
+	if (bpf_map_update_elem(&objects, &id, o, BPF_NOEXIST) &&
+	    !bpf_map_lookup_elem(&objects, &id))
+		stat_add(WT_OBJECTS_FULL);
+}
+
+/* The class of a wait on descriptor `fd` (`send`: writing, sending,
+ * connecting), its object id and description. */
+static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t, __u64 fd,
+                                     bool send, bool connect, struct why_obj *o)
+{
+	struct file *f = fd_file(t, fd);
+	if (!f)
+		return WC_OTHER;
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	__u16 mode = BPF_CORE_READ(ino, i_mode);
+	__builtin_memset(o, 0, sizeof(*o));
+	o->tgid = r->tgid;
+	o->fd = fd;
+	o->ino = BPF_CORE_READ(ino, i_ino);
+	o->dev = BPF_CORE_READ(ino, i_sb, s_dev);
+	__u64 id = (__u64)ino;
+	__u8 cls = WC_OTHER;
+	switch (mode & S_IFMT_) {
+	case S_IFSOCK_: {
+		struct socket *sock = BPF_CORE_READ(f, private_data);
+		struct sock *sk = BPF_CORE_READ(sock, sk);
+		__u16 fam = BPF_CORE_READ(sk, __sk_common.skc_family);
+		o->kind = WO_SOCKET;
+		o->family = fam;
+		o->type = BPF_CORE_READ(sock, type);
+		o->proto = BPF_CORE_READ(sk, sk_protocol);
+		o->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
+		o->dport = __builtin_bswap16(BPF_CORE_READ(sk, __sk_common.skc_dport));
+		if (fam == AF_INET_) {
+			BPF_CORE_READ_INTO(o->saddr, sk, __sk_common.skc_rcv_saddr);
+			BPF_CORE_READ_INTO(o->daddr, sk, __sk_common.skc_daddr);
+		} else if (fam == AF_INET6_) {
+			BPF_CORE_READ_INTO(o->saddr, sk, __sk_common.skc_v6_rcv_saddr);
+			BPF_CORE_READ_INTO(o->daddr, sk, __sk_common.skc_v6_daddr);
+		}
+		id = (__u64)sk;
+		if (fam == AF_UNIX_)
+			cls = WC_PIPE;
+		else if (fam == AF_INET_ || fam == AF_INET6_)
+			cls = WC_NETWORK;
+		break;
+	}
+	case S_IFIFO_:
+		o->kind = WO_FIFO;
+		cls = WC_PIPE;
+		break;
+	case S_IFREG_:
+	case S_IFBLK_:
+		o->kind = WO_FILE;
+		cls = WC_DISK;
+		break;
+	case S_IFCHR_:
+		o->kind = WO_CHAR;
+		break;
+	default:
+		o->kind = WO_ANON;
+		break;
+	}
+	describe(r, id, o);
+	/* Sending (or connecting) and receiving on one socket are two objects. */
+	r->obj = id | (send ? 1 : 0) | (connect ? 2 : 0);
+	return cls;
+}
+
+/* A cheap hash of a kernel stack, never 0. */
+static __always_inline __u64 frames_hash(__u64 *f, long n)
+{
+	__u64 h = 1469598103934665603ULL;
+	for (int i = 0; i < WHY_KFRAMES; i++) {
+		if (i >= n)
+			break;
+		h = (h ^ f[i]) * 1099511628211ULL;
+	}
+	return h | 1;
+}
+
+/* Keeps the kernel stack of `t`'s wait (`cur`: `t` is the current task,
+ * switching out) in `kstacks`, as r->kstack. */
+static __always_inline void take_kstack(void *ctx, struct why_thread *r, struct task_struct *t,
+                                        bool cur, __u64 *f)
+{
+	long n = cur ? bpf_get_stack(ctx, f, WHY_KFRAMES * sizeof(__u64), 0)
+	             : bpf_get_task_stack(t, f, WHY_KFRAMES * sizeof(__u64), 0);
+	if (n <= 0) {
+		stat_add(WT_KSTACK_ERRORS);
+		return;
+	}
+	n /= sizeof(__u64);
+	for (int i = 0; i < WHY_KFRAMES; i++)
+		if (i >= n)
+			f[i] = 0;
+	__u64 h = frames_hash(f, n);
+	r->kstack = h;
+	if (!bpf_map_lookup_elem(&kstacks, &h) &&
+	    bpf_map_update_elem(&kstacks, &h, f, BPF_NOEXIST) && !bpf_map_lookup_elem(&kstacks, &h))
+		stat_add(WT_KSTACKS_FULL);
+}
+
+/*
+ * What the blocked thread `t` waits for, into r->cls, obj, sys, kstack.
+ * `cur`: `t` is the current task (at its switch-out), whose kernel stack
+ * bpf_get_stack takes; otherwise bpf_get_task_stack.
+ */
+static __always_inline void classify(void *ctx, struct why_thread *r, struct task_struct *t,
+                                     bool cur, unsigned int st)
+{
+	__u32 zero = 0;
+	struct why_scratch *sc = bpf_map_lookup_elem(&scratch, &zero);
+	if (!sc)
+		return;
+	r->obj = 0;
+	r->sys = 0;
+	r->kstack = 0;
+	r->waker = 0;
+	r->wctx = WW_NONE;
+	bool iowait = BPF_CORE_READ_BITFIELD_PROBED(t, in_iowait);
+	bool memstall = false;
+	if (bpf_core_field_exists(t->in_memstall))
+		memstall = BPF_CORE_READ_BITFIELD_PROBED(t, in_memstall);
+	bool in_sys = false;
+	long nr = -1;
+	__u64 a0 = 0, a1 = 0;
+	struct pt_regs *regs = regs_of(t);
+	if (regs) {
+#if defined(__TARGET_ARCH_x86)
+		nr = BPF_CORE_READ(regs, orig_ax);
+		/* The system call entry stores -ENOSYS in ax; an exception
+		 * (a page fault) keeps the user's ax, and its error code in
+		 * orig_ax. */
+		in_sys = nr >= 0 && (long)BPF_CORE_READ(regs, ax) == -38;
+		a0 = BPF_CORE_READ(regs, di);
+		a1 = BPF_CORE_READ(regs, si);
+#else
+		/* NO_SYSCALL (-1) for an exception. */
+		nr = (int)BPF_CORE_READ(regs, syscallno);
+		in_sys = nr >= 0;
+		a0 = BPF_CORE_READ(regs, orig_x0);
+		a1 = BPF_CORE_READ(regs, regs[1]);
+#endif
+	} else {
+		stat_add(WT_REGS_UNREAD);
+	}
+	__u8 kind = WK_NONE;
+	if (in_sys && nr < WHY_NSYS) {
+		kind = sys_kind[nr & (WHY_NSYS - 1)];
+		r->sys = nr + 1;
+	}
+	bool dstate = st & TASK_UNINTERRUPTIBLE_;
+	__u8 cls = WC_OTHER;
+	if (memstall) {
+		cls = WC_MEMORY;
+	} else {
+		switch (kind) {
+		case WK_FD_READ:
+		case WK_FD_WRITE:
+		case WK_CONNECT:
+			cls = fd_class(r, t, a0, kind != WK_FD_READ, kind == WK_CONNECT, &sc->o);
+			break;
+		case WK_ACCEPT:
+			fd_class(r, t, a0, false, false, &sc->o);
+			cls = WC_POLL;
+			break;
+		case WK_FSYNC:
+			fd_class(r, t, a0, true, false, &sc->o);
+			cls = WC_DISK;
+			break;
+		case WK_SLEEP:
+			cls = WC_SLEEP;
+			break;
+		case WK_POLL:
+			cls = a1 ? WC_POLL : WC_SLEEP;
+			break;
+		case WK_SELECT:
+			cls = a0 ? WC_POLL : WC_SLEEP;
+			break;
+		case WK_EPOLL:
+			fd_class(r, t, a0, false, false, &sc->o);
+			cls = WC_POLL;
+			break;
+		case WK_FUTEX:
+			cls = WC_LOCK;
+			r->obj = a0;
+			break;
+		case WK_IO_URING:
+			fd_class(r, t, a0, false, false, &sc->o);
+			cls = WC_IO_URING;
+			break;
+		case WK_IPC:
+			cls = WC_PIPE;
+			break;
+		default:
+			if (iowait)
+				cls = WC_DISK;
+			else if (!in_sys && dstate)
+				cls = WC_MEMORY; /* a fault, outside any system call */
+			break;
+		}
+	}
+	r->cls = cls;
+	/* Named by where it waits: an unknown wait, and an uninterruptible one
+	 * not on I/O (a kernel mutex or rwsem the user half finds). */
+	if (cls == WC_OTHER || (dstate && !iowait && !memstall))
+		take_kstack(ctx, r, t, cur, sc->frames);
+}
+
+static __always_inline struct why_thread *new_thread(struct task_struct *t, __u32 tid, __u8 state,
+                                                     __u64 since, __u64 start)
+{
+	__u32 zero = 0;
+	struct why_scratch *sc = bpf_map_lookup_elem(&scratch, &zero);
+	if (!sc)
+		return NULL;
+	struct why_thread *n = &sc->t;
+	__builtin_memset(n, 0, sizeof(*n));
+	n->state = state;
+	n->since = since;
+	n->start = start;
+	n->tgid = BPF_CORE_READ(t, tgid);
+	n->utime0 = BPF_CORE_READ(t, utime);
+	n->stime0 = BPF_CORE_READ(t, stime);
+	BPF_CORE_READ_STR_INTO(&n->comm, t, comm);
+	if (bpf_map_update_elem(&threads, &tid, n, BPF_NOEXIST)) {
+		struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+		if (!r)
+			stat_add(WT_THREADS_FULL);
+		return r;
+	}
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+/* The record of `t`, made if `t` is one to trace and has none: `before` is
+ * the state it must have been in since the run began for this hook to see
+ * it now. NULL for a thread not traced. */
+static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32 tid, __u8 before)
+{
+	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	if (r)
+		return r->state == WS_GONE ? NULL : r;
+	if (!wanted(t))
+		return NULL;
+	return new_thread(t, tid, before, t_start, t_start);
+}
+
+/*
+ * A time of `t`'s scheduler statistics (sched_info: its last switch-in or
+ * enqueue, in its run queue's clock) as bpf_ktime_get_ns() time, given
+ * `now` on the CPU whose run queue `t` is on; 0 where it cannot be placed.
+ * For state changes no hook saw: a kernel may skip tracing programs in some
+ * contexts (`sonde doctor`: sees_pid1), and then the switch-in or wake-up
+ * is missing, but the task's own statistics still say when it happened.
+ */
+static __always_inline __u64 sched_time(struct task_struct *t, __u64 when, __u64 now)
+{
+	if (!when || !bpf_core_field_exists(t->se.cfs_rq))
+		return 0;
+	__u64 clk = BPF_CORE_READ(t, se.cfs_rq, rq, clock);
+	if (!clk || when > clk || clk - when >= now)
+		return 0;
+	return now - (clk - when);
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	stat_add(WT_SWITCHES);
+	__u64 now = bpf_ktime_get_ns();
+	__u32 ptid = prev->pid, ntid = next->pid;
+	struct why_thread *r = ptid ? thread_of(prev, ptid, WS_ON_CPU) : NULL;
+	if (r) {
+		unsigned int st = task_state(prev);
+		if (r->state != WS_ON_CPU) {
+			/* Its switch-in was not seen: when it was, from its own
+			 * statistics (the wait, if one, ends there too). */
+			__u64 in =
+			        sched_time(prev, BPF_CORE_READ(prev, sched_info.last_arrival), now);
+			if (in > r->since && in <= now) {
+				close_state(r, ptid, in);
+				r->state = WS_ON_CPU;
+			}
+			stat_add(WT_UNSEEN_SWITCHES);
+		}
+		close_state(r, ptid, now);
+		if (st & TASK_DEAD_) {
+			/* Its last switch: the window ended at its exit. */
+		} else if (preempt || st == TASK_RUNNING_) {
+			runnable_from(r, prev, now);
+		} else {
+			r->state = WS_BLOCKED;
+			classify(ctx, r, prev, true, st);
+		}
+	}
+	r = ntid ? thread_of(next, ntid, WS_RUNNABLE) : NULL;
+	if (r) {
+		if (r->state == WS_BLOCKED) {
+			/* Its wake-up was not seen: when it was queued, from its
+			 * own statistics; else blocked until now. */
+			__u64 q =
+			        sched_time(next, BPF_CORE_READ(next, sched_info.last_queued), now);
+			if (q > r->since && q <= now) {
+				close_state(r, ntid, q);
+				runnable_from(r, next, q);
+			}
+			stat_add(WT_UNSEEN_WAKEUPS);
+		}
+		close_state(r, ntid, now);
+		r->state = WS_ON_CPU;
+	}
+	return 0;
+}
+
+/*
+ * What this CPU runs besides its current task: a hardware interrupt's
+ * handler or a timer's callback (hard), or a softirq (soft: its number + 1),
+ * from the irq and timer tracepoints. A wake-up there is not the current
+ * task's doing (hard), or done by softirq work on its time (soft).
+ */
+struct why_cpu {
+	__u32 hard;
+	__u32 soft;
+	__u32 timer;
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct why_cpu);
+} cpu_ctx SEC(".maps");
+
+static __always_inline struct why_cpu *cpu_state(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&cpu_ctx, &zero);
+}
+
+SEC("tp_btf/irq_handler_entry")
+int BPF_PROG(why_irq_entry)
+{
+	struct why_cpu *c = cpu_state();
+	if (c)
+		c->hard++;
+	return 0;
+}
+
+SEC("tp_btf/irq_handler_exit")
+int BPF_PROG(why_irq_exit)
+{
+	struct why_cpu *c = cpu_state();
+	if (c && c->hard)
+		c->hard--;
+	return 0;
+}
+
+SEC("tp_btf/hrtimer_expire_entry")
+int BPF_PROG(why_timer_entry)
+{
+	struct why_cpu *c = cpu_state();
+	if (c)
+		c->timer++;
+	return 0;
+}
+
+SEC("tp_btf/hrtimer_expire_exit")
+int BPF_PROG(why_timer_exit)
+{
+	struct why_cpu *c = cpu_state();
+	if (c && c->timer)
+		c->timer--;
+	return 0;
+}
+
+SEC("tp_btf/softirq_entry")
+int BPF_PROG(why_softirq_entry, unsigned int vec)
+{
+	struct why_cpu *c = cpu_state();
+	if (c)
+		c->soft = vec + 1;
+	return 0;
+}
+
+SEC("tp_btf/softirq_exit")
+int BPF_PROG(why_softirq_exit)
+{
+	struct why_cpu *c = cpu_state();
+	if (c)
+		c->soft = 0;
+	return 0;
+}
+
+/* How the wake-up now is done (enum why_wake). */
+static __always_inline __u8 wake_context(void)
+{
+	struct why_cpu *c = cpu_state();
+	if (!c)
+		return WW_TASK;
+	if (c->timer)
+		return WW_TIMER;
+	if (c->hard)
+		return WW_HARDIRQ;
+	if (c->soft)
+		return WW_SOFTIRQ + (c->soft - 1 < 16 ? c->soft - 1 : 15);
+	return WW_TASK;
+}
+
+SEC("tp_btf/sched_waking")
+int BPF_PROG(why_waking, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	if (!r || r->state != WS_BLOCKED)
+		return 0;
+	r->wctx = wake_context();
+	if (r->wctx == WW_HARDIRQ || r->wctx == WW_TIMER) {
+		/* Not the interrupted task's doing. */
+		r->waker = 0;
+		return 0;
+	}
+	r->waker = bpf_get_current_pid_tgid();
+	bpf_get_current_comm(r->waker_comm, sizeof(r->waker_comm));
+	return 0;
+}
+
+static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
+{
+	__u32 tid = p->pid;
+	__u64 now = bpf_ktime_get_ns();
+	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	if (!r) {
+		if (!wanted(p))
+			return 0;
+		if (fresh) {
+			/* A new thread: its window begins now, runnable. */
+			r = new_thread(p, tid, WS_RUNNABLE, now, now);
+			if (r)
+				runnable_from(r, p, now);
+			return 0;
+		}
+		/* Blocked since the run began: what for, read now. */
+		r = new_thread(p, tid, WS_BLOCKED, t_start, t_start);
+		if (!r)
+			return 0;
+		classify(NULL, r, p, false, task_state(p));
+	}
+	if (r->state != WS_BLOCKED)
+		return 0; /* woken before it blocked: it never left the CPU */
+	stat_add(WT_WAKEUPS);
+	close_state(r, tid, now);
+	r->waker = 0;
+	r->wctx = WW_NONE;
+	runnable_from(r, p, now);
+	return 0;
+}
+
+SEC("tp_btf/sched_wakeup")
+int BPF_PROG(why_wakeup, struct task_struct *p)
+{
+	return on_wakeup(p, false);
+}
+
+SEC("tp_btf/sched_wakeup_new")
+int BPF_PROG(why_wakeup_new, struct task_struct *p)
+{
+	return on_wakeup(p, true);
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(why_exit, struct task_struct *p)
+{
+	__u32 tid = p->pid;
+	struct why_thread *r = thread_of(p, tid, WS_ON_CPU);
+	if (!r)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	close_state(r, tid, now);
+	r->state = WS_GONE;
+	r->end = now;
+	r->utime1 = BPF_CORE_READ(p, utime);
+	r->stime1 = BPF_CORE_READ(p, stime);
+	return 0;
+}
+
+/* Every task, once at the start and once at the end (iter_phase). */
+SEC("iter/task")
+int why_iter(struct bpf_iter__task *ctx)
+{
+	struct task_struct *t = ctx->task;
+	if (!t)
+		return 0;
+	__u32 tid = t->pid;
+	if (iter_phase) {
+		struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+		if (r && r->state != WS_GONE) {
+			r->utime1 = t->utime;
+			r->stime1 = t->stime;
+		}
+		return 0;
+	}
+	if (bpf_map_lookup_elem(&threads, &tid) || !wanted(t))
+		return 0;
+	unsigned int st = task_state(t);
+	__u8 state = t->on_cpu                           ? WS_ON_CPU
+	             : (t->on_rq || st == TASK_RUNNING_) ? WS_RUNNABLE
+	                                                 : WS_BLOCKED;
+	struct why_thread *r = new_thread(t, tid, state, t_start, t_start);
+	if (!r)
+		return 0;
+	if (state == WS_BLOCKED)
+		classify(NULL, r, t, false, st);
+	return 0;
+}

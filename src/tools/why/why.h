@@ -1,0 +1,158 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
+/* Shared between why.bpf.c and src/tools/why/mod.rs. */
+#ifndef SONDE_WHY_H
+#define SONDE_WHY_H
+
+/* What a blocked thread waits for, decided at the switch from what the
+ * kernel says (the task state, the system call and its descriptor, the
+ * kernel's own flags); never from the program's name. The user half
+ * (classes.rs) names them and can move a wait to WC_LOCK from its kernel
+ * stack (a kernel mutex or rwsem). */
+enum why_class {
+	WC_DISK = 0, /* block I/O, files */
+	WC_NETWORK,  /* a TCP/UDP socket: receive, send, connect */
+	WC_LOCK,     /* futexes; kernel mutexes and rwsems */
+	WC_SLEEP,    /* nanosleep, timers */
+	WC_POLL,     /* epoll, poll, select, accept: waiting for work */
+	WC_PIPE,     /* pipes, Unix sockets, System V and POSIX queues */
+	WC_MEMORY,   /* page faults, reclaim, compaction, swap-in */
+	WC_IO_URING, /* io_uring_enter waiting for completions */
+	WC_OTHER,    /* named by the kernel function it waits in */
+	WC_MAX,
+};
+
+/* A thread's time, every nanosecond of its window in one slot. */
+enum why_acc {
+	WA_ON_CPU = 0,
+	WA_RUNQUEUE,  /* runnable, waiting for a CPU */
+	WA_THROTTLED, /* runnable, its cgroup's CPU quota spent */
+	WA_BLOCKED,   /* + enum why_class */
+	WA_MAX = WA_BLOCKED + WC_MAX,
+};
+
+enum why_state {
+	WS_NONE = 0,
+	WS_ON_CPU,
+	WS_RUNNABLE,
+	WS_BLOCKED,
+	WS_GONE, /* exited: its window has ended */
+};
+
+/* What a system call waits on, by the architecture's number (sys_kind,
+ * filled by the user half). */
+enum why_sys {
+	WK_NONE = 0,
+	WK_FD_READ,  /* read, recvfrom, recvmsg...: the descriptor in argument 0 */
+	WK_FD_WRITE, /* write, sendto, sendmsg... */
+	WK_CONNECT,  /* connect: network */
+	WK_ACCEPT,   /* accept, accept4: waiting for a connection (poll) */
+	WK_SLEEP,    /* nanosleep, clock_nanosleep, pause */
+	WK_POLL,     /* poll, ppoll: nothing to watch (argument 1 is 0) is a sleep */
+	WK_SELECT,   /* select, pselect6: nothing to watch (argument 0 is 0) is a sleep */
+	WK_EPOLL,    /* epoll_wait, epoll_pwait(2): the epoll descriptor in argument 0 */
+	WK_FUTEX,    /* futex, futex_waitv: the address in argument 0 */
+	WK_IO_URING, /* io_uring_enter: the ring's descriptor in argument 0 */
+	WK_FSYNC,    /* fsync, fdatasync, sync_file_range: disk */
+	WK_IPC,      /* msgrcv, msgsnd, mq_timedreceive, mq_timedsend, semop: pipe */
+	WK_WAIT,     /* wait4, waitid: a child */
+	WK_MAX,
+};
+
+#define WHY_NSYS    512
+#define WHY_KFRAMES 16
+
+/* One traced thread. */
+struct why_thread {
+	__u64 since; /* when its current state began */
+	__u64 start; /* when its window began (the run's start, or its birth) */
+	__u64 end;   /* when it exited (0: alive at the end) */
+	__u64 acc[WA_MAX];
+	__u64 obj;    /* what the current wait is for (0: nothing more known) */
+	__u64 kstack; /* the current wait's kernel stack (hash in kstacks), 0 none */
+	__u64 thr_rq; /* runnable: its cfs_rq, and that cfs_rq's throttled clock then */
+	__u64 thr_at;
+	__u64 last_obj; /* the last object described in `objects` */
+	__u64 utime0;   /* the kernel's user and system time at the start and end */
+	__u64 stime0;
+	__u64 utime1;
+	__u64 stime1;
+	__u32 tgid;
+	__u32 waker; /* the thread that woke the current wait (sched_waking) */
+	__u32 waits; /* waits ended in the window */
+	__u16 sys;   /* the current wait's system call + 1 (0: none) */
+	__u8 state;  /* enum why_state */
+	__u8 cls;    /* the current wait's enum why_class */
+	__u8 wctx;   /* how it was woken (enum why_wake) */
+	__u8 pad[7];
+	char comm[16];
+	char waker_comm[16];
+};
+
+/* How a wait ended (sched_waking's context). */
+enum why_wake {
+	WW_NONE = 0, /* no wake-up seen (still open, or unseen) */
+	WW_TASK,     /* by the current task: the waker */
+	WW_TIMER,    /* by a timer's expiry (hrtimer callback) */
+	WW_HARDIRQ,  /* in a device's interrupt handler */
+	WW_SOFTIRQ,  /* + the softirq's number: in softirq work, on the
+	              * current task's time (NET_RX 3, BLOCK 4, TIMER 1...) */
+};
+
+/* A wait's aggregate, per (thread, class, object, waker). */
+struct why_wait_key {
+	__u64 obj;
+	__u64 kstack;
+	__u32 tid;
+	__u32 waker;
+	__u16 sys;
+	__u8 cls;
+	__u8 wctx;
+	__u8 pad[4];
+};
+
+struct why_wait {
+	__u64 ns;
+	__u64 count;
+	char waker_comm[16];
+};
+
+/* What an object is (`objects`, by the object's id: a kernel pointer). */
+enum why_obj_kind {
+	WO_FILE = 1, /* a regular file or block device: dev, ino */
+	WO_FIFO,     /* a pipe or FIFO: ino */
+	WO_SOCKET,   /* family, protocol, the two addresses and ports */
+	WO_CHAR,     /* a character device: dev, ino */
+	WO_ANON,     /* eventfd, timerfd, epoll...: no inode type */
+};
+
+struct why_obj {
+	__u64 dev;
+	__u64 ino;
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u32 tgid;
+	__u32 fd;
+	__u16 kind;
+	__u16 family;
+	__u16 proto;
+	__u16 sport; /* host order */
+	__u16 dport; /* host order */
+	__u16 type;  /* socket type */
+	__u32 pad;
+};
+
+enum why_stat {
+	WT_SWITCHES = 0,    /* context switches seen */
+	WT_WAKEUPS,         /* wake-ups of traced threads */
+	WT_THREADS_FULL,    /* a thread not traced: the thread map was full */
+	WT_WAITS_FULL,      /* a wait not kept per object: the wait map was full */
+	WT_OBJECTS_FULL,    /* an object not described: the object map was full */
+	WT_KSTACKS_FULL,    /* a kernel stack not kept: the stack map was full */
+	WT_KSTACK_ERRORS,   /* a kernel stack not captured */
+	WT_UNSEEN_WAKEUPS,  /* switched in while blocked: its wake-up not seen */
+	WT_UNSEEN_SWITCHES, /* switched out while not on CPU: its switch-in not seen */
+	WT_REGS_UNREAD,     /* a blocked thread's registers could not be read */
+	WT_MAX,
+};
+
+#endif
