@@ -29,6 +29,8 @@ fn sigkill_leaves_no_program_or_link_behind() {
         ("slow", "watching for calls over", &["syscall:read", "--over", "1ms"]),
         ("cwnd", "tracing TCP congestion windows", &[]),
         ("cwnd", "tracing TCP congestion windows", &["--mechanism", "raw_tp"]),
+        ("why", "accounting for every thread's time", &[]),
+        ("why", "accounting for every thread's time", &["-p", wp.as_str()][..]),
     ] {
         let mut p = Command::new(SONDE)
             .args([tool, "-d", "60s"])
@@ -160,6 +162,11 @@ fn bad_input_is_one_line_exit_2_and_attaches_nothing() {
         &["offcpu", "--", "/nonexistent-dir/cmd"],
         &["wakeup", "--tid", "1", "--", "true"],
         &["slow", "syscall:read", "--over", "1ms", "-p", "1", "--", "true"],
+        &["why", "-p", "999999999"],
+        &["why", "-o", "why.png"],
+        &["why", "-i", "1ms"],
+        &["why", "--top", "0"],
+        &["why", "--tid", "1", "--", "true"],
         &["frobnicate"],
     ];
     for c in cases {
@@ -184,6 +191,8 @@ fn closed_stdout_ends_quietly_with_status_0_and_attaches_nothing() {
         &["offcpu", "-d", "1", "--json"],
         &["retrans", "-d", "1", "--json"],
         &["funclatency", "-d", "1", "--json", "syscall:nanosleep"],
+        &["why", "-d", "1", "--json"],
+        &["why", "-d", "1"],
     ];
     for c in cases {
         // A pipe whose reader is gone before sonde starts: its first write fails.

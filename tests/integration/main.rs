@@ -50,3 +50,5 @@ mod serve;
 mod unwind;
 /// What a person sees of the HTML flame graph (a browser's screenshot).
 mod view;
+/// `sonde why`.
+mod why;

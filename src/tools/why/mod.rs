@@ -129,13 +129,16 @@ fn attach(l: &mut Loaded, tf: &TaskFilter) -> anyhow::Result<u64> {
     if tf.follow {
         l.links.push(p.tf_fork.attach().context("attaching sched_process_fork")?);
     }
+    // The exits before the entries: an interrupt entered between the two
+    // would otherwise count as never left (an exit with no entry seen is
+    // passed over).
     for (prog, name) in [
-        (&p.why_irq_entry, "irq_handler_entry"),
         (&p.why_irq_exit, "irq_handler_exit"),
-        (&p.why_timer_entry, "hrtimer_expire_entry"),
         (&p.why_timer_exit, "hrtimer_expire_exit"),
-        (&p.why_softirq_entry, "softirq_entry"),
         (&p.why_softirq_exit, "softirq_exit"),
+        (&p.why_irq_entry, "irq_handler_entry"),
+        (&p.why_timer_entry, "hrtimer_expire_entry"),
+        (&p.why_softirq_entry, "softirq_entry"),
         (&p.why_switch, "sched_switch"),
         (&p.why_waking, "sched_waking"),
         (&p.why_wakeup, "sched_wakeup"),
@@ -221,6 +224,7 @@ fn read(
         }
         let mut t = Thread::new(r.tgid, *tid, cstr(&r.comm), end.saturating_sub(r.start), acc);
         t.exited = r.end != 0;
+        (t.on_cpu_steal_ns, t.on_cpu_irq_ns) = (r.on_steal.min(t.on_cpu_ns), r.on_irq.min(t.on_cpu_ns));
         t.started = r.start != t_start;
         let (du, ds) = (r.utime1.saturating_sub(r.utime0), r.stime1.saturating_sub(r.stime0));
         if r.utime1 != 0 && du + ds > 0 {

@@ -136,6 +136,10 @@ pub struct Thread {
     pub window_ns: u64,
     /// On CPU.
     pub on_cpu_ns: u64,
+    /// Of the time on CPU: taken by the hypervisor (steal time).
+    pub on_cpu_steal_ns: u64,
+    /// Of the time on CPU: serving interrupts (where the kernel keeps irq time).
+    pub on_cpu_irq_ns: u64,
     /// Runnable, waiting for a CPU.
     pub runqueue_ns: u64,
     /// Runnable, its cgroup's CPU quota spent.
@@ -163,6 +167,8 @@ impl Thread {
             comm,
             window_ns,
             on_cpu_ns: acc[0],
+            on_cpu_steal_ns: 0,
+            on_cpu_irq_ns: 0,
             runqueue_ns: acc[1],
             throttled_ns: acc[2],
             blocked_ns,
@@ -470,6 +476,8 @@ pub fn diff(now: &HashMap<u32, Thread>, base: &HashMap<u32, Thread>) -> HashMap<
             if let Some(b) = base.get(tid) {
                 d.window_ns = t.window_ns.saturating_sub(b.window_ns);
                 d.on_cpu_ns = t.on_cpu_ns.saturating_sub(b.on_cpu_ns);
+                d.on_cpu_steal_ns = t.on_cpu_steal_ns.saturating_sub(b.on_cpu_steal_ns);
+                d.on_cpu_irq_ns = t.on_cpu_irq_ns.saturating_sub(b.on_cpu_irq_ns);
                 d.runqueue_ns = t.runqueue_ns.saturating_sub(b.runqueue_ns);
                 d.throttled_ns = t.throttled_ns.saturating_sub(b.throttled_ns);
                 for c in 0..CLASSES {
@@ -555,6 +563,8 @@ fn sum(pid: u32, comm: &str, ts: &[&Thread]) -> Thread {
     for t in ts {
         s.window_ns += t.window_ns;
         s.on_cpu_ns += t.on_cpu_ns;
+        s.on_cpu_steal_ns += t.on_cpu_steal_ns;
+        s.on_cpu_irq_ns += t.on_cpu_irq_ns;
         s.runqueue_ns += t.runqueue_ns;
         s.throttled_ns += t.throttled_ns;
         for c in 0..CLASSES {
@@ -589,6 +599,8 @@ pub struct Report {
     pub losses: Losses,
     /// The run's end (not an interval).
     pub last: bool,
+    /// One group per thread (--per-thread).
+    pub per_thread: bool,
     /// The window's start and end, CLOCK_MONOTONIC nanoseconds.
     pub start_mono_ns: u64,
     /// See `start_mono_ns`.
@@ -614,15 +626,19 @@ fn secs(ns: u64) -> String {
     }
 }
 
-/// The largest category of time lost: its name, time, and the top wait.
-fn biggest(t: &Thread) -> (&'static str, u64, Option<&Wait>) {
-    let mut best = ("on_cpu", t.on_cpu_ns, None);
-    for (name, v) in [("runqueue", t.runqueue_ns), ("throttled", t.throttled_ns)] {
-        if v > best.1 {
-            best = (name, v, None);
+/// The largest category: its name, time, and its top wait. `idle`: among
+/// the waits for work (poll, sleep, io_uring) only; else among the others
+/// and time on CPU.
+fn biggest(t: &Thread, idle: bool) -> (&'static str, u64, Option<&Wait>) {
+    let mut best = ("on_cpu", if idle { 0 } else { t.on_cpu_ns }, None);
+    if !idle {
+        for (name, v) in [("runqueue", t.runqueue_ns), ("throttled", t.throttled_ns)] {
+            if v > best.1 {
+                best = (name, v, None);
+            }
         }
     }
-    for c in Class::ALL {
+    for c in Class::ALL.into_iter().filter(|c| c.idle() == idle) {
         let v = t.blocked_ns[c as usize];
         if v > best.1 {
             best = (c.name(), v, t.waits.iter().find(|w| w.class == c));
@@ -631,9 +647,14 @@ fn biggest(t: &Thread) -> (&'static str, u64, Option<&Wait>) {
     best
 }
 
-fn verdict(p: &Process) -> (String, Option<String>) {
+fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
     let s = &p.sum;
-    let (what, ns, wait) = biggest(s);
+    // The cause: the largest time on CPU or lost; only when that is small
+    // (under 5% of the time), the largest wait for work.
+    let (mut what, mut ns, mut wait) = biggest(s, false);
+    if pct(ns, s.window_ns) < 5.0 {
+        (what, ns, wait) = biggest(s, true);
+    }
     let share = pct(ns, s.window_ns);
     let who = match p.groups.iter().max_by_key(|g| match what {
         "on_cpu" => g.sum.on_cpu_ns,
@@ -641,6 +662,7 @@ fn verdict(p: &Process) -> (String, Option<String>) {
         "throttled" => g.sum.throttled_ns,
         _ => Class::ALL.iter().find(|c| c.name() == what).map(|c| g.sum.blocked_ns[*c as usize]).unwrap_or(0),
     }) {
+        Some(g) if p.groups.len() > 1 && per_thread => g.comm.clone(),
         Some(g) if p.groups.len() > 1 => {
             format!("{} ({} thread{})", g.comm, g.threads, if g.threads == 1 { "" } else { "s" })
         }
@@ -732,14 +754,14 @@ impl Report {
                 };
                 groups.sort_by_key(|g| std::cmp::Reverse(g.sum.lost() + g.sum.on_cpu_ns));
                 let mut p = Process { pid, comm, sum: total, groups, threads: ts, verdict: String::new(), next: None };
-                let (v, n) = verdict(&p);
+                let (v, n) = verdict(&p, per_thread);
                 p.verdict = v;
                 p.next = n;
                 p
             })
             .collect();
         processes.sort_by(|a, b| b.sum.lost().cmp(&a.sum.lost()).then(a.pid.cmp(&b.pid)));
-        Report { window_ns, processes, host, losses, last, start_mono_ns: 0, end_mono_ns: 0 }
+        Report { window_ns, processes, host, losses, last, per_thread, start_mono_ns: 0, end_mono_ns: 0 }
     }
 
     /// The terminal report (`top` processes when every process was traced).
@@ -818,7 +840,8 @@ impl Report {
                             parts.push(format!("{} {:.0}%", c.name(), pct(v, t.window_ns)));
                         }
                     }
-                    out += &format!("    {:<24} {}\n", format!("{} ({})", g.comm, g.threads), parts.join(", "));
+                    let name = if self.per_thread { g.comm.clone() } else { format!("{} ({})", g.comm, g.threads) };
+                    out += &format!("    {name:<24} {}\n", parts.join(", "));
                 }
             }
             out += &format!("  => {}", p.verdict);
@@ -859,6 +882,7 @@ impl Report {
         }
         let mut v = json!({
             "type": kind, "pid": t.pid, "comm": t.comm, "window_ns": t.window_ns, "on_cpu_ns": t.on_cpu_ns,
+            "on_cpu_steal_ns": t.on_cpu_steal_ns, "on_cpu_irq_ns": t.on_cpu_irq_ns,
             "runqueue_ns": t.runqueue_ns, "throttled_ns": t.throttled_ns, "blocked_ns": blocked,
             "waits": t.waits,
         });

@@ -228,7 +228,9 @@ static __always_inline void wait_add(struct why_thread *r, __u32 tid, __u64 d)
  * to `waits` by its object and waker. */
 static __always_inline void close_state(struct why_thread *r, __u32 tid, __u64 now)
 {
-	__u64 d = now > r->since ? now - r->since : 0;
+	if (now < r->since)
+		now = r->since; /* a clock read before the state began */
+	__u64 d = now - r->since;
 	if (r->state == WS_ON_CPU) {
 		r->acc[WA_ON_CPU] += d;
 	} else if (r->state == WS_RUNNABLE) {
@@ -315,11 +317,13 @@ static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t
 		o->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
 		o->dport = __builtin_bswap16(BPF_CORE_READ(sk, __sk_common.skc_dport));
 		if (fam == AF_INET_) {
-			BPF_CORE_READ_INTO(o->saddr, sk, __sk_common.skc_rcv_saddr);
-			BPF_CORE_READ_INTO(o->daddr, sk, __sk_common.skc_daddr);
+			BPF_CORE_READ_INTO((__u32 *)o->saddr, sk, __sk_common.skc_rcv_saddr);
+			BPF_CORE_READ_INTO((__u32 *)o->daddr, sk, __sk_common.skc_daddr);
 		} else if (fam == AF_INET6_) {
-			BPF_CORE_READ_INTO(o->saddr, sk, __sk_common.skc_v6_rcv_saddr);
-			BPF_CORE_READ_INTO(o->daddr, sk, __sk_common.skc_v6_daddr);
+			BPF_CORE_READ_INTO((struct in6_addr *)o->saddr, sk,
+			                   __sk_common.skc_v6_rcv_saddr);
+			BPF_CORE_READ_INTO((struct in6_addr *)o->daddr, sk,
+			                   __sk_common.skc_v6_daddr);
 		}
 		id = (__u64)sk;
 		if (fam == AF_UNIX_)
@@ -530,6 +534,87 @@ static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32
 }
 
 /*
+ * What this CPU runs besides its current task: a hardware interrupt's
+ * handler or a timer's callback (hard), or a softirq (soft: its number + 1),
+ * from the irq and timer tracepoints. A wake-up there is not the current
+ * task's doing (hard), or done by softirq work on its time (soft).
+ */
+struct why_cpu {
+	__u32 hard;
+	__u32 soft;
+	__u32 timer;
+	__u32 pad;
+	__s64 off;    /* bpf_ktime_get_ns() - the scheduler's clock (see sched_ns) */
+	__u64 off_at; /* when `off` was last lowered */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct why_cpu);
+} cpu_ctx SEC(".maps");
+
+static __always_inline struct why_cpu *cpu_state(void)
+{
+	__u32 zero = 0;
+	return bpf_map_lookup_elem(&cpu_ctx, &zero);
+}
+
+/*
+ * The scheduler's own moment of a state change, as bpf_ktime_get_ns() time.
+ * The kernel counts a switch (schedstat, the run delay, CPU time) at its
+ * run-queue clock, read as __schedule or a wake-up begins (`clk`); the
+ * tracepoint runs later (the pick of the next task, ~1-2 us on a small VM,
+ * every switch). That clock is sched_clock, which BPF cannot read, but it
+ * runs at the rate of bpf_ktime_get_ns() with a fixed offset: the least
+ * (now - clk) seen is that offset plus the shortest delay from a clock
+ * update to a hook. The estimate may rise by 20 ppm of the time since it
+ * was last lowered, so a slow drift between the two clocks is followed.
+ */
+static __always_inline __u64 sched_ns(__u64 clk, __u64 now)
+{
+	struct why_cpu *c = cpu_state();
+	if (!c || !clk || clk > now)
+		return now;
+	__s64 raw = (__s64)(now - clk);
+	if (!c->off_at || raw <= c->off + (__s64)((now - c->off_at) / 50000)) {
+		c->off = raw;
+		c->off_at = now;
+	}
+	__u64 t = clk + c->off;
+	return t < now ? t : now;
+}
+
+struct rq___taken {
+	u64 prev_irq_time;
+	u64 prev_steal_time_rq;
+} __attribute__((preserve_access_index));
+
+/* The steal and irq time (as the scheduler's clock excludes them from a
+ * task's CPU time) of `t`'s run queue as of its last clock update. */
+static __always_inline void rq_taken(struct task_struct *t, __u64 *steal, __u64 *irq)
+{
+	*steal = 0;
+	*irq = 0;
+	if (!bpf_core_field_exists(t->se.cfs_rq))
+		return;
+	struct rq___taken *rq = (void *)BPF_CORE_READ(t, se.cfs_rq, rq);
+	if (bpf_core_field_exists(rq->prev_steal_time_rq))
+		*steal = BPF_CORE_READ(rq, prev_steal_time_rq);
+	if (bpf_core_field_exists(rq->prev_irq_time))
+		*irq = BPF_CORE_READ(rq, prev_irq_time);
+}
+
+/* The run-queue clock of `t`'s CPU (0 where there is none to read). */
+static __always_inline __u64 rq_clock_of(struct task_struct *t)
+{
+	if (!bpf_core_field_exists(t->se.cfs_rq))
+		return 0;
+	return BPF_CORE_READ(t, se.cfs_rq, rq, clock);
+}
+
+/*
  * A time of `t`'s scheduler statistics (sched_info: its last switch-in or
  * enqueue, in its run queue's clock) as bpf_ktime_get_ns() time, given
  * `now` on the CPU whose run queue `t` is on; 0 where it cannot be placed.
@@ -539,19 +624,19 @@ static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32
  */
 static __always_inline __u64 sched_time(struct task_struct *t, __u64 when, __u64 now)
 {
-	if (!when || !bpf_core_field_exists(t->se.cfs_rq))
+	struct why_cpu *c = cpu_state();
+	if (!when || !c || !c->off_at)
 		return 0;
-	__u64 clk = BPF_CORE_READ(t, se.cfs_rq, rq, clock);
-	if (!clk || when > clk || clk - when >= now)
-		return 0;
-	return now - (clk - when);
+	__u64 at = when + c->off;
+	return at <= now ? at : 0;
 }
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	stat_add(WT_SWITCHES);
-	__u64 now = bpf_ktime_get_ns();
+	/* The switch as the kernel counts it (see sched_ns). */
+	__u64 now = sched_ns(rq_clock_of(prev), bpf_ktime_get_ns());
 	__u32 ptid = prev->pid, ntid = next->pid;
 	struct why_thread *r = ptid ? thread_of(prev, ptid, WS_ON_CPU) : NULL;
 	if (r) {
@@ -567,11 +652,19 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 			}
 			stat_add(WT_UNSEEN_SWITCHES);
 		}
+		if (r->state == WS_ON_CPU && r->steal0 | r->irq0) {
+			__u64 steal, irq;
+			rq_taken(prev, &steal, &irq);
+			if (steal > r->steal0)
+				r->on_steal += steal - r->steal0;
+			if (irq > r->irq0)
+				r->on_irq += irq - r->irq0;
+		}
 		close_state(r, ptid, now);
 		if (st & TASK_DEAD_) {
 			/* Its last switch: the window ended at its exit. */
 		} else if (preempt || st == TASK_RUNNING_) {
-			runnable_from(r, prev, now);
+			runnable_from(r, prev, r->since);
 		} else {
 			r->state = WS_BLOCKED;
 			classify(ctx, r, prev, true, st);
@@ -586,40 +679,15 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 			        sched_time(next, BPF_CORE_READ(next, sched_info.last_queued), now);
 			if (q > r->since && q <= now) {
 				close_state(r, ntid, q);
-				runnable_from(r, next, q);
+				runnable_from(r, next, r->since);
 			}
 			stat_add(WT_UNSEEN_WAKEUPS);
 		}
 		close_state(r, ntid, now);
 		r->state = WS_ON_CPU;
+		rq_taken(next, &r->steal0, &r->irq0);
 	}
 	return 0;
-}
-
-/*
- * What this CPU runs besides its current task: a hardware interrupt's
- * handler or a timer's callback (hard), or a softirq (soft: its number + 1),
- * from the irq and timer tracepoints. A wake-up there is not the current
- * task's doing (hard), or done by softirq work on its time (soft).
- */
-struct why_cpu {
-	__u32 hard;
-	__u32 soft;
-	__u32 timer;
-	__u32 pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct why_cpu);
-} cpu_ctx SEC(".maps");
-
-static __always_inline struct why_cpu *cpu_state(void)
-{
-	__u32 zero = 0;
-	return bpf_map_lookup_elem(&cpu_ctx, &zero);
 }
 
 SEC("tp_btf/irq_handler_entry")
@@ -699,8 +767,10 @@ int BPF_PROG(why_waking, struct task_struct *p)
 	if (!r || r->state != WS_BLOCKED)
 		return 0;
 	r->wctx = wake_context();
-	if (r->wctx == WW_HARDIRQ || r->wctx == WW_TIMER) {
-		/* Not the interrupted task's doing. */
+	if (r->wctx != WW_TASK) {
+		/* Not the interrupted task's doing (softirq work runs on the
+		 * time of whatever task it finds: a peer's own send on
+		 * loopback, any task on an interrupt's exit). */
 		r->waker = 0;
 		return 0;
 	}
@@ -712,7 +782,8 @@ int BPF_PROG(why_waking, struct task_struct *p)
 static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 {
 	__u32 tid = p->pid;
-	__u64 now = bpf_ktime_get_ns();
+	/* When it was queued, as the kernel counts it (see sched_ns). */
+	__u64 now = sched_ns(rq_clock_of(p), bpf_ktime_get_ns());
 	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
 	if (!r) {
 		if (!wanted(p))
@@ -736,7 +807,7 @@ static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 	close_state(r, tid, now);
 	r->waker = 0;
 	r->wctx = WW_NONE;
-	runnable_from(r, p, now);
+	runnable_from(r, p, r->since);
 	return 0;
 }
 
@@ -763,6 +834,8 @@ int BPF_PROG(why_exit, struct task_struct *p)
 	close_state(r, tid, now);
 	r->state = WS_GONE;
 	r->end = now;
+	/* Its name as it ends (a thread names itself after it starts). */
+	BPF_CORE_READ_STR_INTO(&r->comm, p, comm);
 	r->utime1 = BPF_CORE_READ(p, utime);
 	r->stime1 = BPF_CORE_READ(p, stime);
 	return 0;
@@ -781,6 +854,7 @@ int why_iter(struct bpf_iter__task *ctx)
 		if (r && r->state != WS_GONE) {
 			r->utime1 = t->utime;
 			r->stime1 = t->stime;
+			BPF_CORE_READ_STR_INTO(&r->comm, t, comm);
 		}
 		return 0;
 	}

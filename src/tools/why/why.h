@@ -72,6 +72,10 @@ struct why_thread {
 	__u64 thr_rq; /* runnable: its cfs_rq, and that cfs_rq's throttled clock then */
 	__u64 thr_at;
 	__u64 last_obj; /* the last object described in `objects` */
+	__u64 steal0;   /* on CPU: its run queue's steal and irq time at the switch-in */
+	__u64 irq0;
+	__u64 on_steal; /* of the time on CPU: taken by the hypervisor (steal) */
+	__u64 on_irq;   /* of the time on CPU: serving interrupts (irq time) */
 	__u64 utime0;   /* the kernel's user and system time at the start and end */
 	__u64 stime0;
 	__u64 utime1;
@@ -141,6 +145,7 @@ struct why_obj {
 	__u32 pad;
 };
 
+/* In this order in src/tools/why/mod.rs (WT_*). */
 enum why_stat {
 	WT_SWITCHES = 0,    /* context switches seen */
 	WT_WAKEUPS,         /* wake-ups of traced threads */
@@ -149,9 +154,9 @@ enum why_stat {
 	WT_OBJECTS_FULL,    /* an object not described: the object map was full */
 	WT_KSTACKS_FULL,    /* a kernel stack not kept: the stack map was full */
 	WT_KSTACK_ERRORS,   /* a kernel stack not captured */
+	WT_REGS_UNREAD,     /* a blocked thread's registers could not be read */
 	WT_UNSEEN_WAKEUPS,  /* switched in while blocked: its wake-up not seen */
 	WT_UNSEEN_SWITCHES, /* switched out while not on CPU: its switch-in not seen */
-	WT_REGS_UNREAD,     /* a blocked thread's registers could not be read */
 	WT_MAX,
 };
 
