@@ -211,6 +211,10 @@ mod tests {
             (&["msglat", "-p", "1", "--id", "abc"], "abc"),
             (&["msglat", "-p", "1", "--id", "0:8", "--fifo"], "--fifo"),
             (&["msglat"], "-p"),
+            (&["why", "-p", "999999999"], "999999999"),
+            (&["why", "-o", "why.png"], "why.png"),
+            (&["why", "-i", "1ms"], "-i"),
+            (&["why", "--top", "0"], "--top"),
             (&["frobnicate"], "frobnicate"),
         ];
         let mut wrong = Vec::new();

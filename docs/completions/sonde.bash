@@ -58,6 +58,9 @@ _sonde() {
             sonde,wakeup)
                 cmd="sonde__subcmd__wakeup"
                 ;;
+            sonde,why)
+                cmd="sonde__subcmd__why"
+                ;;
             sonde__subcmd__help,cwnd)
                 cmd="sonde__subcmd__help__subcmd__cwnd"
                 ;;
@@ -99,6 +102,9 @@ _sonde() {
                 ;;
             sonde__subcmd__help,wakeup)
                 cmd="sonde__subcmd__help__subcmd__wakeup"
+                ;;
+            sonde__subcmd__help,why)
+                cmd="sonde__subcmd__help__subcmd__why"
                 ;;
             sonde__subcmd__help__subcmd__lab,dns)
                 cmd="sonde__subcmd__help__subcmd__lab__subcmd__dns"
@@ -176,7 +182,7 @@ _sonde() {
 
     case "${cmd}" in
         sonde)
-            opts="-h -V --help --version doctor retrans drops cwnd profile offcpu wakeup funclatency slow msglat serve lab generate help"
+            opts="-h -V --help --version doctor retrans drops cwnd profile offcpu wakeup funclatency slow msglat serve why lab generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -456,7 +462,7 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__help)
-            opts="doctor retrans drops cwnd profile offcpu wakeup funclatency slow msglat serve lab generate help"
+            opts="doctor retrans drops cwnd profile offcpu wakeup funclatency slow msglat serve why lab generate help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -750,6 +756,20 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__help__subcmd__wakeup)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sonde__subcmd__help__subcmd__why)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1650,6 +1670,68 @@ _sonde() {
                     ;;
                 --frames)
                     COMPREPLY=($(compgen -W "mixed lang native" -- "${cur}"))
+                    return 0
+                    ;;
+                --output)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sonde__subcmd__why)
+            opts="-p -i -d -o -h -V --pid --tid --cgroup --comm --interval --top --per-thread --duration --json --output --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --pid)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tid)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cgroup)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --comm)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --interval)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -i)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --duration)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -d)
+                    COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --output)

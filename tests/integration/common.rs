@@ -187,6 +187,7 @@ pub(crate) fn our_prog_ids() -> Vec<u64> {
                 "fl_",
                 "drop_",
                 "owner_",
+                "why_",
             ]
             .iter()
             .any(|x| n.starts_with(x))

@@ -1,8 +1,9 @@
 // Threads each waiting on one kind of thing, named by what they do, for
 // `sonde why`'s tests: `whysplit FILE SECONDS` (FILE: a scratch file on a
-// real disk for O_DIRECT reads). Prints "ready" once every thread runs, and
-// "short started" when the short-lived threads begin (a second later); first
-// "receiver LOCAL REMOTE", the receiver's socket addresses.
+// real disk for O_DIRECT reads). Prints "receiver LOCAL REMOTE" (the
+// receiver's socket addresses), then "ready" once every thread runs; starts
+// the short-lived threads when a line comes on stdin, and says "short
+// started".
 //
 //   spinner   on CPU all the time
 //   sleeper   nanosleep(10 ms) in a loop
@@ -14,8 +15,8 @@
 //   sender    sleeps 20 ms, sends a byte
 //   direct    O_DIRECT 4 KiB reads at random offsets of FILE
 //   stuck     read() on a pipe nobody writes: blocked throughout
-//   short-N   two threads started after a second: 200 ms on CPU, 300 ms
-//             asleep, then they exit
+//   short-N   two threads started on a line from stdin: 200 ms spinning,
+//             300 ms asleep, then they exit
 //   main      epoll_wait on a set nothing ever wakes: waiting for work
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -217,10 +218,16 @@ int main(int argc, char **argv)
 	printf("receiver 127.0.0.1:%d 127.0.0.1:%d\n", ntohs(la.sin_port), ntohs(ra.sin_port));
 	printf("ready\n");
 	fflush(stdout);
-	/* The main thread waits for work that never comes, but wakes for the
-	 * short threads' start after a second. */
-	struct epoll_event got;
-	epoll_wait(ep, &got, 1, 1000);
+	/* The main thread waits for work, which comes once: the line that
+	 * starts the short threads. */
+	struct epoll_event in = {.events = EPOLLIN}, got;
+	if (epoll_ctl(ep, EPOLL_CTL_ADD, 0, &in))
+		return 1;
+	while (epoll_wait(ep, &got, 1, -1) < 1)
+		;
+	char line[16];
+	if (read(0, line, sizeof(line)) < 0 || epoll_ctl(ep, EPOLL_CTL_DEL, 0, NULL))
+		return 1;
 	start(short_lived, "short-1");
 	start(short_lived, "short-2");
 	printf("short started\n");

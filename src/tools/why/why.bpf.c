@@ -44,6 +44,11 @@ const volatile __u8 sys_kind[WHY_NSYS] = {};
 const volatile bool has_task_regs = true;
 const volatile __u64 thread_size = 16384;
 
+/* This kernel skips tracing programs while a thread of PID 1 runs (`sonde
+ * doctor`: sees_pid1): its threads' switches are not seen, so they are not
+ * traced (and said so). */
+const volatile bool skip_init = false;
+
 /* Set by user space before attaching: when the run's window begins. */
 volatile __u64 t_start = 0;
 /* why_iter: 0 at the start (gives each thread its state), 1 at the end
@@ -102,6 +107,8 @@ struct why_obj _why_obj = {};
 #define TASK_RUNNING_         0x0000
 #define TASK_UNINTERRUPTIBLE_ 0x0002
 #define TASK_DEAD_            0x0080
+#define TASK_NOLOAD_          0x0400
+#define PF_KTHREAD_           0x00200000
 
 /* File types (include/uapi/linux/stat.h). */
 #define S_IFMT_   00170000
@@ -119,27 +126,35 @@ struct task_struct___old {
 	long state;
 } __attribute__((preserve_access_index));
 
+/*
+ * Every task pointer here is typed (tp_btf arguments, the iterator's task,
+ * and what is loaded from them), so fields are read by plain loads, which
+ * the verifier guards, not by bpf_probe_read_kernel calls: a few ns each
+ * instead of tens, on every context switch.
+ */
 static __always_inline unsigned int task_state(struct task_struct *t)
 {
 	if (bpf_core_field_exists(t->__state))
-		return BPF_CORE_READ(t, __state);
-	return BPF_CORE_READ((struct task_struct___old *)t, state);
+		return t->__state;
+	return ((struct task_struct___old *)t)->state;
 }
 
 static __always_inline bool wanted(struct task_struct *t)
 {
-	__u32 tid = BPF_CORE_READ(t, pid), tgid = BPF_CORE_READ(t, tgid);
+	__u32 tid = t->pid, tgid = t->tgid;
 	if (!tid)
 		return false; /* idle */
+	if (skip_init && tgid == 1)
+		return false; /* its hooks never run here (see skip_init) */
 	if (tf_filter_pids && !bpf_map_lookup_elem(&tf_pids, &tgid))
 		return false;
 	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
 		return false;
-	if (tf_cgroup_id && BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id) != tf_cgroup_id)
+	if (tf_cgroup_id && t->cgroups->dfl_cgrp->kn->id != tf_cgroup_id)
 		return false;
 	if (tf_filter_comm) {
 		char c[TF_COMM_LEN];
-		BPF_CORE_READ_STR_INTO(&c, t, comm);
+		bpf_probe_read_kernel_str(c, sizeof(c), t->comm);
 		if (!tf_comm_matches(c))
 			return false;
 	}
@@ -154,7 +169,32 @@ static __always_inline bool wanted(struct task_struct *t)
  * (throttled_clock_pelt_time), which runs as wall time on a CPU at full
  * capacity. 0 without CPU bandwidth control.
  */
-static __always_inline __u64 thr_clock(__u64 p)
+static __always_inline __u64 thr_clock(struct cfs_rq *c)
+{
+	if (bpf_core_field_exists(c->throttled_clock_self_time)) {
+		__u64 tot = c->throttled_clock_self_time, s = c->throttled_clock_self;
+		if (s) {
+			__u64 clk = c->rq->clock;
+			if (clk > s)
+				tot += clk - s;
+		}
+		return tot;
+	}
+	if (bpf_core_field_exists(c->throttled_clock_pelt_time)) {
+		__u64 tot = c->throttled_clock_pelt_time;
+		if (c->throttle_count) {
+			__u64 s = c->throttled_clock_pelt, clk = c->rq->clock_pelt;
+			if (clk > s)
+				tot += clk - s;
+		}
+		return tot;
+	}
+	return 0;
+}
+
+/* The same, for a cfs_rq kept as a number (a task that moved to another
+ * CPU while runnable): read by bpf_probe_read_kernel. */
+static __always_inline __u64 thr_clock_at(__u64 p)
 {
 	struct cfs_rq *c = (struct cfs_rq *)p;
 	if (!c)
@@ -189,44 +229,73 @@ static __always_inline void runnable_from(struct why_thread *r, struct task_stru
 	r->since = now;
 	r->thr_rq = 0;
 	r->thr_at = 0;
-	if (bpf_core_field_exists(t->se.cfs_rq)) {
-		__u64 c = (__u64)BPF_CORE_READ(t, se.cfs_rq);
-		r->thr_rq = c;
-		r->thr_at = thr_clock(c);
-	}
+	if (!bpf_core_field_exists(t->se.cfs_rq))
+		return;
+	/* The root group is never throttled: nothing to read for its tasks. */
+	struct cfs_rq *c = t->se.cfs_rq;
+	if (!c || !c->tg || !c->tg->parent)
+		return;
+	r->thr_rq = (__u64)c;
+	r->thr_at = thr_clock(c);
 }
 
-static __always_inline void wait_add(struct why_thread *r, __u32 tid, __u64 d)
+/* Adds `ns` over `count` waits on the key `k` to `waits`. */
+static __always_inline void wait_put(struct why_wait_key *k, __u64 ns, __u64 count,
+                                     const char *wcomm)
 {
-	struct why_wait_key k = {.obj = r->obj,
-	                         .kstack = r->kstack,
-	                         .tid = tid,
-	                         .waker = r->waker,
-	                         .sys = r->sys,
-	                         .cls = r->cls,
-	                         .wctx = r->wctx};
-	struct why_wait *w = bpf_map_lookup_elem(&waits, &k);
+	struct why_wait *w = bpf_map_lookup_elem(&waits, k);
 	if (!w) {
 		struct why_wait z = {};
-		if (bpf_map_update_elem(&waits, &k, &z, BPF_NOEXIST) &&
-		    bpf_map_lookup_elem(&waits, &k) == NULL) {
+		if (bpf_map_update_elem(&waits, k, &z, BPF_NOEXIST) &&
+		    bpf_map_lookup_elem(&waits, k) == NULL) {
 			stat_add(WT_WAITS_FULL);
 			return;
 		}
-		w = bpf_map_lookup_elem(&waits, &k);
+		w = bpf_map_lookup_elem(&waits, k);
 		if (!w)
 			return;
 	}
-	w->ns += d;
-	w->count++;
+	w->ns += ns;
+	w->count += count;
+	if (k->waker)
+		__builtin_memcpy(w->waker_comm, wcomm, sizeof(w->waker_comm));
+}
+
+/*
+ * A finished wait of `d` ns. A thread's waits on the same thing, woken by
+ * the same, add up in its record (pk, p_ns, p_count: no hashing for the
+ * loop of a worker on one socket or lock); they go to `waits` when a wait
+ * on something else comes, and the user half adds what is still there.
+ */
+static __always_inline void wait_add(struct why_thread *r, __u32 tid, __u64 d)
+{
+	struct why_wait_key *p = &r->pk;
+	if (r->p_count && p->obj == r->obj && p->kstack == r->kstack && p->waker == r->waker &&
+	    p->sys == r->sys && p->cls == r->cls && p->wctx == r->wctx) {
+		r->p_ns += d;
+		r->p_count++;
+		return;
+	}
+	if (r->p_count)
+		wait_put(p, r->p_ns, r->p_count, r->p_wcomm);
+	p->obj = r->obj;
+	p->kstack = r->kstack;
+	p->tid = tid;
+	p->waker = r->waker;
+	p->sys = r->sys;
+	p->cls = r->cls;
+	p->wctx = r->wctx;
+	r->p_ns = d;
+	r->p_count = 1;
 	if (r->waker)
-		__builtin_memcpy(w->waker_comm, r->waker_comm, sizeof(w->waker_comm));
+		__builtin_memcpy(r->p_wcomm, r->waker_comm, sizeof(r->p_wcomm));
 }
 
 /* Ends the thread's current state at `now`, into its slots. A wait that
  * ends here (woken, or the window's end for one still open) is also added
  * to `waits` by its object and waker. */
-static __always_inline void close_state(struct why_thread *r, __u32 tid, __u64 now)
+static __always_inline void close_state(struct why_thread *r, struct task_struct *t, __u32 tid,
+                                        __u64 now)
 {
 	if (now < r->since)
 		now = r->since; /* a clock read before the state began */
@@ -236,7 +305,8 @@ static __always_inline void close_state(struct why_thread *r, __u32 tid, __u64 n
 	} else if (r->state == WS_RUNNABLE) {
 		__u64 th = 0;
 		if (r->thr_rq) {
-			__u64 c = thr_clock(r->thr_rq);
+			struct cfs_rq *cq = t->se.cfs_rq;
+			__u64 c = (__u64)cq == r->thr_rq ? thr_clock(cq) : thr_clock_at(r->thr_rq);
 			th = c > r->thr_at ? c - r->thr_at : 0;
 			if (th > d)
 				th = d;
@@ -253,11 +323,10 @@ static __always_inline void close_state(struct why_thread *r, __u32 tid, __u64 n
 	r->since = now;
 }
 
+/* Without bpf_task_pt_regs: the registers at the top of the task's stack. */
 static __always_inline struct pt_regs *regs_of(struct task_struct *t)
 {
-	if (has_task_regs)
-		return (struct pt_regs *)bpf_task_pt_regs(t);
-	void *stack = BPF_CORE_READ(t, stack);
+	void *stack = t->stack;
 	if (!stack)
 		return NULL;
 	return (struct pt_regs *)(stack + thread_size - bpf_core_type_size(struct pt_regs));
@@ -266,12 +335,14 @@ static __always_inline struct pt_regs *regs_of(struct task_struct *t)
 /* The open file `fd` of `t`, or NULL. */
 static __always_inline struct file *fd_file(struct task_struct *t, __u64 fd)
 {
-	struct fdtable *fdt = BPF_CORE_READ(t, files, fdt);
-	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+	struct fdtable *fdt = t->files->fdt;
+	if (!fdt || fd >= fdt->max_fds)
 		return NULL;
-	struct file **fds = BPF_CORE_READ(fdt, fd);
+	/* The array as a number: an index into a typed pointer is refused. */
+	__u64 fds = 0;
 	struct file *f = NULL;
-	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd & 0xffffff]);
+	bpf_probe_read_kernel(&fds, sizeof(fds), &fdt->fd);
+	bpf_probe_read_kernel(&f, sizeof(f), (void *)(fds + (fd & 0xffffff) * sizeof(f)));
 	return f;
 }
 
@@ -296,6 +367,13 @@ static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t
 	struct file *f = fd_file(t, fd);
 	if (!f)
 		return WC_OTHER;
+	/* The same wait as the thread's last on this descriptor (the same
+	 * open file, call kind): its class and object again, unread. */
+	__u8 key = 1 + send + 2 * connect;
+	if ((__u64)f == r->c_file && fd == r->c_fd && key == r->c_key) {
+		r->obj = r->c_obj;
+		return r->c_cls;
+	}
 	struct inode *ino = BPF_CORE_READ(f, f_inode);
 	__u16 mode = BPF_CORE_READ(ino, i_mode);
 	__builtin_memset(o, 0, sizeof(*o));
@@ -351,6 +429,11 @@ static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t
 	describe(r, id, o);
 	/* Sending (or connecting) and receiving on one socket are two objects. */
 	r->obj = id | (send ? 1 : 0) | (connect ? 2 : 0);
+	r->c_file = (__u64)f;
+	r->c_fd = fd;
+	r->c_key = key;
+	r->c_obj = r->obj;
+	r->c_cls = cls;
 	return cls;
 }
 
@@ -405,42 +488,65 @@ static __always_inline void classify(void *ctx, struct why_thread *r, struct tas
 	r->kstack = 0;
 	r->waker = 0;
 	r->wctx = WW_NONE;
-	bool iowait = BPF_CORE_READ_BITFIELD_PROBED(t, in_iowait);
+	bool iowait = BPF_CORE_READ_BITFIELD(t, in_iowait);
 	bool memstall = false;
 	if (bpf_core_field_exists(t->in_memstall))
-		memstall = BPF_CORE_READ_BITFIELD_PROBED(t, in_memstall);
+		memstall = BPF_CORE_READ_BITFIELD(t, in_memstall);
 	bool in_sys = false;
 	long nr = -1;
 	__u64 a0 = 0, a1 = 0;
-	struct pt_regs *regs = regs_of(t);
-	if (regs) {
 #if defined(__TARGET_ARCH_x86)
-		nr = BPF_CORE_READ(regs, orig_ax);
-		/* The system call entry stores -ENOSYS in ax; an exception
-		 * (a page fault) keeps the user's ax, and its error code in
-		 * orig_ax. */
-		in_sys = nr >= 0 && (long)BPF_CORE_READ(regs, ax) == -38;
-		a0 = BPF_CORE_READ(regs, di);
-		a1 = BPF_CORE_READ(regs, si);
-#else
-		/* NO_SYSCALL (-1) for an exception. */
-		nr = (int)BPF_CORE_READ(regs, syscallno);
-		in_sys = nr >= 0;
-		a0 = BPF_CORE_READ(regs, orig_x0);
-		a1 = BPF_CORE_READ(regs, regs[1]);
+	__u64 ax = 0;
 #endif
+	/* The system call and its first two arguments: by plain loads from
+	 * bpf_task_pt_regs (typed), else read where the kernel keeps them. */
+#if defined(__TARGET_ARCH_x86)
+#define WHY_REGS(READ)                                                                             \
+	(nr = READ(regs, orig_ax), ax = READ(regs, ax), a0 = READ(regs, di), a1 = READ(regs, si))
+#else
+#define WHY_REGS(READ)                                                                             \
+	(nr = (int)READ(regs, syscallno), a0 = READ(regs, orig_x0), a1 = READ(regs, regs[1]))
+#endif
+#define WHY_LOAD(p, f) ((p)->f)
+	if (has_task_regs) {
+		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(t);
+		WHY_REGS(WHY_LOAD);
 	} else {
-		stat_add(WT_REGS_UNREAD);
+		struct pt_regs *regs = regs_of(t);
+		if (regs)
+			WHY_REGS(BPF_CORE_READ);
+		else
+			stat_add(WT_REGS_UNREAD);
 	}
+#if defined(__TARGET_ARCH_x86)
+	/* The system call entry stores -ENOSYS in ax; an exception (a page
+	 * fault) keeps the user's ax, and its error code in orig_ax. */
+	in_sys = nr >= 0 && (long)ax == -38;
+#else
+	/* NO_SYSCALL (-1) for an exception. */
+	in_sys = nr >= 0;
+#endif
 	__u8 kind = WK_NONE;
 	if (in_sys && nr < WHY_NSYS) {
-		kind = sys_kind[nr & (WHY_NSYS - 1)];
+		/* Masked after a compiler barrier: clang drops a mask it can
+		 * prove idle, and the verifier then sees no bound (arm64). */
+		__u32 idx = (__u32)nr;
+		asm volatile("" : "+r"(idx));
+		kind = sys_kind[idx & (WHY_NSYS - 1)];
 		r->sys = nr + 1;
 	}
 	bool dstate = st & TASK_UNINTERRUPTIBLE_;
 	__u8 cls = WC_OTHER;
 	if (memstall) {
 		cls = WC_MEMORY;
+	} else if (t->flags & PF_KTHREAD_) {
+		/* A kernel thread: waiting for work (named by where) unless on
+		 * I/O, or uninterruptible in a way that counts as load. */
+		cls = iowait ? WC_DISK : (dstate && !(st & TASK_NOLOAD_)) ? WC_OTHER : WC_POLL;
+		if (cls != WC_DISK)
+			take_kstack(ctx, r, t, cur, sc->frames);
+		r->cls = cls;
+		return;
 	} else {
 		switch (kind) {
 		case WK_FD_READ:
@@ -525,6 +631,12 @@ static __always_inline struct why_thread *new_thread(struct task_struct *t, __u3
  * it now. NULL for a thread not traced. */
 static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32 tid, __u8 before)
 {
+	if (tf_filter_pids) {
+		/* -p: one lookup for a task of another process. */
+		__u32 tgid = t->tgid;
+		if (!bpf_map_lookup_elem(&tf_pids, &tgid))
+			return NULL;
+	}
 	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
 	if (r)
 		return r->state == WS_GONE ? NULL : r;
@@ -599,11 +711,11 @@ static __always_inline void rq_taken(struct task_struct *t, __u64 *steal, __u64 
 	*irq = 0;
 	if (!bpf_core_field_exists(t->se.cfs_rq))
 		return;
-	struct rq___taken *rq = (void *)BPF_CORE_READ(t, se.cfs_rq, rq);
+	struct rq___taken *rq = (void *)t->se.cfs_rq->rq;
 	if (bpf_core_field_exists(rq->prev_steal_time_rq))
-		*steal = BPF_CORE_READ(rq, prev_steal_time_rq);
+		*steal = rq->prev_steal_time_rq;
 	if (bpf_core_field_exists(rq->prev_irq_time))
-		*irq = BPF_CORE_READ(rq, prev_irq_time);
+		*irq = rq->prev_irq_time;
 }
 
 /* The run-queue clock of `t`'s CPU (0 where there is none to read). */
@@ -611,7 +723,7 @@ static __always_inline __u64 rq_clock_of(struct task_struct *t)
 {
 	if (!bpf_core_field_exists(t->se.cfs_rq))
 		return 0;
-	return BPF_CORE_READ(t, se.cfs_rq, rq, clock);
+	return t->se.cfs_rq->rq->clock;
 }
 
 /*
@@ -635,32 +747,38 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	stat_add(WT_SWITCHES);
-	/* The switch as the kernel counts it (see sched_ns). */
-	__u64 now = sched_ns(rq_clock_of(prev), bpf_ktime_get_ns());
 	__u32 ptid = prev->pid, ntid = next->pid;
 	struct why_thread *r = ptid ? thread_of(prev, ptid, WS_ON_CPU) : NULL;
+	struct why_thread *n = ntid ? thread_of(next, ntid, WS_RUNNABLE) : NULL;
+	/* The switch as the kernel counts it (see sched_ns), read only for a
+	 * traced thread. */
+	__u64 now = 0;
 	if (r) {
+		now = sched_ns(rq_clock_of(prev), bpf_ktime_get_ns());
 		unsigned int st = task_state(prev);
 		if (r->state != WS_ON_CPU) {
 			/* Its switch-in was not seen: when it was, from its own
 			 * statistics (the wait, if one, ends there too). */
-			__u64 in =
-			        sched_time(prev, BPF_CORE_READ(prev, sched_info.last_arrival), now);
+			__u64 in = sched_time(prev, prev->sched_info.last_arrival, now);
 			if (in > r->since && in <= now) {
-				close_state(r, ptid, in);
+				close_state(r, prev, ptid, in);
 				r->state = WS_ON_CPU;
 			}
 			stat_add(WT_UNSEEN_SWITCHES);
 		}
-		if (r->state == WS_ON_CPU && r->steal0 | r->irq0) {
-			__u64 steal, irq;
+		if (r->state == WS_ON_CPU && r->steal0 | r->irq0 &&
+		    r->taken_cpu == bpf_get_smp_processor_id()) {
+			/* Counters of this CPU since its switch-in here (one not
+			 * seen elsewhere leaves another CPU's in steal0), at most
+			 * the time on CPU. */
+			__u64 steal, irq, d = now > r->since ? now - r->since : 0;
 			rq_taken(prev, &steal, &irq);
-			if (steal > r->steal0)
-				r->on_steal += steal - r->steal0;
-			if (irq > r->irq0)
-				r->on_irq += irq - r->irq0;
+			steal = steal > r->steal0 ? steal - r->steal0 : 0;
+			irq = irq > r->irq0 ? irq - r->irq0 : 0;
+			r->on_steal += steal < d ? steal : d;
+			r->on_irq += irq < d ? irq : d;
 		}
-		close_state(r, ptid, now);
+		close_state(r, prev, ptid, now);
 		if (st & TASK_DEAD_) {
 			/* Its last switch: the window ended at its exit. */
 		} else if (preempt || st == TASK_RUNNING_) {
@@ -670,22 +788,24 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 			classify(ctx, r, prev, true, st);
 		}
 	}
-	r = ntid ? thread_of(next, ntid, WS_RUNNABLE) : NULL;
+	r = n;
 	if (r) {
+		if (!now)
+			now = sched_ns(rq_clock_of(prev), bpf_ktime_get_ns());
 		if (r->state == WS_BLOCKED) {
 			/* Its wake-up was not seen: when it was queued, from its
 			 * own statistics; else blocked until now. */
-			__u64 q =
-			        sched_time(next, BPF_CORE_READ(next, sched_info.last_queued), now);
+			__u64 q = sched_time(next, next->sched_info.last_queued, now);
 			if (q > r->since && q <= now) {
-				close_state(r, ntid, q);
+				close_state(r, next, ntid, q);
 				runnable_from(r, next, r->since);
 			}
 			stat_add(WT_UNSEEN_WAKEUPS);
 		}
-		close_state(r, ntid, now);
+		close_state(r, next, ntid, now);
 		r->state = WS_ON_CPU;
 		rq_taken(next, &r->steal0, &r->irq0);
+		r->taken_cpu = bpf_get_smp_processor_id();
 	}
 	return 0;
 }
@@ -774,20 +894,25 @@ int BPF_PROG(why_waking, struct task_struct *p)
 		r->waker = 0;
 		return 0;
 	}
-	r->waker = bpf_get_current_pid_tgid();
-	bpf_get_current_comm(r->waker_comm, sizeof(r->waker_comm));
+	__u32 waker = bpf_get_current_pid_tgid();
+	/* Its name, unless the same thread woke this one last time. */
+	if (waker != r->waker_last) {
+		bpf_get_current_comm(r->waker_comm, sizeof(r->waker_comm));
+		r->waker_last = waker;
+	}
+	r->waker = waker;
 	return 0;
 }
 
 static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 {
 	__u32 tid = p->pid;
+	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	if (!r && !wanted(p))
+		return 0;
 	/* When it was queued, as the kernel counts it (see sched_ns). */
 	__u64 now = sched_ns(rq_clock_of(p), bpf_ktime_get_ns());
-	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
 	if (!r) {
-		if (!wanted(p))
-			return 0;
 		if (fresh) {
 			/* A new thread: its window begins now, runnable. */
 			r = new_thread(p, tid, WS_RUNNABLE, now, now);
@@ -804,7 +929,7 @@ static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 	if (r->state != WS_BLOCKED)
 		return 0; /* woken before it blocked: it never left the CPU */
 	stat_add(WT_WAKEUPS);
-	close_state(r, tid, now);
+	close_state(r, p, tid, now);
 	r->waker = 0;
 	r->wctx = WW_NONE;
 	runnable_from(r, p, r->since);
@@ -831,13 +956,13 @@ int BPF_PROG(why_exit, struct task_struct *p)
 	if (!r)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	close_state(r, tid, now);
+	close_state(r, p, tid, now);
 	r->state = WS_GONE;
 	r->end = now;
 	/* Its name as it ends (a thread names itself after it starts). */
 	BPF_CORE_READ_STR_INTO(&r->comm, p, comm);
-	r->utime1 = BPF_CORE_READ(p, utime);
-	r->stime1 = BPF_CORE_READ(p, stime);
+	r->utime1 = p->utime;
+	r->stime1 = p->stime;
 	return 0;
 }
 

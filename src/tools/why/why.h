@@ -61,6 +61,18 @@ enum why_sys {
 #define WHY_NSYS    512
 #define WHY_KFRAMES 16
 
+/* A wait's aggregate, per (thread, class, object, waker). */
+struct why_wait_key {
+	__u64 obj;
+	__u64 kstack;
+	__u32 tid;
+	__u32 waker;
+	__u16 sys;
+	__u8 cls;
+	__u8 wctx;
+	__u8 pad[4];
+};
+
 /* One traced thread. */
 struct why_thread {
 	__u64 since; /* when its current state began */
@@ -72,7 +84,13 @@ struct why_thread {
 	__u64 thr_rq; /* runnable: its cfs_rq, and that cfs_rq's throttled clock then */
 	__u64 thr_at;
 	__u64 last_obj; /* the last object described in `objects` */
-	__u64 steal0;   /* on CPU: its run queue's steal and irq time at the switch-in */
+	__u64 c_file;   /* the last wait on a descriptor: its file, descriptor, */
+	__u64 c_obj;    /* object, class and call kind (see fd_class) */
+	__u32 c_fd;
+	__u8 c_cls;
+	__u8 c_key;
+	__u16 c_pad;
+	__u64 steal0; /* on CPU: its run queue's steal and irq time at the switch-in */
 	__u64 irq0;
 	__u64 on_steal; /* of the time on CPU: taken by the hypervisor (steal) */
 	__u64 on_irq;   /* of the time on CPU: serving interrupts (irq time) */
@@ -81,15 +99,22 @@ struct why_thread {
 	__u64 utime1;
 	__u64 stime1;
 	__u32 tgid;
-	__u32 waker; /* the thread that woke the current wait (sched_waking) */
-	__u32 waits; /* waits ended in the window */
-	__u16 sys;   /* the current wait's system call + 1 (0: none) */
-	__u8 state;  /* enum why_state */
-	__u8 cls;    /* the current wait's enum why_class */
-	__u8 wctx;   /* how it was woken (enum why_wake) */
+	__u32 waker;      /* the thread that woke the current wait (sched_waking) */
+	__u32 waits;      /* waits ended in the window */
+	__u32 waker_last; /* whose name is in waker_comm */
+	__u32 taken_cpu;  /* the CPU whose counters are in steal0, irq0 */
+	__u16 sys;        /* the current wait's system call + 1 (0: none) */
+	__u8 state;       /* enum why_state */
+	__u8 cls;         /* the current wait's enum why_class */
+	__u8 wctx;        /* how it was woken (enum why_wake) */
 	__u8 pad[7];
 	char comm[16];
 	char waker_comm[16];
+	/* Finished waits not yet in `waits`, all on one key (see wait_add). */
+	struct why_wait_key pk;
+	__u64 p_ns;
+	__u64 p_count;
+	char p_wcomm[16];
 };
 
 /* How a wait ended (sched_waking's context). */
@@ -100,18 +125,6 @@ enum why_wake {
 	WW_HARDIRQ,  /* in a device's interrupt handler */
 	WW_SOFTIRQ,  /* + the softirq's number: in softirq work, on the
 	              * current task's time (NET_RX 3, BLOCK 4, TIMER 1...) */
-};
-
-/* A wait's aggregate, per (thread, class, object, waker). */
-struct why_wait_key {
-	__u64 obj;
-	__u64 kstack;
-	__u32 tid;
-	__u32 waker;
-	__u16 sys;
-	__u8 cls;
-	__u8 wctx;
-	__u8 pad[4];
 };
 
 struct why_wait {
