@@ -237,20 +237,7 @@ fn read(
         }
         if r.p_count > 0 {
             // Finished waits the kernel half still holds in the record.
-            let k = &r.pk;
-            let w = names.wait(
-                k.cls,
-                k.obj,
-                k.kstack,
-                k.sys,
-                k.waker,
-                k.wctx,
-                cstr(&r.p_wcomm),
-                r.p_ns,
-                r.p_count,
-                false,
-                &objects,
-            );
+            let w = names.wait_of(&r.pk, cstr(&r.p_wcomm), r.p_ns, r.p_count, &objects);
             t.waits.push(w);
         }
         if let Some((cls, obj, kstack, sys, ns)) = open {
@@ -263,19 +250,7 @@ fn read(
             return;
         };
         if let Some(t) = threads.get_mut(&k.tid) {
-            let wait = names.wait(
-                k.cls,
-                k.obj,
-                k.kstack,
-                k.sys,
-                k.waker,
-                k.wctx,
-                cstr(&w.waker_comm),
-                w.ns,
-                w.count,
-                false,
-                &objects,
-            );
+            let wait = names.wait_of(&k, cstr(&w.waker_comm), w.ns, w.count, &objects);
             t.waits.push(wait);
         }
     })?;

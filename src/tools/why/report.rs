@@ -345,6 +345,19 @@ impl Namer {
             .clone()
     }
 
+    /// Finished waits as the kernel half keeps them by key (the `waits`
+    /// map, and those still held in a thread's record), named.
+    pub fn wait_of(
+        &mut self,
+        k: &super::skel::types::why_wait_key,
+        waker_comm: String,
+        ns: u64,
+        count: u64,
+        objects: &HashMap<u64, super::skel::types::why_obj>,
+    ) -> Wait {
+        self.wait(k.cls, k.obj, k.kstack, k.sys, k.waker, k.wctx, waker_comm, ns, count, false, objects)
+    }
+
     /// A wait as the kernel half recorded it, named.
     #[allow(clippy::too_many_arguments)]
     pub fn wait(
@@ -851,7 +864,6 @@ impl Report {
             out += "\n";
         }
         let l = &self.losses;
-        let lost = l.threads_full + l.waits_full + l.objects_full + l.kstacks_full + l.kstack_errors + l.regs_unread;
         out += &format!(
             "\n{} context switches, {} wake-ups of traced threads seen; lost: {} threads (thread map full), {} waits by object (wait map full), {} objects, {} kernel stacks ({} not captured), {} registers unread{}",
             l.switches,
@@ -871,7 +883,6 @@ impl Report {
                 String::new()
             }
         );
-        let _ = lost;
         if self.host && crate::engine::features::init_hides_tracing() {
             out += "\nPID 1 is not traced: this kernel skips tracing programs while its threads run (`sonde doctor`: sees_pid1)";
         }

@@ -727,14 +727,14 @@ static __always_inline __u64 rq_clock_of(struct task_struct *t)
 }
 
 /*
- * A time of `t`'s scheduler statistics (sched_info: its last switch-in or
+ * A time of a task's scheduler statistics (sched_info: its last switch-in or
  * enqueue, in its run queue's clock) as bpf_ktime_get_ns() time, given
- * `now` on the CPU whose run queue `t` is on; 0 where it cannot be placed.
+ * `now` on the CPU whose run queue the task is on; 0 where it cannot be placed.
  * For state changes no hook saw: a kernel may skip tracing programs in some
  * contexts (`sonde doctor`: sees_pid1), and then the switch-in or wake-up
  * is missing, but the task's own statistics still say when it happened.
  */
-static __always_inline __u64 sched_time(struct task_struct *t, __u64 when, __u64 now)
+static __always_inline __u64 sched_time(__u64 when, __u64 now)
 {
 	struct why_cpu *c = cpu_state();
 	if (!when || !c || !c->off_at)
@@ -759,7 +759,7 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 		if (r->state != WS_ON_CPU) {
 			/* Its switch-in was not seen: when it was, from its own
 			 * statistics (the wait, if one, ends there too). */
-			__u64 in = sched_time(prev, prev->sched_info.last_arrival, now);
+			__u64 in = sched_time(prev->sched_info.last_arrival, now);
 			if (in > r->since && in <= now) {
 				close_state(r, prev, ptid, in);
 				r->state = WS_ON_CPU;
@@ -795,7 +795,7 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 		if (r->state == WS_BLOCKED) {
 			/* Its wake-up was not seen: when it was queued, from its
 			 * own statistics; else blocked until now. */
-			__u64 q = sched_time(next, next->sched_info.last_queued, now);
+			__u64 q = sched_time(next->sched_info.last_queued, now);
 			if (q > r->since && q <= now) {
 				close_state(r, next, ntid, q);
 				runnable_from(r, next, r->since);
