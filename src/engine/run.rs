@@ -38,6 +38,9 @@ pub struct RunControl {
     signal: Arc<AtomicUsize>,
     duration: Option<Duration>,
     deadline: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// When the loop has something of its own to look at (see
+    /// [`RunControl::look_at`]).
+    look: Arc<std::sync::Mutex<Option<Instant>>>,
     wake: &'static Wake,
 }
 
@@ -83,6 +86,7 @@ impl RunControl {
             signal,
             duration,
             deadline: Arc::new(std::sync::Mutex::new(duration.map(|d| Instant::now() + d))),
+            look: Arc::default(),
             wake,
         })
     }
@@ -94,6 +98,7 @@ impl RunControl {
             signal: self.signal.clone(),
             duration: Some(duration),
             deadline: Arc::new(std::sync::Mutex::new(Some(Instant::now() + duration))),
+            look: Arc::default(),
             wake: self.wake,
         }
     }
@@ -145,10 +150,18 @@ impl RunControl {
 
     /// Time left before the deadline, capped at `max`.
     pub fn next_wait(&self, max: Duration) -> Duration {
-        match self.deadline() {
-            Some(d) => d.saturating_duration_since(Instant::now()).min(max),
-            None => max,
-        }
+        let look = *self.look.lock().unwrap_or_else(|e| e.into_inner());
+        [self.deadline(), look]
+            .into_iter()
+            .flatten()
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .fold(max, Duration::min)
+    }
+
+    /// Wakes the loop's next wait by `at` (None: nothing to look at), as
+    /// for the end of the duration, without stopping the run.
+    pub fn look_at(&self, at: Option<Instant>) {
+        *self.look.lock().unwrap_or_else(|e| e.into_inner()) = at;
     }
 }
 

@@ -446,6 +446,22 @@ impl Images {
         }
     }
 
+    /// Snapshots image `gen` of `pid` whose executable mappings were just
+    /// read by the unwinder: taken if new, read again if it was (a library
+    /// loaded since).
+    pub fn observe_loaded(&mut self, pid: u32, gen: u32) {
+        if pid == 0 {
+            return;
+        }
+        if self.by_pid.contains_key(&(pid, gen)) {
+            if let Some(img) = self.snapshot(pid) {
+                self.by_pid.insert((pid, gen), img);
+            }
+        } else {
+            self.observe_image(pid, gen);
+        }
+    }
+
     /// Re-reads the mappings of a live process (code loaded since): its
     /// newest image, which is what it runs.
     pub fn refresh(&mut self, pid: u32) {

@@ -128,12 +128,20 @@ pub fn run_until_stop(
     let mut ticks = 0u32;
     let stop = poll_until_stop(rb, ctl, Some(Duration::from_millis(50)), |due| {
         if due || session.due() {
-            // A process that exec'd runs a new image: snapshot it now.
-            for pid in session.tick(um) {
+            // A process that exec'd runs a new image: snapshot it now; one
+            // whose code was (re)loaded is snapshot again, so that a short
+            // process is named from the libraries it loaded, though it
+            // exits before the next periodic look.
+            let l = session.tick(um);
+            for &pid in &l.execs {
                 images.observe_image(pid, session.generation(pid));
+            }
+            for pid in l.loaded.into_iter().filter(|p| !l.execs.contains(p)) {
+                images.observe_loaded(pid, session.generation(pid));
             }
             ticks += due as u32;
         }
+        ctl.look_at(session.next_look());
         if due && ticks % 5 == 0 {
             for pid in pids_in(counts).into_iter().chain(tick()) {
                 images.observe_image(pid, session.generation(pid));

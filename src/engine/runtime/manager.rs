@@ -28,11 +28,12 @@ const RECHECKS: u8 = 3;
 const LATER_TRIES: u32 = 60;
 
 /// How long a runtime that is starting is left before the next look after
-/// `tries` looks: 50 ms more each time, up to 500 ms (a process that just
-/// started is read within tens of ms of its runtime being ready; one that
-/// never gets ready is given up on after about 28 s).
+/// `tries` looks: 10 ms, doubled each time up to 500 ms (a process that
+/// just started is read within about 10 ms of its runtime being ready, so
+/// that a call it makes at once has its frames; one that never gets ready
+/// is given up on after about 28 s).
 fn later_wait(tries: u32) -> Duration {
-    Duration::from_millis(50 * u64::from(tries.clamp(1, 10)))
+    Duration::from_millis((10u64 << tries.clamp(1, 7).saturating_sub(1)).min(500))
 }
 
 /// A code object as the kernel saw it: process, kind, address, cookie, and
@@ -215,6 +216,17 @@ impl Runtimes {
         self.frames != Frames::Native
     }
 
+    /// When the next process whose runtime was starting is due another look.
+    pub fn next_look(&self) -> Option<Instant> {
+        self.procs
+            .values()
+            .filter_map(|k| match k {
+                State::Later(at, n) => Some(*at + later_wait(*n)),
+                _ => None,
+            })
+            .min()
+    }
+
     /// Forgets what was known of `pid` (it ran another program since: an
     /// exec); its next look detects its runtime afresh. Its names stay.
     pub fn forget(&mut self, m: &RtMaps<'_>, pid: u32) {
@@ -251,7 +263,27 @@ impl Runtimes {
             Some(State::Later(_, n)) => *n + 1,
             _ => 1,
         };
-        let found = if p.mem().is_some() { registry::detect(p) } else { None };
+        let found = if p.mem().is_some() {
+            // Its files and memory are the process's to craft: a reader's
+            // panic says so, never takes the run down.
+            crate::engine::elfcheck::guarded(|| registry::detect(p)).unwrap_or_else(|e| {
+                let what = p
+                    .exec_files()
+                    .find_map(|m| registry::runtime_named(m.base()))
+                    .unwrap_or_else(|| "a language runtime".to_string());
+                Some((None, Detected::not_read(what, format!("sonde failed reading it (an internal error: {e})"))))
+            })
+        } else {
+            None
+        };
+        // A process that exited while it was read: its memory went with it,
+        // which says nothing of its runtime.
+        if matches!(found, Some((_, Detected::NotRead { .. } | Detected::Later(_))))
+            && !super::super::process_alive(pid)
+        {
+            self.procs.insert(pid, State::Other(None));
+            return;
+        }
         match found {
             None => {
                 self.procs.insert(pid, State::Other(Some(p.exec_hash())));
@@ -316,11 +348,16 @@ impl Runtimes {
             .map(|(p, _)| *p)
             .collect();
         for pid in later {
-            if let Some(mut p) = Process::read(pid) {
-                self.on_load(m, &mut p);
+            match Process::read(pid) {
+                Some(mut p) => self.on_load(m, &mut p),
+                // Gone: nothing to look at again (the loop wakes for a
+                // look that is due).
+                None => {
+                    self.procs.insert(pid, State::Other(None));
+                }
             }
         }
-        // Runtimes still starting: looked at again, 50 ms apart at first,
+        // Runtimes still starting: looked at again, 10 ms apart at first,
         // up to a second apart.
         let unsettled: Vec<u32> = self
             .procs
@@ -354,7 +391,10 @@ impl Runtimes {
             let (r, again) = match self.procs.get_mut(&s.pid) {
                 _ if !super::super::pid_exists(s.pid) => (Err("gone"), false),
                 Some(State::Read { rt, inst, mem: Some(mem) }) if rt.kind() == s.kind => {
-                    let r = inst.code_info(mem, &seen);
+                    // The process's memory is its own to craft: a reader's
+                    // panic is a code object left unnamed and counted.
+                    let r = crate::engine::elfcheck::guarded(|| inst.code_info(mem, &seen))
+                        .unwrap_or(Err("internal_error"));
                     let again = r.as_ref().is_ok_and(|i| inst.read_again(i));
                     (r, again)
                 }

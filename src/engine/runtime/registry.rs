@@ -51,6 +51,11 @@ pub fn not_read_here(arch: &str, p: &Process) -> Option<Detected> {
     ))
 }
 
+/// What runtime a file of this name is ("Python 3.12", ...), if any.
+pub fn runtime_named(base: &str) -> Option<String> {
+    RUNTIMES.iter().find_map(|r| r.by_file_name(base))
+}
+
 /// The runtimes this build reads, for `doctor` and the docs.
 pub fn supported() -> Vec<(&'static str, &'static str)> {
     RUNTIMES.iter().map(|r| (r.name(), r.versions())).collect()

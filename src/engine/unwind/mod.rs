@@ -457,6 +457,17 @@ pub struct Session {
     last_tick: Instant,
 }
 
+/// What one [`Session::tick`] loaded.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Processes that exec'd since they were loaded: a new image.
+    pub execs: Vec<u32>,
+    /// Processes whose executable mappings were read (first seen, or
+    /// changed since: a library loaded). A process that exits soon after is
+    /// named from what was read here.
+    pub loaded: Vec<u32>,
+}
+
 /// Least time between loads that `unw_wake` asks for (a process that
 /// cannot be loaded asks again at its next sample).
 const WAKE_GAP: Duration = Duration::from_millis(5);
@@ -525,20 +536,22 @@ impl Session {
         Ok(Some(b.build()?))
     }
 
-    /// Whether a load is due now: a process asked (`unw_wake`), and the
-    /// last load is [`WAKE_GAP`] old.
+    /// Whether a load is due now: a process asked (`unw_wake`) and the last
+    /// load is [`WAKE_GAP`] old, or a starting runtime is due another look.
     pub fn due(&self) -> bool {
-        self.woken.get() && self.last_tick.elapsed() >= WAKE_GAP
+        self.next_look().is_some_and(|t| t <= Instant::now())
     }
 
     /// Loads what the walk asked for since the last call; forgets exited
     /// processes every few seconds. Returns the processes that exec'd (a
-    /// new image: new tables, their runtime looked for again).
-    pub fn tick(&mut self, m: &UnwMaps<'_>) -> Vec<u32> {
+    /// new image: new tables, their runtime looked for again) and those
+    /// whose executable mappings were (re)loaded.
+    pub fn tick(&mut self, m: &UnwMaps<'_>) -> Loaded {
         self.woken.set(false);
         self.last_tick = Instant::now();
         let mut execs = Vec::new();
-        let Some(t) = &mut self.tables else { return execs };
+        let mut loaded = Vec::new();
+        let Some(t) = &mut self.tables else { return Loaded { execs, loaded } };
         let km = kernel::Maps { procs: m.procs, pages: m.pages, chunks: m.chunks };
         let asked: Vec<(u32, u32)> = m
             .need
@@ -575,7 +588,9 @@ impl Session {
                 execs.push(pid);
             }
             let Some(mut p) = Process::read(pid) else { continue };
-            t.load_process(&km, &p, what == 2, self.gens.get(&pid).copied().unwrap_or(0));
+            if t.load_process(&km, &p, what == 2, self.gens.get(&pid).copied().unwrap_or(0)) {
+                loaded.push(pid);
+            }
             self.runtimes.on_load(&m.rt, &mut p);
         }
         self.runtimes.drain(&m.rt);
@@ -593,7 +608,17 @@ impl Session {
             t.forget_gone(&km);
             self.runtimes.sweep(&m.rt);
         }
-        execs
+        Loaded { execs, loaded }
+    }
+
+    /// When the next load is due: [`WAKE_GAP`] after the last one when a
+    /// process asked, or when a runtime that was starting is to be looked at
+    /// again. The loop wakes for it, so that a process that just started or
+    /// exec'd is loaded, and its interpreter read, within milliseconds, not
+    /// at the next periodic look: a call it makes at once has its frames.
+    pub fn next_look(&self) -> Option<Instant> {
+        let asked = self.woken.get().then(|| self.last_tick + WAKE_GAP);
+        [asked, self.runtimes.next_look()].into_iter().flatten().min()
     }
 
     /// What stacks show of language runtimes (`--frames`, `native` when

@@ -18,8 +18,13 @@ const MAX_PARTS: usize = 4096;
 /// The untagged address of a heap object's tagged pointer (V8's tag: the
 /// low two bits 01; a weak reference's 11 is the same object).
 pub fn untag(v: u64) -> Option<u64> {
-    (v & 1 == 1 && v > 0xffff).then_some(v & !3)
+    // Below 2^57: no user address is above, and a field's offset added to
+    // one never wraps (the words are the process's own, any value).
+    (v & 1 == 1 && v > 0xffff && v < USER_TOP).then_some(v & !3)
 }
+
+/// Above every user-space address (x86-64 with 5-level paging: 2^56).
+pub const USER_TOP: u64 = 1 << 57;
 
 /// A Smi's value (x86-64 without pointer compression: the upper 32 bits).
 pub fn smi(v: u64) -> Option<i32> {
@@ -184,7 +189,7 @@ impl Heap<'_> {
             a + s.chars
         } else if repr == s.repr.2 {
             match self.mem.u64(a + s.external_data) {
-                Some(p) if p != 0 => p,
+                Some(p) if p != 0 && p < USER_TOP => p,
                 _ => return false,
             }
         } else {

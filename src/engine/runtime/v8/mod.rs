@@ -722,7 +722,9 @@ fn layout(d: &Dbg, ver: (u32, u32)) -> Result<Layout, String> {
             // deoptimization data are the two words before its size's.
             let start = off(&["class_Code__instruction_start__uintptr_t"])?;
             let size = off(&["class_Code__instruction_size__int"])?;
-            (start, true, size, off(&["class_Code__flags__uint32_t"])?, size - 24, size - 16, None, start)
+            let before =
+                |n: u64| size.checked_sub(n).ok_or_else(|| format!("its V8 metadata gives Code's size at {size}"));
+            (start, true, size, off(&["class_Code__flags__uint32_t"])?, before(24)?, before(16)?, None, start)
         }
         11 => {
             // The metadata names the tables; the instruction start follows
@@ -843,7 +845,7 @@ type Ranges = Vec<(u64, u64)>;
 /// bytecode handlers, from the binary's symbols (the whole builtins where
 /// it names none).
 fn builtins(elf: &ElfSyms, s: &HashMap<String, Sym>) -> Option<((u64, u64, u64), Ranges)> {
-    let in_exec = |a: u64| elf.segments.iter().any(|g| g.exec && g.vaddr <= a && a < g.vaddr + g.filesz);
+    let in_exec = |a: u64| elf.segments.iter().any(|g| g.exec && g.vaddr <= a && a < g.vaddr.saturating_add(g.filesz));
     let start = s
         .get("v8_Default_embedded_blob_code_data_")
         .or_else(|| s.get("v8_Default_embedded_blob_code_"))
@@ -854,12 +856,12 @@ fn builtins(elf: &ElfSyms, s: &HashMap<String, Sym>) -> Option<((u64, u64, u64),
     if size == 0 || size > 256 << 20 {
         return None;
     }
-    let end = start + size;
+    let end = start.checked_add(size)?;
     let file_off = elf
         .segments
         .iter()
-        .find(|g| g.vaddr <= start && start < g.vaddr + g.filesz)
-        .map(|g| start - g.vaddr + g.offset)?;
+        .find(|g| g.vaddr <= start && start < g.vaddr.saturating_add(g.filesz))
+        .and_then(|g| (start - g.vaddr).checked_add(g.offset))?;
     let mut syms: Vec<(u64, &String)> = s
         .iter()
         .filter(|(n, x)| n.starts_with("Builtins_") && x.addr >= start && x.addr < end)
@@ -906,12 +908,12 @@ fn builtins(elf: &ElfSyms, s: &HashMap<String, Sym>) -> Option<((u64, u64, u64),
 /// elsewhere).
 fn placed(img: &Image, m: &MapLine, maps: &[MapLine], bias: u64) -> (Ranges, Ranges) {
     let (start, size, fo) = img.blob;
-    let mut blobs = vec![(start + bias, start + size + bias)];
-    let mut interp: Ranges = img.ranges.iter().map(|&(a, b)| (a + bias, b + bias)).collect();
+    let mut blobs = vec![(start.wrapping_add(bias), start.wrapping_add(size).wrapping_add(bias))];
+    let mut interp: Ranges = img.ranges.iter().map(|&(a, b)| (a.wrapping_add(bias), b.wrapping_add(bias))).collect();
     for x in maps.iter().filter(|x| x.path == m.path && x.exec) {
         if x.offset <= fo && fo < x.offset + (x.end - x.start) {
             let at = x.start + (fo - x.offset);
-            if at != start + bias && at + size <= x.end {
+            if at != start.wrapping_add(bias) && at.saturating_add(size) <= x.end {
                 blobs.push((at, at + size));
                 interp.extend(img.ranges.iter().map(|&(a, b)| (a - start + at, b - start + at)));
                 break;
@@ -1121,7 +1123,7 @@ impl V8 {
         // The group object: its first 1 MiB at most, 64 KiB at a time.
         let mut words = Vec::new();
         for i in 0..16u64 {
-            let Some(b) = mem.bytes(obj + i * 0x10000, 0x10000) else { break };
+            let Some(b) = obj.checked_add(i * 0x10000).and_then(|a| mem.bytes(a, 0x10000)) else { break };
             words.extend(b.chunks_exact(8).map(|c| le::<8>(c, 0)));
         }
         let starts: std::collections::HashSet<u64> = maps.iter().filter(|m| m.is_anon()).map(|m| m.start).collect();
@@ -1140,7 +1142,9 @@ impl V8 {
     /// instructions start at the entry point beside them.
     fn dispatch_checks(&mut self, mem: &Mem, base: u64, d: &Dispatch) -> bool {
         for seg in 0..4u64 {
-            let Some(block) = mem.bytes(base + seg * 0x10000, 0x10000) else { return false };
+            let Some(block) = base.checked_add(seg * 0x10000).and_then(|a| mem.bytes(a, 0x10000)) else {
+                return false;
+            };
             let (mut good, mut seen) = (0u32, 0u32);
             for e in block.chunks_exact(d.entry as usize) {
                 let (entry, word) = (le::<8>(e, 0), le::<8>(e, d.code_word as usize));
@@ -1187,7 +1191,7 @@ impl V8 {
         Ok(CodeHead {
             start,
             size: le::<4>(&b, l.code_size as usize) as u32,
-            kind: ((flags >> l.kind.1) & l.kind.0) as u8,
+            kind: (flags.checked_shr(l.kind.1 as u32).unwrap_or(0) & l.kind.0) as u8,
             deopt: le::<8>(&b, l.code_deopt as usize),
             spt: le::<8>(&b, l.code_spt as usize),
         })
@@ -1325,20 +1329,20 @@ impl V8 {
         let n = smi(slot(nlocals_at)).unwrap_or(0).max(0) as u64;
         // V8 12.8 on keep the start and end positions in the two slots
         // after the context-local count, before the variable part.
-        let fixed = (first == nlocals_at + 3).then(|| (smi(slot(nlocals_at + 1)), smi(slot(nlocals_at + 2)))).and_then(
-            |(a, b)| match (a, b) {
+        let fixed = (first == nlocals_at.saturating_add(3))
+            .then(|| (smi(slot(nlocals_at.saturating_add(1))), smi(slot(nlocals_at.saturating_add(2)))))
+            .and_then(|(a, b)| match (a, b) {
                 (Some(a), Some(b)) if a >= 0 && a <= b => Some(a as u32),
                 _ => None,
-            },
-        );
+            });
         // Fewer than 75 locals are named inline (a name and an info each);
         // more, in a hash table.
-        let i = first + if n < 75 { 2 * n } else { 1 + n };
+        let i = first.saturating_add(if n < 75 { 2 * n } else { 1 + n });
         // The function's name, then its inferred name (`obj.f = function
         // () {}`), where the name is empty: the first non-empty string.
         let mut name = None;
         let mut after = i;
-        for j in i..(i + 4).min(words) {
+        for j in i..i.saturating_add(4).min(words) {
             let v = slot(j);
             if h.type_of(v).is_some_and(|t| t < strings.first_nonstring) {
                 after = j + 2;
@@ -1380,10 +1384,11 @@ impl V8 {
             .byte_array(head.spt, l.arr.0, l.arr.1, MAX_TABLE)
             .map(|t| tables::positions(&t, l.positions))
             .ok_or("unreadable")?;
-        let count = smi(dd[l.dd.0 as usize]).unwrap_or(0).clamp(0, MAX_INLINED as i32) as usize;
-        let literals = if count > 0 { h.words(dd[l.dd.1 as usize], l.arr.0, l.arr.1, count) } else { Some(Vec::new()) };
-        let inl = h.byte_array(dd[l.dd.3 as usize], l.arr.0, l.arr.1, MAX_TABLE).unwrap_or_default();
-        let mut root = dd[l.dd.2 as usize];
+        let at = |i: u64| dd.get(i as usize).copied().unwrap_or(0);
+        let count = smi(at(l.dd.0)).unwrap_or(0).clamp(0, MAX_INLINED as i32) as usize;
+        let literals = if count > 0 { h.words(at(l.dd.1), l.arr.0, l.arr.1, count) } else { Some(Vec::new()) };
+        let inl = h.byte_array(at(l.dd.3), l.arr.0, l.arr.1, MAX_TABLE).unwrap_or_default();
+        let mut root = at(l.dd.2);
         if let Some(at) = l.dd_wrapped {
             // V8 13 on: a SharedFunctionInfoWrapper holds it.
             root = untag(root).and_then(|w| h.word(w + at)).ok_or("unreadable")?;
@@ -1413,7 +1418,7 @@ impl V8 {
         if let Some((&start, &(end, code))) = self.codes.range(..=pc).next_back() {
             if pc < end {
                 if let Ok(hd) = self.code_head(mem, code) {
-                    if hd.start == start && pc < start + hd.size as u64 {
+                    if hd.start == start && pc < start.saturating_add(hd.size as u64) {
                         return Some((code, hd));
                     }
                 }
@@ -1447,11 +1452,11 @@ impl V8 {
                             if hd.start == c {
                                 // The first code below the pc: it holds
                                 // the pc, or no code does.
-                                if pc >= c + hd.size as u64 {
+                                if pc >= c.saturating_add(hd.size as u64) {
                                     return None;
                                 }
                                 if self.codes.len() < 1 << 16 {
-                                    self.codes.insert(c, (c + hd.size as u64, code));
+                                    self.codes.insert(c, (c.saturating_add(hd.size as u64), code));
                                 }
                                 return Some((code, hd));
                             }
@@ -1477,7 +1482,7 @@ impl V8 {
                 return Err("not_code");
             }
             if self.codes.len() < 1 << 16 {
-                self.codes.insert(hd.start, (hd.start + hd.size as u64, addr));
+                self.codes.insert(hd.start, (hd.start.saturating_add(hd.size as u64), addr));
             }
             self.optimized(mem, &hd, 0)?.0
         } else if flags & FLAG_INTERP != 0 {
@@ -1486,11 +1491,11 @@ impl V8 {
                 self.fns.remove(&addr);
                 return Err("reused");
             }
-            JsCode::Interpreted { func, hdr: (self.l.ba.2 - 1) as u32 }
+            JsCode::Interpreted { func, hdr: self.l.ba.2.saturating_sub(1) as u32 }
         } else if flags & FLAG_BASELINE != 0 {
             let func = self.func(mem, addr)?;
             let (h, l) = self.heap(mem);
-            let fdata = untag(addr).and_then(|a| h.word(a + l.sfi.0)).unwrap_or(0);
+            let fdata = untag(addr).and_then(|a| h.word(a.wrapping_add(l.sfi.0))).unwrap_or(0);
             let (_, bcode) = self.bytecode_of(mem, fdata);
             let hd = self.code_head(mem, bcode.ok_or("reused")?)?;
             if code_cookie(hd.start, hd.size) != ck || hd.kind != self.l.kind.2 {
@@ -1499,8 +1504,8 @@ impl V8 {
             let (h, l) = self.heap(mem);
             let table = h.byte_array(hd.spt, l.arr.0, l.arr.1, MAX_TABLE).unwrap_or_default();
             let bytes = untag(func.bytecode).and_then(|a| {
-                let n = smi(mem.u64(a + l.ba.0)?)?;
-                (n > 0 && n as usize <= MAX_TABLE).then(|| mem.bytes(a + l.ba.2, n as usize))?
+                let n = smi(mem.u64(a.wrapping_add(l.ba.0))?)?;
+                (n > 0 && n as usize <= MAX_TABLE).then(|| mem.bytes(a.wrapping_add(l.ba.2), n as usize))?
             });
             let offsets = match bytes {
                 Some(b) if !self.sizes.is_empty() => tables::baseline_offsets(&table, &b, &self.sizes),
