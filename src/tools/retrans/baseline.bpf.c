@@ -6,7 +6,7 @@
  * host the rest of sonde's in-kernel cost is made of.
  *
  *   base_empty   returns at once: what bpf_stats measures for nothing
- *   base_fields  reads the event as sonde does (read.h), stamps it with
+ *   base_fields  reads the event as sonde does (tcpretrans.h), stamps it with
  *                bpf_ktime_get_ns() and stores it in this CPU's slots: the
  *                least any program delivering these events does (no owner
  *                record, no ring buffer, no totals)
@@ -27,7 +27,6 @@
 #include "sonde.h"
 #include "flow.h"
 #include "retrans.h"
-#include "read.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 

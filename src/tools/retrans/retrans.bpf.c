@@ -15,7 +15,7 @@
  *   ca_state Loss, pending 0          -> rto (first retransmit from the timer)
  *   ca_state Loss, otherwise          -> loss_recovery
  *   anything else                     -> fast (fast retransmit / RACK)
- * (read.h, shared with the bench baselines).
+ * (src/bpf/tcpretrans.h, shared with the bench baselines and sonde why).
  *
  * Retransmits run in softirq/timer context, so the owner is recorded in
  * process context (connect, listen, sendmsg, accept) and looked up there.
@@ -33,7 +33,6 @@
 #include "flow.h"
 #include "sockfd.h"
 #include "retrans.h"
-#include "read.h"
 #define SONDE_STATS_MAX STAT_MAX
 #include "stats.h"
 

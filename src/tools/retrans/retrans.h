@@ -8,27 +8,7 @@
 /* Failed attempts' slots: errnos below MAX_ERRNO, then positive verdicts. */
 #define ERR_SLOTS (MAX_ERRNO + 8)
 
-enum retrans_kind {
-	KIND_RTO = 0,
-	KIND_TLP = 1,
-	KIND_FAST = 2,
-	KIND_LOSS_RECOVERY = 3,
-	KIND_SYN = 4,
-	KIND_SYNACK = 5,
-	KIND_FAILED = 6,
-	KIND_MAX = 7,
-};
-
-struct rt_flow {
-	__u8 saddr[16];
-	__u8 daddr[16];
-	__u16 sport;
-	__u16 dport;
-	__u16 family;
-	__u8 kind;
-	__u8 pad;
-	__u32 netns; /* inode of the socket's network namespace */
-};
+#include "tcpretrans.h"
 
 struct rt_event {
 	__u64 ts_ns;

@@ -1,12 +1,37 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
- * What a tcp_retransmit_skb event reads from the socket and the skb, and
- * its cause: shared by retrans.bpf.c and the bench baselines
- * (baseline.bpf.c), so the baselines read exactly what sonde reads. Include
- * after flow.h and retrans.h.
+ * A TCP retransmission as the tcp_retransmit_skb tracepoint shows it: the
+ * flow, what the event reads from the socket and the skb, and its cause.
+ * Written once for every program that reads one: sonde retrans, its bench
+ * baselines (so they read exactly what sonde reads) and sonde why (the
+ * retransmissions on the connections a process waited on).
  */
-#ifndef SONDE_RETRANS_READ_H
-#define SONDE_RETRANS_READ_H
+#ifndef SONDE_TCPRETRANS_H
+#define SONDE_TCPRETRANS_H
+
+#include "flow.h"
+
+enum retrans_kind {
+	KIND_RTO = 0,
+	KIND_TLP = 1,
+	KIND_FAST = 2,
+	KIND_LOSS_RECOVERY = 3,
+	KIND_SYN = 4,
+	KIND_SYNACK = 5,
+	KIND_FAILED = 6,
+	KIND_MAX = 7,
+};
+
+struct rt_flow {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u16 sport;
+	__u16 dport;
+	__u16 family;
+	__u8 kind;
+	__u8 pad;
+	__u32 netns; /* inode of the socket's network namespace */
+};
 
 #define TCP_ESTABLISHED      1
 #define TCP_SYN_SENT         2
@@ -19,7 +44,7 @@
 #define CA_LOSS              4
 
 /* The cause (see the shared notes). */
-static __always_inline __u8 classify(int err, __u8 state, __u8 ca_state, __u8 pending)
+static __always_inline __u8 rt_classify(int err, __u8 state, __u8 ca_state, __u8 pending)
 {
 	if (err)
 		return KIND_FAILED;
@@ -71,7 +96,7 @@ static __always_inline bool rt_read_event(const struct sock *sk, const struct sk
 	r->segs = KREAD(direct, cb, tcp_gso_segs);
 	if (!r->segs)
 		r->segs = 1;
-	r->flow.kind = classify(err, r->state, r->ca_state, r->pending);
+	r->flow.kind = rt_classify(err, r->state, r->ca_state, r->pending);
 	return true;
 }
 
