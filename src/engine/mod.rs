@@ -19,6 +19,7 @@ pub mod perf;
 pub mod perfmap;
 pub mod pprof;
 pub mod process;
+pub mod procfd;
 pub mod procroot;
 pub mod record;
 pub mod render;

@@ -270,11 +270,7 @@ pub fn run(a: &DropsLabArgs) -> anyhow::Result<i32> {
         return Err(crate::engine::error::usage("--packets must be 1 to 100000"));
     }
     features::require_tracing_privileges()?;
-    for tool in ["ip", "nft", "tc"] {
-        if super::netns::sh("which", &[tool]).is_err() {
-            return Err(crate::engine::error::env(format!("`{tool}` is missing; install iproute2 and nftables")));
-        }
-    }
+    super::netns::require_tools(&["ip", "nft", "tc"])?;
     let pair = Pair::new()?;
     eprintln!(
         "lab: namespaces {} and {} ({} / {}): {} packets for each of ten kinds of drop",

@@ -253,3 +253,14 @@ pub fn remove_stale() {
         }
     }
 }
+
+/// Fails with a one-line environment error naming the first of `tools`
+/// (ip, nft, tc: what the network labs run) not on PATH.
+pub fn require_tools(tools: &[&str]) -> anyhow::Result<()> {
+    for tool in tools {
+        if sh("which", &[tool]).is_err() {
+            return Err(crate::engine::error::env(format!("`{tool}` is missing; install iproute2 and nftables")));
+        }
+    }
+    Ok(())
+}

@@ -308,11 +308,7 @@ pub fn run(a: &RetransLabArgs) -> anyhow::Result<i32> {
         return Err(usage("--bulk-mb must be 1 to 1024"));
     }
     features::require_tracing_privileges()?;
-    for tool in ["ip", "nft"] {
-        if super::netns::sh("which", &[tool]).is_err() {
-            return Err(crate::engine::error::env(format!("`{tool}` is missing; install iproute2 and nftables")));
-        }
-    }
+    super::netns::require_tools(&["ip", "nft"])?;
     let pair = Pair::new()?;
     eprintln!(
         "lab: namespaces {} and {} ({} / {}), {}% loss on bulk flows",

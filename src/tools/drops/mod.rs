@@ -404,36 +404,20 @@ struct ProcOwner {
     cgroup: u64,
 }
 
-/// Every process's sockets, by inode (at most [`MAX_OWNERS`]).
+/// Every process's sockets, by inode (at most [`MAX_OWNERS`]): the first
+/// process found holding each.
 fn proc_sockets() -> HashMap<u64, ProcOwner> {
-    let mut out = HashMap::new();
-    let Ok(procs) = std::fs::read_dir("/proc") else { return out };
-    for p in procs.flatten() {
-        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
-        let mut owner: Option<ProcOwner> = None;
-        for fd in fds.flatten() {
-            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
-            let Some(ino) = target
-                .to_str()
-                .and_then(|t| t.strip_prefix("socket:["))
-                .and_then(|t| t.strip_suffix(']'))
-                .and_then(|t| t.parse::<u64>().ok())
-            else {
-                continue;
-            };
-            let o = owner.get_or_insert_with(|| ProcOwner {
-                pid,
-                comm: std::fs::read_to_string(p.path().join("comm")).unwrap_or_default().trim_end().to_string(),
-                cgroup: crate::engine::cgroup::of_pid(pid).unwrap_or(0),
-            });
-            out.entry(ino).or_insert_with(|| o.clone());
-            if out.len() >= MAX_OWNERS {
-                return out;
-            }
-        }
-    }
-    out
+    use crate::engine::procfd::{holders, Kind};
+    let held = holders(|k, _| k == Kind::Socket, MAX_OWNERS);
+    let mut cgroups: HashMap<u32, u64> = HashMap::new();
+    held.by_inode
+        .into_iter()
+        .filter_map(|((_, ino), v)| {
+            let h = v.into_iter().next()?;
+            let cgroup = *cgroups.entry(h.pid).or_insert_with(|| crate::engine::cgroup::of_pid(h.pid).unwrap_or(0));
+            Some((ino, ProcOwner { pid: h.pid, comm: h.comm, cgroup }))
+        })
+        .collect()
 }
 
 /// Hands the kernel the owners of the sockets that exist now (the hooks

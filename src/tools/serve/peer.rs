@@ -43,17 +43,7 @@ pub fn local_peer_uid(local: SocketAddr, peer: SocketAddr) -> io::Result<Option<
     }
     // SAFETY: fd is a new socket nobody else owns.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval { tv_sec: 1, tv_usec: 0 };
-    // SAFETY: a timeval of the right size for SO_RCVTIMEO.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        );
-    }
+    let _ = socket2::SockRef::from(&sock).set_read_timeout(Some(std::time::Duration::from_secs(1)));
     // SAFETY: a zeroed sockaddr_nl is the kernel's address (pid 0).
     let mut kernel: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
     kernel.nl_family = libc::AF_NETLINK as u16;

@@ -1,0 +1,327 @@
+//! Who holds which socket or pipe, and which socket is whose peer: one walk
+//! of `/proc/*/fd`, and the kernel's exact socket lookup (sock_diag netlink)
+//! in each network namespace.
+//!
+//! Everything here comes from procfs and the kernel, which the traced
+//! processes cannot redirect: descriptors are read with `readlink` (never
+//! followed), and only a process's pid and its name (as `ps` shows them)
+//! come out. Each walk is bounded in descriptors, lookups and time, and
+//! says when it stopped early.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// What a descriptor names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `socket:[INODE]`
+    Socket,
+    /// `pipe:[INODE]`
+    Pipe,
+}
+
+/// A process holding a socket or pipe open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    /// Its process id (in sonde's pid namespace).
+    pub pid: u32,
+    /// Its name (`/proc/PID/comm`).
+    pub comm: String,
+    /// Whether its descriptor can write (a pipe's write end); read from
+    /// `fdinfo` for pipes only (sockets: true).
+    pub writes: bool,
+    /// Whether its descriptor can read (see `writes`).
+    pub reads: bool,
+}
+
+/// The result of one walk.
+#[derive(Debug, Default)]
+pub struct Held {
+    /// Holders of each wanted inode, one per process (at most
+    /// [`MAX_HOLDERS`]).
+    pub by_inode: HashMap<(Kind, u64), Vec<Holder>>,
+    /// Whether every process's descriptors were read (false: the bounds
+    /// below stopped the walk).
+    pub complete: bool,
+}
+
+/// Descriptors read at most in one walk.
+pub const MAX_FDS: usize = 2_000_000;
+/// Processes kept per inode (the first found).
+pub const MAX_HOLDERS: usize = 256;
+/// Wall time one walk may take.
+pub const MAX_TIME: Duration = Duration::from_secs(3);
+
+/// The numeric entries of /proc.
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok())
+}
+
+/// `socket:[123]` or `pipe:[123]`.
+fn parse_link(t: &str) -> Option<(Kind, u64)> {
+    let (kind, rest) = if let Some(r) = t.strip_prefix("socket:[") {
+        (Kind::Socket, r)
+    } else {
+        (Kind::Pipe, t.strip_prefix("pipe:[")?)
+    };
+    Some((kind, rest.strip_suffix(']')?.parse().ok()?))
+}
+
+/// The access mode of descriptor `fd` of `pid` (its `fdinfo` flags):
+/// (reads, writes).
+fn access(pid: u32, fd: &str) -> (bool, bool) {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else { return (false, false) };
+    let flags = s
+        .lines()
+        .find_map(|l| l.strip_prefix("flags:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .unwrap_or(0);
+    match flags & 3 {
+        0 => (true, false),
+        1 => (false, true),
+        _ => (true, true),
+    }
+}
+
+/// Walks every process's descriptors for the inodes `want` accepts, up to
+/// `max_inodes` of them, within [`MAX_FDS`] descriptors and [`MAX_TIME`].
+pub fn holders(want: impl Fn(Kind, u64) -> bool, max_inodes: usize) -> Held {
+    let t0 = Instant::now();
+    let mut out = Held { complete: true, ..Default::default() };
+    let mut fds_read = 0usize;
+    'procs: for pid in pids() {
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        let mut comm: Option<String> = None;
+        for fd in fds.flatten() {
+            fds_read += 1;
+            if fds_read > MAX_FDS || (fds_read % 4096 == 0 && t0.elapsed() > MAX_TIME) {
+                out.complete = false;
+                break 'procs;
+            }
+            // readlink on /proc/PID/fd/N names the object; nothing is followed.
+            let Ok(target) = std::fs::read_link(fd.path()) else { continue };
+            let Some((kind, ino)) = target.to_str().and_then(parse_link) else { continue };
+            if !want(kind, ino) {
+                continue;
+            }
+            let (reads, writes) = match kind {
+                Kind::Pipe => access(pid, &fd.file_name().to_string_lossy()),
+                Kind::Socket => (true, true),
+            };
+            let comm = comm
+                .get_or_insert_with(|| {
+                    std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim_end().to_string()
+                })
+                .clone();
+            let new = !out.by_inode.contains_key(&(kind, ino));
+            if new && out.by_inode.len() >= max_inodes {
+                out.complete = false;
+                break 'procs;
+            }
+            let v = out.by_inode.entry((kind, ino)).or_default();
+            let full = v.len() >= MAX_HOLDERS;
+            match v.iter_mut().find(|h| h.pid == pid) {
+                Some(h) => {
+                    h.reads |= reads;
+                    h.writes |= writes;
+                }
+                None if !full => v.push(Holder { pid, comm, writes, reads }),
+                None => {}
+            }
+        }
+    }
+    out
+}
+
+/// A connected socket's endpoints: local address and port, remote address
+/// and port (IPv4-mapped IPv6 addresses as IPv4).
+pub type Tuple = (IpAddr, u16, IpAddr, u16);
+
+/// The inode of each socket whose endpoints `want` holds, per network
+/// namespace (by its inode), TCP (`udp`: UDP) sockets, asked of every
+/// namespace a process is in: one exact lookup per socket and namespace
+/// over sock_diag netlink (a hash lookup in the kernel; reading
+/// /proc/net/tcp walks every bucket of the table, 7 ms here for 3 sockets).
+/// At most [`MAX_LOOKUPS`] lookups and [`MAX_TIME`] per call; the bool says
+/// whether every namespace was asked.
+pub fn sockets_by_tuple(want: &HashSet<Tuple>, udp: bool) -> (HashMap<Tuple, Vec<(u64, u64)>>, bool) {
+    let mut out: HashMap<Tuple, Vec<(u64, u64)>> = HashMap::new();
+    if want.is_empty() {
+        return (out, true);
+    }
+    let t0 = Instant::now();
+    let mut seen: HashSet<u64> = HashSet::new();
+    let mut budget = MAX_LOOKUPS;
+    use std::os::unix::fs::MetadataExt;
+    for pid in pids() {
+        if budget < want.len() || t0.elapsed() > MAX_TIME {
+            return (out, false);
+        }
+        // The namespace the opened file names (a pid reused between a stat
+        // of the path and its open would name another).
+        let Ok(file) = std::fs::File::open(format!("/proc/{pid}/ns/net")) else { continue };
+        let Ok(ns) = file.metadata().map(|m| m.ino()) else { continue };
+        if !seen.insert(ns) {
+            continue;
+        }
+        budget -= want.len();
+        let found = crate::engine::mib::run_in(&file, &ns.to_string(), || -> Vec<(Tuple, u64)> {
+            let Some(sock) = diag_socket() else { return Vec::new() };
+            let mut seq = 0u32;
+            want.iter()
+                .take_while(|_| t0.elapsed() <= MAX_TIME)
+                .filter_map(|t| Some((*t, diag_one(&sock, &mut seq, *t, udp)?)))
+                .collect()
+        });
+        for (t, ino) in found.unwrap_or_default() {
+            out.entry(t).or_default().push((ns, ino));
+        }
+    }
+    let done = t0.elapsed() <= MAX_TIME;
+    (out, done)
+}
+
+/// Lookups one [`sockets_by_tuple`] call makes at most.
+pub const MAX_LOOKUPS: usize = 100_000;
+
+/// A sock_diag socket in the calling thread's network namespace, answers
+/// awaited at most 100 ms.
+fn diag_socket() -> Option<netlink_sys::Socket> {
+    let mut s = netlink_sys::Socket::new(netlink_sys::protocols::NETLINK_SOCK_DIAG).ok()?;
+    s.bind_auto().ok()?;
+    s.connect(&netlink_sys::SocketAddr::new(0, 0)).ok()?;
+    socket2::SockRef::from(&s).set_read_timeout(Some(Duration::from_millis(100))).ok()?;
+    Some(s)
+}
+
+/// The inode of the socket with endpoints `t` in the calling thread's
+/// namespace (an IPv4 one also as an IPv4-mapped IPv6 socket's). Each
+/// request carries its own sequence number (`seq`), and a reply to another
+/// (one that came after its wait ran out) is passed over.
+fn diag_one(sock: &netlink_sys::Socket, seq: &mut u32, (la, lp, ra, rp): Tuple, udp: bool) -> Option<u64> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP};
+    use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    let v6 = |a: IpAddr| match a {
+        IpAddr::V4(a) => IpAddr::V6(a.to_ipv6_mapped()),
+        a => a,
+    };
+    let mut asks = vec![(AF_INET6, v6(la), v6(ra))];
+    if la.is_ipv4() && ra.is_ipv4() {
+        asks.insert(0, (AF_INET, la, ra));
+    }
+    for (family, local, remote) in asks {
+        // TCP's exact lookup takes the socket's own end as the source;
+        // UDP's (udp_dump_one) takes it as the destination.
+        let ((sa, sp), (da, dp)) = if udp { ((remote, rp), (local, lp)) } else { ((local, lp), (remote, rp)) };
+        let req = InetRequest {
+            family,
+            protocol: if udp { IPPROTO_UDP } else { IPPROTO_TCP },
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::all(),
+            socket_id: SocketId {
+                source_port: sp,
+                destination_port: dp,
+                source_address: sa,
+                destination_address: da,
+                interface_id: 0,
+                cookie: [0xff; 8], // none: any socket with these endpoints
+            },
+        };
+        *seq = seq.wrapping_add(1);
+        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), SockDiagMessage::InetRequest(req).into());
+        packet.header.flags = NLM_F_REQUEST;
+        packet.header.sequence_number = *seq;
+        packet.finalize();
+        let mut buf = vec![0; packet.header.length as usize];
+        packet.serialize(&mut buf[..]);
+        sock.send(&buf[..], 0).ok()?;
+        let mut rx = vec![0u8; 8192];
+        // Its reply, past any late reply to an earlier request.
+        let m = (0..8).find_map(|_| {
+            let n = sock.recv(&mut &mut rx[..], 0).ok()?;
+            let m: NetlinkMessage<SockDiagMessage> = NetlinkMessage::deserialize(rx.get(..n)?).ok()?;
+            Some((m.header.sequence_number == *seq).then_some(m))
+        });
+        let Some(Some(m)) = m else { return None };
+        // The kernel's lookup falls back to a listening socket on the
+        // local address: only a socket with exactly these endpoints counts.
+        if let NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) = m.payload {
+            let id = &r.header.socket_id;
+            let exact = id.destination_port == rp
+                && id.source_port == lp
+                && id.destination_address.to_canonical() == ra.to_canonical()
+                && id.source_address.to_canonical() == la.to_canonical();
+            if exact && r.header.inode != 0 {
+                return Some(u64::from(r.header.inode));
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loopback_connections_other_end_is_found_by_its_endpoints() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        let ino = |fd: i32| std::fs::metadata(format!("/proc/self/fd/{fd}")).unwrap().ino();
+        let (ca, sa) = (c.local_addr().unwrap(), s.local_addr().unwrap());
+        // The client's view, reversed: the server's socket.
+        let t: Tuple = (sa.ip(), sa.port(), ca.ip(), ca.port());
+        let (found, done) = sockets_by_tuple(&[t].into_iter().collect(), false);
+        let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
+        assert!(done);
+        assert_eq!(found.get(&t), Some(&vec![(own, ino(s.as_raw_fd()))]), "{found:?}");
+        // Not UDP, and no socket with other endpoints (not the listener
+        // either, which the kernel's lookup falls back to).
+        assert!(sockets_by_tuple(&[t].into_iter().collect(), true).0.is_empty());
+        let none: Tuple = (sa.ip(), sa.port(), ca.ip(), ca.port().wrapping_add(1));
+        assert!(sockets_by_tuple(&[none].into_iter().collect(), false).0.is_empty());
+        // A connected UDP pair: each end found by its own endpoints.
+        let (u1, u2) =
+            (std::net::UdpSocket::bind("127.0.0.1:0").unwrap(), std::net::UdpSocket::bind("127.0.0.1:0").unwrap());
+        u1.connect(u2.local_addr().unwrap()).unwrap();
+        u2.connect(u1.local_addr().unwrap()).unwrap();
+        let (a1, a2) = (u1.local_addr().unwrap(), u2.local_addr().unwrap());
+        let t2: Tuple = (a2.ip(), a2.port(), a1.ip(), a1.port());
+        let (found, _) = sockets_by_tuple(&[t2].into_iter().collect(), true);
+        assert_eq!(found.get(&t2), Some(&vec![(own, ino(u2.as_raw_fd()))]), "{found:?}");
+        assert!(sockets_by_tuple(&[t2].into_iter().collect(), false).0.is_empty());
+    }
+
+    #[test]
+    fn links_parse() {
+        assert_eq!(parse_link("socket:[12]"), Some((Kind::Socket, 12)));
+        assert_eq!(parse_link("pipe:[7]"), Some((Kind::Pipe, 7)));
+        assert_eq!(parse_link("/tmp/x"), None);
+        assert_eq!(parse_link("pipe:[7"), None);
+    }
+
+    #[test]
+    fn a_pipe_is_found_with_its_ends() {
+        let mut fds = [0i32; 2];
+        // SAFETY: fds has room for the two descriptors pipe writes.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata(format!("/proc/self/fd/{}", fds[0])).unwrap().ino();
+        let held = holders(|k, i| k == Kind::Pipe && i == ino, 8);
+        let me = std::process::id();
+        let h = held.by_inode.get(&(Kind::Pipe, ino)).and_then(|v| v.iter().find(|h| h.pid == me)).cloned();
+        // SAFETY: both descriptors are ours.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        let h = h.expect("this process holds its pipe");
+        assert!(h.reads && h.writes, "{h:?}");
+    }
+}
