@@ -1,7 +1,8 @@
 // Threads each waiting on one kind of thing, named by what they do, for
 // `sonde why`'s tests: `whysplit FILE SECONDS` (FILE: a scratch file on a
-// real disk for O_DIRECT reads). Prints "receiver LOCAL REMOTE" (the
-// receiver's socket addresses), then "ready" once every thread runs; starts
+// real disk for O_DIRECT reads). Prints "receiver LOCAL REMOTE" and
+// "epoller LOCAL REMOTE" (their sockets' addresses), then "ready" once every
+// thread runs; starts
 // the short-lived threads when a line comes on stdin, and says "short
 // started".
 //
@@ -12,12 +13,15 @@
 //   waiter    locks a mutex the holder keeps 30 ms of every 31
 //   holder    holds it 30 ms (sleeping), lets go for 1 ms
 //   receiver  recv() on a loopback TCP connection a byte every 20 ms
-//   sender    sleeps 20 ms, sends a byte
+//   sender    sleeps 20 ms, sends a byte on each of two connections
+//   epoller   epoll_wait on a set of one socket (the second connection),
+//             then recv(): waiting on one peer, not for work
 //   direct    O_DIRECT 4 KiB reads at random offsets of FILE
 //   stuck     read() on a pipe nobody writes: blocked throughout
 //   short-N   two threads started on a line from stdin: 200 ms spinning,
 //             300 ms asleep, then they exit
-//   main      epoll_wait on a set nothing ever wakes: waiting for work
+//   main      epoll_wait on a set of two pipes nobody writes: waiting for
+//             work
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -31,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int pipe_rw[2], stuck_rw[2], tcp_pair[2];
+static int pipe_rw[2], stuck_rw[2], idle_rw[2], tcp_pair[2], tcp2[2];
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static const char *file;
 static volatile unsigned long sink;
@@ -116,9 +120,22 @@ static void *sender(void *a)
 {
 	for (;;) {
 		ms_sleep(20);
-		if (send(tcp_pair[1], "x", 1, 0) < 0)
+		if (send(tcp_pair[1], "x", 1, 0) < 0 || send(tcp2[1], "y", 1, 0) < 0)
 			break;
 	}
+	return a;
+}
+
+static void *epoller(void *a)
+{
+	int ep = epoll_create1(0);
+	struct epoll_event ev = {.events = EPOLLIN}, got;
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, tcp2[0], &ev))
+		exit(1);
+	char c;
+	for (;;)
+		if (epoll_wait(ep, &got, 1, -1) == 1 && recv(tcp2[0], &c, 1, 0) <= 0)
+			break;
 	return a;
 }
 
@@ -169,18 +186,18 @@ static void start(void *(*f)(void *), const char *name)
 	pthread_setname_np(t, name);
 }
 
-static void tcp_connect(void)
+static void tcp_connect(int *pair)
 {
 	int l = socket(AF_INET, SOCK_STREAM, 0);
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t n = sizeof(sa);
 	if (bind(l, (void *)&sa, sizeof(sa)) || listen(l, 1) || getsockname(l, (void *)&sa, &n))
 		exit(1);
-	tcp_pair[1] = socket(AF_INET, SOCK_STREAM, 0);
-	if (connect(tcp_pair[1], (void *)&sa, sizeof(sa)))
+	pair[1] = socket(AF_INET, SOCK_STREAM, 0);
+	if (connect(pair[1], (void *)&sa, sizeof(sa)))
 		exit(1);
-	tcp_pair[0] = accept(l, NULL, NULL);
-	if (tcp_pair[0] < 0)
+	pair[0] = accept(l, NULL, NULL);
+	if (pair[0] < 0)
 		exit(1);
 	close(l);
 }
@@ -193,9 +210,10 @@ int main(int argc, char **argv)
 	}
 	file = argv[1];
 	double end = now_s() + atof(argv[2]);
-	if (pipe(pipe_rw) || pipe(stuck_rw))
+	if (pipe(pipe_rw) || pipe(stuck_rw) || pipe(idle_rw))
 		return 1;
-	tcp_connect();
+	tcp_connect(tcp_pair);
+	tcp_connect(tcp2);
 	start(spinner, "spinner");
 	start(sleeper, "sleeper");
 	start(reader, "reader");
@@ -204,11 +222,13 @@ int main(int argc, char **argv)
 	start(waiter, "waiter");
 	start(receiver, "receiver");
 	start(sender, "sender");
+	start(epoller, "epoller");
 	start(direct, "direct");
 	start(stuck, "stuck");
 	int ep = epoll_create1(0);
 	struct epoll_event ev = {.events = EPOLLIN};
-	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, stuck_rw[0], &ev))
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, stuck_rw[0], &ev) ||
+	    epoll_ctl(ep, EPOLL_CTL_ADD, idle_rw[0], &ev))
 		return 1;
 	struct sockaddr_in la, ra;
 	socklen_t ln = sizeof(la), rn = sizeof(ra);
@@ -216,6 +236,9 @@ int main(int argc, char **argv)
 	    getpeername(tcp_pair[0], (void *)&ra, &rn))
 		return 1;
 	printf("receiver 127.0.0.1:%d 127.0.0.1:%d\n", ntohs(la.sin_port), ntohs(ra.sin_port));
+	if (getsockname(tcp2[0], (void *)&la, &ln) || getpeername(tcp2[0], (void *)&ra, &rn))
+		return 1;
+	printf("epoller 127.0.0.1:%d 127.0.0.1:%d\n", ntohs(la.sin_port), ntohs(ra.sin_port));
 	printf("ready\n");
 	fflush(stdout);
 	/* The main thread waits for work, which comes once: the line that

@@ -5,8 +5,12 @@
 //! reads them at the end (or every `-i`), names the objects (sockets, files,
 //! pipes, futexes, kernel functions), and reports per process and per group
 //! of same-named threads, ending in a verdict and the next command.
+mod disks;
+mod html;
+mod peers;
 mod report;
 pub mod syscalls;
+mod timeline;
 
 use std::{collections::HashMap, mem::MaybeUninit, time::Duration};
 
@@ -32,7 +36,17 @@ pub use report::{Class, Report, Thread, Wait};
 crate::skeleton!("why");
 use skel::{WhySkel, WhySkelBuilder};
 
-crate::pod!(skel::types::why_thread, skel::types::why_wait_key, skel::types::why_wait, skel::types::why_obj);
+crate::pod!(
+    skel::types::why_thread,
+    skel::types::why_wait_key,
+    skel::types::why_wait,
+    skel::types::why_obj,
+    skel::types::why_instead_key,
+    skel::types::why_instead,
+    skel::types::rt_flow,
+    skel::types::why_retrans,
+    skel::types::why_disk
+);
 
 /// Slots of the kernel half's stats map (enum why_stat).
 const WT_SWITCHES: u32 = 0;
@@ -45,8 +59,11 @@ const WT_KSTACK_ERRORS: u32 = 6;
 const WT_REGS_UNREAD: u32 = 7;
 const WT_UNSEEN_WAKEUPS: u32 = 8;
 const WT_UNSEEN_SWITCHES: u32 = 9;
+const WT_INSTEAD_FULL: u32 = 10;
+const WT_RETRANS_FULL: u32 = 11;
+const WT_DISKS_FULL: u32 = 12;
 #[cfg(test)]
-const WT_MAX: u32 = 10;
+const WT_MAX: u32 = 13;
 
 /// Size of the kernel half's system call table (WHY_NSYS).
 const NSYS: usize = 512;
@@ -67,15 +84,23 @@ const NSYS: usize = 512;
 /// Reported per process and per group of same-named threads, sorted by time
 /// lost, ending in a verdict and the command that tells more. With no
 /// -p/--tid/--cgroup/--comm, every process is traced and the --top processes
-/// that lost the most time are shown.
+/// that lost the most time are shown. Time a thread waited for a CPU names
+/// what ran on that CPU instead. -o FILE.html also writes a page with each
+/// thread's timeline of its states over the window.
 ///
 /// OVERHEAD: eleven small programs on the scheduler's, irq and softirq
 /// tracepoints (every context switch and wake-up on the host), records kept
 /// in the kernel, no event per switch. bench/why/run, a pipe ping-pong at
-/// 263k, 101k and 10k switches/s: 448-675 ns of BPF per switch traced (13%,
-/// 4.9% and 1.1% fewer round trips; perf sched record: 35%, 17% and 2.5%),
-/// 218-253 ns per switch of a thread not traced; sonde's own process under
-/// 0.25% of a core.
+/// 278k, 104k and 10k switches/s: 496-638 ns of BPF per switch traced (15%,
+/// 6.4% and 0.8% fewer round trips; perf sched record: 35%, 17% and 2.3%),
+/// 218-250 ns per switch of a thread not traced; sonde's own process under
+/// 0.25% of a core. -o FILE.html reads every thread's record about 400
+/// times a run (10 ms to 1 s apart). The other ends of sockets and pipes
+/// waited on: a walk of /proc/*/fd and a sock_diag lookup per connection,
+/// only when new ones were waited on, at most once a second (2 ms a look
+/// here, 444 descriptors). One more program per TCP retransmission and one
+/// per block request completed (217 ns each, measured with
+/// kernel.bpf_stats_enabled beside 18,000 direct reads a second).
 #[derive(Debug, Args)]
 pub struct WhyArgs {
     /// Which tasks (none: every process on the host).
@@ -97,17 +122,25 @@ pub struct WhyArgs {
 
 /// Formats `-o` can write.
 const FORMATS: &crate::engine::output::Formats<Format> =
-    &[(".json", Format::Json), (".txt", Format::Text), (".log", Format::Text)];
+    &[(".json", Format::Json), (".txt", Format::Text), (".log", Format::Text), (".html", Format::Html)];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Format {
     Json,
     Text,
+    /// A page with each thread's timeline (the report still on stdout).
+    Html,
 }
 
 struct Loaded {
     skel: WhySkel<'static>,
     links: Vec<Link>,
+    /// Why TCP retransmissions are not counted (None: they are).
+    no_retrans: Option<String>,
+    /// The retransmission tracepoint has `err`: failed ones are told apart.
+    has_err: bool,
+    /// Why the block devices' latency is not measured (None: it is).
+    no_disks: Option<String>,
 }
 
 fn load(tf: &TaskFilter) -> anyhow::Result<Loaded> {
@@ -121,9 +154,14 @@ fn load(tf: &TaskFilter) -> anyhow::Result<Loaded> {
     }
     ro.has_task_regs = features::has_task_regs();
     ro.skip_init = features::init_hides_tracing();
+    // The tracepoint's `err` (a retransmission that failed to go out) where
+    // it has one.
+    let has_err = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3);
+    open.progs.why_retrans_err.set_autoload(has_err);
+    open.progs.why_retrans.set_autoload(!has_err);
     let skel = open.load().context("loading the scheduler programs (tp_btf)")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
-    Ok(Loaded { skel, links: Vec::new() })
+    Ok(Loaded { skel, links: Vec::new(), no_retrans: None, has_err, no_disks: None })
 }
 
 /// Attaches every hook, after setting the window's start.
@@ -152,6 +190,18 @@ fn attach(l: &mut Loaded, tf: &TaskFilter) -> anyhow::Result<u64> {
     ] {
         l.links.push(prog.attach().with_context(|| format!("attaching the tracepoint {name}"))?);
     }
+    // The retransmissions of the connections waited on: the rest of the
+    // accounting stands without them (said so in the summary).
+    let prog = if l.has_err { &p.why_retrans_err } else { &p.why_retrans };
+    match prog.attach() {
+        Ok(link) => l.links.push(link),
+        Err(e) => l.no_retrans = Some(format!("the tcp_retransmit_skb tracepoint could not be attached ({e})")),
+    }
+    // The block devices' own latency, likewise.
+    match p.why_blk_done.attach() {
+        Ok(link) => l.links.push(link),
+        Err(e) => l.no_disks = Some(format!("the block_rq_complete tracepoint could not be attached ({e})")),
+    }
     Ok(start)
 }
 
@@ -176,6 +226,49 @@ fn cstr(b: &[i8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// Every thread's record in the kernel half, by thread id.
+fn records(skel: &WhySkel<'static>) -> anyhow::Result<Vec<(u32, skel::types::why_thread)>> {
+    let mut recs = Vec::new();
+    for_each_entry(&skel.maps.threads, |k, v| {
+        if let (Some(tid), Some(t)) = (decode::<u32>(k), decode::<skel::types::why_thread>(v)) {
+            recs.push((tid, t));
+        }
+    })?;
+    Ok(recs)
+}
+
+/// A thread's slots (enum why_acc) at `now`: its record's, with the state
+/// still open counted up to `now` (a thread that exited is over).
+fn totals(r: &skel::types::why_thread, now: u64) -> [u64; timeline::SLOTS] {
+    let mut acc = r.acc;
+    if r.end == 0 {
+        let d = now.saturating_sub(r.since);
+        match r.state {
+            1 => acc[0] += d,
+            2 => acc[1] += d,
+            3 => acc[3 + usize::from(r.cls).min(report::CLASSES - 1)] += d,
+            _ => {}
+        }
+    }
+    acc
+}
+
+/// Every thread's slots now, for the timeline. The time is read before the
+/// records, and a state still open is counted up to it (one that began
+/// since, not at all): a state's time is never counted past its end, so a
+/// slot goes back only where the kernel half places a switch it did not see
+/// (`unseen_switches`), which the timeline moves back into the columns it
+/// belongs to (see `Timeline::columns`). Read after them, an open state was
+/// counted up to a time it may have ended before: with sonde's own thread
+/// preempted between the two (beside a busy test), a spinner's timeline
+/// showed 14-18% in the run queue against 5-7% in its totals.
+fn sample(skel: &WhySkel<'static>, tl: &mut timeline::Timeline) -> anyhow::Result<()> {
+    let now = mono_ns();
+    let recs = records(skel)?;
+    tl.add(now, recs.iter().map(|(tid, r)| (*tid, totals(r, now.max(r.since)))));
+    Ok(())
+}
+
 /// What the kernel half holds, read at `now` (open states counted up to it).
 struct Snapshot {
     threads: HashMap<u32, Thread>,
@@ -188,14 +281,10 @@ fn read(
     now: u64,
     ksyms: &KernelSymbols,
     names: &mut report::Namer,
+    flows: Option<report::FlowRetransmits>,
 ) -> anyhow::Result<Snapshot> {
     let t_start = skel.maps.bss_data.as_deref().map(|b| b.t_start).unwrap_or(0);
-    let mut recs: Vec<(u32, skel::types::why_thread)> = Vec::new();
-    for_each_entry(&skel.maps.threads, |k, v| {
-        if let (Some(tid), Some(t)) = (decode::<u32>(k), decode::<skel::types::why_thread>(v)) {
-            recs.push((tid, t));
-        }
-    })?;
+    let recs = records(skel)?;
     let mut objects: HashMap<u64, skel::types::why_obj> = HashMap::new();
     for_each_entry(&skel.maps.objects, |k, v| {
         if let (Some(id), Some(o)) = (decode::<u64>(k), decode::<skel::types::why_obj>(v)) {
@@ -210,23 +299,13 @@ fn read(
         }
     })?;
     names.add_stacks(&stacks, ksyms);
+    names.set_retransmits(flows);
     let mut threads: HashMap<u32, Thread> = HashMap::new();
     for (tid, r) in &recs {
         let end = if r.end != 0 { r.end } else { now };
-        let mut acc = r.acc;
-        let mut open = None;
-        // The state still open at `now`.
+        let acc = totals(r, now);
         let d = end.saturating_sub(r.since);
-        match r.state {
-            1 if r.end == 0 => acc[0] += d,
-            2 if r.end == 0 => acc[1] += d,
-            3 if r.end == 0 => {
-                let c = usize::from(r.cls).min(report::CLASSES - 1);
-                acc[3 + c] += d;
-                open = Some((r.cls, r.obj, r.kstack, r.sys, d));
-            }
-            _ => {}
-        }
+        let open = (r.state == 3 && r.end == 0).then_some((r.cls, r.obj, r.kstack, r.sys, d));
         let mut t = Thread::new(r.tgid, *tid, cstr(&r.comm), end.saturating_sub(r.start), acc);
         t.exited = r.end != 0;
         (t.on_cpu_steal_ns, t.on_cpu_irq_ns) = (r.on_steal.min(t.on_cpu_ns), r.on_irq.min(t.on_cpu_ns));
@@ -234,6 +313,9 @@ fn read(
         let (du, ds) = (r.utime1.saturating_sub(r.utime0), r.stime1.saturating_sub(r.stime0));
         if r.utime1 != 0 && du + ds > 0 {
             t.user_share = Some(du as f64 / (du + ds) as f64);
+        }
+        if t.throttled_ns > 0 && !t.exited {
+            t.quota = crate::engine::cgroup::quota_of(t.pid, t.tid);
         }
         if r.p_count > 0 {
             // Finished waits the kernel half still holds in the record.
@@ -254,10 +336,60 @@ fn read(
             t.waits.push(wait);
         }
     })?;
+    let mut instead: Vec<(u32, u64, report::Instead)> = Vec::new();
+    for_each_entry(&skel.maps.instead, |k, v| {
+        let (Some(k), Some(v)) = (decode::<skel::types::why_instead_key>(k), decode::<skel::types::why_instead>(v))
+        else {
+            return;
+        };
+        let i = report::Instead { pid: k.rtgid, tid: k.rtid, comm: cstr(&v.comm), cgroup: String::new(), ns: v.ns };
+        instead.push((k.tid, k.cg, i));
+    })?;
+    names.add_cgroups(instead.iter().map(|(_, cg, _)| *cg));
+    for (tid, cg, mut i) in instead {
+        if let Some(t) = threads.get_mut(&tid) {
+            i.cgroup = names.cgroup(cg);
+            t.ran_instead.push(i);
+        }
+    }
+    names.peers.name(&mut threads);
     for t in threads.values_mut() {
         t.finish();
     }
     Ok(Snapshot { threads })
+}
+
+/// Looks up the other ends of the sockets and pipes the kernel half has
+/// described so far (those not found yet).
+fn look_peers(skel: &WhySkel<'static>, names: &mut report::Namer) -> anyhow::Result<()> {
+    let mut fars = Vec::new();
+    for_each_entry(&skel.maps.objects, |_, v| {
+        if let Some(f) = decode::<skel::types::why_obj>(v).as_ref().and_then(report::Far::of) {
+            fars.push(f);
+        }
+    })?;
+    names.peers.look(fars.into_iter(), false);
+    Ok(())
+}
+
+/// The TCP retransmissions counted so far, by flow (over every network
+/// namespace: a connection's two ends may be in two).
+fn flow_retransmits(skel: &WhySkel<'static>) -> anyhow::Result<report::FlowRetransmits> {
+    let mut out = report::FlowRetransmits::new();
+    for_each_entry(&skel.maps.retrans, |k, v| {
+        let (Some(f), Some(r)) = (decode::<skel::types::rt_flow>(k), decode::<skel::types::why_retrans>(v)) else {
+            return;
+        };
+        let (Some(l), Some(rem)) = (report::ip_of(f.family, &f.saddr), report::ip_of(f.family, &f.daddr)) else {
+            return;
+        };
+        let e = out.entry((l, f.sport, rem, f.dport)).or_insert(([0; 7], [0; 7]));
+        for i in 0..7 {
+            e.0[i] += r.count[i];
+            e.1[i] += r.segs[i];
+        }
+    })?;
+    Ok(out)
 }
 
 /// Counters of the kernel half.
@@ -274,7 +406,25 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         regs_unread: st(WT_REGS_UNREAD)?,
         unseen_wakeups: st(WT_UNSEEN_WAKEUPS)?,
         unseen_switches: st(WT_UNSEEN_SWITCHES)?,
+        instead_full: st(WT_INSTEAD_FULL)?,
+        retransmits_full: st(WT_RETRANS_FULL)?,
+        retransmits_missed: crate::engine::attach::recursion_misses(&skel.progs.why_retrans)
+            + crate::engine::attach::recursion_misses(&skel.progs.why_retrans_err),
+        retransmits_not_counted: None,
+        disks_full: st(WT_DISKS_FULL)?,
+        disks_not_counted: None,
     })
+}
+
+/// The block requests completed so far, per device.
+fn disk_counts(skel: &WhySkel<'static>) -> anyhow::Result<disks::Counts> {
+    let mut out = disks::Counts::new();
+    for_each_entry(&skel.maps.disks, |k, v| {
+        if let (Some(dev), Some(d)) = (decode::<u32>(k), decode::<skel::types::why_disk>(v)) {
+            out.insert(dev, d);
+        }
+    })?;
+    Ok(out)
 }
 
 fn validate(a: &WhyArgs) -> anyhow::Result<(TaskFilter, Option<(std::path::PathBuf, Format)>)> {
@@ -302,17 +452,21 @@ pub struct Outcome {
     pub report: Report,
     /// Why the run stopped.
     pub stop: Stop,
+    /// Each thread's time over the window (with `-o FILE.html`).
+    timeline: Option<timeline::Timeline>,
 }
 
 /// Runs `why` until `ctl` stops it (or every target exits); `ready` is called
-/// once tracing runs, `each` with every interval's report (-i).
+/// once tracing runs, `each` with every interval's report (-i), `ended` as
+/// soon as the window has ended (nothing is counted after it).
 pub fn run_with(
     a: &WhyArgs,
     ctl: &RunControl,
     ready: impl FnOnce(),
     mut each: impl FnMut(&Report) -> anyhow::Result<()>,
+    ended: impl FnOnce(),
 ) -> anyhow::Result<Outcome> {
-    let (mut tf, _) = validate(a)?;
+    let (mut tf, out) = validate(a)?;
     features::require_tracing_privileges()?;
     if !features::has_btf() {
         return Err(crate::engine::error::env(
@@ -332,7 +486,30 @@ pub fn run_with(
     let ksyms = KernelSymbols::default();
     let mut names = report::Namer::default();
     let mut prev: Option<(u64, HashMap<u32, Thread>)> = None;
+    let mut prev_flows: Option<report::FlowRetransmits> = None;
+    let mut prev_disks: Option<disks::Counts> = None;
     let mut next_at = a.interval.map(|i| std::time::Instant::now() + i);
+    // The timeline's samples: about 400 over a known duration (10 ms to 1 s
+    // apart), else every 100 ms (coarser as the run goes on: see Timeline).
+    let mut tl = matches!(out, Some((_, Format::Html))).then(|| {
+        let tick = a
+            .run
+            .duration
+            .map(|d| (d / 400).clamp(Duration::from_millis(10), Duration::from_secs(1)))
+            .unwrap_or(Duration::from_millis(100));
+        timeline::Timeline::new(start, tick)
+    });
+    // When the next sample is due: a tick after the last, and at least 20
+    // times as long as the last one took (a host's worth of threads costs
+    // sonde under 5% of a core).
+    let mut sample_at = std::time::Instant::now();
+    let mut gap = tl.as_ref().map(|t| t.tick).unwrap_or_default();
+    // The other ends of the sockets and pipes waited on: looked up 100 ms
+    // after the start, then twice as long apart up to once a second (and at
+    // least 20 times as long apart as a look takes), so that a connection
+    // closed before the report is named too.
+    let mut peers_at = std::time::Instant::now();
+    let mut peers_gap = Duration::from_millis(100);
     let stop = loop {
         if let Some(s) = ctl.should_stop() {
             break s;
@@ -344,43 +521,98 @@ pub fn run_with(
         if let Some(n) = next_at {
             wait = wait.min(n.saturating_duration_since(std::time::Instant::now()));
         }
+        if tl.is_some() {
+            wait = wait.min((sample_at + gap).saturating_duration_since(std::time::Instant::now()));
+        }
         ctl.wait(wait);
+        if peers_at.elapsed() >= peers_gap {
+            let t0 = std::time::Instant::now();
+            look_peers(&l.skel, &mut names)?;
+            peers_at = std::time::Instant::now();
+            peers_gap = (peers_gap * 2).min(Duration::from_secs(1)).max(t0.elapsed() * 20);
+        }
+        if let Some(t) = &mut tl {
+            if std::time::Instant::now() >= sample_at + gap {
+                sample_at = std::time::Instant::now();
+                sample(&l.skel, t)?;
+                gap = t.tick.max(sample_at.elapsed() * 20);
+            }
+        }
         if let (Some(i), Some(n)) = (a.interval, next_at) {
             if std::time::Instant::now() >= n {
                 next_at = Some(n + i);
                 let now = mono_ns();
-                let snap = read(&l.skel, now, &ksyms, &mut names)?;
+                // The interval's own retransmissions: the counts so far
+                // less the last interval's.
+                let flows = l.no_retrans.is_none().then(|| flow_retransmits(&l.skel)).transpose()?;
+                let own = flows.as_ref().map(|f| report::flows_since(f, prev_flows.as_ref()));
+                prev_flows = flows;
+                let counts = l.no_disks.is_none().then(|| disk_counts(&l.skel)).transpose()?;
+                names.set_disks(counts.as_ref().map(|c| disks::since(c, prev_disks.as_ref())), false);
+                prev_disks = counts;
+                let snap = read(&l.skel, now, &ksyms, &mut names, own)?;
                 let (from, base) = prev.take().unwrap_or((start, HashMap::new()));
-                let mut r = Report::build(
-                    report::diff(&snap.threads, &base),
-                    now - from,
-                    a.per_thread,
-                    &tf,
-                    losses(&l.skel)?,
-                    false,
-                );
+                let mut lost = losses(&l.skel)?;
+                lost.retransmits_not_counted.clone_from(&l.no_retrans);
+                lost.disks_not_counted.clone_from(&l.no_disks);
+                let mut r =
+                    Report::build(report::diff(&snap.threads, &base), now - from, a.per_thread, &tf, lost, false);
                 (r.start_mono_ns, r.end_mono_ns) = (from, now);
                 each(&r)?;
                 prev = Some((now, snap.threads));
             }
         }
     };
-    // Nothing changes once detached: every open state counts up to `end`.
+    // Nothing changes after `end` (t_end): every open state counts up to it.
+    // The window ends now: the hooks stop changing records at once (t_end),
+    // then they are detached (each waits for a grace period: on a busy host
+    // that took tens of ms, in which states went on changing unseen).
     let mut skel = l.skel;
-    drop(l.links);
+    let (no_retrans, no_disks) = (l.no_retrans, l.no_disks);
     let end = mono_ns();
+    skel.maps.bss_data.as_deref_mut().expect("bss present").t_end = end;
+    ended();
+    drop(l.links);
     iterate(&mut skel, 1)?;
-    let snap = read(&skel, end, &ksyms, &mut names)?;
-    let mut report = Report::build(snap.threads, end - start, a.per_thread, &tf, losses(&skel)?, true);
+    if let Some(t) = &mut tl {
+        // Nothing changes after `end`: the last column ends there.
+        let recs = records(&skel)?;
+        t.add(end, recs.iter().map(|(tid, r)| (*tid, totals(r, end))));
+    }
+    let flows = no_retrans.is_none().then(|| flow_retransmits(&skel)).transpose()?;
+    names.set_disks(no_disks.is_none().then(|| disk_counts(&skel)).transpose()?, true);
+    let snap = read(&skel, end, &ksyms, &mut names, flows)?;
+    let mut lost = losses(&skel)?;
+    lost.retransmits_not_counted = no_retrans;
+    lost.disks_not_counted = no_disks;
+    let mut report = Report::build(snap.threads, end - start, a.per_thread, &tf, lost, true);
     (report.start_mono_ns, report.end_mono_ns) = (start, end);
-    Ok(Outcome { report, stop })
+    Ok(Outcome { report, stop, timeline: tl })
+}
+
+/// Writes `-o FILE.html`'s page for a finished run (its `top` processes
+/// when every process was traced).
+pub fn write_page(o: &Outcome, path: &std::path::Path, top: usize) -> anyhow::Result<()> {
+    let tl = o.timeline.as_ref().ok_or_else(|| anyhow::anyhow!("the run kept no timeline (no -o FILE.html)"))?;
+    std::fs::write(path, html::render(&o.report, tl, top)).with_context(|| format!("writing {}", path.display()))
 }
 
 /// Entry point for the CLI; returns the exit status.
 pub fn run(a: &WhyArgs) -> anyhow::Result<i32> {
     let (_, out) = validate(a)?;
     let ctl = RunControl::new(a.run.duration)?;
-    let mut sink = crate::engine::output::Sink::open(out.as_ref().map(|(p, _)| p.as_path()))?;
+    // The page is written at the end; its file is created now, so that an
+    // unwritable path fails before anything is attached.
+    let html = match &out {
+        Some((p, Format::Html)) => {
+            std::fs::File::create(p)
+                .map_err(|e| usage(format!("-o {}: cannot write it ({e}); pick a writable path", p.display())))?;
+            Some(p.clone())
+        }
+        _ => None,
+    };
+    let file = out.as_ref().filter(|(_, f)| *f != Format::Html).map(|(p, _)| p.as_path());
+    let mut sink = crate::engine::output::Sink::open(file)?;
     let json = a.run.json || matches!(out, Some((_, Format::Json)));
     let top = a.top;
     let outcome = run_with(
@@ -396,6 +628,7 @@ pub fn run(a: &WhyArgs) -> anyhow::Result<i32> {
             sink.flush()?;
             Ok(())
         },
+        || {},
     )?;
     if json {
         outcome.report.write_json(&mut sink, true)?;
@@ -403,6 +636,9 @@ pub fn run(a: &WhyArgs) -> anyhow::Result<i32> {
         sink.line(&outcome.report.text(top))?;
     }
     sink.flush()?;
+    if let Some(path) = html {
+        write_page(&outcome, &path, top)?;
+    }
     Ok(outcome.stop.exit_code())
 }
 

@@ -117,10 +117,263 @@ pub struct Wait {
     pub waker_comm: String,
     /// Whether a wait was still open at the end of the window.
     pub open: bool,
+    /// TCP retransmissions on its connection in the window, when counted
+    /// (a TCP socket with a peer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retransmits: Option<Retransmits>,
+    /// What a wait for memory was for, from its kernel stack: `file_fault`
+    /// (a page fault reading a file), `swap_in`, `reclaim`, `cgroup_reclaim`
+    /// (reclaim for its memory cgroup's limit), `compaction`, `migration`,
+    /// or `fault` (a page fault, otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<&'static str>,
+    /// The block device of the file waited on, with every request it
+    /// completed in the window (a disk wait on a file of a block device).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<super::disks::Device>,
+    /// The processes at the other end on this host: a TCP or UDP
+    /// connection's peer socket's holders, or those holding a pipe's other
+    /// end (its write end for a reader, its read end for a writer).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<Peer>,
+    /// What the other end is looked up by (see [`super::peers`]).
+    #[serde(skip)]
+    pub far: Option<Far>,
     /// The class the kernel half counted it in (before a kernel stack
     /// showed it to be a lock).
     #[serde(skip)]
     pub counted_as: Class,
+}
+
+/// A process at the other end of a socket or pipe waited on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Peer {
+    /// Its process id.
+    pub pid: u32,
+    /// Its name.
+    pub comm: String,
+}
+
+/// What a wait's other end is looked up by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Far {
+    /// A connected TCP or UDP socket: its endpoints as it sees them, and its
+    /// network namespace's inode.
+    Socket {
+        /// (local address, port, remote address, port).
+        tuple: crate::engine::procfd::Tuple,
+        /// UDP (else TCP).
+        udp: bool,
+        /// Its network namespace.
+        netns: u64,
+    },
+    /// An anonymous pipe, by its inode.
+    Pipe {
+        /// The pipe's inode.
+        ino: u64,
+    },
+}
+
+impl Far {
+    /// What the kernel half's description of a socket or pipe is looked up
+    /// by (None: a file, a listening or unconnected socket, a Unix socket).
+    pub fn of(o: &super::skel::types::why_obj) -> Option<Far> {
+        match o.kind {
+            2 => Some(Far::Pipe { ino: o.ino }),
+            3 if (o.family == 2 || o.family == 10) && o.dport != 0 && (o.proto == 6 || o.proto == 17) => {
+                // ip_of gives an IPv4-mapped address as IPv4, as procfd's
+                // lookups compare them.
+                let (la, ra) = (ip_of(o.family, &o.saddr)?, ip_of(o.family, &o.daddr)?);
+                Some(Far::Socket { tuple: (la, o.sport, ra, o.dport), udp: o.proto == 17, netns: u64::from(o.netns) })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The TCP retransmissions of one connection in the window, both ends' (the
+/// other end's when it is on this host too), by cause as `sonde retrans`
+/// names them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Retransmits {
+    /// Retransmissions.
+    pub total: u64,
+    /// The segments they carried (what the MIB's RetransSegs counts).
+    pub segments: u64,
+    /// After a retransmission timeout (RFC 6298): the first of a timeout.
+    pub rto: u64,
+    /// Tail loss probes (RFC 8985).
+    pub tlp: u64,
+    /// Fast retransmits (RFC 5681, or RACK's).
+    pub fast: u64,
+    /// Further retransmits in loss recovery after a timeout.
+    pub loss_recovery: u64,
+    /// Of the SYN.
+    pub syn: u64,
+    /// Of the SYN-ACK.
+    pub synack: u64,
+    /// Attempts that failed to go out.
+    pub failed: u64,
+    /// Of `total`, those the other end sent.
+    pub by_peer: u64,
+}
+
+impl Retransmits {
+    /// Adds one end's counts (`count` and `segs` by cause, in
+    /// `enum retrans_kind`'s order).
+    fn add(&mut self, count: &[u64; 7], segs: &[u64; 7], peer: bool) {
+        let n: u64 = count.iter().sum();
+        self.total += n;
+        self.segments += segs.iter().sum::<u64>();
+        // The causes, in counts_mut's order after total and segments.
+        for (slot, c) in self.counts_mut()[2..9].iter_mut().zip(count) {
+            **slot += c;
+        }
+        if peer {
+            self.by_peer += n;
+        }
+    }
+
+    /// Every count, in one order.
+    fn counts_mut(&mut self) -> [&mut u64; 10] {
+        [
+            &mut self.total,
+            &mut self.segments,
+            &mut self.rto,
+            &mut self.tlp,
+            &mut self.fast,
+            &mut self.loss_recovery,
+            &mut self.syn,
+            &mut self.synack,
+            &mut self.failed,
+            &mut self.by_peer,
+        ]
+    }
+
+    /// Adds another connection's.
+    fn plus(&mut self, b: &Retransmits) {
+        let mut b = *b;
+        for (x, y) in self.counts_mut().into_iter().zip(b.counts_mut()) {
+            *x += *y;
+        }
+    }
+
+    /// "14 TCP retransmissions (9 after a retransmission timeout, RFC 6298;
+    /// ...)", or that there were none.
+    pub fn text(&self) -> String {
+        if self.total == 0 {
+            return "no TCP retransmissions".into();
+        }
+        let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let parts: Vec<String> = [
+            (self.rto, "after a retransmission timeout (RFC 6298)", "after a retransmission timeout (RFC 6298)"),
+            (self.tlp, "tail loss probe (RFC 8985)", "tail loss probes (RFC 8985)"),
+            (self.fast, "fast retransmit (RFC 5681)", "fast retransmits (RFC 5681)"),
+            (self.loss_recovery, "in loss recovery", "in loss recovery"),
+            (self.syn, "of the SYN", "of the SYN"),
+            (self.synack, "of the SYN-ACK", "of the SYN-ACK"),
+            (self.failed, "failed to go out", "failed to go out"),
+        ]
+        .into_iter()
+        .filter(|(n, ..)| *n > 0)
+        .map(|(n, one, many)| plural(n, one, many))
+        .collect();
+        let peer = if self.by_peer > 0 { format!("; {} by the other end", self.by_peer) } else { String::new() };
+        format!("{} ({}{peer})", plural(self.total, "TCP retransmission", "TCP retransmissions"), parts.join(", "))
+    }
+}
+
+/// A TCP flow as the retransmitting socket sees it: local address and
+/// port, remote address and port.
+pub type FlowKey = (std::net::IpAddr, u16, std::net::IpAddr, u16);
+
+/// Each flow's retransmissions by cause: counts, then segments.
+pub type FlowRetransmits = HashMap<FlowKey, ([u64; 7], [u64; 7])>;
+
+/// The retransmissions in `now` since `before` (both running totals), by
+/// flow: an interval's own.
+pub fn flows_since(now: &FlowRetransmits, before: Option<&FlowRetransmits>) -> FlowRetransmits {
+    now.iter()
+        .map(|(k, (c, s))| {
+            let (bc, bs) = before.and_then(|b| b.get(k)).copied().unwrap_or(([0; 7], [0; 7]));
+            let mut d = ([0u64; 7], [0u64; 7]);
+            for i in 0..7 {
+                d.0[i] = c[i].saturating_sub(bc[i]);
+                d.1[i] = s[i].saturating_sub(bs[i]);
+            }
+            (*k, d)
+        })
+        .collect()
+}
+
+/// An address as the kernel holds it (`family` AF_INET or AF_INET6; an
+/// IPv4-mapped IPv6 address is the IPv4 one).
+pub fn ip_of(family: u16, a: &[u8; 16]) -> Option<std::net::IpAddr> {
+    use std::net::IpAddr;
+    matches!(family, 2 | 10).then(|| match crate::engine::flowfilter::addr(family, a) {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    })
+}
+
+/// A thread that ran on a CPU while a traced thread waited in its run queue.
+#[derive(Debug, Clone, Serialize)]
+pub struct Instead {
+    /// Its process.
+    pub pid: u32,
+    /// The thread.
+    pub tid: u32,
+    /// Its name (at the time it ran).
+    pub comm: String,
+    /// Its CPU cgroup, relative to the cpu controller's mount ("" unknown).
+    pub cgroup: String,
+    /// The time it ran while the traced thread waited.
+    pub ns: u64,
+}
+
+/// Merges entries on one (pid, tid, cgroup), longest first.
+fn merge_instead(v: &mut Vec<Instead>) {
+    let mut out: Vec<Instead> = Vec::new();
+    for i in v.drain(..) {
+        match out.iter_mut().find(|o| o.tid == i.tid && o.pid == i.pid && o.cgroup == i.cgroup) {
+            Some(o) => o.ns += i.ns,
+            None => out.push(i),
+        }
+    }
+    out.sort_by(|a, b| b.ns.cmp(&a.ns).then(a.tid.cmp(&b.tid)));
+    *v = out;
+}
+
+/// `ran_instead` by process and thread name: (pid, comm, cgroup, ns), longest first.
+fn instead_by_process(v: &[Instead]) -> Vec<(u32, String, String, u64)> {
+    let mut out: Vec<(u32, String, String, u64)> = Vec::new();
+    for i in v {
+        match out.iter_mut().find(|o| o.0 == i.pid && o.1 == i.comm) {
+            Some(o) => o.3 += i.ns,
+            None => out.push((i.pid, i.comm.clone(), i.cgroup.clone(), i.ns)),
+        }
+    }
+    out.sort_by(|a, b| b.3.cmp(&a.3).then(a.0.cmp(&b.0)));
+    out
+}
+
+/// "ran instead: hog (4242) 1.20 s 61% in /batch, ...; 97% of the wait seen"
+/// (empty when nothing was seen).
+fn instead_text(t: &Thread, n: usize) -> String {
+    let waited = t.runqueue_ns + t.throttled_ns;
+    let by = instead_by_process(&t.ran_instead);
+    if by.is_empty() || waited == 0 {
+        return String::new();
+    }
+    let parts: Vec<String> = by
+        .iter()
+        .take(n)
+        .map(|(pid, comm, cg, ns)| {
+            let cg = if cg.is_empty() || cg == "/" { String::new() } else { format!(" in {cg}") };
+            format!("{comm} ({pid}) {:.0}%{cg}", pct(*ns, waited))
+        })
+        .collect();
+    format!("ran instead: {}", parts.join(", "))
 }
 
 /// One traced thread's window.
@@ -150,6 +403,12 @@ pub struct Thread {
     pub user_share: Option<f64>,
     /// Its waits, longest first.
     pub waits: Vec<Wait>,
+    /// What ran on its CPU while it waited runnable (run queue or
+    /// throttled), longest first.
+    pub ran_instead: Vec<Instead>,
+    /// The CPU quota that throttled it (read at the end; a thread gone by
+    /// then has none).
+    pub quota: Option<crate::engine::cgroup::Quota>,
     /// It exited in the window.
     pub exited: bool,
     /// It started in the window.
@@ -174,6 +433,8 @@ impl Thread {
             blocked_ns,
             user_share: None,
             waits: Vec::new(),
+            ran_instead: Vec::new(),
+            quota: None,
             exited: false,
             started: false,
         }
@@ -219,6 +480,13 @@ impl Thread {
         }
         merged.sort_by_key(|w| std::cmp::Reverse(w.ns));
         self.waits = merged;
+        merge_instead(&mut self.ran_instead);
+    }
+
+    /// The time of `ran_instead` (what the run queue's ring saw of its
+    /// runnable time).
+    pub fn instead_seen(&self) -> u64 {
+        self.ran_instead.iter().map(|i| i.ns).sum()
     }
 }
 
@@ -237,6 +505,33 @@ fn softirq_name(n: u8) -> &'static str {
 }
 
 impl Wait {
+    /// The object, with the processes at its other end (" (other end:
+    /// nginx (812))"; a pipe's "(write end held by ...)"), `own` (the
+    /// waiter's process) called "this process".
+    pub fn described(&self, own: u32) -> String {
+        if let Some(d) = &self.device {
+            return format!("{} ({})", self.object, d.text());
+        }
+        if self.peers.is_empty() {
+            return self.object.clone();
+        }
+        let mut names: Vec<String> = self
+            .peers
+            .iter()
+            .take(3)
+            .map(|p| if p.pid == own { "this process".to_string() } else { format!("{} ({})", p.comm, p.pid) })
+            .collect();
+        if self.peers.len() > 3 {
+            names.push(format!("{} more", self.peers.len() - 3));
+        }
+        let whose = match self.far {
+            Some(Far::Pipe { .. }) if self.op == Some("send") => "read end held by",
+            Some(Far::Pipe { .. }) => "write end held by",
+            _ => "other end:",
+        };
+        format!("{} ({whose} {})", self.object, names.join(", "))
+    }
+
     /// ", woken by ..." for the text report ("" when nothing woke it).
     pub fn waker_text(&self) -> String {
         match self.woken_by {
@@ -260,8 +555,16 @@ impl Wait {
 /// Names kernel stacks and objects, cached across reads.
 #[derive(Default)]
 pub struct Namer {
-    stacks: HashMap<u64, (String, bool)>,
+    /// Per kernel stack: what it says of a wait.
+    stacks: HashMap<u64, StackInfo>,
     paths: HashMap<(u32, u32, u64), Option<String>>,
+    cgroups: HashMap<u64, String>,
+    /// TCP retransmissions so far, by flow (None: not counted).
+    retrans: Option<FlowRetransmits>,
+    /// The processes at the other end of sockets and pipes.
+    pub peers: super::peers::Peers,
+    /// The block devices' requests in the window, by dev_t.
+    disks: HashMap<u32, super::disks::Device>,
 }
 
 /// Frames that say how a thread waits, not what for: skipped when naming
@@ -292,6 +595,79 @@ fn scheduler_frame(f: &str) -> bool {
     SKIP.iter().any(|p| f.starts_with(p))
 }
 
+/// What a wait for memory was for: its JSON name and its words.
+type MemoryKind = (&'static str, &'static str);
+
+/// What a kernel stack says of a wait.
+#[derive(Debug, Clone)]
+struct StackInfo {
+    /// The function it waits in (the first not of the scheduler's; a
+    /// lock's where one is on the stack).
+    name: String,
+    /// In a kernel lock.
+    lock: bool,
+    /// What for, if a wait for memory (see [`memory_kind`]).
+    memory: Option<MemoryKind>,
+    /// In an I/O wait (io_schedule).
+    io: bool,
+}
+
+/// What a wait for memory waits for, from the functions of its kernel stack
+/// (innermost first): its JSON name and its words. A migration entry's
+/// wait comes first, then reclaim and compaction, before swap-in and a
+/// fault's read: a fault may have to reclaim first.
+fn memory_kind(frames: &[&str]) -> Option<MemoryKind> {
+    type Kind = (&'static [&'static str], &'static str, &'static str);
+    const KINDS: &[Kind] = &[
+        (
+            &["migration_entry_wait", "migration_entry_wait_huge", "__migration_entry_wait"],
+            "migration",
+            "page migration",
+        ),
+        (
+            &["compact_zone", "compact_zone_order", "try_to_compact_pages", "__alloc_pages_direct_compact"],
+            "compaction",
+            "compaction",
+        ),
+        (
+            &["try_to_free_mem_cgroup_pages", "mem_cgroup_handle_over_high", "try_charge_memcg"],
+            "cgroup_reclaim",
+            "reclaim for its memory cgroup's limit",
+        ),
+        (
+            &[
+                "try_to_free_pages",
+                "__alloc_pages_direct_reclaim",
+                "__perform_reclaim",
+                "throttle_direct_reclaim",
+                "reclaim_throttle",
+                "shrink_node",
+            ],
+            "reclaim",
+            "reclaim",
+        ),
+        (
+            &["do_swap_page", "swap_read_folio", "swap_readpage", "swapin_readahead", "swap_cluster_readahead"],
+            "swap_in",
+            "swap-in",
+        ),
+        (
+            &["filemap_fault", "do_read_fault", "do_shared_fault", "do_cow_fault", "filemap_read_folio"],
+            "file_fault",
+            "a page fault reading a file",
+        ),
+        (
+            &["handle_mm_fault", "do_user_addr_fault", "do_page_fault", "exc_page_fault", "do_mem_abort"],
+            "fault",
+            "a page fault",
+        ),
+    ];
+    // A compiler's copy of a function keeps its name before the dot.
+    let base = |f: &str| f.split('.').next().unwrap_or(f).to_string();
+    let names: Vec<String> = frames.iter().map(|f| base(f)).collect();
+    KINDS.iter().find(|(marks, ..)| names.iter().any(|n| marks.contains(&n.as_str()))).map(|(_, k, w)| (*k, *w))
+}
+
 /// A kernel function a thread waits in for a lock another thread holds.
 fn lock_frame(f: &str) -> bool {
     const LOCKS: &[&str] = &[
@@ -311,6 +687,57 @@ fn lock_frame(f: &str) -> bool {
 }
 
 impl Namer {
+    /// Finds the paths of CPU cgroups (kernfs ids) not yet named, in one walk
+    /// of the cpu controller's hierarchy.
+    pub fn add_cgroups(&mut self, ids: impl Iterator<Item = u64>) {
+        let want: std::collections::HashSet<u64> = ids.filter(|i| *i != 0 && !self.cgroups.contains_key(i)).collect();
+        if want.is_empty() {
+            return;
+        }
+        let found =
+            crate::engine::cgroup::cpu_root().map(|r| crate::engine::cgroup::paths_of(&r, &want)).unwrap_or_default();
+        for id in want {
+            // One gone since (or beyond the walk's bounds) keeps its id.
+            let p = found.get(&id).cloned().unwrap_or_else(|| format!("cgroup id {id}"));
+            self.cgroups.insert(id, p);
+        }
+    }
+
+    /// The block requests of the window (None: not counted); `whole_run`:
+    /// the run's report, not an interval's.
+    pub fn set_disks(&mut self, c: Option<super::disks::Counts>, whole_run: bool) {
+        self.disks = c
+            .iter()
+            .flatten()
+            .filter_map(|(dev, r)| Some((*dev, super::disks::Device::of(*dev, r, whole_run)?)))
+            .collect();
+    }
+
+    /// The TCP retransmissions so far, by flow (None: not counted).
+    pub fn set_retransmits(&mut self, r: Option<FlowRetransmits>) {
+        self.retrans = r;
+    }
+
+    /// The retransmissions of a TCP socket's connection: its own (the flow
+    /// as it sees it) and its peer's (the flow reversed), in whatever
+    /// network namespace.
+    fn retransmits_of(&self, o: &super::skel::types::why_obj) -> Option<Retransmits> {
+        let map = self.retrans.as_ref()?;
+        let (l, r) = (ip_of(o.family, &o.saddr)?, ip_of(o.family, &o.daddr)?);
+        let mut out = Retransmits::default();
+        for (key, peer) in [((l, o.sport, r, o.dport), false), ((r, o.dport, l, o.sport), true)] {
+            if let Some((count, segs)) = map.get(&key) {
+                out.add(count, segs, peer);
+            }
+        }
+        Some(out)
+    }
+
+    /// A CPU cgroup's path ("" when its id is unknown, 0).
+    pub fn cgroup(&self, id: u64) -> String {
+        self.cgroups.get(&id).cloned().unwrap_or_default()
+    }
+
     /// Names the kernel stacks not yet named.
     pub fn add_stacks(&mut self, stacks: &HashMap<u64, Vec<u64>>, ksyms: &KernelSymbols) {
         for (id, frames) in stacks {
@@ -325,7 +752,8 @@ impl Namer {
                 .find(|f| if lock { lock_frame(f) } else { !scheduler_frame(f) })
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| "an unknown kernel function".to_string());
-            self.stacks.insert(*id, (name, lock));
+            let io = plain.iter().any(|f| f.starts_with("io_schedule"));
+            self.stacks.insert(*id, StackInfo { name, lock, memory: memory_kind(&plain), io });
         }
     }
 
@@ -383,7 +811,7 @@ impl Namer {
             count,
             object: String::new(),
             syscall: syscall.clone(),
-            kernel_function: kfn.as_ref().map(|k| k.0.clone()),
+            kernel_function: kfn.as_ref().map(|k| k.name.clone()),
             local: None,
             remote: None,
             op: None,
@@ -399,12 +827,24 @@ impl Namer {
             waker_tid: waker,
             waker_comm: if waker == 0 { String::new() } else { waker_comm },
             open,
+            retransmits: None,
+            memory: None,
+            device: None,
+            peers: Vec::new(),
+            far: None,
             counted_as: class,
         };
-        if let Some((f, true)) = &kfn {
+        if let Some(k) = kfn.as_ref().filter(|k| k.lock) {
             // Uninterruptible in a kernel lock: a lock, whatever the call.
             w.class = Class::Lock;
-            w.object = format!("a kernel lock ({f})");
+            w.object = format!("a kernel lock ({})", k.name);
+            return w;
+        }
+        if let Some(k) = kfn.as_ref().filter(|k| class == Class::Memory && k.memory.is_none() && k.io) {
+            // Blocked outside a system call on I/O, with no fault on its
+            // stack (work at a system call's exit): disk.
+            w.class = Class::Disk;
+            w.object = format!("{} in {}", syscall.clone().unwrap_or_else(|| "I/O".into()), k.name);
             return w;
         }
         let op = match obj & 3 {
@@ -419,9 +859,14 @@ impl Namer {
             }
             Class::Sleep => w.object = syscall.clone().unwrap_or_else(|| "a timer".into()),
             Class::Memory => {
-                w.object = kfn
-                    .map(|k| format!("page fault or reclaim ({})", k.0))
-                    .unwrap_or_else(|| "page fault or reclaim".into())
+                w.object = match kfn {
+                    Some(StackInfo { name, memory: Some((key, words)), .. }) => {
+                        w.memory = Some(key);
+                        format!("{words} ({name})")
+                    }
+                    Some(k) => format!("page fault or reclaim ({})", k.name),
+                    None => "page fault or reclaim".into(),
+                }
             }
             _ => {}
         }
@@ -432,11 +877,6 @@ impl Namer {
             let path = self.path(o.tgid, o.fd, o.ino);
             match o.kind {
                 3 => {
-                    let addr = |a: &[u8; 16], port: u16| match o.family {
-                        2 => format!("{}:{port}", std::net::Ipv4Addr::new(a[0], a[1], a[2], a[3])),
-                        10 => format!("[{}]:{port}", std::net::Ipv6Addr::from(*a)),
-                        _ => String::new(),
-                    };
                     let proto = match (o.family, o.proto) {
                         (1, _) => "unix socket",
                         (_, 6) => "tcp",
@@ -444,7 +884,8 @@ impl Namer {
                         _ => "socket",
                     };
                     if o.family == 2 || o.family == 10 {
-                        let (l, r) = (addr(&o.saddr, o.sport), addr(&o.daddr, o.dport));
+                        use crate::engine::flowfilter::endpoint;
+                        let (l, r) = (endpoint(o.family, &o.saddr, o.sport), endpoint(o.family, &o.daddr, o.dport));
                         w.object = if class == Class::Poll {
                             format!("{proto} {l} (accepting connections)")
                         } else {
@@ -453,6 +894,10 @@ impl Namer {
                         w.local = Some(l);
                         if o.dport != 0 {
                             w.remote = Some(r);
+                            w.far = Far::of(o);
+                            if o.proto == 6 {
+                                w.retransmits = self.retransmits_of(o);
+                            }
                         }
                     } else {
                         w.object = format!("{op} {proto} ({})", path.unwrap_or_else(|| format!("inode {}", o.ino)));
@@ -462,10 +907,21 @@ impl Namer {
                 2 => {
                     w.object = format!("{op} pipe:[{}]", o.ino);
                     w.op = Some(op);
+                    w.far = Far::of(o);
                 }
                 _ => {
-                    let dev = format!("{}:{}", o.dev >> 20, o.dev & 0xfffff);
+                    let dev = super::disks::dev_text(o.dev);
                     w.object = path.unwrap_or_else(|| format!("file on device {dev}, inode {}", o.ino));
+                    if class == Class::Disk {
+                        w.device = u32::try_from(o.dev).ok().and_then(|d| self.disks.get(&d)).cloned();
+                    }
+                }
+            }
+            // epoll_wait or poll on this one socket or pipe: a wait on that
+            // peer, not for work (the kernel half tells them apart).
+            if let Some(s) = syscall.as_deref().filter(|s| s.starts_with("epoll") || *s == "poll" || *s == "ppoll") {
+                if class != Class::Poll {
+                    w.object = format!("{} ({s} on it alone)", w.object);
                 }
             }
             return w;
@@ -508,6 +964,14 @@ pub fn diff(now: &HashMap<u32, Thread>, base: &HashMap<u32, Thread>) -> HashMap<
                     }
                 }
                 d.waits.retain(|w| w.ns > 0);
+                for i in &mut d.ran_instead {
+                    if let Some(bi) =
+                        b.ran_instead.iter().find(|x| x.tid == i.tid && x.pid == i.pid && x.cgroup == i.cgroup)
+                    {
+                        i.ns = i.ns.saturating_sub(bi.ns);
+                    }
+                }
+                d.ran_instead.retain(|i| i.ns > 0);
             }
             (*tid, d)
         })
@@ -538,6 +1002,21 @@ pub struct Losses {
     pub unseen_wakeups: u64,
     /// Switch-outs with no switch-in seen before (placed likewise).
     pub unseen_switches: u64,
+    /// Threads that ran instead of a waiting one not kept: the map was full.
+    pub instead_full: u64,
+    /// TCP retransmissions not counted: the flow map was full.
+    pub retransmits_full: u64,
+    /// TCP retransmissions the kernel did not run the counting program for
+    /// (it was already running on that CPU).
+    pub retransmits_missed: u64,
+    /// Why retransmissions were not counted at all (None: they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retransmits_not_counted: Option<String>,
+    /// Block requests not counted: the device map was full.
+    pub disks_full: u64,
+    /// Why the block devices' latency was not measured (None: it was).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disks_not_counted: Option<String>,
 }
 
 /// Threads of one name in a process.
@@ -584,6 +1063,10 @@ fn sum(pid: u32, comm: &str, ts: &[&Thread]) -> Thread {
             s.blocked_ns[c] += t.blocked_ns[c];
         }
         s.waits.extend(t.waits.iter().cloned());
+        s.ran_instead.extend(t.ran_instead.iter().cloned());
+        if s.quota.is_none() && t.throttled_ns > 0 {
+            s.quota = t.quota.clone();
+        }
     }
     let (mut u, mut cpu) = (0.0, 0u64);
     for t in ts {
@@ -660,6 +1143,23 @@ fn biggest(t: &Thread, idle: bool) -> (&'static str, u64, Option<&Wait>) {
     best
 }
 
+/// The retransmissions on the TCP connections `t` waited on (each counted
+/// once, whatever its waits), and how many connections: None when none was
+/// counted.
+fn connections_retransmits(t: &Thread) -> Option<(usize, Retransmits)> {
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    let mut sum = Retransmits::default();
+    for w in t.waits.iter().filter(|w| w.class == Class::Network) {
+        let (Some(r), Some(l), Some(rem)) = (&w.retransmits, &w.local, &w.remote) else { continue };
+        if seen.contains(&(l.as_str(), rem.as_str())) {
+            continue;
+        }
+        seen.push((l, rem));
+        sum.plus(r);
+    }
+    (!seen.is_empty()).then_some((seen.len(), sum))
+}
+
 fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
     let s = &p.sum;
     // The cause: the largest time on CPU or lost; only when that is small
@@ -682,26 +1182,62 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
         _ => format!("{} ({})", p.comm, p.pid),
     };
     let pid = p.pid;
-    let obj = wait.map(|w| w.object.clone()).unwrap_or_default();
+    let obj = wait.map(|w| w.described(pid)).unwrap_or_default();
     let waker = wait.map(Wait::waker_text).unwrap_or_default();
     match what {
         "on_cpu" => (
             format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting"),
             Some(format!("sonde profile -p {pid}")),
         ),
-        "runqueue" => (
-            format!("{who} spent {share:.0}% runnable but waiting for a CPU: more runnable threads than CPUs"),
-            Some("sonde profile -d 10s (every process: what ran instead)".into()),
-        ),
+        "runqueue" => {
+            let top = instead_by_process(&s.ran_instead);
+            let inst = instead_text(s, 3);
+            (
+                if inst.is_empty() {
+                    format!("{who} spent {share:.0}% runnable but waiting for a CPU: more runnable threads than CPUs")
+                } else {
+                    format!("{who} spent {share:.0}% runnable but waiting for a CPU: more runnable threads than CPUs; {inst} of that time")
+                },
+                Some(match top.first() {
+                    Some((rp, ..)) if *rp != pid && *rp != 0 => format!("sonde profile -p {rp}"),
+                    _ => "sonde profile -d 10s".into(),
+                }),
+            )
+        }
         "throttled" => (
-            format!("{who} spent {share:.0}% runnable but throttled by its cgroup's CPU quota: raise the quota (cpu.max, or cpu.cfs_quota_us) or use less CPU"),
+            match &s.quota {
+                Some(q) => format!(
+                    "{who} spent {share:.0}% runnable but throttled by the CPU quota of {} ({:.2} CPU: {}): raise it or use less CPU",
+                    q.path, q.cpus, q.files
+                ),
+                None => format!("{who} spent {share:.0}% runnable but throttled by its cgroup's CPU quota: raise the quota (cpu.max, or cpu.cfs_quota_us) or use less CPU"),
+            },
             Some(format!("sonde profile -p {pid}")),
         ),
         "network" => {
             let port = wait.and_then(|w| w.remote.as_deref()).and_then(|r| r.rsplit(':').next()).unwrap_or("");
+            let conns = connections_retransmits(s);
+            let loss = conns
+                .map(|(n, r)| {
+                    format!(
+                        "; on {} in the window: {}",
+                        if n == 1 { "its connection".to_string() } else { format!("its {n} connections") },
+                        r.text()
+                    )
+                })
+                .unwrap_or_default();
+            // The other end on this host, and nothing lost on the way: the
+            // wait is that process's time, which `why` of it tells.
+            let local = wait
+                .and_then(|w| w.peers.iter().find(|x| x.pid != pid))
+                .filter(|_| conns.is_none_or(|(_, r)| r.total == 0));
             (
-                format!("{who} spent {share:.0}% blocked on the network: {obj}{waker}"),
-                Some(if port.is_empty() || port == "0" { format!("sonde retrans -p {pid}") } else { format!("sonde retrans --port {port}") }),
+                format!("{who} spent {share:.0}% blocked on the network: {obj}{waker}{loss}"),
+                Some(match local {
+                    Some(x) => format!("sonde why -p {}", x.pid),
+                    None if port.is_empty() || port == "0" => format!("sonde retrans -p {pid}"),
+                    None => format!("sonde retrans --port {port}"),
+                }),
             )
         }
         "lock" => (
@@ -716,10 +1252,25 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
             format!("{who} spent {share:.0}% waiting for memory: {obj}"),
             Some(format!("sonde offcpu -p {pid} --state uninterruptible")),
         ),
-        "pipe" => (
-            format!("{who} spent {share:.0}% blocked on a pipe or local socket: {obj}{waker}"),
-            Some(format!("sonde wakeup -p {pid}")),
-        ),
+        "pipe" => {
+            let peers = wait.map(|w| w.peers.as_slice()).unwrap_or_default();
+            let other = peers.iter().find(|x| x.pid != pid);
+            // Only its own process holds the other end: nobody else will
+            // ever write (or read) it.
+            let itself = if !peers.is_empty() && other.is_none() {
+                let end = if wait.is_some_and(|w| w.op == Some("send")) { "read" } else { "write" };
+                format!("; only this process holds its {end} end: it waits on itself")
+            } else {
+                String::new()
+            };
+            (
+                format!("{who} spent {share:.0}% blocked on a pipe or local socket: {obj}{waker}{itself}"),
+                Some(match other {
+                    Some(x) => format!("sonde why -p {}", x.pid),
+                    None => format!("sonde wakeup -p {pid}"),
+                }),
+            )
+        }
         "sleep" => (format!("{who} spent {share:.0}% sleeping by its own choice ({obj})"), Some(format!("sonde offcpu -p {pid}"))),
         "poll" => (format!("{who} spent {share:.0}% waiting for work ({obj}): idle, not slow"), None),
         "io_uring" => (format!("{who} spent {share:.0}% waiting for io_uring completions"), Some(format!("sonde offcpu -p {pid}"))),
@@ -811,19 +1362,39 @@ impl Report {
                 .map(|u| format!("  (user {:.0}%, system {:.0}%)", 100.0 * u, 100.0 * (1.0 - u)))
                 .unwrap_or_default();
             let mut rows = vec![("on CPU".to_string(), s.on_cpu_ns, split)];
-            rows.push(("run queue".into(), s.runqueue_ns, String::new()));
-            rows.push(("throttled".into(), s.throttled_ns, String::new()));
+            let inst = instead_text(s, 3);
+            rows.push((
+                "run queue".into(),
+                s.runqueue_ns,
+                if inst.is_empty() || s.throttled_ns > s.runqueue_ns { String::new() } else { format!("  {inst}") },
+            ));
+            rows.push((
+                "throttled".into(),
+                s.throttled_ns,
+                if inst.is_empty() || s.throttled_ns <= s.runqueue_ns { String::new() } else { format!("  {inst}") },
+            ));
             for c in Class::ALL {
                 let v = s.blocked_ns[c as usize];
                 if v == 0 {
                     continue;
                 }
+                let mut told: Vec<&str> = Vec::new();
                 let top_waits: Vec<String> = s
                     .waits
                     .iter()
                     .filter(|w| w.class == c)
                     .take(2)
-                    .map(|w| format!("{} {}{}", w.object, secs(w.ns), w.waker_text()))
+                    .map(|w| {
+                        let loss = w.retransmits.filter(|r| r.total > 0).map(|r| format!(", {}", r.text()));
+                        // An object's other end or device, once per line.
+                        let what = if told.contains(&w.object.as_str()) {
+                            w.object.clone()
+                        } else {
+                            told.push(&w.object);
+                            w.described(p.pid)
+                        };
+                        format!("{what} {}{}{}", secs(w.ns), w.waker_text(), loss.unwrap_or_default())
+                    })
                     .collect();
                 rows.push((
                     format!("blocked: {}", c.name()),
@@ -865,7 +1436,7 @@ impl Report {
         }
         let l = &self.losses;
         out += &format!(
-            "\n{} context switches, {} wake-ups of traced threads seen; lost: {} threads (thread map full), {} waits by object (wait map full), {} objects, {} kernel stacks ({} not captured), {} registers unread{}",
+            "\n{} context switches, {} wake-ups of traced threads seen; lost: {} threads (thread map full), {} waits by object (wait map full), {} objects, {} kernel stacks ({} not captured), {} registers unread{}{}",
             l.switches,
             l.wakeups,
             l.threads_full,
@@ -874,6 +1445,17 @@ impl Report {
             l.kstacks_full,
             l.kstack_errors,
             l.regs_unread,
+            [
+                (l.instead_full, "threads that ran instead (map full)"),
+                (l.retransmits_full, "TCP retransmissions (flow map full)"),
+                (l.retransmits_missed, "TCP retransmissions (the kernel skipped the program)"),
+            ]
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, what)| format!(", {n} {what}"))
+            .chain(l.retransmits_not_counted.iter().map(|w| format!("; TCP retransmissions not counted: {w}")))
+            .chain(l.disks_not_counted.iter().map(|w| format!("; block devices' latency not measured: {w}")))
+            .collect::<String>(),
             if l.unseen_wakeups + l.unseen_switches > 0 {
                 format!(
                     "; {} wake-ups and {} switch-ins not seen by the hooks, placed by the threads' own scheduler statistics",
@@ -899,7 +1481,11 @@ impl Report {
             "on_cpu_steal_ns": t.on_cpu_steal_ns, "on_cpu_irq_ns": t.on_cpu_irq_ns,
             "runqueue_ns": t.runqueue_ns, "throttled_ns": t.throttled_ns, "blocked_ns": blocked,
             "waits": t.waits,
+            "ran_instead": t.ran_instead.iter().take(10).collect::<Vec<_>>(),
         });
+        if let Some(q) = &t.quota {
+            v["quota"] = json!({"cgroup": q.path, "cpus": q.cpus, "files": q.files});
+        }
         if kind == "thread" {
             v["tid"] = json!(t.tid);
             v["started"] = json!(t.started);
@@ -954,6 +1540,46 @@ mod tests {
         assert!(lock_frame("__mutex_lock"));
         assert!(lock_frame("rwsem_down_write_slowpath"));
         assert!(!lock_frame("pipe_read"));
+    }
+
+    #[test]
+    fn a_wait_for_memory_is_told_by_its_stack() {
+        let k = |f: &[&str]| memory_kind(f).map(|m| m.0);
+        // A fault's read, as this kernel's stack of the test's faulter shows it.
+        assert_eq!(
+            k(&[
+                "__schedule",
+                "io_schedule",
+                "folio_wait_bit_common",
+                "filemap_fault",
+                "__do_fault",
+                "do_read_fault",
+                "handle_mm_fault",
+                "do_user_addr_fault",
+                "exc_page_fault"
+            ]),
+            Some("file_fault")
+        );
+        // Reclaim inside a fault: reclaim.
+        assert_eq!(
+            k(&[
+                "shrink_node.isra.0",
+                "do_try_to_free_pages",
+                "try_to_free_pages",
+                "__alloc_pages_slowpath",
+                "handle_mm_fault"
+            ]),
+            Some("reclaim")
+        );
+        assert_eq!(k(&["try_to_free_mem_cgroup_pages", "try_charge_memcg", "filemap_fault"]), Some("cgroup_reclaim"));
+        assert_eq!(k(&["swap_read_folio", "do_swap_page", "handle_mm_fault"]), Some("swap_in"));
+        // Reclaim while swapping in: reclaim; a migration entry met in a
+        // swap-in fault: migration.
+        assert_eq!(k(&["shrink_node", "try_to_free_pages", "do_swap_page"]), Some("reclaim"));
+        assert_eq!(k(&["migration_entry_wait", "do_swap_page", "handle_mm_fault"]), Some("migration"));
+        assert_eq!(k(&["compact_zone", "__alloc_pages_direct_compact", "do_anonymous_page"]), Some("compaction"));
+        assert_eq!(k(&["do_anonymous_page", "handle_mm_fault"]), Some("fault"));
+        assert_eq!(k(&["pipe_read", "vfs_read"]), None);
     }
 
     #[test]

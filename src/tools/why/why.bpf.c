@@ -29,8 +29,11 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
 #include "arch.h"
 #include "taskfilter.h"
+#include "hist.h"
+#include "tcpretrans.h"
 #include "why.h"
 #define SONDE_STATS_MAX WT_MAX
 #include "stats.h"
@@ -51,6 +54,10 @@ const volatile bool skip_init = false;
 
 /* Set by user space before attaching: when the run's window begins. */
 volatile __u64 t_start = 0;
+/* Set by user space when the window ends, before it detaches (which may
+ * take a while: each link waits for a grace period): from then on no hook
+ * changes a record, so each holds its thread's state at the end. */
+volatile __u64 t_end = 0;
 /* why_iter: 0 at the start (gives each thread its state), 1 at the end
  * (takes each thread's user and system time). */
 volatile __u32 iter_phase = 0;
@@ -83,6 +90,22 @@ struct {
 	__type(value, __u64[WHY_KFRAMES]);
 } kstacks SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct why_instead_key);
+	__type(value, struct why_instead);
+} instead SEC(".maps");
+
+_Static_assert(WHY_RT_KINDS == KIND_MAX, "one slot per retransmission cause");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct rt_flow);
+	__type(value, struct why_retrans);
+} retrans SEC(".maps");
+
 /* Room for a new thread's record and a kernel stack, off the BPF stack. */
 struct why_scratch {
 	struct why_thread t;
@@ -102,6 +125,8 @@ struct why_thread _why_thread = {};
 struct why_wait_key _why_wait_key = {};
 struct why_wait _why_wait = {};
 struct why_obj _why_obj = {};
+struct why_instead_key _why_instead_key = {};
+struct why_instead _why_instead = {};
 
 /* Task states (include/linux/sched.h). */
 #define TASK_RUNNING_         0x0000
@@ -109,6 +134,7 @@ struct why_obj _why_obj = {};
 #define TASK_DEAD_            0x0080
 #define TASK_NOLOAD_          0x0400
 #define PF_KTHREAD_           0x00200000
+#define PF_IO_WORKER_         0x00000010
 
 /* File types (include/uapi/linux/stat.h). */
 #define S_IFMT_   00170000
@@ -359,29 +385,38 @@ static __always_inline void describe(struct why_thread *r, __u64 id, struct why_
 		stat_add(WT_OBJECTS_FULL);
 }
 
-/* The class of a wait on descriptor `fd` (`send`: writing, sending,
- * connecting), its object id and description. */
-static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t, __u64 fd,
-                                     bool send, bool connect, struct why_obj *o)
+/* The class of a wait on file `f`, descriptor `fd` (`send`: writing,
+ * sending, connecting), its object id and description. */
+static __always_inline __u8 file_class(struct why_thread *r, struct file *f, __u64 fd, bool send,
+                                       bool connect, struct why_obj *o)
 {
-	struct file *f = fd_file(t, fd);
 	if (!f)
 		return WC_OTHER;
 	/* The same wait as the thread's last on this descriptor (the same
-	 * open file, call kind): its class and object again, unread. */
+	 * open file and inode, call kind): its class and object again, unread.
+	 * The inode number too: a file closed and its structure reused for the
+	 * next one opened at that descriptor (a shell's pipe, then the socket
+	 * of the program it ran) would pass for it. */
 	__u8 key = 1 + send + 2 * connect;
-	if ((__u64)f == r->c_file && fd == r->c_fd && key == r->c_key) {
+	struct inode *ino = BPF_CORE_READ(f, f_inode);
+	__u64 i_ino = BPF_CORE_READ(ino, i_ino);
+	if ((__u64)f == r->c_file && fd == r->c_fd && key == r->c_key && i_ino == r->c_ino) {
 		r->obj = r->c_obj;
 		return r->c_cls;
 	}
-	struct inode *ino = BPF_CORE_READ(f, f_inode);
 	__u16 mode = BPF_CORE_READ(ino, i_mode);
 	__builtin_memset(o, 0, sizeof(*o));
 	o->tgid = r->tgid;
 	o->fd = fd;
-	o->ino = BPF_CORE_READ(ino, i_ino);
+	o->ino = i_ino;
 	o->dev = BPF_CORE_READ(ino, i_sb, s_dev);
-	__u64 id = (__u64)ino;
+	/* The object's id: its inode (device and number), never a kernel
+	 * address, which a freed socket or file leaves to the next one (its
+	 * description, kept once, would then name the wrong peer). Two low
+	 * bits stay free for the call kind. */
+	__u64 id = ((o->dev * 0x9E3779B97F4A7C15ULL) ^ i_ino) << 2;
+	if (!id)
+		id = 4;
 	__u8 cls = WC_OTHER;
 	switch (mode & S_IFMT_) {
 	case S_IFSOCK_: {
@@ -392,6 +427,7 @@ static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t
 		o->family = fam;
 		o->type = BPF_CORE_READ(sock, type);
 		o->proto = BPF_CORE_READ(sk, sk_protocol);
+		o->netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum);
 		o->sport = BPF_CORE_READ(sk, __sk_common.skc_num);
 		o->dport = __builtin_bswap16(BPF_CORE_READ(sk, __sk_common.skc_dport));
 		if (fam == AF_INET_) {
@@ -403,11 +439,14 @@ static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t
 			BPF_CORE_READ_INTO((struct in6_addr *)o->daddr, sk,
 			                   __sk_common.skc_v6_daddr);
 		}
-		id = (__u64)sk;
 		if (fam == AF_UNIX_)
 			cls = WC_PIPE;
 		else if (fam == AF_INET_ || fam == AF_INET6_)
 			cls = WC_NETWORK;
+		/* A listening socket: waiting for connections, for work (as
+		 * accept on it is), whichever call waits on it. */
+		if (BPF_CORE_READ(sk, __sk_common.skc_state) == TCP_LISTEN)
+			cls = WC_POLL;
 		break;
 	}
 	case S_IFIFO_:
@@ -423,18 +462,86 @@ static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t
 		o->kind = WO_CHAR;
 		break;
 	default:
+		/* eventfd, timerfd, epoll, io_uring...: files of one shared
+		 * anonymous inode, told apart by process and descriptor. */
 		o->kind = WO_ANON;
+		id = ((((__u64)r->tgid << 24) ^ fd ^ id) * 0x9E3779B97F4A7C15ULL) << 2;
+		if (!id)
+			id = 4;
 		break;
 	}
 	describe(r, id, o);
 	/* Sending (or connecting) and receiving on one socket are two objects. */
 	r->obj = id | (send ? 1 : 0) | (connect ? 2 : 0);
 	r->c_file = (__u64)f;
+	r->c_ino = i_ino;
 	r->c_fd = fd;
 	r->c_key = key;
 	r->c_obj = r->obj;
 	r->c_cls = cls;
 	return cls;
+}
+
+/* The class of a wait on descriptor `fd` of `t`: see file_class. */
+static __always_inline __u8 fd_class(struct why_thread *r, struct task_struct *t, __u64 fd,
+                                     bool send, bool connect, struct why_obj *o)
+{
+	return file_class(r, fd_file(t, fd), fd, send, connect, o);
+}
+
+#define EPOLLIN_  0x001
+#define EPOLLOUT_ 0x004
+
+/* A wait in epoll_wait on set `epfd`. On a set of one descriptor it waits
+ * on that one peer: the class and object of a read (or a write, for a set
+ * that asks only to write) on it, when it is a socket or a pipe. Otherwise
+ * (more descriptors, or one that is no peer: a timer, an eventfd) it waits
+ * for work, on the set. A set of one is a tree of one node: its root has no
+ * children. */
+static __always_inline __u8 epoll_class(struct why_thread *r, struct task_struct *t, __u64 epfd,
+                                        struct why_obj *o)
+{
+	struct file *f = fd_file(t, epfd);
+	if (!f)
+		return WC_POLL;
+	struct eventpoll *ep = BPF_CORE_READ(f, private_data);
+	struct rb_node *root = BPF_CORE_READ(ep, rbr.rb_root.rb_node);
+	if (root && !BPF_CORE_READ(root, rb_left) && !BPF_CORE_READ(root, rb_right)) {
+		struct epitem *epi = (void *)root - bpf_core_field_offset(struct epitem, rbn);
+		struct file *pf = BPF_CORE_READ(epi, ffd.file);
+		__u64 pfd = (__u32)BPF_CORE_READ(epi, ffd.fd);
+		__u32 ev = BPF_CORE_READ(epi, event.events);
+		__u8 cls = file_class(r, pf, pfd, (ev & EPOLLOUT_) && !(ev & EPOLLIN_), false, o);
+		if (cls == WC_NETWORK || cls == WC_PIPE)
+			return cls;
+	}
+	file_class(r, f, epfd, false, false, o);
+	return WC_POLL;
+}
+
+#define POLLIN_  0x001
+#define POLLOUT_ 0x004
+
+/* A wait in poll or ppoll on `n` descriptors at user address `fds`: on one
+ * socket or pipe, a wait on that peer (read from the thread's own memory,
+ * so only while it is the current task, at its switch-out); else for work. */
+static __always_inline __u8 poll_class(struct why_thread *r, struct task_struct *t, __u64 fds,
+                                       __u64 n, bool cur, struct why_obj *o)
+{
+	if (!n)
+		return WC_SLEEP; /* nothing to watch: a sleep */
+	if (n != 1 || !cur)
+		return WC_POLL;
+	struct {
+		__s32 fd;
+		__s16 events;
+		__s16 revents;
+	} p;
+	if (bpf_probe_read_user(&p, sizeof(p), (void *)fds) || p.fd < 0)
+		return WC_POLL;
+	__u8 cls = fd_class(r, t, (__u32)p.fd, (p.events & POLLOUT_) && !(p.events & POLLIN_),
+	                    false, o);
+	return cls == WC_NETWORK || cls == WC_PIPE ? cls : WC_POLL;
 }
 
 /* A cheap hash of a kernel stack, never 0. */
@@ -566,14 +673,13 @@ static __always_inline void classify(void *ctx, struct why_thread *r, struct tas
 			cls = WC_SLEEP;
 			break;
 		case WK_POLL:
-			cls = a1 ? WC_POLL : WC_SLEEP;
+			cls = poll_class(r, t, a0, a1, cur, &sc->o);
 			break;
 		case WK_SELECT:
 			cls = a0 ? WC_POLL : WC_SLEEP;
 			break;
 		case WK_EPOLL:
-			fd_class(r, t, a0, false, false, &sc->o);
-			cls = WC_POLL;
+			cls = epoll_class(r, t, a0, &sc->o);
 			break;
 		case WK_FUTEX:
 			cls = WC_LOCK;
@@ -587,17 +693,26 @@ static __always_inline void classify(void *ctx, struct why_thread *r, struct tas
 			cls = WC_PIPE;
 			break;
 		default:
-			if (iowait)
+			/* Outside any system call, a thread blocks mostly in a
+			 * fault (reading its page from a file or swap, or waiting
+			 * for memory): memory, whether or not on I/O; its kernel
+			 * stack shows which (the user half counts one with no
+			 * fault or memory frame but an I/O wait as disk: work at a
+			 * system call's exit). An io_uring worker has no user
+			 * registers: not a fault. */
+			if (!in_sys && dstate && !(t->flags & PF_IO_WORKER_))
+				cls = WC_MEMORY;
+			else if (iowait)
 				cls = WC_DISK;
-			else if (!in_sys && dstate)
-				cls = WC_MEMORY; /* a fault, outside any system call */
 			break;
 		}
 	}
 	r->cls = cls;
-	/* Named by where it waits: an unknown wait, and an uninterruptible one
-	 * not on I/O (a kernel mutex or rwsem the user half finds). */
-	if (cls == WC_OTHER || (dstate && !iowait && !memstall))
+	/* Named by where it waits: an unknown wait, a wait for memory (a
+	 * fault's read, swap-in, reclaim or compaction, told apart by the user
+	 * half), and an uninterruptible one not on I/O (a kernel mutex or
+	 * rwsem the user half finds). */
+	if (cls == WC_OTHER || cls == WC_MEMORY || (dstate && !iowait && !memstall))
 		take_kstack(ctx, r, t, cur, sc->frames);
 }
 
@@ -651,13 +766,28 @@ static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32
  * from the irq and timer tracepoints. A wake-up there is not the current
  * task's doing (hard), or done by softirq work on its time (soft).
  */
+/* A thread's time on a CPU, in that run queue's clock (see note_slice). */
+struct why_slice {
+	__u64 start;
+	__u64 end;
+	__u64 cg;
+	__u32 tid;
+	__u32 tgid;
+	char comm[16];
+};
+
+/* Enough for a wait behind many short wake-ups: a wait that spans more
+ * slices on its CPU is seen in part (ran_instead sums to less). */
+#define WHY_SLICES 64
+
 struct why_cpu {
 	__u32 hard;
 	__u32 soft;
 	__u32 timer;
-	__u32 pad;
+	__u32 slot;   /* the next slice's place in `ring` (mod WHY_SLICES) */
 	__s64 off;    /* bpf_ktime_get_ns() - the scheduler's clock (see sched_ns) */
 	__u64 off_at; /* when `off` was last lowered */
+	struct why_slice ring[WHY_SLICES]; /* the CPU's last threads, newest at slot - 1 */
 };
 
 struct {
@@ -684,9 +814,8 @@ static __always_inline struct why_cpu *cpu_state(void)
  * update to a hook. The estimate may rise by 20 ppm of the time since it
  * was last lowered, so a slow drift between the two clocks is followed.
  */
-static __always_inline __u64 sched_ns(__u64 clk, __u64 now)
+static __always_inline __u64 sched_ns(struct why_cpu *c, __u64 clk, __u64 now)
 {
-	struct why_cpu *c = cpu_state();
 	if (!c || !clk || clk > now)
 		return now;
 	__s64 raw = (__s64)(now - clk);
@@ -718,6 +847,23 @@ static __always_inline void rq_taken(struct task_struct *t, __u64 *steal, __u64 
 		*irq = rq->prev_irq_time;
 }
 
+/*
+ * How long before its run queue's clock the kernel stopped charging `t` CPU
+ * time: its se.exec_start is the task clock of its last runtime update (at
+ * a block or a preemption, as __schedule began); a clock update since then
+ * (an idle CPU balancing before it picks the next task) is not its time.
+ * 0 where it is not known or not plausible (over 1 ms).
+ */
+static __always_inline __u64 exec_gap(struct task_struct *t)
+{
+	if (!bpf_core_field_exists(t->se.cfs_rq))
+		return 0;
+	__u64 ct = t->se.cfs_rq->rq->clock_task, xs = t->se.exec_start;
+	if (!xs || xs > ct || ct - xs > 1000000)
+		return 0;
+	return ct - xs;
+}
+
 /* The run-queue clock of `t`'s CPU (0 where there is none to read). */
 static __always_inline __u64 rq_clock_of(struct task_struct *t)
 {
@@ -734,51 +880,136 @@ static __always_inline __u64 rq_clock_of(struct task_struct *t)
  * contexts (`sonde doctor`: sees_pid1), and then the switch-in or wake-up
  * is missing, but the task's own statistics still say when it happened.
  */
-static __always_inline __u64 sched_time(__u64 when, __u64 now)
+static __always_inline __u64 sched_time(struct why_cpu *c, __u64 when, __u64 now)
 {
-	struct why_cpu *c = cpu_state();
 	if (!when || !c || !c->off_at)
 		return 0;
 	__u64 at = when + c->off;
 	return at <= now ? at : 0;
 }
 
+struct task_struct___grp {
+	struct task_group *sched_task_group;
+} __attribute__((preserve_access_index));
+
+/* The CPU cgroup of `t` (its kernfs id), 0 where there is none. */
+static __always_inline __u64 cpu_cgroup(struct task_struct *t)
+{
+	struct task_struct___grp *g = (void *)t;
+	if (!bpf_core_field_exists(g->sched_task_group))
+		return 0;
+	struct task_group *tg = g->sched_task_group;
+	if (!tg)
+		return 0;
+	struct cgroup *cg = tg->css.cgroup;
+	if (!cg) /* an autogroup (a session's group, not a cgroup): its parent's */
+		cg = tg->parent->css.cgroup;
+	return cg ? cg->kn->id : 0;
+}
+
+/*
+ * Every switch: the thread leaving the CPU ran from its switch-in (its own
+ * statistics, sched_info.last_arrival) to `clk`, both in the run queue's
+ * clock; kept in the CPU's ring of its last WHY_SLICES threads, to say what
+ * ran while a traced thread waited there (ran_instead).
+ */
+static __always_inline void note_slice(struct why_cpu *c, struct task_struct *prev, __u32 ptid,
+                                       __u64 clk)
+{
+	__u64 in = prev->sched_info.last_arrival;
+	if (!c || !ptid || !in || in >= clk)
+		return;
+	struct why_slice *s = &c->ring[c->slot & (WHY_SLICES - 1)];
+	c->slot++;
+	s->start = in;
+	s->end = clk;
+	s->tid = ptid;
+	s->tgid = prev->tgid;
+	s->cg = cpu_cgroup(prev);
+	__builtin_memcpy(s->comm, prev->comm, sizeof(s->comm));
+}
+
+/*
+ * A traced thread switched in after waiting runnable since `since` (BPF
+ * time): what ran on this CPU meanwhile, from the ring, newest first, while
+ * the slices still overlap the wait. A wait spent partly on another CPU (it
+ * migrated) or longer than the ring reaches is seen only in part.
+ */
+static __always_inline void ran_instead(struct why_cpu *c, __u32 tid, __u64 since, __u64 clk)
+{
+	if (!c || since < c->off)
+		return;
+	__u64 w0 = since - c->off;
+#pragma clang loop unroll(disable)
+	for (int i = 1; i <= WHY_SLICES; i++) {
+		struct why_slice *s = &c->ring[(c->slot - i) & (WHY_SLICES - 1)];
+		if (s->end <= w0 || !s->tid)
+			break;
+		__u64 a = s->start > w0 ? s->start : w0, b = s->end < clk ? s->end : clk;
+		if (b <= a || s->tid == tid)
+			continue;
+		struct why_instead_key k = {
+		        .cg = s->cg, .tid = tid, .rtid = s->tid, .rtgid = s->tgid};
+		struct why_instead *v = bpf_map_lookup_elem(&instead, &k);
+		if (v) {
+			__sync_fetch_and_add(&v->ns, b - a);
+			continue;
+		}
+		struct why_instead nv = {.ns = b - a};
+		__builtin_memcpy(nv.comm, s->comm, sizeof(nv.comm));
+		if (bpf_map_update_elem(&instead, &k, &nv, BPF_NOEXIST))
+			stat_add(WT_INSTEAD_FULL);
+	}
+}
+
 SEC("tp_btf/sched_switch")
 int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
+	if (t_end)
+		return 0;
 	stat_add(WT_SWITCHES);
 	__u32 ptid = prev->pid, ntid = next->pid;
+	struct why_cpu *cpu = cpu_state();
+	__u64 clk = rq_clock_of(prev);
+	note_slice(cpu, prev, ptid, clk);
 	struct why_thread *r = ptid ? thread_of(prev, ptid, WS_ON_CPU) : NULL;
 	struct why_thread *n = ntid ? thread_of(next, ntid, WS_RUNNABLE) : NULL;
 	/* The switch as the kernel counts it (see sched_ns), read only for a
 	 * traced thread. */
 	__u64 now = 0;
 	if (r) {
-		now = sched_ns(rq_clock_of(prev), bpf_ktime_get_ns());
+		now = sched_ns(cpu, clk, bpf_ktime_get_ns());
 		unsigned int st = task_state(prev);
 		if (r->state != WS_ON_CPU) {
 			/* Its switch-in was not seen: when it was, from its own
 			 * statistics (the wait, if one, ends there too). */
-			__u64 in = sched_time(prev->sched_info.last_arrival, now);
+			__u64 in = sched_time(cpu, prev->sched_info.last_arrival, now);
 			if (in > r->since && in <= now) {
 				close_state(r, prev, ptid, in);
 				r->state = WS_ON_CPU;
 			}
 			stat_add(WT_UNSEEN_SWITCHES);
 		}
+		/* Blocking, its time on CPU ends where the kernel's count of it
+		 * did (at its dequeue, as __schedule began). Preempted, the
+		 * kernel's count may end later than its se.exec_start says (seen:
+		 * a spinner's 63 ms short of schedstat over 4 s): the switch. */
+		__u64 out = now;
+		if (!preempt && st != TASK_RUNNING_ && !(st & TASK_DEAD_))
+			out = now - exec_gap(prev);
 		if (r->state == WS_ON_CPU && r->steal0 | r->irq0 &&
 		    r->taken_cpu == bpf_get_smp_processor_id()) {
 			/* Counters of this CPU since its switch-in here (one not
 			 * seen elsewhere leaves another CPU's in steal0), at most
 			 * the time on CPU. */
-			__u64 steal, irq, d = now > r->since ? now - r->since : 0;
+			__u64 steal, irq, d = out > r->since ? out - r->since : 0;
 			rq_taken(prev, &steal, &irq);
 			steal = steal > r->steal0 ? steal - r->steal0 : 0;
 			irq = irq > r->irq0 ? irq - r->irq0 : 0;
 			r->on_steal += steal < d ? steal : d;
 			r->on_irq += irq < d ? irq : d;
 		}
-		close_state(r, prev, ptid, now);
+		close_state(r, prev, ptid, out);
 		if (st & TASK_DEAD_) {
 			/* Its last switch: the window ended at its exit. */
 		} else if (preempt || st == TASK_RUNNING_) {
@@ -791,17 +1022,19 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 	r = n;
 	if (r) {
 		if (!now)
-			now = sched_ns(rq_clock_of(prev), bpf_ktime_get_ns());
+			now = sched_ns(cpu, clk, bpf_ktime_get_ns());
 		if (r->state == WS_BLOCKED) {
 			/* Its wake-up was not seen: when it was queued, from its
 			 * own statistics; else blocked until now. */
-			__u64 q = sched_time(next->sched_info.last_queued, now);
+			__u64 q = sched_time(cpu, next->sched_info.last_queued, now);
 			if (q > r->since && q <= now) {
 				close_state(r, next, ntid, q);
 				runnable_from(r, next, r->since);
 			}
 			stat_add(WT_UNSEEN_WAKEUPS);
 		}
+		if (r->state == WS_RUNNABLE)
+			ran_instead(cpu, ntid, r->since, clk);
 		close_state(r, next, ntid, now);
 		r->state = WS_ON_CPU;
 		rq_taken(next, &r->steal0, &r->irq0);
@@ -882,6 +1115,8 @@ static __always_inline __u8 wake_context(void)
 SEC("tp_btf/sched_waking")
 int BPF_PROG(why_waking, struct task_struct *p)
 {
+	if (t_end)
+		return 0;
 	__u32 tid = p->pid;
 	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
 	if (!r || r->state != WS_BLOCKED)
@@ -906,12 +1141,14 @@ int BPF_PROG(why_waking, struct task_struct *p)
 
 static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 {
+	if (t_end)
+		return 0;
 	__u32 tid = p->pid;
 	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
 	if (!r && !wanted(p))
 		return 0;
 	/* When it was queued, as the kernel counts it (see sched_ns). */
-	__u64 now = sched_ns(rq_clock_of(p), bpf_ktime_get_ns());
+	__u64 now = sched_ns(cpu_state(), rq_clock_of(p), bpf_ktime_get_ns());
 	if (!r) {
 		if (fresh) {
 			/* A new thread: its window begins now, runnable. */
@@ -951,6 +1188,8 @@ int BPF_PROG(why_wakeup_new, struct task_struct *p)
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(why_exit, struct task_struct *p)
 {
+	if (t_end)
+		return 0;
 	__u32 tid = p->pid;
 	struct why_thread *r = thread_of(p, tid, WS_ON_CPU);
 	if (!r)
@@ -967,6 +1206,134 @@ int BPF_PROG(why_exit, struct task_struct *p)
 }
 
 /* Every task, once at the start and once at the end (iter_phase). */
+/*
+ * Every TCP retransmission in the window, per flow and cause, whoever sent
+ * it (it runs in softirq or timer context, on whatever task is current):
+ * user space keeps those of the connections the traced threads waited on.
+ * A few per second on a lossy host, none on a healthy one; the flow map is
+ * bounded and what it cannot hold is counted.
+ */
+static __always_inline int count_retransmit(const struct sock *sk, const struct sk_buff *skb,
+                                            int err)
+{
+	if (!t_start || t_end)
+		return 0;
+	struct rt_read r = {};
+	if (!rt_read_event(sk, skb, err, true, &r))
+		return 0;
+	__u32 kind = r.flow.kind;
+	if (kind >= WHY_RT_KINDS)
+		return 0;
+	r.flow.kind = 0;
+	struct why_retrans *v = bpf_map_lookup_elem(&retrans, &r.flow);
+	if (!v) {
+		struct why_retrans zero = {};
+		bpf_map_update_elem(&retrans, &r.flow, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&retrans, &r.flow);
+		if (!v) {
+			stat_add(WT_RETRANS_FULL);
+			return 0;
+		}
+	}
+	__sync_fetch_and_add(&v->count[kind], 1);
+	__sync_fetch_and_add(&v->segs[kind], r.segs);
+	return 0;
+}
+
+/* Where the tracepoint has `err` (a retransmission that did not go out),
+ * and where it has not: user space loads the one that fits. */
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(why_retrans_err, const struct sock *sk, const struct sk_buff *skb, int err)
+{
+	return count_retransmit(sk, skb, err);
+}
+
+SEC("tp_btf/tcp_retransmit_skb")
+int BPF_PROG(why_retrans, const struct sock *sk, const struct sk_buff *skb)
+{
+	return count_retransmit(sk, skb, 0);
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct why_disk);
+} disks SEC(".maps");
+
+/* A new device's counts (read-only data: not on the stack). */
+const struct why_disk disk_zero = {};
+
+/* Linux 5.10's request names its partition by a struct hd_struct. */
+struct hd_struct___old {
+	struct device __dev;
+} __attribute__((preserve_access_index));
+
+struct request___old {
+	struct hd_struct___old *part;
+} __attribute__((preserve_access_index));
+
+/* The device (partition) a request was for, as a dev_t; 0 if unknown. */
+static __always_inline __u32 request_dev(struct request *rq)
+{
+	if (bpf_core_type_exists(struct hd_struct___old)) {
+		struct hd_struct___old *h = ((struct request___old *)rq)->part;
+		return h ? h->__dev.devt : 0;
+	}
+	struct block_device *b = rq->part;
+	return b ? b->bd_dev : 0;
+}
+
+/* The histogram bucket of a request's time: log2 of its microseconds, the
+ * last bucket holding all longer. */
+static __always_inline __u32 log2_us(__u64 ns)
+{
+	__u32 b = log2_u64(ns / 1000);
+	return b < WHY_DISK_BUCKETS - 1 ? b : WHY_DISK_BUCKETS - 1;
+}
+
+/* A block request completed: counted on its device as the kernel's disk
+ * statistics count it (reads and writes, once each, at its last piece),
+ * whoever issued it: a disk wait is named with its device's latency. */
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(why_blk_done, struct request *rq, int error, unsigned int nr_bytes)
+{
+	if (t_end || !t_start)
+		return 0;
+	/* Plain loads: the tracepoint's request is the kernel's own. */
+	if (nr_bytes < rq->__data_len)
+		return 0; /* a piece of it: it completes later */
+	__u32 op = rq->cmd_flags & 0xff;
+	__u64 start = rq->start_time_ns, now = bpf_ktime_get_ns();
+	if (op > 1 || !start || start > now)
+		return 0;
+	__u32 dev = request_dev(rq);
+	if (!dev)
+		return 0;
+	struct why_disk *d = bpf_map_lookup_elem(&disks, &dev);
+	if (!d) {
+		bpf_map_update_elem(&disks, &dev, &disk_zero, BPF_NOEXIST);
+		d = bpf_map_lookup_elem(&disks, &dev);
+		if (!d) {
+			stat_add(WT_DISKS_FULL);
+			return 0;
+		}
+	}
+	__u64 ns = now - start, issued = rq->io_start_time_ns;
+	__sync_fetch_and_add(&d->reqs[op], 1);
+	__sync_fetch_and_add(&d->ns[op], ns);
+	if (issued && issued >= start && issued <= now) {
+		__sync_fetch_and_add(&d->dev_reqs[op], 1);
+		__sync_fetch_and_add(&d->dev_ns[op], now - issued);
+	}
+	if (ns > d->max_ns)
+		d->max_ns = ns;
+	__u32 b = log2_us(ns);
+	if (b < WHY_DISK_BUCKETS)
+		__sync_fetch_and_add(&d->hist[b], 1);
+	return 0;
+}
+
 SEC("iter/task")
 int why_iter(struct bpf_iter__task *ctx)
 {
@@ -980,6 +1347,10 @@ int why_iter(struct bpf_iter__task *ctx)
 			r->utime1 = t->utime;
 			r->stime1 = t->stime;
 			BPF_CORE_READ_STR_INTO(&r->comm, t, comm);
+			/* A wait for a CPU open at the end: its throttled part
+			 * is known only here (user space counts the rest). */
+			if (r->state == WS_RUNNABLE && r->thr_rq && t_end > r->since)
+				close_state(r, t, tid, t_end);
 		}
 		return 0;
 	}

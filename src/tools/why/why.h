@@ -84,8 +84,9 @@ struct why_thread {
 	__u64 thr_rq; /* runnable: its cfs_rq, and that cfs_rq's throttled clock then */
 	__u64 thr_at;
 	__u64 last_obj; /* the last object described in `objects` */
-	__u64 c_file;   /* the last wait on a descriptor: its file, descriptor, */
-	__u64 c_obj;    /* object, class and call kind (see fd_class) */
+	__u64 c_file;   /* the last wait on a descriptor: its file, inode number, */
+	__u64 c_ino;    /* descriptor, object, class and call kind (see fd_class) */
+	__u64 c_obj;
 	__u32 c_fd;
 	__u8 c_cls;
 	__u8 c_key;
@@ -155,7 +156,47 @@ struct why_obj {
 	__u16 sport; /* host order */
 	__u16 dport; /* host order */
 	__u16 type;  /* socket type */
+	__u32 netns; /* a socket's network namespace (its inode) */
+};
+
+/* What ran on a CPU while a traced thread waited in its run queue: per
+ * (waiting thread, thread that ran), the time their intervals overlapped. */
+struct why_instead_key {
+	__u64 cg;   /* the runner's CPU cgroup (its kernfs id: the directory's inode) */
+	__u32 tid;  /* the waiting thread */
+	__u32 rtid; /* the thread that ran */
+	__u32 rtgid;
 	__u32 pad;
+};
+
+struct why_instead {
+	__u64 ns;
+	char comm[16];
+};
+
+/* TCP retransmissions of one flow in the window (`retrans`, by the flow as
+ * the retransmitting socket sees it: struct rt_flow with kind 0), per cause
+ * (enum retrans_kind, src/bpf/tcpretrans.h): user space matches them to the
+ * sockets waited on, this end's and (reversed) a peer's on this host. */
+#define WHY_RT_KINDS 7
+struct why_retrans {
+	__u64 count[WHY_RT_KINDS];
+	__u64 segs[WHY_RT_KINDS];
+};
+
+/* Block requests completed in the window on one device (its dev_t, as
+ * the kernel encodes it: major << 20 | minor), reads [0] and writes [1]:
+ * as the kernel's disk statistics count them (/sys/block/NAME/stat), from
+ * the request's start in the block layer to its completion; and, where the
+ * kernel stamps it, from its issue to the device. */
+#define WHY_DISK_BUCKETS 32
+struct why_disk {
+	__u64 reqs[2];
+	__u64 ns[2];       /* start to completion */
+	__u64 dev_reqs[2]; /* with an issue time */
+	__u64 dev_ns[2];   /* issue to completion */
+	__u64 max_ns;
+	__u64 hist[WHY_DISK_BUCKETS]; /* start to completion, log2 of us */
 };
 
 /* In this order in src/tools/why/mod.rs (WT_*). */
@@ -170,6 +211,9 @@ enum why_stat {
 	WT_REGS_UNREAD,     /* a blocked thread's registers could not be read */
 	WT_UNSEEN_WAKEUPS,  /* switched in while blocked: its wake-up not seen */
 	WT_UNSEEN_SWITCHES, /* switched out while not on CPU: its switch-in not seen */
+	WT_INSTEAD_FULL,    /* a thread that ran instead not kept: the map was full */
+	WT_RETRANS_FULL,    /* a TCP retransmission not counted: the flow map was full */
+	WT_DISKS_FULL,      /* a block request not counted: the device map was full */
 	WT_MAX,
 };
 

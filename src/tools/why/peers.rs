@@ -1,0 +1,167 @@
+//! The processes at the other end of the sockets and pipes threads waited
+//! on, looked up in procfs (see [`crate::engine::procfd`]) about once a
+//! second during the run, for the sockets and pipes new since the last look,
+//! and once more at each report: a connection closed before the report is
+//! still named if it lived through one look.
+//!
+//! - A TCP or UDP connection: the socket whose endpoints are the waiter's
+//!   reversed, in the kernel's socket tables of every network namespace on
+//!   the host (a loopback connection's only in the waiter's own namespace;
+//!   found in several namespaces, it is not named), then the processes
+//!   holding that socket.
+//! - An anonymous pipe: the processes holding its other end open (the write
+//!   end for a reader, the read end for a writer), the waiter's own process
+//!   included: a process waiting on a pipe only it can write to waits on
+//!   itself.
+
+use std::collections::{HashMap, HashSet};
+
+use super::report::{Far, Peer, Thread};
+use crate::engine::procfd::{self, Holder, Kind, Tuple};
+
+/// Processes named per wait at most.
+const MAX_PEERS: usize = 8;
+/// Sockets and pipes looked up per look at most.
+const MAX_OBJECTS: usize = 65536;
+/// Sockets and pipes remembered at most.
+const MAX_KEPT: usize = 1 << 18;
+/// Looks a socket or pipe not found gets.
+const TRIES: u8 = 3;
+/// Holders kept per socket or pipe (a pipe's are filtered by end later).
+const MAX_HOLDERS: usize = 64;
+
+/// Socket inodes by their endpoints, per (network namespace, inode), for
+/// TCP (false) and UDP (true).
+type Tables = HashMap<bool, HashMap<Tuple, Vec<(u64, u64)>>>;
+
+fn reversed((l, lp, r, rp): Tuple) -> Tuple {
+    (r, rp, l, lp)
+}
+
+/// What was found so far.
+#[derive(Default)]
+pub struct Peers {
+    found: HashMap<Far, Vec<Holder>>,
+    tries: HashMap<Far, u8>,
+}
+
+/// The inode of the socket at the other end of `far`'s connection, when
+/// exactly one is found.
+fn peer_socket(far: &Far, tables: &Tables) -> Option<u64> {
+    let Far::Socket { tuple, udp, netns } = far else { return None };
+    let found = tables.get(udp)?.get(&reversed(*tuple))?;
+    let loopback = tuple.0.is_loopback() || tuple.2.is_loopback();
+    let mut inodes: Vec<u64> = found.iter().filter(|(ns, _)| !loopback || *ns == *netns).map(|(_, ino)| *ino).collect();
+    inodes.sort_unstable();
+    inodes.dedup();
+    match inodes.as_slice() {
+        [one] => Some(*one),
+        _ => None,
+    }
+}
+
+impl Peers {
+    /// Looks up the other ends of `fars` not found yet (each at most
+    /// [`TRIES`] times; `last`: once more whatever the count, and every
+    /// pipe again, whose holders may have changed since: what a complete
+    /// walk finds replaces what an earlier one found, and a pipe no process
+    /// holds any more keeps its last holders). Nothing is kept
+    /// from a look that could not ask every namespace or read every
+    /// process's descriptors (a process could hold the other end unseen),
+    /// and such a look is not counted as a try.
+    pub fn look(&mut self, fars: impl Iterator<Item = Far>, last: bool) {
+        let todo: HashSet<Far> = fars
+            .filter(|f| {
+                let pipe = matches!(f, Far::Pipe { .. });
+                (last && pipe)
+                    || (!self.found.contains_key(f) && (last || self.tries.get(f).copied().unwrap_or(0) < TRIES))
+            })
+            .take(MAX_OBJECTS)
+            .collect();
+        if todo.is_empty() || (!last && self.found.len() >= MAX_KEPT) {
+            return;
+        }
+        let mut want: HashMap<bool, HashSet<Tuple>> = HashMap::new();
+        let mut pipes: HashSet<u64> = HashSet::new();
+        for f in &todo {
+            match *f {
+                Far::Socket { tuple, udp, .. } => {
+                    want.entry(udp).or_default().insert(reversed(tuple));
+                }
+                Far::Pipe { ino } => {
+                    pipes.insert(ino);
+                }
+            }
+        }
+        let mut complete = true;
+        let mut tables: Tables = HashMap::new();
+        for (udp, set) in &want {
+            let (t, done) = procfd::sockets_by_tuple(set, *udp);
+            complete &= done;
+            tables.insert(*udp, t);
+        }
+        let socks: HashMap<Far, u64> = todo.iter().filter_map(|f| Some((*f, peer_socket(f, &tables)?))).collect();
+        let sock_inodes: HashSet<u64> = socks.values().copied().collect();
+        let held = if sock_inodes.is_empty() && pipes.is_empty() {
+            procfd::Held { complete: true, ..Default::default() }
+        } else {
+            procfd::holders(
+                |k, ino| match k {
+                    Kind::Socket => sock_inodes.contains(&ino),
+                    Kind::Pipe => pipes.contains(&ino),
+                },
+                MAX_OBJECTS,
+            )
+        };
+        if !(complete && held.complete) {
+            return;
+        }
+        for f in todo {
+            let key = match f {
+                Far::Socket { .. } => socks.get(&f).map(|ino| (Kind::Socket, *ino)),
+                Far::Pipe { ino } => Some((Kind::Pipe, ino)),
+            };
+            match key.and_then(|k| held.by_inode.get(&k)) {
+                Some(v) if !v.is_empty() && self.found.len() < MAX_KEPT => {
+                    let mut v = v.clone();
+                    v.truncate(MAX_HOLDERS);
+                    self.found.insert(f, v);
+                }
+                _ => self.tried([f]),
+            }
+        }
+    }
+
+    fn tried(&mut self, fars: impl IntoIterator<Item = Far>) {
+        for f in fars {
+            if self.tries.len() < MAX_KEPT || self.tries.contains_key(&f) {
+                let n = self.tries.entry(f).or_default();
+                *n = n.saturating_add(1); // every -i report tries once more
+            }
+        }
+    }
+
+    /// Names the processes at the other end of every wait on a connected
+    /// socket or an anonymous pipe in `threads`, looking up those not found
+    /// yet once more.
+    pub fn name(&mut self, threads: &mut HashMap<u32, Thread>) {
+        let fars: Vec<Far> = threads.values().flat_map(|t| &t.waits).filter_map(|w| w.far).collect();
+        self.look(fars.into_iter(), true);
+        for w in threads.values_mut().flat_map(|t| t.waits.iter_mut()) {
+            let Some(v) = w.far.and_then(|f| self.found.get(&f)) else { continue };
+            let send = w.op == Some("send");
+            let mut peers: Vec<Peer> = v
+                .iter()
+                .filter(|h| match w.far {
+                    Some(Far::Pipe { .. }) if send => h.reads,
+                    Some(Far::Pipe { .. }) => h.writes,
+                    _ => true,
+                })
+                .map(|h| Peer { pid: h.pid, comm: h.comm.clone() })
+                .collect();
+            peers.sort_by_key(|p| p.pid);
+            peers.truncate(MAX_PEERS);
+            w.peers = peers;
+        }
+    }
+}
