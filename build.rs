@@ -116,16 +116,20 @@ fn fresh(output: &Path, input: SystemTime) -> bool {
 }
 
 /// The lab workloads (tests/workloads/: burn.c for `lab profile`, dnsweb.c
-/// for `lab dns`, msgbench.c for `lab msglat`), built static with frame
+/// for `lab dns`, msgbench.c for `lab msglat`, whylab.c for `lab why`), built static with frame
 /// pointers and line tables and embedded in the binary: the labs need no
 /// compiler on the host. `burn-nofp` is burn.c built as distributions build
 /// their packages, without frame pointers, for `lab profile`'s second run.
 fn build_lab_workloads(out: &Path, manifest: &Path, script: SystemTime, cross: Option<&str>) {
     let fp: &[&str] = &["-fno-omit-frame-pointer", "-fno-optimize-sibling-calls"];
     let nofp: &[&str] = &["-fomit-frame-pointer"];
-    for (name, src, extra) in
-        [("burn", "burn", fp), ("burn-nofp", "burn", nofp), ("dnsweb", "dnsweb", fp), ("msgbench", "msgbench", fp)]
-    {
+    for (name, src, extra) in [
+        ("burn", "burn", fp),
+        ("burn-nofp", "burn", nofp),
+        ("dnsweb", "dnsweb", fp),
+        ("msgbench", "msgbench", fp),
+        ("whylab", "whylab", fp),
+    ] {
         let src = manifest.join(format!("tests/workloads/{src}.c"));
         println!("cargo:rerun-if-changed={}", src.display());
         let bin = out.join(name);

@@ -127,6 +127,9 @@ _sonde() {
             sonde__subcmd__help__subcmd__lab,slow)
                 cmd="sonde__subcmd__help__subcmd__lab__subcmd__slow"
                 ;;
+            sonde__subcmd__help__subcmd__lab,why)
+                cmd="sonde__subcmd__help__subcmd__lab__subcmd__why"
+                ;;
             sonde__subcmd__lab,dns)
                 cmd="sonde__subcmd__lab__subcmd__dns"
                 ;;
@@ -151,6 +154,9 @@ _sonde() {
             sonde__subcmd__lab,slow)
                 cmd="sonde__subcmd__lab__subcmd__slow"
                 ;;
+            sonde__subcmd__lab,why)
+                cmd="sonde__subcmd__lab__subcmd__why"
+                ;;
             sonde__subcmd__lab__subcmd__help,dns)
                 cmd="sonde__subcmd__lab__subcmd__help__subcmd__dns"
                 ;;
@@ -174,6 +180,9 @@ _sonde() {
                 ;;
             sonde__subcmd__lab__subcmd__help,slow)
                 cmd="sonde__subcmd__lab__subcmd__help__subcmd__slow"
+                ;;
+            sonde__subcmd__lab__subcmd__help,why)
+                cmd="sonde__subcmd__lab__subcmd__help__subcmd__why"
                 ;;
             *)
                 ;;
@@ -560,7 +569,7 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__help__subcmd__lab)
-            opts="retrans drops profile dns slow idle-restart msglat"
+            opts="retrans drops profile dns slow idle-restart msglat why"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -658,6 +667,20 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__help__subcmd__lab__subcmd__slow)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sonde__subcmd__help__subcmd__lab__subcmd__why)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -784,7 +807,7 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__lab)
-            opts="-h -V --help --version retrans drops profile dns slow idle-restart msglat help"
+            opts="-h -V --help --version retrans drops profile dns slow idle-restart msglat why help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -862,7 +885,7 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__lab__subcmd__help)
-            opts="retrans drops profile dns slow idle-restart msglat help"
+            opts="retrans drops profile dns slow idle-restart msglat why help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -974,6 +997,20 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__lab__subcmd__help__subcmd__slow)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sonde__subcmd__lab__subcmd__help__subcmd__why)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1159,6 +1196,40 @@ _sonde() {
                     return 0
                     ;;
                 --prefix)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        sonde__subcmd__lab__subcmd__why)
+            opts="-d -o -h -V --seconds --loss --output --help --version"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --seconds)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -d)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --loss)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --output)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -o)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -10,6 +10,7 @@ pub mod profile;
 pub mod retrans;
 pub mod slow;
 pub mod traffic;
+pub mod why;
 
 use clap::{Args, Subcommand};
 
@@ -49,6 +50,11 @@ pub enum Lab {
     /// broker untraced, logging to memory, logging to a file, and traced by
     /// `sonde msglat`, side by side, with the T2 distribution sonde saw.
     Msglat(msglat::MsglatLabArgs),
+    /// A service whose time has a known mix (on CPU, throttled by a CPU
+    /// quota, blocked on a lossy peer, on disk, on a lock another thread
+    /// holds); `sonde why` recovers each share beside the service's own
+    /// split and the kernel's counters, and names each cause.
+    Why(why::WhyLabArgs),
 }
 
 /// Runs the chosen lab; returns the exit status.
@@ -61,6 +67,7 @@ pub fn run(a: &LabArgs) -> anyhow::Result<i32> {
         Lab::Slow(s) => slow::run(s),
         Lab::IdleRestart(i) => idle::run(i),
         Lab::Msglat(m) => msglat::run(m),
+        Lab::Why(w) => why::run(w),
     }
 }
 

@@ -279,3 +279,64 @@ fn lab_drops_provokes_ten_kinds_of_drop_and_every_relation_holds() {
         .unwrap_or_else(|| panic!("no QDISC_DROP/noop line: {text}"));
     assert!(noop >= 50, "{noop} drops by the noop qdisc, 50 sent: {text}");
 }
+
+#[test]
+fn lab_why_recovers_each_share_and_names_each_cause() {
+    // Two spinners, O_DIRECT reads and retransmissions: alone, so that the
+    // timing tests beside it keep their oracles.
+    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch_dir("labwhy");
+    let page = dir.join("lab.html");
+    let lab = Command::new(SONDE)
+        .args(["lab", "why", "-d", "3", "-o", page.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sonde_pid = lab.id();
+    let out = lab.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{text}{err}");
+    assert!(text.contains("every share within its bound"), "{text}");
+    // Each row: sonde's share beside the service's own or the kernel's.
+    let row = |name: &str, what: &str| -> (f64, f64, String) {
+        let l = text
+            .lines()
+            .find(|l| l.split_whitespace().take(2).collect::<Vec<_>>() == [name, what])
+            .unwrap_or_else(|| panic!("no {name} {what} row: {text}"));
+        let nums: Vec<f64> =
+            l.split_whitespace().filter_map(|w| w.strip_suffix('%')).filter_map(|n| n.parse().ok()).collect();
+        (nums[0], nums.get(1).copied().unwrap_or(f64::NAN), l.to_string())
+    };
+    for n in ["crunch-1", "crunch-2"] {
+        let (ours, clock, l) = row(n, "on");
+        assert!((ours - clock).abs() <= 3.0 && ours > 5.0, "{l}");
+    }
+    // The cgroup counts a throttle when it ends (see the lab's note).
+    let (ours, group, l) = row("crunch-*", "throttled");
+    assert!((ours - group).abs() <= 13.0 && ours > 10.0, "{l}");
+    let (net, _, l) = row("fetch", "network");
+    assert!(net > 50.0 && l.contains(":5010") && l.contains("retransmission timeouts"), "{l}");
+    let (disk, _, l) = row("scan", "disk");
+    assert!(disk > 5.0 && l.contains("/data"), "{l}");
+    let (lock, _, l) = row("locker", "lock");
+    assert!(lock > 50.0 && l.contains("woken by holder"), "{l}");
+    for n in ["crunch-1", "crunch-2"] {
+        let (_, _, l) = row(n, "throttled");
+        assert!(l.contains("quota of /sonde-lab-why-") && !l.contains("MISMATCH"), "{l}");
+    }
+    let html = std::fs::read_to_string(&page).expect("the lab's page");
+    assert_eq!(html.matches("<svg id=\"tl-").count(), 7, "a timeline per thread");
+    // Nothing of the lab's is left: its cgroup and its namespaces.
+    for root in ["/sys/fs/cgroup/cpu", "/sys/fs/cgroup"] {
+        let g = std::path::Path::new(root).join(format!("sonde-lab-why-{sonde_pid}"));
+        assert!(!g.exists(), "{} is left", g.display());
+    }
+    let prefix = format!("sonde-{sonde_pid}-");
+    let netns: Vec<String> = std::fs::read_dir("/run/netns")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    assert!(!netns.iter().any(|n| n.starts_with(&prefix)), "namespaces left: {netns:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
