@@ -809,21 +809,22 @@ static __always_inline struct why_cpu *cpu_state(void)
  * run-queue clock, read as __schedule or a wake-up begins (`clk`); the
  * tracepoint runs later (the pick of the next task, ~1-2 us on a small VM,
  * every switch). That clock is sched_clock, which BPF cannot read, but it
- * runs at the rate of bpf_ktime_get_ns() with a fixed offset: the least
+ * runs at the rate of bpf_ktime_get_ns() with a fixed offset, of either
+ * sign (on one 6.18 VM sched_clock ran 0.75 ms ahead): the least
  * (now - clk) seen is that offset plus the shortest delay from a clock
  * update to a hook. The estimate may rise by 20 ppm of the time since it
  * was last lowered, so a slow drift between the two clocks is followed.
  */
 static __always_inline __u64 sched_ns(struct why_cpu *c, __u64 clk, __u64 now)
 {
-	if (!c || !clk || clk > now)
+	if (!c || !clk)
 		return now;
 	__s64 raw = (__s64)(now - clk);
 	if (!c->off_at || raw <= c->off + (__s64)((now - c->off_at) / 50000)) {
 		c->off = raw;
 		c->off_at = now;
 	}
-	__u64 t = clk + c->off;
+	__u64 t = clk + (__u64)c->off;
 	return t < now ? t : now;
 }
 
@@ -884,7 +885,7 @@ static __always_inline __u64 sched_time(struct why_cpu *c, __u64 when, __u64 now
 {
 	if (!when || !c || !c->off_at)
 		return 0;
-	__u64 at = when + c->off;
+	__u64 at = when + (__u64)c->off;
 	return at <= now ? at : 0;
 }
 
@@ -937,9 +938,9 @@ static __always_inline void note_slice(struct why_cpu *c, struct task_struct *pr
  */
 static __always_inline void ran_instead(struct why_cpu *c, __u32 tid, __u64 since, __u64 clk)
 {
-	if (!c || since < c->off)
+	if (!c || !c->off_at || (c->off > 0 && since < (__u64)c->off))
 		return;
-	__u64 w0 = since - c->off;
+	__u64 w0 = since - (__u64)c->off;
 #pragma clang loop unroll(disable)
 	for (int i = 1; i <= WHY_SLICES; i++) {
 		struct why_slice *s = &c->ring[(c->slot - i) & (WHY_SLICES - 1)];
