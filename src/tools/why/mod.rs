@@ -368,7 +368,7 @@ fn look_peers(skel: &WhySkel<'static>, names: &mut report::Namer) -> anyhow::Res
             fars.push(f);
         }
     })?;
-    names.peers.look(fars.into_iter(), false);
+    names.peers.ask(fars);
     Ok(())
 }
 
@@ -504,10 +504,10 @@ pub fn run_with(
     // sonde under 5% of a core).
     let mut sample_at = std::time::Instant::now();
     let mut gap = tl.as_ref().map(|t| t.tick).unwrap_or_default();
-    // The other ends of the sockets and pipes waited on: looked up 100 ms
-    // after the start, then twice as long apart up to once a second (and at
-    // least 20 times as long apart as a look takes), so that a connection
-    // closed before the report is named too.
+    // The other ends of the sockets and pipes waited on: looked up (on a
+    // thread of their own) 100 ms after the start, then twice as long apart
+    // up to once a second (and at least 20 times as long apart as a look
+    // takes), so that a connection closed before the report is named too.
     let mut peers_at = std::time::Instant::now();
     let mut peers_gap = Duration::from_millis(100);
     let stop = loop {
@@ -526,10 +526,9 @@ pub fn run_with(
         }
         ctl.wait(wait);
         if peers_at.elapsed() >= peers_gap {
-            let t0 = std::time::Instant::now();
             look_peers(&l.skel, &mut names)?;
             peers_at = std::time::Instant::now();
-            peers_gap = (peers_gap * 2).min(Duration::from_secs(1)).max(t0.elapsed() * 20);
+            peers_gap = (peers_gap * 2).min(Duration::from_secs(1)).max(names.peers.last_took() * 20);
         }
         if let Some(t) = &mut tl {
             if std::time::Instant::now() >= sample_at + gap {

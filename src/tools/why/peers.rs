@@ -2,7 +2,9 @@
 //! on, looked up in procfs (see [`crate::engine::procfd`]) about once a
 //! second during the run, for the sockets and pipes new since the last look,
 //! and once more at each report: a connection closed before the report is
-//! still named if it lived through one look.
+//! still named if it lived through one look. The looks during the run are
+//! made on a thread of their own (one can take up to 3 s on a host with
+//! millions of descriptors): the run's loop, and Ctrl-C, never wait on one.
 //!
 //! - A TCP or UDP connection: the socket whose endpoints are the waiter's
 //!   reversed, in the kernel's socket tables of every network namespace on
@@ -15,6 +17,10 @@
 //!   itself.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use super::report::{Far, Peer, Thread};
 use crate::engine::procfd::{self, Holder, Kind, Tuple};
@@ -40,9 +46,59 @@ fn reversed((l, lp, r, rp): Tuple) -> Tuple {
 
 /// What was found so far.
 #[derive(Default)]
-pub struct Peers {
+struct Found {
     found: HashMap<Far, Vec<Holder>>,
     tries: HashMap<Far, u8>,
+}
+
+/// The other ends found so far, and the thread that looks during the run.
+#[derive(Default)]
+pub struct Peers {
+    state: Arc<Mutex<Found>>,
+    /// Asks the looking thread (started at the first ask; it ends when
+    /// this is dropped).
+    ask: Option<SyncSender<Vec<Far>>>,
+    /// How long the thread's last look took, in ns.
+    took: Arc<AtomicU64>,
+}
+
+impl Peers {
+    fn state(&self) -> MutexGuard<'_, Found> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Has the other ends of `fars` not found yet looked up on the looking
+    /// thread; nothing when it is still busy with the last ask (the next
+    /// one asks again).
+    pub fn ask(&mut self, fars: Vec<Far>) {
+        if self.ask.is_none() {
+            let (tx, rx) = sync_channel::<Vec<Far>>(1);
+            let (state, took) = (self.state.clone(), self.took.clone());
+            let spawned = std::thread::Builder::new().name("sonde-peers".into()).spawn(move || {
+                for fars in rx {
+                    let t0 = Instant::now();
+                    state.lock().unwrap_or_else(|e| e.into_inner()).look(fars.into_iter(), false);
+                    took.store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                }
+            });
+            if spawned.is_err() {
+                // No thread: looked up at the report only.
+                return;
+            }
+            self.ask = Some(tx);
+        }
+        if let Some(tx) = &self.ask {
+            match tx.try_send(fars) {
+                Ok(()) | Err(TrySendError::Full(_)) => {}
+                Err(TrySendError::Disconnected(_)) => self.ask = None,
+            }
+        }
+    }
+
+    /// How long the last look during the run took.
+    pub fn last_took(&self) -> Duration {
+        Duration::from_nanos(self.took.load(Ordering::Relaxed))
+    }
 }
 
 /// The inode of the socket at the other end of `far`'s connection, when
@@ -60,7 +116,7 @@ fn peer_socket(far: &Far, tables: &Tables) -> Option<u64> {
     }
 }
 
-impl Peers {
+impl Found {
     /// Looks up the other ends of `fars` not found yet (each at most
     /// [`TRIES`] times; `last`: once more whatever the count, and every
     /// pipe again, whose holders may have changed since: what a complete
@@ -140,15 +196,18 @@ impl Peers {
             }
         }
     }
+}
 
+impl Peers {
     /// Names the processes at the other end of every wait on a connected
     /// socket or an anonymous pipe in `threads`, looking up those not found
-    /// yet once more.
+    /// yet once more (after the looking thread's look, if one is under way).
     pub fn name(&mut self, threads: &mut HashMap<u32, Thread>) {
         let fars: Vec<Far> = threads.values().flat_map(|t| &t.waits).filter_map(|w| w.far).collect();
-        self.look(fars.into_iter(), true);
+        let mut st = self.state();
+        st.look(fars.into_iter(), true);
         for w in threads.values_mut().flat_map(|t| t.waits.iter_mut()) {
-            let Some(v) = w.far.and_then(|f| self.found.get(&f)) else { continue };
+            let Some(v) = w.far.and_then(|f| st.found.get(&f)) else { continue };
             let send = w.op == Some("send");
             let mut peers: Vec<Peer> = v
                 .iter()
