@@ -486,7 +486,10 @@ fn java_one_compiled_method_two_callers_split_as_built_in() {
             assert!(o.status.success(), "jcmd {args:?}: {}", String::from_utf8_lossy(&o.stdout));
         };
         jcmd(&["JFR.start", "name=sonde", "settings=profile", &format!("filename={}", jfr.display())]);
-        let (stacks, err) = profile_json(pid, &dir, &[]);
+        // 5 s of the JVM's CPU: worker() gets a third to a half of it (a
+        // fresh-clone CI run: 500 of 1,494 samples in 3 s on JDK 27), so
+        // its split rests on some 800 samples or more.
+        let (stacks, err) = profile_json_for(pid, &dir, &[], 5.0);
         jcmd(&["JFR.stop", "name=sonde"]);
         drop(w);
         // The frame under the worker, per sample in it.
