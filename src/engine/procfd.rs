@@ -58,8 +58,8 @@ fn pids() -> impl Iterator<Item = u32> {
     std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse().ok())
 }
 
-/// `socket:[123]` or `pipe:[123]`.
-fn parse_link(t: &str) -> Option<(Kind, u64)> {
+/// What a descriptor's link names, `socket:[123]` or `pipe:[123]`.
+pub fn parse_link(t: &str) -> Option<(Kind, u64)> {
     let (kind, rest) = if let Some(r) = t.strip_prefix("socket:[") {
         (Kind::Socket, r)
     } else {

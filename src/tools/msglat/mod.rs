@@ -278,10 +278,13 @@ pub fn sockets_of(pid: u32) -> Vec<SockFd> {
     for e in rd.flatten() {
         let Ok(fd) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(target) = std::fs::read_link(e.path()) else { continue };
-        let Some(ino) = target.to_str().and_then(|t| t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok())
+        let Some((crate::engine::procfd::Kind::Socket, ino)) =
+            target.to_str().and_then(crate::engine::procfd::parse_link)
         else {
             continue;
         };
+        // (an inode past 32 bits is passed over, as before)
+        let Ok(ino) = u32::try_from(ino) else { continue };
         let ends = pfd.as_ref().and_then(|p| sock_ends(p, fd));
         let (local, lport, remote, rport, cookie) = ends.unwrap_or_else(|| ("?".into(), 0, "?".into(), 0, 0));
         out.push(SockFd { pid, fd, local, remote, lport, rport, ino, cookie });
