@@ -1759,7 +1759,7 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__why)
-            opts="-p -i -d -o -h -V --pid --tid --cgroup --comm --interval --top --per-thread --duration --json --output --help --version"
+            opts="-p -i -d -o -h -V --pid --tid --cgroup --comm --interval --top --per-thread --unwind --frames --duration --json --output --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1795,6 +1795,14 @@ _sonde() {
                     ;;
                 --top)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --unwind)
+                    COMPREPLY=($(compgen -W "auto fp dwarf" -- "${cur}"))
+                    return 0
+                    ;;
+                --frames)
+                    COMPREPLY=($(compgen -W "mixed lang native" -- "${cur}"))
                     return 0
                     ;;
                 --duration)

@@ -280,6 +280,12 @@ complete -c sonde -n "__fish_sonde_using_subcommand why" -l cgroup -d 'Only task
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l comm -d 'Only threads with this name (as in /proc/PID/comm, up to 15 bytes)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s i -l interval -d 'Also report every interval (e.g. 5s), each on its own' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l top -d 'Processes shown when every process is traced (those that lost the most time)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand why" -l unwind -d 'How to walk user stacks: auto (unwind tables from each executable\'s .eh_frame where it has one, frame pointers elsewhere), fp (frame pointers only), dwarf (as auto, but exit 2 when this kernel cannot)' -r -f -a "auto\t'Unwind tables where an executable has them, frame pointers elsewhere; frame pointers only when this kernel cannot walk tables'
+fp\t'Frame pointers only (the kernel\'s own walk): cheapest; stacks through code built without frame pointers are cut short'
+dwarf\t'As auto, but refuse to run when this kernel cannot walk tables'"
+complete -c sonde -n "__fish_sonde_using_subcommand why" -l frames -d 'What stacks show of language runtimes (Python, Go, Java, Node.js; see the README\'s "Language frames"): mixed (each interpreter-loop or JIT frame replaced by the functions it ran, native callers kept), lang (only those functions), native (the runtime\'s own frames, nothing read of the runtime). Needs the table walk (Linux 5.15+)' -r -f -a "mixed\t'Each interpreter-loop frame replaced by the language frames it ran; native callers and callees (C extensions, the kernel) stay'
+lang\t'Only the language frames, where a stack has any'
+native\t'Native frames only, as the CPU sees them (no language frames read)'"
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s d -l duration -d 'Stop after this long (e.g. 10s, 2m); default: until Ctrl-C' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s o -l output -d 'Write to this file; its extension picks the format' -r -F
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l per-thread -d 'One row per thread instead of per group of same-named threads'

@@ -278,6 +278,19 @@ fn why_accounts_every_thread_exactly_and_names_what_it_waits_for() {
     let w = top_wait("waiter", "lock");
     assert!(w["woken_by"] == "thread" && w["waker_tid"].as_u64() == Some(tid_of("holder")), "waiter: {w}");
     assert_eq!(w["syscall"], "futex");
+    // Who released it, by construction: the holder, in holder() (its
+    // pthread_mutex_unlock), for all of the wait's time (each wait lasts
+    // about 30 ms, above the 10 ms under which releases are sampled).
+    let r = &w["released_by"][0];
+    assert_eq!(r["tid"].as_u64(), Some(tid_of("holder")), "waiter's releaser: {w}");
+    let frames: Vec<&str> = r["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    // glibc names it by an alias (__GI___pthread_mutex_unlock_usercnt).
+    let unlock = frames.iter().position(|f| f.contains("pthread_mutex_unlock"));
+    let holder = frames.iter().position(|f| f.starts_with("holder (") && f.contains("whysplit.c:"));
+    assert!(matches!((unlock, holder), (Some(u), Some(h)) if u < h), "released in holder() by unlocking: {frames:?}");
+    let (rns, wns) = (r["ns"].as_f64().unwrap(), w["ns"].as_f64().unwrap());
+    report.push(format!("waiter: lock {wns:.0} ns, released by the holder {rns:.0} ns"));
+    assert!((rns - wns).abs() <= wns * 0.05, "the holder's releases {rns} ns, the waits {wns} ns: {w}");
     assert!(share("receiver", "network") > 0.9, "{}", by_comm("receiver"));
     let w = top_wait("receiver", "network");
     assert_eq!(
@@ -805,4 +818,115 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
             assert_eq!(p["next"], format!("sonde retrans --port {PORT}"), "{p}");
         }
     }
+}
+
+/// A lock's releaser with its language frames: Python's own queue.Queue
+/// (queue.py and threading.py, code nobody here wrote) between the program
+/// and the lock. The consumer's waits are each ended by the producer in
+/// Condition.notify(), called by Queue.put(), called by producer().
+fn why_names_a_python_locks_releaser(mut cmd: Command, script: &str) {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let mut w = KillOnDrop(cmd.arg(script).arg("30").stdout(Stdio::piped()).spawn().unwrap());
+    let pid = w.0.id();
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+    assert_eq!(ids.len(), 2, "{line}");
+    let (producer, consumer) = (ids[0], ids[1]);
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let threads = of_type(&v, "thread");
+    let t = threads.iter().find(|t| t["tid"].as_u64() == Some(consumer)).unwrap_or_else(|| panic!("{threads:?}"));
+    let lock = blocked(t, "lock");
+    assert!(lock > 0.8 * field(t, "window_ns"), "the consumer waits on its lock: {t}");
+    let w = t["waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["class"] == "lock" && w["woken_by"] == "thread")
+        .unwrap_or_else(|| panic!("no lock wait woken by a thread: {t}"));
+    assert_eq!(w["waker_tid"].as_u64(), Some(producer), "{w}");
+    let r = &w["released_by"][0];
+    assert_eq!(r["tid"].as_u64(), Some(producer), "{w}");
+    let frames: Vec<&str> = r["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+    let at = |name: &str, file: &str| {
+        frames
+            .iter()
+            .position(|f| f.starts_with(&format!("{name} (")) && f.contains(file))
+            .unwrap_or_else(|| panic!("no {name} in {file} among the releaser's frames: {frames:?}"))
+    };
+    // Innermost first: the lock's release, then its callers.
+    let (notify, put, prod) =
+        (at("Condition.notify", "threading.py:"), at("Queue.put", "queue.py:"), at("producer", script));
+    assert!(notify < put && put < prod, "{frames:?}");
+    // Every wait is about 20 ms (above the 10 ms under which releases are
+    // sampled): the releases are its time.
+    let (rns, wns) = (r["ns"].as_f64().unwrap(), w["ns"].as_f64().unwrap());
+    eprintln!("consumer: lock {wns:.0} ns, released by the producer {rns:.0} ns in {} releases", r["samples"]);
+    assert!((rns - wns).abs() <= wns * 0.05, "releases {rns} ns, waits {wns} ns: {w}");
+}
+
+#[test]
+fn why_names_a_python_locks_releaser_debian_3_11() {
+    why_names_a_python_locks_releaser(Command::new(super::python::python("debian")), &super::python::wl("pyqueue.py"));
+}
+
+#[test]
+fn why_names_a_python_locks_releaser_sid_3_14() {
+    why_names_a_python_locks_releaser(in_sid("python3.14"), &into_sid("pyqueue.py"));
+}
+
+/// The bound on the releasers' stack walks: 48 workers of a pool woken all
+/// at once every 12 ms (about 4,000 lock releases a second, each ending a
+/// wait of about 12 ms, so each would be walked): each CPU walks at most 200
+/// a second, the rest are counted without their stacks, and every release
+/// still counts its time.
+#[test]
+fn why_bounds_the_walks_of_lock_releasers() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let bin = build_workload("whypool", &["-O2", "-g", "-pthread"]);
+    let mut w = KillOnDrop(Command::new(&bin).args(["48", "30"]).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = w.0.id();
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let s = summary(&v);
+    let window = s["duration_s"].as_f64().unwrap();
+    let lost = &s["lost"];
+    let cpus = std::thread::available_parallelism().unwrap().get() as f64;
+    let (mut walked, mut unwalked, mut released_ns, mut woken_ns) = (0.0, 0.0, 0.0, 0.0);
+    for t in of_type(&v, "thread").into_iter().filter(|t| t["comm"] == "worker") {
+        for w in t["waits"].as_array().unwrap().iter().filter(|w| w["class"] == "lock" && w["woken_by"] == "thread") {
+            woken_ns += w["ns"].as_f64().unwrap();
+            for r in w["released_by"].as_array().into_iter().flatten() {
+                released_ns += r["ns"].as_f64().unwrap();
+                let n = r["samples"].as_f64().unwrap();
+                if r["stack"].as_array().unwrap().is_empty() {
+                    unwalked += n;
+                } else {
+                    walked += n;
+                }
+            }
+        }
+    }
+    eprintln!(
+        "releases walked {walked}, not walked {unwalked} (summary {}), their time {released_ns:.0} of the waits' {woken_ns:.0} ns, {window:.2} s",
+        lost["releases_not_walked"]
+    );
+    // Each CPU's 100 a second over the window (and the time it took to
+    // attach and detach, a second at most).
+    assert!(walked <= 100.0 * cpus * (window + 1.0), "{walked} walks in {window} s on {cpus} CPUs: {s}");
+    assert!(walked >= 100.0, "walks still taken: {walked}");
+    assert!(unwalked > walked, "most releases go unwalked: {unwalked} against {walked}");
+    // The summary counts every thread's (the dispatcher's waits for the
+    // mutex too).
+    assert!(lost["releases_not_walked"].as_f64().unwrap() >= unwalked, "{s}");
+    // Only the three releasers that ended the most of a wait's time are
+    // kept per wait: a worker's waits are released by the dispatcher
+    // (with and without a stack) and by workers unlocking the mutex.
+    assert!(released_ns >= 0.9 * woken_ns && released_ns <= 1.05 * woken_ns, "{released_ns} of {woken_ns}");
 }

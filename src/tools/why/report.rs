@@ -136,9 +136,17 @@ pub struct Wait {
     /// end (its write end for a reader, its read end for a writer).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<Peer>,
+    /// Who released a lock waited for: the threads that woke it, with
+    /// their stacks at the release (the three that ended the most of its
+    /// time; the final report only, not each `-i` interval's).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub released_by: Vec<super::releasers::Releaser>,
     /// What the other end is looked up by (see [`super::peers`]).
     #[serde(skip)]
     pub far: Option<Far>,
+    /// The object as the kernel half keys it.
+    #[serde(skip)]
+    pub obj: u64,
     /// The class the kernel half counted it in (before a kernel stack
     /// showed it to be a lock).
     #[serde(skip)]
@@ -474,6 +482,10 @@ impl Thread {
                     m.ns += w.ns;
                     m.count += w.count;
                     m.open |= w.open;
+                    if !w.released_by.is_empty() {
+                        m.released_by.extend(w.released_by);
+                        super::releasers::merge(&mut m.released_by);
+                    }
                 }
                 None => merged.push(w),
             }
@@ -535,7 +547,17 @@ impl Wait {
     /// ", woken by ..." for the text report ("" when nothing woke it).
     pub fn waker_text(&self) -> String {
         match self.woken_by {
-            "thread" => format!(", woken by {} ({})", self.waker_comm, self.waker_tid),
+            "thread" => {
+                // Where the one that ended the most of its time released it.
+                let at = self
+                    .released_by
+                    .first()
+                    .filter(|r| r.tid == self.waker_tid)
+                    .and_then(|r| r.at.as_deref())
+                    .map(|a| format!(" in {a}"))
+                    .unwrap_or_default();
+                format!(", woken by {} ({}){at}", self.waker_comm, self.waker_tid)
+            }
             "softirq" if self.waker_tid != 0 => {
                 format!(
                     ", woken by {} softirq work on {} ({})",
@@ -831,7 +853,9 @@ impl Namer {
             memory: None,
             device: None,
             peers: Vec::new(),
+            released_by: Vec::new(),
             far: None,
+            obj,
             counted_as: class,
         };
         if let Some(k) = kfn.as_ref().filter(|k| k.lock) {
@@ -1017,6 +1041,19 @@ pub struct Losses {
     /// Why the block devices' latency was not measured (None: it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disks_not_counted: Option<String>,
+    /// Lock releases not kept: the releaser map was full.
+    pub releasers_full: u64,
+    /// Lock releases counted without their stacks: more than 100 a second
+    /// on a CPU (each walk costs 2-25 us).
+    pub releases_not_walked: u64,
+    /// Releasers' stacks not captured (a stack map's bucket taken by
+    /// another stack, or another error).
+    pub release_stack_errors: u64,
+    /// Releases taken with their stacks, and of those how many stacks were
+    /// cut short (the final report only).
+    pub releases_taken: u64,
+    /// See `releases_taken`.
+    pub release_stacks_truncated: u64,
 }
 
 /// Threads of one name in a process.
@@ -1449,6 +1486,10 @@ impl Report {
                 (l.instead_full, "threads that ran instead (map full)"),
                 (l.retransmits_full, "TCP retransmissions (flow map full)"),
                 (l.retransmits_missed, "TCP retransmissions (the kernel skipped the program)"),
+                (l.releasers_full, "lock releases (releaser map full)"),
+                (l.release_stack_errors, "lock releasers' stacks (not captured)"),
+                (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
+                (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]
             .iter()
             .filter(|(n, _)| *n > 0)
@@ -1580,6 +1621,27 @@ mod tests {
         assert_eq!(k(&["compact_zone", "__alloc_pages_direct_compact", "do_anonymous_page"]), Some("compaction"));
         assert_eq!(k(&["do_anonymous_page", "handle_mm_fault"]), Some("fault"));
         assert_eq!(k(&["pipe_read", "vfs_read"]), None);
+    }
+
+    #[test]
+    fn a_lock_wait_names_where_its_releaser_let_go() {
+        let mut n = Namer::default();
+        let mut w = n.wait(2, 0x1000, 0, 0, 7, 1, "holder".into(), 30, 1, false, &HashMap::new());
+        assert_eq!(w.waker_text(), ", woken by holder (7)");
+        let r = |tid, at: Option<&str>| super::super::releasers::Releaser {
+            tid,
+            pid: 1,
+            comm: "holder".into(),
+            ns: 30,
+            samples: 1,
+            stack: vec![],
+            at: at.map(str::to_string),
+        };
+        // Another thread's release (merged waits): not said of this waker.
+        w.released_by = vec![r(8, Some("other"))];
+        assert_eq!(w.waker_text(), ", woken by holder (7)");
+        w.released_by = vec![r(7, Some("Condition.notify (threading.py:382)"))];
+        assert_eq!(w.waker_text(), ", woken by holder (7) in Condition.notify (threading.py:382)");
     }
 
     #[test]

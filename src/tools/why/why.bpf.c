@@ -34,6 +34,7 @@
 #include "taskfilter.h"
 #include "hist.h"
 #include "tcpretrans.h"
+#include "stacks.h"
 #include "why.h"
 #define SONDE_STATS_MAX WT_MAX
 #include "stats.h"
@@ -51,6 +52,26 @@ const volatile __u64 thread_size = 16384;
  * doctor`: sees_pid1): its threads' switches are not seen, so they are not
  * traced (and said so). */
 const volatile bool skip_init = false;
+
+/* Who released a lock: the waker's stack is taken at the wake-up of a lock
+ * wait (see why_release_key). A wait shorter than release_sample_ns is
+ * taken with probability (its length)/release_sample_ns and then weighs
+ * release_sample_ns (as offcpu's --sample-below): each stack's expected
+ * total is the true time, and the walks are bounded by the lock time over
+ * release_sample_ns (100 a second per thread blocked on locks), however
+ * many wake-ups there are: a walk with language frames costs about 10 us
+ * (a Python thread 20 frames deep). 0: no stacks. */
+const volatile __u64 release_sample_ns = 10000000;
+/* Stack walks of releasers per CPU per RELEASE_WINDOW_NS: beyond, a
+ * release is counted without its stack (WT_UNWALKED), so that a host of
+ * many threads woken often (thread pools waiting on condition variables)
+ * costs a bounded share of each CPU: 100 walks a second (a walk costs 2-25
+ * us: hot or cold caches, native or Python frames), at most 0.25%. */
+const volatile __u32 release_walks = 10;
+#define RELEASE_WINDOW_NS 100000000ULL
+/* The waker's stacks: user (language frames included) and kernel. */
+const volatile bool release_user = true;
+const volatile bool release_kernel = true;
 
 /* Set by user space before attaching: when the run's window begins. */
 volatile __u64 t_start = 0;
@@ -120,6 +141,34 @@ struct {
 	__type(value, struct why_scratch);
 } scratch SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct why_release_key);
+	__type(value, struct why_release);
+} releases SEC(".maps");
+
+/* A release's key, off the BPF stack (the walk's frames count against it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct why_release_key);
+} release_scratch SEC(".maps");
+
+/* Per CPU: when its window of walks began, and the walks in it. */
+struct why_budget {
+	__u64 window;
+	__u64 used;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct why_budget);
+} release_budget SEC(".maps");
+
 /* Referenced so that the skeleton mirrors the layouts. */
 struct why_thread _why_thread = {};
 struct why_wait_key _why_wait_key = {};
@@ -127,6 +176,8 @@ struct why_wait _why_wait = {};
 struct why_obj _why_obj = {};
 struct why_instead_key _why_instead_key = {};
 struct why_instead _why_instead = {};
+struct why_release_key _why_release_key = {};
+struct why_release _why_release = {};
 
 /* Task states (include/linux/sched.h). */
 #define TASK_RUNNING_         0x0000
@@ -1113,6 +1164,65 @@ static __always_inline __u8 wake_context(void)
 	return WW_TASK;
 }
 
+static __always_inline void stk_stat(__u32 s)
+{
+	stat_add(WT_STACKS + s);
+}
+
+/* The waker of lock wait `r` (thread `tid`), current here: its stacks,
+ * with the time the wait lasted (sampled: see release_sample_ns). */
+static __noinline void released(void *ctx, struct why_thread *r, __u32 tid)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 ns = now > r->since ? now - r->since : 1;
+	if (ns < release_sample_ns) {
+		if ((bpf_get_prandom_u32() % (__u32)release_sample_ns) >= ns)
+			return;
+		ns = release_sample_ns;
+	}
+	__u32 zero = 0;
+	struct why_release_key *k = bpf_map_lookup_elem(&release_scratch, &zero);
+	if (!k)
+		return;
+	__u64 id = bpf_get_current_pid_tgid();
+	k->s.pid = id >> 32;
+	k->s.tid = (__u32)id;
+	bpf_get_current_comm(k->s.comm, sizeof(k->s.comm));
+	struct why_budget *b = bpf_map_lookup_elem(&release_budget, &zero);
+	if (b && now - b->window >= RELEASE_WINDOW_NS) {
+		b->window = now;
+		b->used = 0;
+	}
+	if (b && b->used < release_walks) {
+		b->used++;
+		/* The kernel stack of a futex's waker is the futex call's: only
+		 * a kernel lock's release is told by it. */
+		STK_CAPTURE(ctx, &k->s, release_kernel && r->cls != WC_LOCK, release_user,
+		            stk_stat);
+	} else {
+		k->s.kstack = STK_NONE;
+		k->s.ustack = STK_NONE;
+		k->s.uhash = 0;
+		stat_add(WT_UNWALKED);
+	}
+	k->obj = r->obj;
+	k->tid = tid;
+	k->pad = 0;
+	struct why_release *v = bpf_map_lookup_elem(&releases, k);
+	if (!v) {
+		/* Lost a race with another CPU: its entry is taken below. */
+		struct why_release nv = {};
+		bpf_map_update_elem(&releases, k, &nv, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&releases, k);
+		if (!v) {
+			stat_add(WT_RELEASERS_FULL);
+			return;
+		}
+	}
+	__sync_fetch_and_add(&v->ns, ns);
+	__sync_fetch_and_add(&v->count, 1);
+}
+
 SEC("tp_btf/sched_waking")
 int BPF_PROG(why_waking, struct task_struct *p)
 {
@@ -1137,6 +1247,12 @@ int BPF_PROG(why_waking, struct task_struct *p)
 		r->waker_last = waker;
 	}
 	r->waker = waker;
+	/* A lock released: a futex, or an uninterruptible wait named by its
+	 * kernel stack (where kernel mutexes and rwsems are found), not a
+	 * kernel thread waiting for work nor a wait for memory. */
+	if (release_sample_ns &&
+	    (r->cls == WC_LOCK || (r->kstack && r->cls != WC_POLL && r->cls != WC_MEMORY)))
+		released(ctx, r, tid);
 	return 0;
 }
 

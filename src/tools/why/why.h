@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
-/* Shared between why.bpf.c and src/tools/why/mod.rs. */
+/* Shared between why.bpf.c and src/tools/why/mod.rs. Include after
+ * stacks.h (struct stk_key). */
 #ifndef SONDE_WHY_H
 #define SONDE_WHY_H
 
@@ -199,6 +200,25 @@ struct why_disk {
 	__u64 hist[WHY_DISK_BUCKETS]; /* start to completion, log2 of us */
 };
 
+/* Who released a lock a traced thread waited for: the thread that woke it
+ * (sched_waking, in the waker's context), with its stack then, language
+ * frames included (src/bpf/stacks.h). `s` names the waker (pid, tid, comm,
+ * stacks); per (waiter, lock, waker, stacks): the waits it ended and the
+ * time they had lasted. Lock waits are futexes, and the uninterruptible
+ * waits whose kernel stack was taken (where kernel mutexes and rwsems are
+ * found). */
+struct why_release_key {
+	struct stk_key s;
+	__u64 obj; /* the wait's object (a futex's address) */
+	__u32 tid; /* the waiting thread */
+	__u32 pad;
+};
+
+struct why_release {
+	__u64 ns;
+	__u64 count;
+};
+
 /* In this order in src/tools/why/mod.rs (WT_*). */
 enum why_stat {
 	WT_SWITCHES = 0,    /* context switches seen */
@@ -214,7 +234,10 @@ enum why_stat {
 	WT_INSTEAD_FULL,    /* a thread that ran instead not kept: the map was full */
 	WT_RETRANS_FULL,    /* a TCP retransmission not counted: the flow map was full */
 	WT_DISKS_FULL,      /* a block request not counted: the device map was full */
-	WT_MAX,
+	WT_RELEASERS_FULL,  /* a lock's releaser not kept: the releaser map was full */
+	WT_UNWALKED,        /* a release counted without its stack: the CPU's walks spent */
+	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
+	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };
 
 #endif

@@ -1,0 +1,250 @@
+//! Who released the locks traced threads waited for: the waker's stacks at
+//! the wake-up of a lock wait (why.bpf.c's `releases`, walked by the stack
+//! engine in the kernel, language frames included), symbolized at the end
+//! and attached to the waits they ended.
+//!
+//! The unwinder's tables and the runtimes' descriptions are loaded for the
+//! processes whose stacks the kernel half walks (it asks in `unw_need`), and
+//! each releasing process's mappings are snapshot while it lives, so a
+//! process that exits before the report is still named.
+use std::collections::{HashMap, HashSet};
+
+use libbpf_rs::MapCore;
+
+use super::skel::{types, WhySkel};
+use crate::engine::{
+    record::{decode, for_each_entry},
+    stacks::{self, FrameKind, Images, RawSample, Stack, SymStats, Symbols},
+    unwind::{Session, UnwMaps},
+};
+
+/// One thread's releases of one lock wait, with its stack then.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Releaser {
+    /// The releasing thread (the waker) and its process.
+    pub tid: u32,
+    /// See `tid`.
+    pub pid: u32,
+    /// Its name at the release.
+    pub comm: String,
+    /// The time the waits it ended had lasted, in ns (estimated: a wait
+    /// under 10 ms is taken with probability its length over 10 ms and then
+    /// counts 10 ms).
+    pub ns: u64,
+    /// Releases whose stack was taken.
+    pub samples: u64,
+    /// Its stack at the release, innermost first: `function (file:line)`,
+    /// or `function [module]` without a line; language frames (Python,
+    /// Java, JavaScript, Go) as the profile shows them. Empty for releases
+    /// counted without a walk (the CPU's walks for the moment were spent).
+    pub stack: Vec<String>,
+    /// The frame the text report names: the innermost that is the
+    /// program's own (a language frame, or native code outside the C
+    /// library and the kernel).
+    #[serde(skip)]
+    pub at: Option<String>,
+}
+
+/// Releasers by (waiting thread, the wait's object, waking thread).
+pub type ByWait = HashMap<(u32, u64, u32), Vec<Releaser>>;
+
+/// What was lost of the releasers' stacks.
+#[derive(Debug, Default, Clone, Copy, serde::Serialize)]
+pub struct Loss {
+    /// Releases whose stacks cut short (no frame pointers, or a walk that
+    /// ended early), of those taken.
+    pub truncated: u64,
+    /// Releases taken.
+    pub taken: u64,
+}
+
+/// Keeps what naming the releasers' stacks needs during the run.
+pub struct Tracker {
+    /// The unwinder's session.
+    pub session: Session,
+    images: Images,
+    seen: HashSet<(u32, u32)>,
+    scanned: Option<std::time::Instant>,
+}
+
+impl Tracker {
+    /// Starts with the unwinder's session of the loaded object.
+    pub fn new(session: Session) -> Tracker {
+        Tracker { session, images: Images::default(), seen: HashSet::new(), scanned: None }
+    }
+
+    /// Loads the tables the walk asked for, and snapshots each releasing
+    /// process once (per image) while it lives.
+    pub fn tick(&mut self, m: &UnwMaps<'_>, releases: &dyn MapCore) {
+        let l = self.session.tick(m);
+        for &pid in &l.execs {
+            self.images.observe_image(pid, self.session.generation(pid));
+        }
+        for pid in l.loaded.into_iter().filter(|p| !l.execs.contains(p)) {
+            self.images.observe_loaded(pid, self.session.generation(pid));
+        }
+        // New releasing processes: looked for every half second.
+        if self.scanned.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(500)) {
+            return;
+        }
+        self.scanned = Some(std::time::Instant::now());
+        let mut pids = HashSet::new();
+        let _ = for_each_entry(releases, |k, _| {
+            if let Some(k) = decode::<types::why_release_key>(k) {
+                pids.insert(k.s.pid);
+            }
+        });
+        for pid in pids {
+            let gen = self.session.generation(pid);
+            if self.seen.insert((pid, gen)) {
+                self.images.observe_image(pid, gen);
+            }
+        }
+    }
+
+    /// Reads and names every release (after the last tick).
+    pub fn finish(mut self, skel: &WhySkel<'static>) -> anyhow::Result<(ByWait, Loss)> {
+        let um = crate::unw_maps!(skel);
+        self.scanned = None;
+        self.tick(&um, &skel.maps.releases);
+        let names = self.session.finish_names(&um);
+        self.images.set_lang(names, self.session.frames());
+        let maps = crate::stack_maps!(skel);
+        let mut keys = Vec::new();
+        let mut raw = Vec::new();
+        let mut vals = Vec::new();
+        for_each_entry(&skel.maps.releases, |k, v| {
+            if let (Some(k), Some(v)) = (decode::<types::why_release_key>(k), decode::<types::why_release>(v)) {
+                keys.push(k);
+                vals.push(v);
+            }
+        })?;
+        for k in &keys {
+            let kstack = stacks::read_stack(maps.traces, k.s.kstack)?;
+            let (ustack, walk, lang) = stacks::read_user_stack(maps, k.s.ustack, k.s.uhash)?;
+            raw.push(RawSample {
+                pid: k.s.pid,
+                tid: k.s.tid,
+                comm: super::cstr(&k.s.comm),
+                kstack,
+                ustack,
+                walk,
+                lang,
+                count: 1,
+            });
+        }
+        let mut sym = SymStats::default();
+        let named = Symbols::default().stacks(&raw, &mut self.images, &mut sym);
+        let mut by: ByWait = HashMap::new();
+        let mut loss = Loss::default();
+        for ((k, v), s) in keys.iter().zip(&vals).zip(named) {
+            loss.taken += v.count;
+            if s.frames.iter().any(|f| f.kind == FrameKind::Truncated) {
+                loss.truncated += v.count;
+            }
+            let r = releaser(k, v, &s);
+            by.entry((k.tid, k.obj, k.s.tid)).or_default().push(r);
+        }
+        for rs in by.values_mut() {
+            merge(rs);
+        }
+        Ok((by, loss))
+    }
+}
+
+fn releaser(k: &types::why_release_key, v: &types::why_release, s: &Stack) -> Releaser {
+    let leaf_first: Vec<&stacks::Frame> = s.frames.iter().rev().collect();
+    let text = |f: &stacks::Frame| match (&f.file, f.line) {
+        (Some(file), Some(line)) => format!("{} ({file}:{line})", f.name),
+        _ => format!("{} [{}]", f.name, f.module),
+    };
+    // A language frame first (the runtime's own native frames, which
+    // release every lock of the program, say little), else native code of
+    // the program's own.
+    let own = leaf_first
+        .iter()
+        .find(|f| matches!(f.kind, FrameKind::Lang(_) | FrameKind::Go | FrameKind::Jit))
+        .or_else(|| leaf_first.iter().find(|f| f.kind == FrameKind::User && !is_system_library(&f.module)));
+    Releaser {
+        tid: k.s.tid,
+        pid: k.s.pid,
+        comm: super::cstr(&k.s.comm),
+        ns: v.ns,
+        samples: v.count,
+        stack: leaf_first.iter().map(|f| text(f)).collect(),
+        at: own.map(|f| match (&f.file, f.line) {
+            (Some(file), Some(line)) => format!("{} ({}:{line})", f.name, short(file)),
+            _ => f.name.clone(),
+        }),
+    }
+}
+
+/// The C library and the dynamic loader: where every lock is released, so
+/// never what the text report names.
+fn is_system_library(module: &str) -> bool {
+    let base = module.rsplit('/').next().unwrap_or(module);
+    ["libc.so", "libc-", "libpthread", "ld-linux", "ld-musl", "libstdc++", "libgcc_s", "[vdso]"]
+        .iter()
+        .any(|p| base.starts_with(p))
+}
+
+fn short(file: &str) -> &str {
+    file.rsplit('/').next().unwrap_or(file)
+}
+
+/// One row per (thread, stack), the longest first, the three longest kept.
+pub fn merge(rs: &mut Vec<Releaser>) {
+    let mut out: Vec<Releaser> = Vec::new();
+    for r in rs.drain(..) {
+        match out.iter_mut().find(|o| o.tid == r.tid && o.stack == r.stack) {
+            Some(o) => {
+                o.ns += r.ns;
+                o.samples += r.samples;
+            }
+            None => out.push(r),
+        }
+    }
+    out.sort_by_key(|r| std::cmp::Reverse(r.ns));
+    out.truncate(3);
+    *rs = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(tid: u32, stack: &[&str], ns: u64) -> Releaser {
+        Releaser {
+            tid,
+            pid: 1,
+            comm: "t".into(),
+            ns,
+            samples: 1,
+            stack: stack.iter().map(|s| s.to_string()).collect(),
+            at: None,
+        }
+    }
+
+    #[test]
+    fn merge_sums_one_thread_and_stack_and_keeps_the_three_longest() {
+        let mut v = vec![
+            r(1, &["a"], 10),
+            r(1, &["a"], 5),
+            r(2, &["a"], 1),
+            r(1, &["b"], 20),
+            r(3, &["c"], 2),
+            r(4, &["d"], 3),
+        ];
+        merge(&mut v);
+        let got: Vec<(u32, u64)> = v.iter().map(|r| (r.tid, r.ns)).collect();
+        assert_eq!(got, vec![(1, 20), (1, 15), (4, 3)]);
+    }
+
+    #[test]
+    fn the_c_library_is_never_the_named_frame() {
+        assert!(is_system_library("/usr/lib/x86_64-linux-gnu/libc.so.6"));
+        assert!(is_system_library("libpthread.so.0"));
+        assert!(!is_system_library("/usr/bin/python3.11"));
+        assert!(!is_system_library("/opt/app/liblock.so"));
+    }
+}
