@@ -622,3 +622,81 @@ fn arm64_prologues_are_decoded_from_the_methods_entry() {
         );
     }
 }
+
+/// `sonde why`'s lock releaser on the JVM: the JDK's own
+/// ArrayBlockingQueue (code nobody here wrote) between the program and the
+/// lock. The consumer, parked in take(), is unparked by the producer in
+/// LockSupport.unpark, called by ArrayBlockingQueue.put's unlock, called by
+/// JQueue.producer: Java frames read from the JVM at the release.
+fn why_names_a_java_locks_releaser(version: &str) {
+    let v = version;
+    let j = jdk(v);
+    let (here, inside) = j.scratch(&format!("why-jqueue-{v}"));
+    let javac = "/usr/lib/jvm/java-17-openjdk-amd64/bin/javac";
+    let src = format!("{}/tests/workloads/JQueue.java", env!("CARGO_MANIFEST_DIR"));
+    let st =
+        Command::new(javac).args(["--release", "11", "-g", "-d"]).arg(here.join("classes")).arg(&src).output().unwrap();
+    assert!(st.status.success(), "javac: {}", String::from_utf8_lossy(&st.stderr));
+    let mut c = j.cmd("java");
+    c.arg("-cp").arg(inside.join("classes")).args(["JQueue", "30"]).stdout(Stdio::piped());
+    let mut w = KillOnDrop(c.spawn().unwrap());
+    let pid = w.0.id();
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+    assert_eq!(ids.len(), 2, "{line}");
+    let (producer, consumer) = (ids[0], ids[1]);
+    // The JVM's pid is the chroot's (it execs java).
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let lines = json_lines(&run.stdout);
+    let threads = of_type(&lines, "thread");
+    let t = threads.iter().find(|t| t["tid"].as_u64() == Some(consumer)).unwrap_or_else(|| panic!("{threads:?}"));
+    assert!(blocked_share(t, "lock") > 0.8, "the consumer is parked: {t}");
+    // Its waits woken by the producer (a condition variable's futex words
+    // alternate: more than one wait row), with their releasers.
+    let (mut wns, mut rns, mut checked) = (0.0, 0.0, 0);
+    for w in t["waits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["class"] == "lock" && w["waker_tid"].as_u64() == Some(producer))
+    {
+        wns += w["ns"].as_f64().unwrap();
+        for r in w["released_by"].as_array().unwrap_or_else(|| panic!("no releasers: {w}")) {
+            assert_eq!(r["tid"].as_u64(), Some(producer), "{w}");
+            rns += r["ns"].as_f64().unwrap();
+            let frames: Vec<&str> = r["stack"].as_array().unwrap().iter().map(|f| f.as_str().unwrap()).collect();
+            let at = |name: &str| {
+                frames
+                    .iter()
+                    .position(|f| f.starts_with(&format!("{name} (")))
+                    .unwrap_or_else(|| panic!("no {name} among the releaser's frames: {frames:?}"))
+            };
+            let (unpark, put, prod) = (
+                at("java.util.concurrent.locks.LockSupport.unpark"),
+                at("java.util.concurrent.ArrayBlockingQueue.put"),
+                at("JQueue.producer"),
+            );
+            assert!(unpark < put && put < prod, "{frames:?}");
+            assert!(frames[prod].contains("JQueue.java:"), "{frames:?}");
+            checked += 1;
+        }
+    }
+    eprintln!("JDK {v}: consumer's waits {wns:.0} ns, released by the producer {rns:.0} ns ({checked} stacks)");
+    assert!(checked > 0 && (rns - wns).abs() <= wns * 0.05, "releases {rns} ns, waits {wns} ns: {t}");
+}
+
+fn blocked_share(t: &Value, class: &str) -> f64 {
+    t["blocked_ns"][class].as_f64().unwrap() / t["window_ns"].as_f64().unwrap()
+}
+
+#[test]
+fn why_names_a_java_locks_releaser_jdk_17() {
+    why_names_a_java_locks_releaser("17");
+}
+
+#[test]
+fn why_names_a_java_locks_releaser_jdk_26() {
+    why_names_a_java_locks_releaser("26");
+}

@@ -833,8 +833,15 @@ fn why_names_a_python_locks_releaser(mut cmd: Command, script: &str) {
     let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
     assert_eq!(ids.len(), 2, "{line}");
     let (producer, consumer) = (ids[0], ids[1]);
+    // The text report beside the JSON one, in a second sonde.
+    let text =
+        Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s"]).stdout(Stdio::piped()).spawn().unwrap();
     let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let text = text.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    // The program's own frame, not the standard library's that it called.
+    assert!(text.contains(&format!("({producer}) in producer (pyqueue.py:")), "{text}");
     let v = json_lines(&run.stdout);
     let threads = of_type(&v, "thread");
     let t = threads.iter().find(|t| t["tid"].as_u64() == Some(consumer)).unwrap_or_else(|| panic!("{threads:?}"));

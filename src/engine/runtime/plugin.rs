@@ -51,6 +51,13 @@ pub trait Runtime: Sync {
     fn by_file_name(&self, base: &str) -> Option<String>;
     /// Looks for itself in a process; None: not this runtime.
     fn detect(&self, p: &Process) -> Option<Detected>;
+    /// Whether a frame (its name and file) is the runtime's own library
+    /// (its standard library, its internals): code every program's waits
+    /// and releases pass through, passed over where sonde names the
+    /// program's own frame (`why`'s lock releasers).
+    fn library_frame(&self, _name: &str, _file: Option<&str>) -> bool {
+        false
+    }
 }
 
 /// What a runtime found in a process.

@@ -26,6 +26,12 @@ pub fn lang(kind: u8) -> &'static Lang {
     by_kind(kind).map(|r| r.lang()).unwrap_or(python::CPYTHON.lang())
 }
 
+/// Whether a frame of `lang` is its runtime's own library
+/// ([`Runtime::library_frame`]).
+pub fn library_frame(lang: &Lang, name: &str, file: Option<&str>) -> bool {
+    RUNTIMES.iter().any(|r| std::ptr::eq(r.lang(), lang) && r.library_frame(name, file))
+}
+
 /// Which runtime, if any, `p` runs, and what it found (a runtime known by
 /// its files' names alone has none).
 pub fn detect(p: &Process) -> Option<(Option<&'static dyn Runtime>, Detected)> {

@@ -158,12 +158,21 @@ fn releaser(k: &types::why_release_key, v: &types::why_release, s: &Stack) -> Re
         (Some(file), Some(line)) => format!("{} ({file}:{line})", f.name),
         _ => format!("{} [{}]", f.name, f.module),
     };
-    // A language frame first (the runtime's own native frames, which
-    // release every lock of the program, say little), else native code of
-    // the program's own.
+    // The program's own language frame first (the runtime's native frames
+    // and its standard library, which release every lock of the program,
+    // say little: `Queue.put` is called by the program's `producer`), else
+    // any language frame, else native code outside the C library.
+    let lang = |f: &&&stacks::Frame| matches!(f.kind, FrameKind::Lang(_) | FrameKind::Go | FrameKind::Jit);
+    let library = |f: &stacks::Frame| match f.kind {
+        FrameKind::Lang(l) => crate::engine::runtime::registry::library_frame(l, &f.name, f.file.as_deref()),
+        FrameKind::Go => crate::engine::runtime::go::library_frame(&f.name),
+        _ => false,
+    };
     let own = leaf_first
         .iter()
-        .find(|f| matches!(f.kind, FrameKind::Lang(_) | FrameKind::Go | FrameKind::Jit))
+        .filter(lang)
+        .find(|f| !library(f))
+        .or_else(|| leaf_first.iter().find(lang))
         .or_else(|| leaf_first.iter().find(|f| f.kind == FrameKind::User && !is_system_library(&f.module)));
     Releaser {
         tid: k.s.tid,
@@ -238,6 +247,24 @@ mod tests {
         merge(&mut v);
         let got: Vec<(u32, u64)> = v.iter().map(|r| (r.tid, r.ns)).collect();
         assert_eq!(got, vec![(1, 20), (1, 15), (4, 3)]);
+    }
+
+    #[test]
+    fn each_runtime_knows_its_own_library() {
+        use crate::engine::runtime::{java::HOTSPOT, plugin::Runtime, python::CPYTHON, v8::NODE};
+        let py = |f: &str| CPYTHON.library_frame("f", Some(f));
+        assert!(py("/usr/lib/python3.14/threading.py"));
+        assert!(py("/root/.pyenv/versions/3.11.7/lib/python3.11/queue.py"));
+        assert!(py("<frozen importlib._bootstrap>"));
+        assert!(!py("/usr/lib/python3/dist-packages/requests/api.py"));
+        assert!(!py("/srv/venv/lib/python3.12/site-packages/flask/app.py"));
+        assert!(!py("/tmp/app.py"));
+        assert!(HOTSPOT.library_frame("java.util.concurrent.locks.LockSupport.unpark", None));
+        assert!(HOTSPOT.library_frame("jdk.internal.misc.Unsafe.unpark", None));
+        assert!(!HOTSPOT.library_frame("JQueue.producer", None));
+        assert!(!HOTSPOT.library_frame("com.example.Worker.run", None));
+        assert!(NODE.library_frame("emit", Some("node:events")));
+        assert!(!NODE.library_frame("handler", Some("/srv/app/server.js")));
     }
 
     #[test]

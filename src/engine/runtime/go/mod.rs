@@ -1051,3 +1051,28 @@ mod tests {
         assert!(Pclntab::parse(h, 0).is_err());
     }
 }
+
+/// Whether a Go function is the toolchain's own (its runtime and standard
+/// library: a package path without a dot in its first element, as
+/// `runtime.gopark`, `sync.(*Mutex).Unlock`, `internal/poll.(*FD).Read`),
+/// not the program's or a module's (`github.com/x/y.F`, `main.main`).
+pub fn library_frame(name: &str) -> bool {
+    let first = match name.rfind('/') {
+        Some(i) => name[..i].split('/').next().unwrap_or(""),
+        None => name.split('.').next().unwrap_or(""),
+    };
+    !first.is_empty() && first != "main" && !first.contains('.')
+}
+
+#[cfg(test)]
+mod library_tests {
+    #[test]
+    fn the_toolchains_packages_are_library_frames() {
+        for n in ["runtime.gopark", "sync.(*Mutex).Unlock", "internal/poll.(*FD).Read", "net/http.(*conn).serve"] {
+            assert!(super::library_frame(n), "{n}");
+        }
+        for n in ["main.main", "main.worker.func1", "github.com/x/y.F", "golang.org/x/sync/errgroup.(*Group).Go"] {
+            assert!(!super::library_frame(n), "{n}");
+        }
+    }
+}

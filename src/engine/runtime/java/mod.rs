@@ -58,6 +58,11 @@ impl Runtime for HotspotRuntime {
         "java"
     }
 
+    fn library_frame(&self, name: &str, _file: Option<&str>) -> bool {
+        // The JDK's own packages (and a lambda's or a stub's frame).
+        ["java.", "javax.", "jdk.", "sun.", "com.sun."].iter().any(|p| name.starts_with(p))
+    }
+
     fn lang(&self) -> &'static Lang {
         &LANG
     }

@@ -66,6 +66,11 @@ impl Runtime for NodeRuntime {
         "node"
     }
 
+    fn library_frame(&self, _name: &str, file: Option<&str>) -> bool {
+        // Node's own modules (node:internal/..., node:events).
+        file.is_some_and(|f| f.starts_with("node:"))
+    }
+
     fn lang(&self) -> &'static Lang {
         &LANG
     }
