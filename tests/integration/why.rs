@@ -937,3 +937,35 @@ fn why_bounds_the_walks_of_lock_releasers() {
     // (with and without a stack) and by workers unlocking the mutex.
     assert!(released_ns >= 0.9 * woken_ns && released_ns <= 1.05 * woken_ns, "{released_ns} of {woken_ns}");
 }
+
+/// The hottest functions on CPU, language frames included: a Python
+/// program whose heavy() and light() run loops of their own at 2:1 (the
+/// split built in); `sonde why` names both with their shares of its
+/// samples and says so in the verdict.
+#[test]
+fn why_names_the_hottest_functions_of_a_busy_process() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let script = super::python::wl("pyhot.py");
+    let w = KillOnDrop(Command::new(super::python::python("debian")).arg(&script).arg("30").spawn().unwrap());
+    let pid = w.0.id();
+    thread::sleep(Duration::from_millis(300));
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "6s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    let hot = p["hottest"].as_array().unwrap_or_else(|| panic!("no hottest functions: {p}"));
+    let share = |f: &str| {
+        hot.iter()
+            .find(|h| h["function"] == format!("{f} (pyhot.py)"))
+            .unwrap_or_else(|| panic!("no {f} among {hot:?}"))["share"]
+            .as_f64()
+            .unwrap()
+    };
+    let (heavy, light) = (share("heavy"), share("light"));
+    let samples: u64 = hot.iter().map(|h| h["samples"].as_u64().unwrap()).sum();
+    eprintln!("hottest: heavy {heavy:.3}, light {light:.3} of {samples} samples");
+    // 99 a second over 6 s of one CPU: about 590 (a busy host runs it less).
+    assert!(samples >= 200, "{samples} samples: {hot:?}");
+    assert!((heavy - 2.0 / 3.0).abs() <= 0.07 && (light - 1.0 / 3.0).abs() <= 0.07, "2:1 built in: {hot:?}");
+    assert!(p["verdict"].as_str().unwrap().contains("hottest: heavy (pyhot.py)"), "{}", p["verdict"]);
+}

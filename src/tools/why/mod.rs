@@ -8,8 +8,8 @@
 mod disks;
 mod html;
 mod peers;
-mod releasers;
 mod report;
+mod stacks;
 pub mod syscalls;
 mod timeline;
 
@@ -26,6 +26,7 @@ use crate::engine::{
     error::usage,
     features,
     output::RunArgs,
+    perf::Counter,
     record::{decode, for_each_entry, percpu_sum},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
@@ -68,10 +69,15 @@ const WT_RETRANS_FULL: u32 = 11;
 const WT_DISKS_FULL: u32 = 12;
 const WT_RELEASERS_FULL: u32 = 13;
 const WT_UNWALKED: u32 = 14;
+const WT_SAMPLES: u32 = 15;
 /// + enum stk_stat (src/bpf/stacks.h).
-const WT_STACKS: u32 = 15;
+const WT_STACKS: u32 = 16;
 #[cfg(test)]
 const WT_MAX: u32 = WT_STACKS + 4;
+
+/// On-CPU samples a second per CPU, for the hottest functions (a stack
+/// walk each: at most 0.25% of a CPU).
+const SAMPLE_HZ: u64 = 99;
 
 /// Size of the kernel half's system call table (WHY_NSYS).
 const NSYS: usize = 512;
@@ -113,8 +119,11 @@ const NSYS: usize = 512;
 /// included (bench/why/releases: 2.4 us a walk of a C thread's stack
 /// at 4,000 walks a second, 14 us at 80 a second with cold caches; a
 /// Python thread 20 frames deep 12 and 25 us), waits under 10 ms
-/// sampled, at most 100 walks a second per CPU (0.25% of it). Loading
-/// the programs takes about 0.9 s of CPU (the kernel's verifier).
+/// sampled, at most 100 walks a second per CPU (0.25% of it). The
+/// hottest functions: a CPU-clock sample 99 times a second per CPU, a
+/// walk when a traced thread is on it (at most 0.25% of the CPU).
+/// Loading the programs takes about 0.9 s of CPU (the kernel's
+/// verifier).
 #[derive(Debug, Args)]
 pub struct WhyArgs {
     /// Which tasks (none: every process on the host).
@@ -158,17 +167,19 @@ struct Loaded {
     has_err: bool,
     /// Why the block devices' latency is not measured (None: it is).
     no_disks: Option<String>,
+    /// Why no on-CPU samples were taken (None: they were).
+    no_samples: Option<String>,
 }
 
-fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, releasers::Tracker)> {
+fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks::Tracker)> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = WhySkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_task_follow!(&mut open, tf);
     // The stack engine, for the threads that release locks: its stacks
     // only (no samples are counted by stack), a few thousand of them.
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
-    open.maps.stk_counts.set_max_entries(1)?;
-    open.maps.stk_traces.set_max_entries(4096)?;
+    open.maps.stk_counts.set_max_entries(16384)?;
+    open.maps.stk_traces.set_max_entries(8192)?;
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     crate::set_task_filter!(&mut *ro, tf);
     for (nr, kind) in syscalls::kinds(NSYS) {
@@ -188,7 +199,10 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, release
     if plan.tables {
         links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
     }
-    Ok((Loaded { skel, links, no_retrans: None, has_err, no_disks: None }, releasers::Tracker::new(session)))
+    Ok((
+        Loaded { skel, links, no_retrans: None, has_err, no_disks: None, no_samples: None },
+        stacks::Tracker::new(session),
+    ))
 }
 
 /// Attaches every hook, after setting the window's start.
@@ -228,6 +242,13 @@ fn attach(l: &mut Loaded, tf: &TaskFilter) -> anyhow::Result<u64> {
     match p.why_blk_done.attach() {
         Ok(link) => l.links.push(link),
         Err(e) => l.no_disks = Some(format!("the block_rq_complete tracepoint could not be attached ({e})")),
+    }
+    // The hottest functions on CPU, likewise.
+    match crate::engine::perf::attach_sampling(&p.why_sample, Counter::CpuClock, SAMPLE_HZ, |cpu, e| {
+        anyhow::anyhow!("a CPU-clock perf event could not be opened on CPU {cpu} ({e})")
+    }) {
+        Ok(links) => l.links.extend(links),
+        Err(e) => l.no_samples = Some(format!("{e:#}")),
     }
     Ok(start)
 }
@@ -309,7 +330,7 @@ fn read(
     ksyms: &KernelSymbols,
     names: &mut report::Namer,
     flows: Option<report::FlowRetransmits>,
-    released: Option<&releasers::ByWait>,
+    released: Option<&stacks::ByWait>,
 ) -> anyhow::Result<Snapshot> {
     let t_start = skel.maps.bss_data.as_deref().map(|b| b.t_start).unwrap_or(0);
     let recs = records(skel)?;
@@ -452,7 +473,10 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         disks_not_counted: None,
         releasers_full: st(WT_RELEASERS_FULL)?,
         releases_not_walked: st(WT_UNWALKED)?,
-        release_stack_errors: st(WT_STACKS)? + st(WT_STACKS + 1)? + st(WT_STACKS + 2)?,
+        samples: st(WT_SAMPLES)?,
+        samples_full: st(WT_STACKS + 3)?,
+        samples_not_taken: None,
+        stack_errors: st(WT_STACKS)? + st(WT_STACKS + 1)? + st(WT_STACKS + 2)?,
         releases_taken: 0,
         release_stacks_truncated: 0,
     })
@@ -570,7 +594,7 @@ pub fn run_with(
             wait = wait.min((sample_at + gap).saturating_duration_since(std::time::Instant::now()));
         }
         ctl.wait(wait);
-        tracker.tick(&crate::unw_maps!(l.skel), &l.skel.maps.releases);
+        tracker.tick(&crate::unw_maps!(l.skel), &l.skel.maps.releases, &l.skel.maps.stk_counts);
         if peers_at.elapsed() >= peers_gap {
             look_peers(&l.skel, &mut names)?;
             peers_at = std::time::Instant::now();
@@ -601,7 +625,7 @@ pub fn run_with(
                 lost.retransmits_not_counted.clone_from(&l.no_retrans);
                 lost.disks_not_counted.clone_from(&l.no_disks);
                 let mut r =
-                    Report::build(report::diff(&snap.threads, &base), now - from, a.per_thread, &tf, lost, false);
+                    Report::build(report::diff(&snap.threads, &base), now - from, a.per_thread, &tf, lost, false, None);
                 (r.start_mono_ns, r.end_mono_ns) = (from, now);
                 each(&r)?;
                 prev = Some((now, snap.threads));
@@ -613,7 +637,7 @@ pub fn run_with(
     // then they are detached (each waits for a grace period: on a busy host
     // that took tens of ms, in which states went on changing unseen).
     let mut skel = l.skel;
-    let (no_retrans, no_disks) = (l.no_retrans, l.no_disks);
+    let (no_retrans, no_disks, no_samples) = (l.no_retrans, l.no_disks, l.no_samples);
     let end = mono_ns();
     skel.maps.bss_data.as_deref_mut().expect("bss present").t_end = end;
     ended();
@@ -626,13 +650,14 @@ pub fn run_with(
     }
     let flows = no_retrans.is_none().then(|| flow_retransmits(&skel)).transpose()?;
     names.set_disks(no_disks.is_none().then(|| disk_counts(&skel)).transpose()?, true);
-    let (released, rloss) = tracker.finish(&skel)?;
+    let (released, rloss, hottest) = tracker.finish(&skel)?;
     let snap = read(&skel, end, &ksyms, &mut names, flows, Some(&released))?;
     let mut lost = losses(&skel)?;
     (lost.releases_taken, lost.release_stacks_truncated) = (rloss.taken, rloss.truncated);
     lost.retransmits_not_counted = no_retrans;
     lost.disks_not_counted = no_disks;
-    let mut report = Report::build(snap.threads, end - start, a.per_thread, &tf, lost, true);
+    lost.samples_not_taken = no_samples;
+    let mut report = Report::build(snap.threads, end - start, a.per_thread, &tf, lost, true, Some(&hottest));
     (report.start_mono_ns, report.end_mono_ns) = (start, end);
     Ok(Outcome { report, stop, timeline: tl })
 }

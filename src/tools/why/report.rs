@@ -140,7 +140,7 @@ pub struct Wait {
     /// their stacks at the release (the three that ended the most of its
     /// time; the final report only, not each `-i` interval's).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub released_by: Vec<super::releasers::Releaser>,
+    pub released_by: Vec<super::stacks::Releaser>,
     /// What the other end is looked up by (see [`super::peers`]).
     #[serde(skip)]
     pub far: Option<Far>,
@@ -484,7 +484,7 @@ impl Thread {
                     m.open |= w.open;
                     if !w.released_by.is_empty() {
                         m.released_by.extend(w.released_by);
-                        super::releasers::merge(&mut m.released_by);
+                        super::stacks::merge(&mut m.released_by);
                     }
                 }
                 None => merged.push(w),
@@ -500,6 +500,16 @@ impl Thread {
     pub fn instead_seen(&self) -> u64 {
         self.ran_instead.iter().map(|i| i.ns).sum()
     }
+}
+
+/// "heavy (app.py) 66%, light (app.py) 33%": the first `n` with 1% or more.
+fn hottest_text(h: &[super::stacks::Hot], n: usize) -> String {
+    h.iter()
+        .filter(|x| x.share >= 0.01)
+        .take(n)
+        .map(|x| format!("{} {:.0}%", x.function, 100.0 * x.share))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Moves a wait's time between classes (the user half's reclassification).
@@ -1046,9 +1056,16 @@ pub struct Losses {
     /// Lock releases counted without their stacks: more than 100 a second
     /// on a CPU (each walk costs 2-25 us).
     pub releases_not_walked: u64,
-    /// Releasers' stacks not captured (a stack map's bucket taken by
-    /// another stack, or another error).
-    pub release_stack_errors: u64,
+    /// Releasers' and samples' stacks not captured (a stack map's bucket
+    /// taken by another stack, or another error).
+    pub stack_errors: u64,
+    /// On-CPU samples of traced threads (for the hottest functions).
+    pub samples: u64,
+    /// Samples not counted: the sample map was full.
+    pub samples_full: u64,
+    /// Why no samples were taken (None: they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub samples_not_taken: Option<String>,
     /// Releases taken with their stacks, and of those how many stacks were
     /// cut short (the final report only).
     pub releases_taken: u64,
@@ -1084,6 +1101,8 @@ pub struct Process {
     pub verdict: String,
     /// The command that tells more.
     pub next: Option<String>,
+    /// Its hottest functions on CPU (the run's final report only).
+    pub hottest: Vec<super::stacks::Hot>,
 }
 
 /// The sum of threads (waits merged).
@@ -1223,7 +1242,14 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
     let waker = wait.map(Wait::waker_text).unwrap_or_default();
     match what {
         "on_cpu" => (
-            format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting"),
+            if p.hottest.is_empty() {
+                format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting")
+            } else {
+                format!(
+                    "{who} spent {share:.0}% of its time on CPU: it is busy, not waiting; hottest: {}",
+                    hottest_text(&p.hottest, 2)
+                )
+            },
             Some(format!("sonde profile -p {pid}")),
         ),
         "runqueue" => {
@@ -1324,6 +1350,7 @@ impl Report {
         tf: &TaskFilter,
         losses: Losses,
         last: bool,
+        hot: Option<&super::stacks::Hottest>,
     ) -> Report {
         let host = tf.pids.is_empty() && tf.tids.is_empty() && tf.cgroup == 0 && tf.comm.is_none();
         let mut by_pid: HashMap<u32, Vec<Thread>> = HashMap::new();
@@ -1354,7 +1381,9 @@ impl Report {
                         .collect()
                 };
                 groups.sort_by_key(|g| std::cmp::Reverse(g.sum.lost() + g.sum.on_cpu_ns));
-                let mut p = Process { pid, comm, sum: total, groups, threads: ts, verdict: String::new(), next: None };
+                let hottest = hot.and_then(|h| h.get(&pid)).cloned().unwrap_or_default();
+                let mut p =
+                    Process { pid, comm, sum: total, groups, threads: ts, verdict: String::new(), next: None, hottest };
                 let (v, n) = verdict(&p, per_thread);
                 p.verdict = v;
                 p.next = n;
@@ -1394,10 +1423,13 @@ impl Report {
                 if p.threads.len() == 1 { "" } else { "s" },
                 secs(s.window_ns)
             );
-            let split = s
+            let mut split = s
                 .user_share
                 .map(|u| format!("  (user {:.0}%, system {:.0}%)", 100.0 * u, 100.0 * (1.0 - u)))
                 .unwrap_or_default();
+            if !p.hottest.is_empty() {
+                split += &format!("  hottest: {}", hottest_text(&p.hottest, 3));
+            }
             let mut rows = vec![("on CPU".to_string(), s.on_cpu_ns, split)];
             let inst = instead_text(s, 3);
             rows.push((
@@ -1487,7 +1519,8 @@ impl Report {
                 (l.retransmits_full, "TCP retransmissions (flow map full)"),
                 (l.retransmits_missed, "TCP retransmissions (the kernel skipped the program)"),
                 (l.releasers_full, "lock releases (releaser map full)"),
-                (l.release_stack_errors, "lock releasers' stacks (not captured)"),
+                (l.stack_errors, "stacks (not captured)"),
+                (l.samples_full, "on-CPU samples (sample map full)"),
                 (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
                 (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]
@@ -1496,6 +1529,7 @@ impl Report {
             .map(|(n, what)| format!(", {n} {what}"))
             .chain(l.retransmits_not_counted.iter().map(|w| format!("; TCP retransmissions not counted: {w}")))
             .chain(l.disks_not_counted.iter().map(|w| format!("; block devices' latency not measured: {w}")))
+            .chain(l.samples_not_taken.iter().map(|w| format!("; hottest functions not sampled: {w}")))
             .collect::<String>(),
             if l.unseen_wakeups + l.unseen_switches > 0 {
                 format!(
@@ -1554,6 +1588,9 @@ impl Report {
             v["threads"] = json!(p.threads.len());
             v["verdict"] = json!(p.verdict);
             v["next"] = json!(p.next);
+            if !p.hottest.is_empty() {
+                v["hottest"] = json!(p.hottest);
+            }
             sink.json(&v)?;
         }
         if last {
@@ -1628,7 +1665,7 @@ mod tests {
         let mut n = Namer::default();
         let mut w = n.wait(2, 0x1000, 0, 0, 7, 1, "holder".into(), 30, 1, false, &HashMap::new());
         assert_eq!(w.waker_text(), ", woken by holder (7)");
-        let r = |tid, at: Option<&str>| super::super::releasers::Releaser {
+        let r = |tid, at: Option<&str>| super::super::stacks::Releaser {
             tid,
             pid: 1,
             comm: "holder".into(),

@@ -1451,6 +1451,31 @@ int BPF_PROG(why_blk_done, struct request *rq, int error, unsigned int nr_bytes)
 	return 0;
 }
 
+/* The hottest functions of the traced threads on CPU: their stacks sampled
+ * by a CPU-clock perf event on every CPU (user space sets the rate),
+ * counted per (process, name, stacks) in stk_counts. Other threads cost
+ * one lookup. */
+SEC("perf_event")
+int why_sample(struct bpf_perf_event_data *ctx)
+{
+	if (t_end)
+		return 0;
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	if (!tid)
+		return 0;
+	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	if (!r || r->end)
+		return 0;
+	struct stk_key key = {};
+	key.pid = id >> 32;
+	bpf_get_current_comm(key.comm, sizeof(key.comm));
+	STK_CAPTURE(ctx, &key, true, true, stk_stat);
+	STK_COUNT(&key, 1, stk_stat);
+	stat_add(WT_SAMPLES);
+	return 0;
+}
+
 SEC("iter/task")
 int why_iter(struct bpf_iter__task *ctx)
 {

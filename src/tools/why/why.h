@@ -236,6 +236,7 @@ enum why_stat {
 	WT_DISKS_FULL,      /* a block request not counted: the device map was full */
 	WT_RELEASERS_FULL,  /* a lock's releaser not kept: the releaser map was full */
 	WT_UNWALKED,        /* a release counted without its stack: the CPU's walks spent */
+	WT_SAMPLES,         /* on-CPU samples of traced threads */
 	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
 	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };

@@ -1,12 +1,16 @@
-//! Who released the locks traced threads waited for: the waker's stacks at
-//! the wake-up of a lock wait (why.bpf.c's `releases`, walked by the stack
-//! engine in the kernel, language frames included), symbolized at the end
-//! and attached to the waits they ended.
+//! The stacks `why` takes with the stack engine (walked in the kernel,
+//! language frames included), symbolized at the end:
+//!
+//! - who released the locks traced threads waited for: the waker's stacks
+//!   at the wake-up of a lock wait (why.bpf.c's `releases`), attached to the
+//!   waits they ended;
+//! - the hottest functions of each traced process on CPU: its threads'
+//!   stacks sampled by a CPU-clock perf event (`stk_counts`).
 //!
 //! The unwinder's tables and the runtimes' descriptions are loaded for the
 //! processes whose stacks the kernel half walks (it asks in `unw_need`), and
-//! each releasing process's mappings are snapshot while it lives, so a
-//! process that exits before the report is still named.
+//! each such process's mappings are snapshot while it lives, so a process
+//! that exits before the report is still named.
 use std::collections::{HashMap, HashSet};
 
 use libbpf_rs::MapCore;
@@ -48,6 +52,21 @@ pub struct Releaser {
 /// Releasers by (waiting thread, the wait's object, waking thread).
 pub type ByWait = HashMap<(u32, u64, u32), Vec<Releaser>>;
 
+/// One of a process's hottest functions on CPU.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Hot {
+    /// `function (file)`, or `function [module]`: the innermost frame of
+    /// each sample that is the program's own (see [`own_frame`]).
+    pub function: String,
+    /// Its share of the process's samples on CPU.
+    pub share: f64,
+    /// Samples (99 a second on CPU).
+    pub samples: u64,
+}
+
+/// Each process's hottest functions, most samples first.
+pub type Hottest = HashMap<u32, Vec<Hot>>;
+
 /// What was lost of the releasers' stacks.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Loss {
@@ -75,7 +94,7 @@ impl Tracker {
 
     /// Loads the tables the walk asked for, and snapshots each releasing
     /// process once (per image) while it lives.
-    pub fn tick(&mut self, m: &UnwMaps<'_>, releases: &dyn MapCore) {
+    pub fn tick(&mut self, m: &UnwMaps<'_>, releases: &dyn MapCore, samples: &dyn MapCore) {
         let l = self.session.tick(m);
         for &pid in &l.execs {
             self.images.observe_image(pid, self.session.generation(pid));
@@ -94,6 +113,11 @@ impl Tracker {
                 pids.insert(k.s.pid);
             }
         });
+        let _ = for_each_entry(samples, |k, _| {
+            if let Some(pid) = k.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) {
+                pids.insert(pid);
+            }
+        });
         for pid in pids {
             let gen = self.session.generation(pid);
             if self.seen.insert((pid, gen)) {
@@ -102,11 +126,11 @@ impl Tracker {
         }
     }
 
-    /// Reads and names every release (after the last tick).
-    pub fn finish(mut self, skel: &WhySkel<'static>) -> anyhow::Result<(ByWait, Loss)> {
+    /// Reads and names every release and sample (after the last tick).
+    pub fn finish(mut self, skel: &WhySkel<'static>) -> anyhow::Result<(ByWait, Loss, Hottest)> {
         let um = crate::unw_maps!(skel);
         self.scanned = None;
-        self.tick(&um, &skel.maps.releases);
+        self.tick(&um, &skel.maps.releases, &skel.maps.stk_counts);
         let names = self.session.finish_names(&um);
         self.images.set_lang(names, self.session.frames());
         let maps = crate::stack_maps!(skel);
@@ -133,8 +157,11 @@ impl Tracker {
                 count: 1,
             });
         }
+        let samples = stacks::read_samples(&skel.maps.stk_counts, maps)?;
         let mut sym = SymStats::default();
-        let named = Symbols::default().stacks(&raw, &mut self.images, &mut sym);
+        let mut syms = Symbols::default();
+        let named = syms.stacks(&raw, &mut self.images, &mut sym);
+        let hottest = hottest(&syms.stacks(&samples, &mut self.images, &mut sym));
         let mut by: ByWait = HashMap::new();
         let mut loss = Loss::default();
         for ((k, v), s) in keys.iter().zip(&vals).zip(named) {
@@ -148,8 +175,58 @@ impl Tracker {
         for rs in by.values_mut() {
             merge(rs);
         }
-        Ok((by, loss))
+        Ok((by, loss, hottest))
     }
+}
+
+/// Per process, the samples by the innermost frame that is the program's
+/// own, the five with the most.
+fn hottest(samples: &[Stack]) -> Hottest {
+    let mut by: HashMap<u32, HashMap<String, u64>> = HashMap::new();
+    for s in samples {
+        let leaf_first: Vec<&stacks::Frame> = s.frames.iter().rev().collect();
+        let name = own_frame(&leaf_first)
+            .or(leaf_first.first().copied())
+            .map(|f| match &f.file {
+                Some(file) => format!("{} ({})", f.name, short(file)),
+                None => format!("{} [{}]", f.name, short(&f.module)),
+            })
+            .unwrap_or_else(|| "[unknown]".into());
+        *by.entry(s.pid).or_default().entry(name).or_default() += s.count;
+    }
+    by.into_iter()
+        .map(|(pid, fs)| {
+            let all: u64 = fs.values().sum();
+            let mut v: Vec<Hot> = fs
+                .into_iter()
+                .map(|(function, samples)| Hot { function, share: samples as f64 / all.max(1) as f64, samples })
+                .collect();
+            v.sort_by(|a, b| b.samples.cmp(&a.samples).then_with(|| a.function.cmp(&b.function)));
+            v.truncate(5);
+            (pid, v)
+        })
+        .collect()
+}
+
+/// The innermost frame (of a stack, innermost first) that is the program's
+/// own: a language frame outside its runtime's library (the runtime's
+/// native frames and its standard library run every program's code, and
+/// say little: `Queue.put` is called by the program's `producer`), else
+/// any language frame, else native code outside the C library.
+pub fn own_frame<'a>(leaf_first: &[&'a stacks::Frame]) -> Option<&'a stacks::Frame> {
+    let lang = |f: &&&stacks::Frame| matches!(f.kind, FrameKind::Lang(_) | FrameKind::Go | FrameKind::Jit);
+    let library = |f: &stacks::Frame| match f.kind {
+        FrameKind::Lang(l) => crate::engine::runtime::registry::library_frame(l, &f.name, f.file.as_deref()),
+        FrameKind::Go => crate::engine::runtime::go::library_frame(&f.name),
+        _ => false,
+    };
+    leaf_first
+        .iter()
+        .filter(lang)
+        .find(|f| !library(f))
+        .or_else(|| leaf_first.iter().find(lang))
+        .or_else(|| leaf_first.iter().find(|f| f.kind == FrameKind::User && !is_system_library(&f.module)))
+        .copied()
 }
 
 fn releaser(k: &types::why_release_key, v: &types::why_release, s: &Stack) -> Releaser {
@@ -158,22 +235,7 @@ fn releaser(k: &types::why_release_key, v: &types::why_release, s: &Stack) -> Re
         (Some(file), Some(line)) => format!("{} ({file}:{line})", f.name),
         _ => format!("{} [{}]", f.name, f.module),
     };
-    // The program's own language frame first (the runtime's native frames
-    // and its standard library, which release every lock of the program,
-    // say little: `Queue.put` is called by the program's `producer`), else
-    // any language frame, else native code outside the C library.
-    let lang = |f: &&&stacks::Frame| matches!(f.kind, FrameKind::Lang(_) | FrameKind::Go | FrameKind::Jit);
-    let library = |f: &stacks::Frame| match f.kind {
-        FrameKind::Lang(l) => crate::engine::runtime::registry::library_frame(l, &f.name, f.file.as_deref()),
-        FrameKind::Go => crate::engine::runtime::go::library_frame(&f.name),
-        _ => false,
-    };
-    let own = leaf_first
-        .iter()
-        .filter(lang)
-        .find(|f| !library(f))
-        .or_else(|| leaf_first.iter().find(lang))
-        .or_else(|| leaf_first.iter().find(|f| f.kind == FrameKind::User && !is_system_library(&f.module)));
+    let own = own_frame(&leaf_first);
     Releaser {
         tid: k.s.tid,
         pid: k.s.pid,
