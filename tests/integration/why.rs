@@ -726,8 +726,8 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
     pair.b
         .nft(&format!(
             "table inet whyloss {{
-               chain in {{ type filter hook input priority 0; tcp dport {PORT} tcp flags & psh == psh numgen random mod 100 < 20 drop; }}
-               chain out {{ type filter hook output priority 0; tcp sport {PORT} tcp flags & psh == psh numgen random mod 100 < 20 drop; }}
+               chain in {{ type filter hook input priority 0; tcp dport {PORT} tcp flags & psh == psh numgen random mod 100 < 20 counter drop; }}
+               chain out {{ type filter hook output priority 0; tcp sport {PORT} tcp flags & psh == psh numgen random mod 100 < 20 counter drop; }}
              }}"
         ))
         .unwrap();
@@ -809,12 +809,44 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
     } else if missed == 0 {
         assert!(by_peer <= server && server - by_peer <= (server / 8).max(1), "{r} vs the server's {server}");
     }
+    // The packets dropped on the connection: those the two rules dropped
+    // (the kernel's NETFILTER_DROP) against the rules' own counters, exact
+    // unless the kernel skipped the program (PID 1 on the CPU). TCP drops
+    // more itself, counted by their reasons: duplicates of data it had
+    // (TCP_OLD_DATA, from retransmissions that were not needed, such as
+    // tail loss probes), data left at close (QUEUE_PURGE).
+    let out = Command::new("ip")
+        .args(["netns", "exec", &pair.b.name, "nft", "-j", "list", "table", "inet", "whyloss"])
+        .output()
+        .unwrap();
+    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counted: i64 = rules["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["rule"]["expr"].as_array())
+        .flat_map(|e| e.iter().filter_map(|x| x["counter"]["packets"].as_i64()))
+        .sum();
+    let dr = &waits[0]["drops"];
+    assert!(waits.iter().all(|w| w["drops"] == *dr), "one connection, one count: {waits:?}");
+    eprintln!("drops on the connection: {dr}; the rules' counters: {counted}");
+    let total = dr["total"].as_i64().unwrap_or_else(|| panic!("no drops counted: {}", waits[0]));
+    let by: i64 = dr["by_reason"].as_object().unwrap().values().map(|n| n.as_i64().unwrap()).sum();
+    assert_eq!(by, total, "{dr}");
+    let ours = dr["by_reason"]["NETFILTER_DROP"].as_i64().unwrap_or(0);
+    if !pid1 {
+        assert_eq!(ours, counted, "sonde's drops on the connection vs the rules' counters: {dr}");
+    } else {
+        assert!(ours <= counted && counted - ours <= (counted / 8).max(1), "{dr} vs {counted}, PID 1 hidden");
+    }
     // The verdict, when the network is the client's largest share, says so.
     let p = of_type(&v, "process").into_iter().find(|p| p["comm"] == "python3").cloned();
     if let Some(p) = p {
         let verdict = p["verdict"].as_str().unwrap();
         if verdict.contains("blocked on the network") {
             assert!(verdict.contains("TCP retransmission"), "{verdict}");
+            assert!(verdict.contains(&format!("{total} packets dropped (")), "{verdict}");
+            assert!(verdict.contains(&format!("NETFILTER_DROP {ours}")), "{verdict}");
             assert_eq!(p["next"], format!("sonde retrans --port {PORT}"), "{p}");
         }
     }

@@ -50,6 +50,7 @@ crate::pod!(
     skel::types::why_retrans,
     skel::types::why_disk,
     skel::types::why_release_key,
+    skel::types::why_drop_key,
     skel::types::why_release
 );
 
@@ -70,8 +71,9 @@ const WT_DISKS_FULL: u32 = 12;
 const WT_RELEASERS_FULL: u32 = 13;
 const WT_UNWALKED: u32 = 14;
 const WT_SAMPLES: u32 = 15;
+const WT_DROPS_FULL: u32 = 16;
 /// + enum stk_stat (src/bpf/stacks.h).
-const WT_STACKS: u32 = 16;
+const WT_STACKS: u32 = 17;
 #[cfg(test)]
 const WT_MAX: u32 = WT_STACKS + 4;
 
@@ -114,7 +116,9 @@ const NSYS: usize = 512;
 /// only when new ones were waited on, at most once a second (2 ms a look
 /// here, 444 descriptors). One more program per TCP retransmission and one
 /// per block request completed (217 ns each, measured with
-/// kernel.bpf_stats_enabled beside 18,000 direct reads a second). A
+/// kernel.bpf_stats_enabled beside 18,000 direct reads a second), and
+/// one per packet the kernel drops (108 ns each, a UDP flood to a closed
+/// port). A
 /// lock's releaser: its stack walked at the wake-up, language frames
 /// included (bench/why/releases: 2.4 us a walk of a C thread's stack
 /// at 4,000 walks a second, 14 us at 80 a second with cold caches; a
@@ -169,6 +173,10 @@ struct Loaded {
     no_disks: Option<String>,
     /// Why no on-CPU samples were taken (None: they were).
     no_samples: Option<String>,
+    /// Why packet drops are not counted (None: they are).
+    no_drops: Option<String>,
+    /// The kfree_skb tracepoint passes the drop's reason (Linux 5.17+).
+    drop_reason: bool,
 }
 
 fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks::Tracker)> {
@@ -192,6 +200,13 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
     let has_err = features::tracepoint_btf_args("tcp_retransmit_skb").is_some_and(|n| n >= 3);
     open.progs.why_retrans_err.set_autoload(has_err);
     open.progs.why_retrans.set_autoload(!has_err);
+    // Packet drops: the reason where kfree_skb passes one (Linux 5.17+).
+    let skb_args = features::tracepoint_btf_args("kfree_skb");
+    let drop_reason = skb_args.is_some_and(|n| n >= 3);
+    let no_drops =
+        skb_args.filter(|&n| n >= 2).is_none().then(|| "this kernel's BTF has no skb:kfree_skb tracepoint".to_string());
+    open.progs.why_drop_reason.set_autoload(drop_reason);
+    open.progs.why_drop.set_autoload(no_drops.is_none() && !drop_reason);
     let skel = open.load().context("loading the scheduler programs (tp_btf)")?;
     tf.fill_pids(&skel.maps.tf_pids)?;
     let session = unwind::Session::start(plan, &crate::unw_maps!(skel), tf);
@@ -200,7 +215,7 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
         links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
     }
     Ok((
-        Loaded { skel, links, no_retrans: None, has_err, no_disks: None, no_samples: None },
+        Loaded { skel, links, no_retrans: None, has_err, no_disks: None, no_samples: None, no_drops, drop_reason },
         stacks::Tracker::new(session),
     ))
 }
@@ -242,6 +257,14 @@ fn attach(l: &mut Loaded, tf: &TaskFilter) -> anyhow::Result<u64> {
     match p.why_blk_done.attach() {
         Ok(link) => l.links.push(link),
         Err(e) => l.no_disks = Some(format!("the block_rq_complete tracepoint could not be attached ({e})")),
+    }
+    // The packets dropped on the connections waited on, likewise.
+    if l.no_drops.is_none() {
+        let prog = if l.drop_reason { &p.why_drop_reason } else { &p.why_drop };
+        match prog.attach() {
+            Ok(link) => l.links.push(link),
+            Err(e) => l.no_drops = Some(format!("the kfree_skb tracepoint could not be attached ({e})")),
+        }
     }
     // The hottest functions on CPU, likewise.
     match crate::engine::perf::attach_sampling(&p.why_sample, Counter::CpuClock, SAMPLE_HZ, |cpu, e| {
@@ -476,10 +499,26 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         samples: st(WT_SAMPLES)?,
         samples_full: st(WT_STACKS + 3)?,
         samples_not_taken: None,
+        drops_full: st(WT_DROPS_FULL)?,
+        drops_not_counted: None,
         stack_errors: st(WT_STACKS)? + st(WT_STACKS + 1)? + st(WT_STACKS + 2)?,
         releases_taken: 0,
         release_stacks_truncated: 0,
     })
+}
+
+/// The packets dropped so far, by the packet's addresses and ports and
+/// the reason (over every network namespace).
+fn flow_drops(skel: &WhySkel<'static>) -> anyhow::Result<report::FlowDrops> {
+    let mut out = report::FlowDrops::new();
+    for_each_entry(&skel.maps.drops, |k, v| {
+        let (Some(k), Some(n)) = (decode::<skel::types::why_drop_key>(k), decode::<u64>(v)) else { return };
+        let (Some(s), Some(d)) = (report::ip_of(k.family, &k.saddr), report::ip_of(k.family, &k.daddr)) else {
+            return;
+        };
+        *out.entry((s, k.sport, d, k.dport)).or_default().entry(k.reason).or_default() += n;
+    })?;
+    Ok(out)
 }
 
 /// The block requests completed so far, per device.
@@ -554,6 +593,7 @@ pub fn run_with(
     let mut names = report::Namer::default();
     let mut prev: Option<(u64, HashMap<u32, Thread>)> = None;
     let mut prev_flows: Option<report::FlowRetransmits> = None;
+    let mut prev_drops: Option<report::FlowDrops> = None;
     let mut prev_disks: Option<disks::Counts> = None;
     let mut next_at = a.interval.map(|i| std::time::Instant::now() + i);
     // The timeline's samples: about 400 over a known duration (10 ms to 1 s
@@ -616,6 +656,9 @@ pub fn run_with(
                 let flows = l.no_retrans.is_none().then(|| flow_retransmits(&l.skel)).transpose()?;
                 let own = flows.as_ref().map(|f| report::flows_since(f, prev_flows.as_ref()));
                 prev_flows = flows;
+                let dropped = l.no_drops.is_none().then(|| flow_drops(&l.skel)).transpose()?;
+                names.set_drops(dropped.as_ref().map(|d| report::drops_since(d, prev_drops.as_ref())));
+                prev_drops = dropped;
                 let counts = l.no_disks.is_none().then(|| disk_counts(&l.skel)).transpose()?;
                 names.set_disks(counts.as_ref().map(|c| disks::since(c, prev_disks.as_ref())), false);
                 prev_disks = counts;
@@ -624,6 +667,7 @@ pub fn run_with(
                 let mut lost = losses(&l.skel)?;
                 lost.retransmits_not_counted.clone_from(&l.no_retrans);
                 lost.disks_not_counted.clone_from(&l.no_disks);
+                lost.drops_not_counted.clone_from(&l.no_drops);
                 let mut r =
                     Report::build(report::diff(&snap.threads, &base), now - from, a.per_thread, &tf, lost, false, None);
                 (r.start_mono_ns, r.end_mono_ns) = (from, now);
@@ -637,7 +681,7 @@ pub fn run_with(
     // then they are detached (each waits for a grace period: on a busy host
     // that took tens of ms, in which states went on changing unseen).
     let mut skel = l.skel;
-    let (no_retrans, no_disks, no_samples) = (l.no_retrans, l.no_disks, l.no_samples);
+    let (no_retrans, no_disks, no_samples, no_drops) = (l.no_retrans, l.no_disks, l.no_samples, l.no_drops);
     let end = mono_ns();
     skel.maps.bss_data.as_deref_mut().expect("bss present").t_end = end;
     ended();
@@ -650,6 +694,7 @@ pub fn run_with(
     }
     let flows = no_retrans.is_none().then(|| flow_retransmits(&skel)).transpose()?;
     names.set_disks(no_disks.is_none().then(|| disk_counts(&skel)).transpose()?, true);
+    names.set_drops(no_drops.is_none().then(|| flow_drops(&skel)).transpose()?);
     let (released, rloss, hottest) = tracker.finish(&skel)?;
     let snap = read(&skel, end, &ksyms, &mut names, flows, Some(&released))?;
     let mut lost = losses(&skel)?;
@@ -657,6 +702,7 @@ pub fn run_with(
     lost.retransmits_not_counted = no_retrans;
     lost.disks_not_counted = no_disks;
     lost.samples_not_taken = no_samples;
+    lost.drops_not_counted = no_drops;
     let mut report = Report::build(snap.threads, end - start, a.per_thread, &tf, lost, true, Some(&hottest));
     (report.start_mono_ns, report.end_mono_ns) = (start, end);
     Ok(Outcome { report, stop, timeline: tl })

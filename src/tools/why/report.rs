@@ -121,6 +121,10 @@ pub struct Wait {
     /// (a TCP socket with a peer).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retransmits: Option<Retransmits>,
+    /// Packets the kernel dropped on its connection in the window, both
+    /// directions, when counted (a TCP or UDP socket with a peer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drops: Option<Drops>,
     /// What a wait for memory was for, from its kernel stack: `file_fault`
     /// (a page fault reading a file), `swap_in`, `reclaim`, `cgroup_reclaim`
     /// (reclaim for its memory cgroup's limit), `compaction`, `migration`,
@@ -289,6 +293,55 @@ impl Retransmits {
         let peer = if self.by_peer > 0 { format!("; {} by the other end", self.by_peer) } else { String::new() };
         format!("{} ({}{peer})", plural(self.total, "TCP retransmission", "TCP retransmissions"), parts.join(", "))
     }
+}
+
+/// Packets the kernel dropped on one connection in the window, both
+/// directions (UDP too), by the kernel's reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Drops {
+    /// Packets dropped.
+    pub total: u64,
+    /// By reason (`skb_drop_reason` without its prefix: `NETFILTER_DROP`,
+    /// `TCP_OLD_DATA`...; `UNKNOWN` before Linux 5.17).
+    pub by_reason: std::collections::BTreeMap<String, u64>,
+}
+
+impl Drops {
+    /// "12 packets dropped (NETFILTER_DROP 12)".
+    pub fn text(&self) -> String {
+        let reasons: Vec<String> = {
+            let mut v: Vec<(&String, &u64)> = self.by_reason.iter().collect();
+            v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+            v.into_iter().take(3).map(|(r, n)| format!("{r} {n}")).collect()
+        };
+        format!("{} packet{} dropped ({})", self.total, if self.total == 1 { "" } else { "s" }, reasons.join(", "))
+    }
+
+    fn plus(&mut self, b: &Drops) {
+        self.total += b.total;
+        for (r, n) in &b.by_reason {
+            *self.by_reason.entry(r.clone()).or_default() += n;
+        }
+    }
+}
+
+/// Drops by the packet's (source address and port, destination address
+/// and port), by reason's number.
+pub type FlowDrops = HashMap<FlowKey, HashMap<u32, u64>>;
+
+/// The drops in `now` since `before` (both running totals): an interval's own.
+pub fn drops_since(now: &FlowDrops, before: Option<&FlowDrops>) -> FlowDrops {
+    now.iter()
+        .map(|(k, rs)| {
+            let b = before.and_then(|b| b.get(k));
+            let d = rs
+                .iter()
+                .map(|(r, n)| (*r, n.saturating_sub(b.and_then(|b| b.get(r)).copied().unwrap_or(0))))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            (*k, d)
+        })
+        .collect()
 }
 
 /// A TCP flow as the retransmitting socket sees it: local address and
@@ -593,6 +646,10 @@ pub struct Namer {
     cgroups: HashMap<u64, String>,
     /// TCP retransmissions so far, by flow (None: not counted).
     retrans: Option<FlowRetransmits>,
+    /// The packets dropped so far, by flow (None: not counted).
+    drops: Option<FlowDrops>,
+    /// The kernel's names of drop reasons (loaded with the first drops).
+    reasons: Option<crate::tools::drops::reasons::Reasons>,
     /// The processes at the other end of sockets and pipes.
     pub peers: super::peers::Peers,
     /// The block devices' requests in the window, by dev_t.
@@ -750,6 +807,31 @@ impl Namer {
         self.retrans = r;
     }
 
+    /// The packets dropped so far, by flow, and the kernel's names of the
+    /// reasons (None: not counted).
+    pub fn set_drops(&mut self, d: Option<FlowDrops>) {
+        if d.is_some() && self.reasons.is_none() {
+            self.reasons = Some(crate::tools::drops::reasons::Reasons::load());
+        }
+        self.drops = d;
+    }
+
+    /// The drops on a socket's connection: packets it sent (the flow as it
+    /// sees it) and packets sent to it (the flow reversed).
+    fn drops_of(&self, o: &super::skel::types::why_obj) -> Option<Drops> {
+        let map = self.drops.as_ref()?;
+        let names = self.reasons.as_ref()?;
+        let (l, r) = (ip_of(o.family, &o.saddr)?, ip_of(o.family, &o.daddr)?);
+        let mut out = Drops::default();
+        for key in [(l, o.sport, r, o.dport), (r, o.dport, l, o.sport)] {
+            for (reason, n) in map.get(&key).into_iter().flatten() {
+                out.total += n;
+                *out.by_reason.entry(names.name(*reason)).or_default() += n;
+            }
+        }
+        Some(out)
+    }
+
     /// The retransmissions of a TCP socket's connection: its own (the flow
     /// as it sees it) and its peer's (the flow reversed), in whatever
     /// network namespace.
@@ -860,6 +942,7 @@ impl Namer {
             waker_comm: if waker == 0 { String::new() } else { waker_comm },
             open,
             retransmits: None,
+            drops: None,
             memory: None,
             device: None,
             peers: Vec::new(),
@@ -932,6 +1015,7 @@ impl Namer {
                             if o.proto == 6 {
                                 w.retransmits = self.retransmits_of(o);
                             }
+                            w.drops = self.drops_of(o);
                         }
                     } else {
                         w.object = format!("{op} {proto} ({})", path.unwrap_or_else(|| format!("inode {}", o.ino)));
@@ -1051,6 +1135,11 @@ pub struct Losses {
     /// Why the block devices' latency was not measured (None: it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disks_not_counted: Option<String>,
+    /// Packet drops not counted: the drop map was full.
+    pub drops_full: u64,
+    /// Why packet drops were not counted at all (None: they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drops_not_counted: Option<String>,
     /// Lock releases not kept: the releaser map was full.
     pub releasers_full: u64,
     /// Lock releases counted without their stacks: more than 100 a second
@@ -1216,6 +1305,21 @@ fn connections_retransmits(t: &Thread) -> Option<(usize, Retransmits)> {
     (!seen.is_empty()).then_some((seen.len(), sum))
 }
 
+/// The packets dropped on the connections `t` waited on (each counted once).
+fn connections_drops(t: &Thread) -> Option<Drops> {
+    let mut seen: Vec<(&str, &str)> = Vec::new();
+    let mut sum = Drops::default();
+    for w in t.waits.iter().filter(|w| w.class == Class::Network) {
+        let (Some(d), Some(l), Some(rem)) = (&w.drops, &w.local, &w.remote) else { continue };
+        if seen.contains(&(l.as_str(), rem.as_str())) {
+            continue;
+        }
+        seen.push((l, rem));
+        sum.plus(d);
+    }
+    (!seen.is_empty()).then_some(sum)
+}
+
 fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
     let s = &p.sum;
     // The cause: the largest time on CPU or lost; only when that is small
@@ -1280,24 +1384,40 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
         "network" => {
             let port = wait.and_then(|w| w.remote.as_deref()).and_then(|r| r.rsplit(':').next()).unwrap_or("");
             let conns = connections_retransmits(s);
-            let loss = conns
-                .map(|(n, r)| {
-                    format!(
-                        "; on {} in the window: {}",
-                        if n == 1 { "its connection".to_string() } else { format!("its {n} connections") },
-                        r.text()
-                    )
-                })
-                .unwrap_or_default();
+            let dropped = connections_drops(s).filter(|d| d.total > 0);
+            let lost = [
+                conns.map(|(_, r)| r.text()).filter(|_| conns.is_some_and(|(_, r)| r.total > 0) || dropped.is_none()),
+                dropped.as_ref().map(Drops::text),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>();
+            let n = conns.map(|(n, _)| n).unwrap_or(1);
+            let loss = if lost.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; on {} in the window: {}",
+                    if n == 1 { "its connection".to_string() } else { format!("its {n} connections") },
+                    lost.join(", ")
+                )
+            };
+            let retransmitted = conns.is_some_and(|(_, r)| r.total > 0);
             // The other end on this host, and nothing lost on the way: the
             // wait is that process's time, which `why` of it tells.
             let local = wait
                 .and_then(|w| w.peers.iter().find(|x| x.pid != pid))
-                .filter(|_| conns.is_none_or(|(_, r)| r.total == 0));
+                .filter(|_| !retransmitted && dropped.is_none());
             (
                 format!("{who} spent {share:.0}% blocked on the network: {obj}{waker}{loss}"),
                 Some(match local {
                     Some(x) => format!("sonde why -p {}", x.pid),
+                    // Dropped but not retransmitted (UDP, or packets the
+                    // kernel dropped that TCP did not have to resend): where
+                    // and why they were dropped.
+                    None if dropped.is_some() && !retransmitted && !port.is_empty() && port != "0" => {
+                        format!("sonde drops --port {port}")
+                    }
                     None if port.is_empty() || port == "0" => format!("sonde retrans -p {pid}"),
                     None => format!("sonde retrans --port {port}"),
                 }),
@@ -1454,7 +1574,14 @@ impl Report {
                     .filter(|w| w.class == c)
                     .take(2)
                     .map(|w| {
-                        let loss = w.retransmits.filter(|r| r.total > 0).map(|r| format!(", {}", r.text()));
+                        let loss = [
+                            w.retransmits.filter(|r| r.total > 0).map(|r| r.text()),
+                            w.drops.as_ref().filter(|d| d.total > 0).map(Drops::text),
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .map(|t| format!(", {t}"))
+                        .reduce(|a, b| a + &b);
                         // An object's other end or device, once per line.
                         let what = if told.contains(&w.object.as_str()) {
                             w.object.clone()
@@ -1521,6 +1648,7 @@ impl Report {
                 (l.releasers_full, "lock releases (releaser map full)"),
                 (l.stack_errors, "stacks (not captured)"),
                 (l.samples_full, "on-CPU samples (sample map full)"),
+                (l.drops_full, "packet drops (drop map full)"),
                 (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
                 (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]
@@ -1530,6 +1658,7 @@ impl Report {
             .chain(l.retransmits_not_counted.iter().map(|w| format!("; TCP retransmissions not counted: {w}")))
             .chain(l.disks_not_counted.iter().map(|w| format!("; block devices' latency not measured: {w}")))
             .chain(l.samples_not_taken.iter().map(|w| format!("; hottest functions not sampled: {w}")))
+            .chain(l.drops_not_counted.iter().map(|w| format!("; packet drops not counted: {w}")))
             .collect::<String>(),
             if l.unseen_wakeups + l.unseen_switches > 0 {
                 format!(

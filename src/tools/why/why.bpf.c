@@ -1373,6 +1373,97 @@ int BPF_PROG(why_retrans, const struct sock *sk, const struct sk_buff *skb)
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct why_drop_key);
+	__type(value, __u64);
+} drops SEC(".maps");
+
+struct why_drop_key _why_drop_key = {};
+
+/*
+ * A packet dropped (skb:kfree_skb): counted by its addresses and ports and
+ * the kernel's reason, if TCP or UDP over IP. Consumed packets (freed after
+ * use, not dropped) are passed over. The headers are read where the
+ * network header is (set for every packet past the driver).
+ */
+static __always_inline void count_drop(struct sk_buff *skb, __u32 reason)
+{
+	if (!t_start || t_end)
+		return;
+	if (reason != WHY_NO_REASON &&
+	    bpf_core_enum_value_exists(enum skb_drop_reason, SKB_CONSUMED) &&
+	    (reason == bpf_core_enum_value(enum skb_drop_reason, SKB_CONSUMED) ||
+	     reason == bpf_core_enum_value(enum skb_drop_reason, SKB_NOT_DROPPED_YET)))
+		return;
+	unsigned char *head = skb->head;
+	__u16 nh = skb->network_header;
+	__u16 eth = bpf_ntohs(skb->protocol);
+	if (!head || nh == (__u16)~0)
+		return;
+	struct why_drop_key k = {.reason = reason};
+	__u8 h[40];
+	__u32 l4;
+	if (eth == 0x0800) {
+		if (bpf_probe_read_kernel(h, 20, head + nh) || (h[0] >> 4) != 4)
+			return;
+		/* A fragment after the first carries no ports. */
+		if (((h[6] & 0x1f) | h[7]) != 0)
+			return;
+		k.family = AF_INET;
+		k.proto = h[9];
+		__builtin_memcpy(k.saddr, &h[12], 4);
+		__builtin_memcpy(k.daddr, &h[16], 4);
+		l4 = nh + (h[0] & 0xf) * 4;
+	} else if (eth == 0x86dd) {
+		if (bpf_probe_read_kernel(h, 40, head + nh) || (h[0] >> 4) != 6)
+			return;
+		k.family = AF_INET6;
+		k.proto = h[6];
+		__builtin_memcpy(k.saddr, &h[8], 16);
+		__builtin_memcpy(k.daddr, &h[24], 16);
+		l4 = nh + 40;
+	} else {
+		return;
+	}
+	if (k.proto != IPPROTO_TCP && k.proto != IPPROTO_UDP)
+		return;
+	__u16 ports[2];
+	if (bpf_probe_read_kernel(ports, sizeof(ports), head + l4))
+		return;
+	k.sport = bpf_ntohs(ports[0]);
+	k.dport = bpf_ntohs(ports[1]);
+	__u64 *n = bpf_map_lookup_elem(&drops, &k);
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+		return;
+	}
+	__u64 one = 1;
+	if (bpf_map_update_elem(&drops, &k, &one, BPF_NOEXIST)) {
+		n = bpf_map_lookup_elem(&drops, &k);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else
+			stat_add(WT_DROPS_FULL);
+	}
+}
+
+/* Linux 5.17+ passes the reason (user space loads the one that fits). */
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(why_drop_reason, struct sk_buff *skb, void *location, enum skb_drop_reason reason)
+{
+	count_drop(skb, reason);
+	return 0;
+}
+
+SEC("tp_btf/kfree_skb")
+int BPF_PROG(why_drop, struct sk_buff *skb, void *location)
+{
+	count_drop(skb, WHY_NO_REASON);
+	return 0;
+}
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 256);
 	__type(key, __u32);
 	__type(value, struct why_disk);

@@ -219,6 +219,21 @@ struct why_release {
 	__u64 count;
 };
 
+/* Packets the kernel dropped in the window (skb:kfree_skb, with its reason),
+ * by the packet's own addresses and ports (TCP and UDP): user space matches
+ * them to the sockets waited on, both directions. */
+struct why_drop_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u16 sport; /* host order */
+	__u16 dport;
+	__u16 family;
+	__u8 proto;
+	__u8 pad;
+	__u32 reason; /* enum skb_drop_reason, or WHY_NO_REASON */
+};
+#define WHY_NO_REASON 0xffffffff
+
 /* In this order in src/tools/why/mod.rs (WT_*). */
 enum why_stat {
 	WT_SWITCHES = 0,    /* context switches seen */
@@ -237,6 +252,7 @@ enum why_stat {
 	WT_RELEASERS_FULL,  /* a lock's releaser not kept: the releaser map was full */
 	WT_UNWALKED,        /* a release counted without its stack: the CPU's walks spent */
 	WT_SAMPLES,         /* on-CPU samples of traced threads */
+	WT_DROPS_FULL,      /* a packet drop not counted: the drop map was full */
 	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
 	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };
