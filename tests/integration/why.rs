@@ -1001,3 +1001,43 @@ fn why_names_the_hottest_functions_of_a_busy_process() {
     assert!((heavy - 2.0 / 3.0).abs() <= 0.07 && (light - 1.0 / 3.0).abs() <= 0.07, "2:1 built in: {hot:?}");
     assert!(p["verdict"].as_str().unwrap().contains("hottest: heavy (pyhot.py)"), "{}", p["verdict"]);
 }
+
+/// The other end of a Unix socket: a client connected to a server's named
+/// socket (as a program to a local daemon) waits in recv() for what the
+/// server, another process, sends every 20 ms; `sonde why` of the client
+/// names the server (by the kernel's own link between the two sockets)
+/// and says to look at it next.
+#[test]
+fn why_names_the_process_at_the_other_end_of_a_unix_socket() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch_dir("why-unix");
+    let path = dir.join("daemon.sock");
+    let _ = std::fs::remove_file(&path);
+    let server = format!(
+        "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.bind({p:?}); s.listen(1)\nprint('ready', flush=True)\n\
+         c, _ = s.accept()\nwhile True:\n    time.sleep(0.02)\n    c.send(b'x')",
+        p = path.to_str().unwrap()
+    );
+    let mut srv = KillOnDrop(Command::new("python3").args(["-c", &server]).stdout(Stdio::piped()).spawn().unwrap());
+    let mut ready = String::new();
+    BufReader::new(srv.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+    let client = format!(
+        "import socket\nc = socket.socket(socket.AF_UNIX)\nc.connect({p:?})\nwhile True:\n    c.recv(1)",
+        p = path.to_str().unwrap()
+    );
+    let cli = KillOnDrop(Command::new("python3").args(["-c", &client]).spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let pid = cli.0.id();
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    assert!(blocked(&t, "pipe") > 0.9 * field(&t, "window_ns"), "{t}");
+    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "pipe").unwrap().clone();
+    assert!(w["object"].as_str().unwrap().starts_with("receive unix socket"), "{w}");
+    let peers: Vec<u64> = w["peers"].as_array().into_iter().flatten().map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_eq!(peers, vec![u64::from(srv.0.id())], "the server at the other end: {w}");
+    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    assert_eq!(p["next"], format!("sonde why -p {}", srv.0.id()), "{p}");
+}

@@ -15,6 +15,9 @@
 //!   end for a reader, the read end for a writer), the waiter's own process
 //!   included: a process waiting on a pipe only it can write to waits on
 //!   itself.
+//! - A connected Unix socket: the processes holding its peer socket (the
+//!   kernel's own link, read by the kernel half), the waiter's own process
+//!   included.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,6 +142,7 @@ impl Found {
         }
         let mut want: HashMap<bool, HashSet<Tuple>> = HashMap::new();
         let mut pipes: HashSet<u64> = HashSet::new();
+        let mut unix: HashSet<u64> = HashSet::new();
         for f in &todo {
             match *f {
                 Far::Socket { tuple, udp, .. } => {
@@ -146,6 +150,9 @@ impl Found {
                 }
                 Far::Pipe { ino } => {
                     pipes.insert(ino);
+                }
+                Far::Unix { peer } => {
+                    unix.insert(peer);
                 }
             }
         }
@@ -157,7 +164,7 @@ impl Found {
             tables.insert(*udp, t);
         }
         let socks: HashMap<Far, u64> = todo.iter().filter_map(|f| Some((*f, peer_socket(f, &tables)?))).collect();
-        let sock_inodes: HashSet<u64> = socks.values().copied().collect();
+        let sock_inodes: HashSet<u64> = socks.values().copied().chain(unix.iter().copied()).collect();
         let held = if sock_inodes.is_empty() && pipes.is_empty() {
             procfd::Held { complete: true, ..Default::default() }
         } else {
@@ -176,6 +183,7 @@ impl Found {
             let key = match f {
                 Far::Socket { .. } => socks.get(&f).map(|ino| (Kind::Socket, *ino)),
                 Far::Pipe { ino } => Some((Kind::Pipe, ino)),
+                Far::Unix { peer } => Some((Kind::Socket, peer)),
             };
             match key.and_then(|k| held.by_inode.get(&k)) {
                 Some(v) if !v.is_empty() && self.found.len() < MAX_KEPT => {

@@ -184,14 +184,21 @@ pub enum Far {
         /// The pipe's inode.
         ino: u64,
     },
+    /// A connected Unix socket, by its peer's socket inode (the kernel's
+    /// own link between the two).
+    Unix {
+        /// The peer socket's inode.
+        peer: u64,
+    },
 }
 
 impl Far {
     /// What the kernel half's description of a socket or pipe is looked up
-    /// by (None: a file, a listening or unconnected socket, a Unix socket).
+    /// by (None: a file, a listening or unconnected socket).
     pub fn of(o: &super::skel::types::why_obj) -> Option<Far> {
         match o.kind {
             2 => Some(Far::Pipe { ino: o.ino }),
+            3 if o.family == 1 && o.peer != 0 => Some(Far::Unix { peer: o.peer }),
             3 if (o.family == 2 || o.family == 10) && o.dport != 0 && (o.proto == 6 || o.proto == 17) => {
                 // ip_of gives an IPv4-mapped address as IPv4, as procfd's
                 // lookups compare them.
@@ -1019,6 +1026,7 @@ impl Namer {
                         }
                     } else {
                         w.object = format!("{op} {proto} ({})", path.unwrap_or_else(|| format!("inode {}", o.ino)));
+                        w.far = Far::of(o);
                     }
                     w.op = Some(op);
                 }

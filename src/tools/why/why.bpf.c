@@ -490,9 +490,14 @@ static __always_inline __u8 file_class(struct why_thread *r, struct file *f, __u
 			BPF_CORE_READ_INTO((struct in6_addr *)o->daddr, sk,
 			                   __sk_common.skc_v6_daddr);
 		}
-		if (fam == AF_UNIX_)
+		if (fam == AF_UNIX_) {
+			/* Its peer (a connected or accepted socket, a socketpair's
+			 * other half): the holders of that socket are the other end. */
+			struct sock *peer = BPF_CORE_READ((struct unix_sock *)sk, peer);
+			if (peer)
+				o->peer = BPF_CORE_READ(peer, sk_socket, file, f_inode, i_ino);
 			cls = WC_PIPE;
-		else if (fam == AF_INET_ || fam == AF_INET6_)
+		} else if (fam == AF_INET_ || fam == AF_INET6_)
 			cls = WC_NETWORK;
 		/* A listening socket: waiting for connections, for work (as
 		 * accept on it is), whichever call waits on it. */
