@@ -78,7 +78,7 @@ const WT_STACKS: u32 = 17;
 const WT_MAX: u32 = WT_STACKS + 4;
 
 /// On-CPU samples a second per CPU, for the hottest functions (a stack
-/// walk each: at most 0.25% of a CPU).
+/// walk each: 0.13-0.26% of a CPU beside a busy program).
 const SAMPLE_HZ: u64 = 99;
 
 /// Size of the kernel half's system call table (WHY_NSYS).
@@ -104,30 +104,28 @@ const NSYS: usize = 512;
 /// what ran on that CPU instead. -o FILE.html also writes a page with each
 /// thread's timeline of its states over the window.
 ///
-/// OVERHEAD: eleven small programs on the scheduler's, irq and softirq
-/// tracepoints (every context switch and wake-up on the host), records kept
-/// in the kernel, no event per switch. bench/why/run, a pipe ping-pong at
-/// 278k, 104k and 10k switches/s: 496-638 ns of BPF per switch traced (15%,
-/// 6.4% and 0.8% fewer round trips; perf sched record: 35%, 17% and 2.3%),
-/// 218-250 ns per switch of a thread not traced; sonde's own process under
-/// 0.25% of a core. -o FILE.html reads every thread's record about 400
-/// times a run (10 ms to 1 s apart). The other ends of sockets and pipes
-/// waited on: a walk of /proc/*/fd and a sock_diag lookup per connection,
-/// only when new ones were waited on, at most once a second (2 ms a look
-/// here, 444 descriptors). One more program per TCP retransmission and one
-/// per block request completed (217 ns each, measured with
-/// kernel.bpf_stats_enabled beside 18,000 direct reads a second), and
-/// one per packet the kernel drops (108 ns each, a UDP flood to a closed
-/// port). A
-/// lock's releaser: its stack walked at the wake-up, language frames
-/// included (bench/why/releases: 2.4 us a walk of a C thread's stack
-/// at 4,000 walks a second, 14 us at 80 a second with cold caches; a
-/// Python thread 20 frames deep 12 and 25 us), waits under 10 ms
-/// sampled, at most 100 walks a second per CPU (0.25% of it). The
-/// hottest functions: a CPU-clock sample 99 times a second per CPU, a
-/// walk when a traced thread is on it (at most 0.25% of the CPU).
-/// Loading the programs takes about 0.9 s of CPU (the kernel's
-/// verifier).
+/// OVERHEAD: small programs on the scheduler's, irq and softirq tracepoints
+/// (every context switch and wake-up on the host), records kept in the
+/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 367k, 107k
+/// and 10k switches/s: 393-687 ns of BPF per switch traced (8.4%, 4.0% and
+/// 0.45% fewer round trips; perf sched record: 23%, 6.4% and 1.7%), 170-260
+/// ns per switch of a thread not traced; sonde's own process under 0.7% of a
+/// core. -o FILE.html reads every thread's record about 400 times a run (10
+/// ms to 1 s apart). The other ends of sockets and pipes waited on: a walk of
+/// /proc/*/fd and a sock_diag lookup per connection, only when new ones were
+/// waited on, at most once a second (2 ms a look here, 444 descriptors). One
+/// more program per TCP retransmission and one per block request completed
+/// (217 ns each, measured with kernel.bpf_stats_enabled beside 18,000 direct
+/// reads a second), and one per packet the kernel drops (108 ns each, a UDP
+/// flood to a closed port). A lock's releaser: its stack walked at the
+/// wake-up, language frames included (bench/why/releases: 2.4 us a walk of a
+/// C thread's stack at 4,000 walks a second; at 80 a second, with cold
+/// caches, at most 20 us for C and 32 us for a Python thread 20 frames deep),
+/// waits under 10 ms sampled, at most 100 walks a second per CPU (about 0.3%
+/// of it at worst). The hottest functions: a CPU-clock sample 99 times a
+/// second per CPU, a walk when a traced thread is on it (1.3-2.6 ms of BPF a
+/// second beside a busy C or Python program: 0.13-0.26% of a CPU). Loading
+/// the programs takes about 0.9 s of CPU (the kernel's verifier).
 #[derive(Debug, Args)]
 pub struct WhyArgs {
     /// Which tasks (none: every process on the host).

@@ -1151,7 +1151,7 @@ pub struct Losses {
     /// Lock releases not kept: the releaser map was full.
     pub releasers_full: u64,
     /// Lock releases counted without their stacks: more than 100 a second
-    /// on a CPU (each walk costs 2-25 us).
+    /// on a CPU (each walk costs 2-32 us).
     pub releases_not_walked: u64,
     /// Releasers' and samples' stacks not captured (a stack map's bucket
     /// taken by another stack, or another error).

@@ -59,14 +59,14 @@ const volatile bool skip_init = false;
  * release_sample_ns (as offcpu's --sample-below): each stack's expected
  * total is the true time, and the walks are bounded by the lock time over
  * release_sample_ns (100 a second per thread blocked on locks), however
- * many wake-ups there are: a walk with language frames costs about 10 us
+ * many wake-ups there are: a walk with language frames costs 12-32 us
  * (a Python thread 20 frames deep). 0: no stacks. */
 const volatile __u64 release_sample_ns = 10000000;
 /* Stack walks of releasers per CPU per RELEASE_WINDOW_NS: beyond, a
  * release is counted without its stack (WT_UNWALKED), so that a host of
  * many threads woken often (thread pools waiting on condition variables)
- * costs a bounded share of each CPU: 100 walks a second (a walk costs 2-25
- * us: hot or cold caches, native or Python frames), at most 0.25%. */
+ * costs a bounded share of each CPU: 100 walks a second (a walk costs 2-32
+ * us: hot or cold caches, native or Python frames), about 0.3% at worst. */
 const volatile __u32 release_walks = 10;
 #define RELEASE_WINDOW_NS 100000000ULL
 /* The waker's stacks: user (language frames included) and kernel. */
