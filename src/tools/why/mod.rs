@@ -181,11 +181,19 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = WhySkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_task_follow!(&mut open, tf);
-    // The stack engine, for the threads that release locks: its stacks
-    // only (no samples are counted by stack), a few thousand of them.
+    // The stack engine, for the threads that release locks and the
+    // samples on CPU (counted by process, name and stacks).
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
     open.maps.stk_counts.set_max_entries(16384)?;
     open.maps.stk_traces.set_max_entries(8192)?;
+    // The sampler is a perf_event program, which kernels before 6.1 (before
+    // bpf_mem_alloc made run-time allocation safe in NMI) allow only
+    // preallocated hashes, and the table walk's are allocated as used:
+    // there the hottest functions are not sampled (said so).
+    let no_samples = (plan.tables && !features::btf_has_type("bpf_mem_alloc")).then(|| {
+        "this kernel (before Linux 6.1) lets a perf_event program use only preallocated maps, and the stack walk's are allocated as used; `sonde profile -p PID` samples them".to_string()
+    });
+    open.progs.why_sample.set_autoload(no_samples.is_none());
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     crate::set_task_filter!(&mut *ro, tf);
     for (nr, kind) in syscalls::kinds(NSYS) {
@@ -213,7 +221,7 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
         links.push(skel.progs.unw_exec.attach().context("attaching sched_process_exec")?);
     }
     Ok((
-        Loaded { skel, links, no_retrans: None, has_err, no_disks: None, no_samples: None, no_drops, drop_reason },
+        Loaded { skel, links, no_retrans: None, has_err, no_disks: None, no_samples, no_drops, drop_reason },
         stacks::Tracker::new(session),
     ))
 }
@@ -265,11 +273,13 @@ fn attach(l: &mut Loaded, tf: &TaskFilter) -> anyhow::Result<u64> {
         }
     }
     // The hottest functions on CPU, likewise.
-    match crate::engine::perf::attach_sampling(&p.why_sample, Counter::CpuClock, SAMPLE_HZ, |cpu, e| {
-        anyhow::anyhow!("a CPU-clock perf event could not be opened on CPU {cpu} ({e})")
-    }) {
-        Ok(links) => l.links.extend(links),
-        Err(e) => l.no_samples = Some(format!("{e:#}")),
+    if l.no_samples.is_none() {
+        match crate::engine::perf::attach_sampling(&p.why_sample, Counter::CpuClock, SAMPLE_HZ, |cpu, e| {
+            anyhow::anyhow!("a CPU-clock perf event could not be opened on CPU {cpu} ({e})")
+        }) {
+            Ok(links) => l.links.extend(links),
+            Err(e) => l.no_samples = Some(format!("{e:#}")),
+        }
     }
     Ok(start)
 }
@@ -423,17 +433,20 @@ fn read(
         }
     }
     names.peers.name(&mut threads);
+    // Each wait's releasers, before the merge of waits by what they name
+    // (kernel locks on several files are one "kernel lock" row, whose
+    // releasers the merge combines); taken once, as a thread's waits on
+    // one key may be split between its record and the wait map.
+    let mut released = released.cloned();
     for t in threads.values_mut() {
-        t.finish();
-        // After the merge: a thread's waits on one key may be split
-        // between its record and the wait map, its releases are not.
-        if let Some(by) = released {
+        if let Some(by) = released.as_mut() {
             for w in t.waits.iter_mut().filter(|w| w.class == Class::Lock && w.woken_by == "thread") {
-                if let Some(r) = by.get(&(t.tid, w.obj, w.waker_tid)) {
-                    w.released_by.clone_from(r);
+                if let Some(r) = by.remove(&(t.tid, w.obj, w.waker_tid, w.kstack)) {
+                    w.released_by = r;
                 }
             }
         }
+        t.finish();
     }
     Ok(Snapshot { threads })
 }
@@ -571,6 +584,9 @@ pub fn run_with(
 ) -> anyhow::Result<Outcome> {
     let (mut tf, out) = validate(a)?;
     features::require_tracing_privileges()?;
+    // The stacks' executables are kept open until they are named, as the
+    // stack tools do, and the peers' walks open every process's fds.
+    crate::engine::stacktool::raise_open_files();
     if !features::has_btf() {
         return Err(crate::engine::error::env(
             "sonde why needs the kernel's BTF (/sys/kernel/btf/vmlinux) for its tp_btf programs; use a kernel built with CONFIG_DEBUG_INFO_BTF",

@@ -151,6 +151,9 @@ pub struct Wait {
     /// The object as the kernel half keys it.
     #[serde(skip)]
     pub obj: u64,
+    /// The kernel stack it waited in, as the kernel half keys it (0: none).
+    #[serde(skip)]
+    pub kstack: u64,
     /// The class the kernel half counted it in (before a kernel stack
     /// showed it to be a lock).
     #[serde(skip)]
@@ -621,8 +624,8 @@ impl Wait {
                 // Where the one that ended the most of its time released it.
                 let at = self
                     .released_by
-                    .first()
-                    .filter(|r| r.tid == self.waker_tid)
+                    .iter()
+                    .find(|r| r.tid == self.waker_tid && r.at.is_some())
                     .and_then(|r| r.at.as_deref())
                     .map(|a| format!(" in {a}"))
                     .unwrap_or_default();
@@ -956,6 +959,7 @@ impl Namer {
             released_by: Vec::new(),
             far: None,
             obj,
+            kstack,
             counted_as: class,
         };
         if let Some(k) = kfn.as_ref().filter(|k| k.lock) {
@@ -1313,8 +1317,9 @@ fn connections_retransmits(t: &Thread) -> Option<(usize, Retransmits)> {
     (!seen.is_empty()).then_some((seen.len(), sum))
 }
 
-/// The packets dropped on the connections `t` waited on (each counted once).
-fn connections_drops(t: &Thread) -> Option<Drops> {
+/// The packets dropped on the connections `t` waited on (each counted
+/// once), and how many connections.
+fn connections_drops(t: &Thread) -> Option<(usize, Drops)> {
     let mut seen: Vec<(&str, &str)> = Vec::new();
     let mut sum = Drops::default();
     for w in t.waits.iter().filter(|w| w.class == Class::Network) {
@@ -1325,7 +1330,7 @@ fn connections_drops(t: &Thread) -> Option<Drops> {
         seen.push((l, rem));
         sum.plus(d);
     }
-    (!seen.is_empty()).then_some(sum)
+    (!seen.is_empty()).then_some((seen.len(), sum))
 }
 
 fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
@@ -1354,13 +1359,9 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
     let waker = wait.map(Wait::waker_text).unwrap_or_default();
     match what {
         "on_cpu" => (
-            if p.hottest.is_empty() {
-                format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting")
-            } else {
-                format!(
-                    "{who} spent {share:.0}% of its time on CPU: it is busy, not waiting; hottest: {}",
-                    hottest_text(&p.hottest, 2)
-                )
+            match hottest_text(&p.hottest, 2) {
+                h if h.is_empty() => format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting"),
+                h => format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting; hottest: {h}"),
             },
             Some(format!("sonde profile -p {pid}")),
         ),
@@ -1392,7 +1393,8 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
         "network" => {
             let port = wait.and_then(|w| w.remote.as_deref()).and_then(|r| r.rsplit(':').next()).unwrap_or("");
             let conns = connections_retransmits(s);
-            let dropped = connections_drops(s).filter(|d| d.total > 0);
+            let drop_conns = connections_drops(s).filter(|(_, d)| d.total > 0);
+            let dropped = drop_conns.as_ref().map(|(_, d)| d.clone());
             let lost = [
                 conns.map(|(_, r)| r.text()).filter(|_| conns.is_some_and(|(_, r)| r.total > 0) || dropped.is_none()),
                 dropped.as_ref().map(Drops::text),
@@ -1400,7 +1402,7 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
             .into_iter()
             .flatten()
             .collect::<Vec<_>>();
-            let n = conns.map(|(n, _)| n).unwrap_or(1);
+            let n = conns.map(|(n, _)| n).max(drop_conns.as_ref().map(|(n, _)| *n)).unwrap_or(1);
             let loss = if lost.is_empty() {
                 String::new()
             } else {
@@ -1555,8 +1557,9 @@ impl Report {
                 .user_share
                 .map(|u| format!("  (user {:.0}%, system {:.0}%)", 100.0 * u, 100.0 * (1.0 - u)))
                 .unwrap_or_default();
-            if !p.hottest.is_empty() {
-                split += &format!("  hottest: {}", hottest_text(&p.hottest, 3));
+            let hot = hottest_text(&p.hottest, 3);
+            if !hot.is_empty() {
+                split += &format!("  hottest: {hot}");
             }
             let mut rows = vec![("on CPU".to_string(), s.on_cpu_ns, split)];
             let inst = instead_text(s, 3);

@@ -35,7 +35,8 @@ pub struct Releaser {
     /// under 10 ms is taken with probability its length over 10 ms and then
     /// counts 10 ms).
     pub ns: u64,
-    /// Releases whose stack was taken.
+    /// Releases counted (a wait under 10 ms is counted with probability
+    /// its length over 10 ms), walked or not (an empty `stack`).
     pub samples: u64,
     /// Its stack at the release, innermost first: `function (file:line)`,
     /// or `function [module]` without a line; language frames (Python,
@@ -49,8 +50,9 @@ pub struct Releaser {
     pub at: Option<String>,
 }
 
-/// Releasers by (waiting thread, the wait's object, waking thread).
-pub type ByWait = HashMap<(u32, u64, u32), Vec<Releaser>>;
+/// Releasers by (waiting thread, the wait's object, waking thread, the
+/// wait's kernel stack).
+pub type ByWait = HashMap<(u32, u64, u32, u64), Vec<Releaser>>;
 
 /// One of a process's hottest functions on CPU.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -70,10 +72,10 @@ pub type Hottest = HashMap<u32, Vec<Hot>>;
 /// What was lost of the releasers' stacks.
 #[derive(Debug, Default, Clone, Copy, serde::Serialize)]
 pub struct Loss {
-    /// Releases whose stacks cut short (no frame pointers, or a walk that
-    /// ended early), of those taken.
+    /// Releases whose stacks were cut short (no frame pointers, or a walk
+    /// that ended early), of those taken.
     pub truncated: u64,
-    /// Releases taken.
+    /// Releases counted (walked or not).
     pub taken: u64,
 }
 
@@ -170,7 +172,7 @@ impl Tracker {
                 loss.truncated += v.count;
             }
             let r = releaser(k, v, &s);
-            by.entry((k.tid, k.obj, k.s.tid)).or_default().push(r);
+            by.entry((k.tid, k.obj, k.s.tid, k.kstack)).or_default().push(r);
         }
         for rs in by.values_mut() {
             merge(rs);
@@ -318,6 +320,8 @@ mod tests {
         assert!(py("/usr/lib/python3.14/threading.py"));
         assert!(py("/root/.pyenv/versions/3.11.7/lib/python3.11/queue.py"));
         assert!(py("<frozen importlib._bootstrap>"));
+        assert!(py("/usr/lib64/python3.12/threading.py"));
+        assert!(py("/usr/lib/python3.13t/queue.py"));
         assert!(!py("/usr/lib/python3/dist-packages/requests/api.py"));
         assert!(!py("/srv/venv/lib/python3.12/site-packages/flask/app.py"));
         assert!(!py("/tmp/app.py"));

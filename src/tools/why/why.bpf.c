@@ -699,6 +699,7 @@ static __always_inline void classify(void *ctx, struct why_thread *r, struct tas
 		r->sys = nr + 1;
 	}
 	bool dstate = st & TASK_UNINTERRUPTIBLE_;
+	r->dstate = dstate;
 	__u8 cls = WC_OTHER;
 	if (memstall) {
 		cls = WC_MEMORY;
@@ -1211,6 +1212,7 @@ static __noinline void released(void *ctx, struct why_thread *r, __u32 tid)
 		stat_add(WT_UNWALKED);
 	}
 	k->obj = r->obj;
+	k->kstack = r->kstack;
 	k->tid = tid;
 	k->pad = 0;
 	struct why_release *v = bpf_map_lookup_elem(&releases, k);
@@ -1253,10 +1255,10 @@ int BPF_PROG(why_waking, struct task_struct *p)
 	}
 	r->waker = waker;
 	/* A lock released: a futex, or an uninterruptible wait named by its
-	 * kernel stack (where kernel mutexes and rwsems are found), not a
-	 * kernel thread waiting for work nor a wait for memory. */
+	 * kernel stack (where kernel mutexes and rwsems are found, a fault's
+	 * wait for mmap_lock too), not a kernel thread waiting for work. */
 	if (release_sample_ns &&
-	    (r->cls == WC_LOCK || (r->kstack && r->cls != WC_POLL && r->cls != WC_MEMORY)))
+	    (r->cls == WC_LOCK || (r->kstack && r->dstate && r->cls != WC_POLL)))
 		released(ctx, r, tid);
 	return 0;
 }

@@ -109,7 +109,8 @@ struct why_thread {
 	__u8 state;       /* enum why_state */
 	__u8 cls;         /* the current wait's enum why_class */
 	__u8 wctx;        /* how it was woken (enum why_wake) */
-	__u8 pad[7];
+	__u8 dstate;      /* the current wait is uninterruptible */
+	__u8 pad[6];
 	char comm[16];
 	char waker_comm[16];
 	/* Finished waits not yet in `waits`, all on one key (see wait_add). */
@@ -211,8 +212,9 @@ struct why_disk {
  * found). */
 struct why_release_key {
 	struct stk_key s;
-	__u64 obj; /* the wait's object (a futex's address) */
-	__u32 tid; /* the waiting thread */
+	__u64 obj;    /* the wait's object (a futex's address) */
+	__u64 kstack; /* the wait's kernel stack (which kernel lock), or 0 */
+	__u32 tid;    /* the waiting thread */
 	__u32 pad;
 };
 

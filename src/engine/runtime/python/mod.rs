@@ -65,16 +65,18 @@ impl Runtime for CPython {
     }
 
     fn library_frame(&self, _name: &str, file: Option<&str>) -> bool {
-        // The standard library: DIR/lib/pythonX.Y/..., not its
-        // site-packages or dist-packages; frozen modules ("<frozen ...>").
+        // The standard library: DIR/lib/pythonX.Y/... (lib64 on Fedora and
+        // SUSE; X.Yt free-threaded), not its site-packages or
+        // dist-packages; frozen modules ("<frozen ...>").
         let Some(f) = file else { return false };
         if f.starts_with("<frozen") {
             return true;
         }
         f.split('/').collect::<Vec<_>>().windows(3).any(|w| {
-            w[0] == "lib"
+            (w[0] == "lib" || w[0] == "lib64")
                 && w[1]
                     .strip_prefix("python")
+                    .map(|v| v.strip_suffix('t').unwrap_or(v))
                     .is_some_and(|v| v.contains('.') && v.chars().all(|c| c.is_ascii_digit() || c == '.'))
                 && w[2] != "site-packages"
                 && w[2] != "dist-packages"
