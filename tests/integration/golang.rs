@@ -84,6 +84,22 @@ fn main_sites(c: &Calls) -> BTreeSet<(String, String, u64)> {
     c.iter().filter(|(_, &n)| n * 50 >= total).map(|(k, _)| k.clone()).collect()
 }
 
+/// Whether two profiles have the same call sites: one with 5% or more of
+/// either's samples is in the other with 0.5% or more. The inlined step()
+/// under spin() held 0.8-3.1% of the samples (the few instructions of its
+/// multiply-add) from run to run, stripped or not: a single 2% line split
+/// it in two of four runs.
+fn sites_agree(a: &Calls, b: &Calls) -> bool {
+    let share = |c: &Calls, k: &(String, String, u64)| {
+        let total: u64 = c.iter().filter(|(k, _)| k.1 == "main.main").map(|(_, n)| n).sum();
+        c.get(k).copied().unwrap_or(0) as f64 / total.max(1) as f64
+    };
+    a.keys().chain(b.keys()).all(|k| {
+        let (x, y) = (share(a, k), share(b, k));
+        !((x >= 0.05 && y < 0.005) || (y >= 0.05 && x < 0.005))
+    })
+}
+
 fn heavy_share(c: &Calls) -> f64 {
     let w =
         |callee: &str| -> u64 { c.iter().filter(|(k, _)| k.0 == callee && k.1 == "main.parent").map(|(_, n)| n).sum() };
@@ -118,7 +134,10 @@ fn go_matches_its_own_profile(version: &str) {
     w.0.wait().unwrap();
     let pp = pprof_calls(&profile);
     let (a, b) = (main_sites(&ours), main_sites(&pp));
-    assert_eq!(a, b, "Go {version}: sonde's call sites (callee, caller, line) against runtime/pprof's; {err}");
+    assert!(
+        sites_agree(&ours, &pp),
+        "Go {version}: sonde's call sites (callee, caller, line) against runtime/pprof's: {a:?} and {b:?}; {err}"
+    );
     // The frameless leaf's caller is there: main.spin under main.heavy.
     assert!(a.iter().any(|k| k.0 == "main.spin" && k.1 == "main.heavy"), "{a:?}");
     let (sa, sb) = (heavy_share(&ours), heavy_share(&pp));
@@ -147,7 +166,7 @@ fn go_matches_its_own_profile(version: &str) {
     thread::sleep(Duration::from_millis(300));
     let (stacks2, err2) = profile_json(w2.0.id(), &dir, &[]);
     let ours2 = sonde_calls(&stacks2);
-    assert_eq!(main_sites(&ours2), a, "stripped against unstripped; {err2}");
+    assert!(sites_agree(&ours2, &ours), "stripped against unstripped: {:?} and {a:?}; {err2}", main_sites(&ours2));
     let s2 = heavy_share(&ours2);
     assert!((s2 - 2.0 / 3.0).abs() < 0.05, "stripped: heavy's share {s2:.3}");
     assert!(err2.contains("truncated user stacks: 0") && err2.contains("unknown frames: 0"), "{err2}");
