@@ -5,6 +5,7 @@
  * mutex in turn: thousands of lock releases a second, each ending a wait
  * of about 12 ms (every one would be walked, but for the per-CPU bound).
  * Usage: whypool THREADS SECONDS; prints "ready" once the pool waits. */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
