@@ -81,7 +81,9 @@ pub fn raise_open_files() {
     }
 }
 
-fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
+/// The processes of a map whose keys begin with a process id (`struct
+/// stk_key`, and keys that start with one), sorted, each once.
+pub fn pids_in(counts: &dyn MapCore) -> Vec<u32> {
     let mut v: Vec<u32> =
         counts.keys().filter(|k| k.len() >= 4).map(|k| u32::from_ne_bytes(k[..4].try_into().unwrap())).collect();
     v.sort_unstable();

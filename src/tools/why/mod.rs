@@ -361,7 +361,7 @@ fn read(
     ksyms: &KernelSymbols,
     names: &mut report::Namer,
     flows: Option<report::FlowRetransmits>,
-    released: Option<&stacks::ByWait>,
+    mut released: Option<stacks::ByWait>,
 ) -> anyhow::Result<Snapshot> {
     let t_start = skel.maps.bss_data.as_deref().map(|b| b.t_start).unwrap_or(0);
     let recs = records(skel)?;
@@ -437,7 +437,6 @@ fn read(
     // (kernel locks on several files are one "kernel lock" row, whose
     // releasers the merge combines); taken once, as a thread's waits on
     // one key may be split between its record and the wait map.
-    let mut released = released.cloned();
     for t in threads.values_mut() {
         if let Some(by) = released.as_mut() {
             for w in t.waits.iter_mut().filter(|w| w.class == Class::Lock && w.woken_by == "thread") {
@@ -715,7 +714,7 @@ pub fn run_with(
     names.set_disks(no_disks.is_none().then(|| disk_counts(&skel)).transpose()?, true);
     names.set_drops(no_drops.is_none().then(|| flow_drops(&skel)).transpose()?);
     let (released, rloss, hottest) = tracker.finish(&skel)?;
-    let snap = read(&skel, end, &ksyms, &mut names, flows, Some(&released))?;
+    let snap = read(&skel, end, &ksyms, &mut names, flows, Some(released))?;
     let mut lost = losses(&skel)?;
     (lost.releases_taken, lost.release_stacks_truncated) = (rloss.taken, rloss.truncated);
     lost.retransmits_not_counted = no_retrans;

@@ -1300,37 +1300,35 @@ fn biggest(t: &Thread, idle: bool) -> (&'static str, u64, Option<&Wait>) {
     best
 }
 
-/// The retransmissions on the TCP connections `t` waited on (each counted
-/// once, whatever its waits), and how many connections: None when none was
-/// counted.
-fn connections_retransmits(t: &Thread) -> Option<(usize, Retransmits)> {
+/// What `of` counts on the connections `t` waited on (each connection
+/// counted once, whatever its waits), summed by `add`, and how many
+/// connections: None when none was counted.
+fn per_connection<'a, T: Default + 'a>(
+    t: &'a Thread,
+    of: impl Fn(&'a Wait) -> Option<&'a T>,
+    add: impl Fn(&mut T, &T),
+) -> Option<(usize, T)> {
     let mut seen: Vec<(&str, &str)> = Vec::new();
-    let mut sum = Retransmits::default();
+    let mut sum = T::default();
     for w in t.waits.iter().filter(|w| w.class == Class::Network) {
-        let (Some(r), Some(l), Some(rem)) = (&w.retransmits, &w.local, &w.remote) else { continue };
+        let (Some(x), Some(l), Some(rem)) = (of(w), &w.local, &w.remote) else { continue };
         if seen.contains(&(l.as_str(), rem.as_str())) {
             continue;
         }
         seen.push((l, rem));
-        sum.plus(r);
+        add(&mut sum, x);
     }
     (!seen.is_empty()).then_some((seen.len(), sum))
 }
 
-/// The packets dropped on the connections `t` waited on (each counted
-/// once), and how many connections.
+/// The retransmissions on the TCP connections `t` waited on.
+fn connections_retransmits(t: &Thread) -> Option<(usize, Retransmits)> {
+    per_connection(t, |w| w.retransmits.as_ref(), Retransmits::plus)
+}
+
+/// The packets dropped on the connections `t` waited on.
 fn connections_drops(t: &Thread) -> Option<(usize, Drops)> {
-    let mut seen: Vec<(&str, &str)> = Vec::new();
-    let mut sum = Drops::default();
-    for w in t.waits.iter().filter(|w| w.class == Class::Network) {
-        let (Some(d), Some(l), Some(rem)) = (&w.drops, &w.local, &w.remote) else { continue };
-        if seen.contains(&(l.as_str(), rem.as_str())) {
-            continue;
-        }
-        seen.push((l, rem));
-        sum.plus(d);
-    }
-    (!seen.is_empty()).then_some((seen.len(), sum))
+    per_connection(t, |w| w.drops.as_ref(), Drops::plus)
 }
 
 fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {

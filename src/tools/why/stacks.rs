@@ -19,6 +19,7 @@ use super::skel::{types, WhySkel};
 use crate::engine::{
     record::{decode, for_each_entry},
     stacks::{self, FrameKind, Images, RawSample, Stack, SymStats, Symbols},
+    stacktool::pids_in,
     unwind::{Session, UnwMaps},
 };
 
@@ -109,17 +110,8 @@ impl Tracker {
             return;
         }
         self.scanned = Some(std::time::Instant::now());
-        let mut pids = HashSet::new();
-        let _ = for_each_entry(releases, |k, _| {
-            if let Some(k) = decode::<types::why_release_key>(k) {
-                pids.insert(k.s.pid);
-            }
-        });
-        let _ = for_each_entry(samples, |k, _| {
-            if let Some(pid) = k.get(..4).and_then(|b| b.try_into().ok()).map(u32::from_ne_bytes) {
-                pids.insert(pid);
-            }
-        });
+        // Both maps' keys begin with a `struct stk_key`: the process first.
+        let pids: HashSet<u32> = pids_in(releases).into_iter().chain(pids_in(samples)).collect();
         for pid in pids {
             let gen = self.session.generation(pid);
             if self.seen.insert((pid, gen)) {
