@@ -609,3 +609,13 @@ pub(crate) fn leaves_side_by_side(a: &Leaves, b: &Leaves, n: usize) -> String {
         })
         .collect()
 }
+
+/// The native thread ids a producer/consumer workload prints first
+/// ("producer TID consumer TID": pyqueue.py, JQueue.java).
+pub(crate) fn producer_and_consumer(w: &mut KillOnDrop) -> (u64, u64) {
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
+    assert_eq!(ids.len(), 2, "{line}");
+    (ids[0], ids[1])
+}

@@ -641,11 +641,7 @@ fn why_names_a_java_locks_releaser(version: &str) {
     c.arg("-cp").arg(inside.join("classes")).args(["JQueue", "30"]).stdout(Stdio::piped());
     let mut w = KillOnDrop(c.spawn().unwrap());
     let pid = w.0.id();
-    let mut line = String::new();
-    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
-    assert_eq!(ids.len(), 2, "{line}");
-    let (producer, consumer) = (ids[0], ids[1]);
+    let (producer, consumer) = producer_and_consumer(&mut w);
     // The JVM's pid is the chroot's (it execs java).
     let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
     assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));

@@ -860,11 +860,7 @@ fn why_names_a_python_locks_releaser(mut cmd: Command, script: &str) {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
     let mut w = KillOnDrop(cmd.arg(script).arg("30").stdout(Stdio::piped()).spawn().unwrap());
     let pid = w.0.id();
-    let mut line = String::new();
-    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
-    assert_eq!(ids.len(), 2, "{line}");
-    let (producer, consumer) = (ids[0], ids[1]);
+    let (producer, consumer) = producer_and_consumer(&mut w);
     // The text report beside the JSON one, in a second sonde.
     let text =
         Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s"]).stdout(Stdio::piped()).spawn().unwrap();
