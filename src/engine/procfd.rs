@@ -19,6 +19,12 @@ pub enum Kind {
     Socket,
     /// `pipe:[INODE]`
     Pipe,
+    /// A named FIFO (the link is its path): by its file system's device
+    /// (`st_dev`) and its inode, as `stat` of the descriptor gives them.
+    Fifo {
+        /// `st_dev` of the FIFO.
+        dev: u64,
+    },
 }
 
 /// A process holding a socket or pipe open.
@@ -84,9 +90,20 @@ fn access(pid: u32, fd: &str) -> (bool, bool) {
     }
 }
 
+/// What descriptor `fd` of `pid`, whose link names a path, is when it is a
+/// named FIFO: `stat` of the descriptor itself (procfs hands over the open
+/// file; no path in the process's reach is walked).
+fn fifo_of(pid: u32, fd: &std::ffi::OsStr) -> Option<(Kind, u64)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let m = std::fs::metadata(format!("/proc/{pid}/fd/{}", fd.to_str()?)).ok()?;
+    m.file_type().is_fifo().then(|| (Kind::Fifo { dev: m.dev() }, m.ino()))
+}
+
 /// Walks every process's descriptors for the inodes `want` accepts, up to
 /// `max_inodes` of them, within [`MAX_FDS`] descriptors and [`MAX_TIME`].
-pub fn holders(want: impl Fn(Kind, u64) -> bool, max_inodes: usize) -> Held {
+/// `fifos`: named FIFOs are wanted too (each descriptor naming a path is
+/// then looked at with `stat`).
+pub fn holders(want: impl Fn(Kind, u64) -> bool, fifos: bool, max_inodes: usize) -> Held {
     let t0 = Instant::now();
     let mut out = Held { complete: true, ..Default::default() };
     let mut fds_read = 0usize;
@@ -101,12 +118,19 @@ pub fn holders(want: impl Fn(Kind, u64) -> bool, max_inodes: usize) -> Held {
             }
             // readlink on /proc/PID/fd/N names the object; nothing is followed.
             let Ok(target) = std::fs::read_link(fd.path()) else { continue };
-            let Some((kind, ino)) = target.to_str().and_then(parse_link) else { continue };
+            let parsed = target.to_str().and_then(parse_link);
+            let Some((kind, ino)) = parsed.or_else(|| {
+                (fifos && target.as_os_str().as_encoded_bytes().first() == Some(&b'/'))
+                    .then(|| fifo_of(pid, &fd.file_name()))
+                    .flatten()
+            }) else {
+                continue;
+            };
             if !want(kind, ino) {
                 continue;
             }
             let (reads, writes) = match kind {
-                Kind::Pipe => access(pid, &fd.file_name().to_string_lossy()),
+                Kind::Pipe | Kind::Fifo { .. } => access(pid, &fd.file_name().to_string_lossy()),
                 Kind::Socket => (true, true),
             };
             let comm = comm
@@ -313,7 +337,7 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         use std::os::unix::fs::MetadataExt;
         let ino = std::fs::metadata(format!("/proc/self/fd/{}", fds[0])).unwrap().ino();
-        let held = holders(|k, i| k == Kind::Pipe && i == ino, 8);
+        let held = holders(|k, i| k == Kind::Pipe && i == ino, false, 8);
         let me = std::process::id();
         let h = held.by_inode.get(&(Kind::Pipe, ino)).and_then(|v| v.iter().find(|h| h.pid == me)).cloned();
         // SAFETY: both descriptors are ours.
@@ -323,5 +347,36 @@ mod tests {
         }
         let h = h.expect("this process holds its pipe");
         assert!(h.reads && h.writes, "{h:?}");
+    }
+
+    #[test]
+    fn a_named_fifo_is_found_by_device_and_inode_with_its_end() {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+        let dir = std::env::temp_dir().join(format!("sonde-procfd-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("f");
+        let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: c is a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Its read end (not blocking for a writer), and a regular file.
+        let r = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
+        let plain = std::fs::File::create(dir.join("plain")).unwrap();
+        let m = std::fs::metadata(&path).unwrap();
+        let (dev, ino) = (m.dev(), m.ino());
+        let fifo = Kind::Fifo { dev };
+        let want = |k: Kind, i: u64| k == fifo && i == ino;
+        let me = std::process::id();
+        let found = holders(want, true, 8);
+        let h = found.by_inode.get(&(fifo, ino)).and_then(|v| v.iter().find(|h| h.pid == me)).cloned();
+        // Without `fifos`, paths are not looked at.
+        let skipped = holders(want, false, 8);
+        drop((r, plain));
+        let _ = std::fs::remove_dir_all(&dir);
+        let h = h.expect("this process holds its FIFO");
+        assert!(h.reads && !h.writes, "{h:?}");
+        assert!(skipped.by_inode.is_empty(), "{:?}", skipped.by_inode);
+        // The regular file beside it is no FIFO.
+        assert!(found.by_inode.keys().all(|k| *k == (fifo, ino)), "{:?}", found.by_inode);
     }
 }

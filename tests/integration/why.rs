@@ -1012,6 +1012,49 @@ fn why_names_the_hottest_functions_of_a_busy_process() {
     assert!(p["verdict"].as_str().unwrap().contains("hottest: heavy (pyhot.py)"), "{}", p["verdict"]);
 }
 
+/// The other end of a named FIFO: a reader waits in read() on a FIFO that
+/// another process opened for writing and writes to every 20 ms; `sonde
+/// why` of the reader names the writer (found by the FIFO's device and
+/// inode among every process's descriptors), and not the reader itself.
+#[test]
+fn why_names_the_writer_at_the_other_end_of_a_named_fifo() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch_dir("why-fifo");
+    let path = dir.join("jobs.fifo");
+    let _ = std::fs::remove_file(&path);
+    let st = Command::new("mkfifo").arg(&path).status().unwrap();
+    assert!(st.success());
+    let p = path.to_str().unwrap();
+    let reader = format!(
+        "import os
+f = os.open({p:?}, os.O_RDONLY)
+while True:
+    os.read(f, 1)"
+    );
+    let rd = KillOnDrop(Command::new("python3").args(["-c", &reader]).spawn().unwrap());
+    let writer = format!(
+        "import os, time
+f = os.open({p:?}, os.O_WRONLY)
+while True:
+    time.sleep(0.02)
+    os.write(f, b'x')"
+    );
+    let wr = KillOnDrop(Command::new("python3").args(["-c", &writer]).spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let pid = rd.0.id();
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    assert!(blocked(&t, "pipe") > 0.9 * field(&t, "window_ns"), "{t}");
+    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "pipe").unwrap().clone();
+    assert_eq!(w["object"], format!("receive FIFO {p}"), "{w}");
+    let peers: Vec<u64> = w["peers"].as_array().into_iter().flatten().map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_eq!(peers, vec![u64::from(wr.0.id())], "the writer at the other end: {w}");
+    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    assert_eq!(p["next"], format!("sonde why -p {}", wr.0.id()), "{p}");
+}
+
 /// The other end of a Unix socket: a client connected to a server's named
 /// socket (as a program to a local daemon) waits in recv() for what the
 /// server, another process, sends every 20 ms; `sonde why` of the client

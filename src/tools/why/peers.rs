@@ -11,10 +11,12 @@
 //!   the host (a loopback connection's only in the waiter's own namespace;
 //!   found in several namespaces, it is not named), then the processes
 //!   holding that socket.
-//! - An anonymous pipe: the processes holding its other end open (the write
-//!   end for a reader, the read end for a writer), the waiter's own process
-//!   included: a process waiting on a pipe only it can write to waits on
-//!   itself.
+//! - An anonymous pipe or a named FIFO: the processes holding its other end
+//!   open (the write end for a reader, the read end for a writer), the
+//!   waiter's own process included: a process waiting on a pipe only it can
+//!   write to waits on itself. A FIFO is told from a pipe by its device (a
+//!   pipe's is the kernel's one pipe file system) and found by `stat` of the
+//!   descriptors that name a path.
 //! - A connected Unix socket: the processes holding its peer socket (the
 //!   kernel's own link, read by the kernel half), the waiter's own process
 //!   included.
@@ -104,6 +106,44 @@ impl Peers {
     }
 }
 
+/// The kernel's device number (major << 20 | minor) of the pipe file system,
+/// which every anonymous pipe's inode is on: that of a pipe made here.
+fn pipefs_dev() -> Option<u64> {
+    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *DEV.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        let mut fds = [0i32; 2];
+        // SAFETY: fds has room for the two descriptors pipe2 writes.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+            return None;
+        }
+        let dev = std::fs::metadata(format!("/proc/self/fd/{}", fds[0])).ok().map(|m| m.dev());
+        // SAFETY: both descriptors are ours and closed once.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+        }
+        dev.map(|d| (u64::from(libc::major(d)) << 20) | u64::from(libc::minor(d)))
+    })
+}
+
+/// Whether an inode of device `dev` (the kernel's number) is an anonymous
+/// pipe's (else a named FIFO's).
+pub(super) fn on_pipefs(dev: u64) -> bool {
+    pipefs_dev() == Some(dev)
+}
+
+/// What a pipe or FIFO of device `dev` (the kernel's number) and inode
+/// `ino` is looked up as in the processes' descriptors.
+fn pipe_key(dev: u64, ino: u64) -> (Kind, u64) {
+    if on_pipefs(dev) {
+        (Kind::Pipe, ino)
+    } else {
+        let user = libc::makedev((dev >> 20) as u32, (dev & 0xfffff) as u32);
+        (Kind::Fifo { dev: user }, ino)
+    }
+}
+
 /// The inode of the socket at the other end of `far`'s connection, when
 /// exactly one is found.
 fn peer_socket(far: &Far, tables: &Tables) -> Option<u64> {
@@ -141,15 +181,15 @@ impl Found {
             return;
         }
         let mut want: HashMap<bool, HashSet<Tuple>> = HashMap::new();
-        let mut pipes: HashSet<u64> = HashSet::new();
+        let mut pipes: HashSet<(Kind, u64)> = HashSet::new();
         let mut unix: HashSet<u64> = HashSet::new();
         for f in &todo {
             match *f {
                 Far::Socket { tuple, udp, .. } => {
                     want.entry(udp).or_default().insert(reversed(tuple));
                 }
-                Far::Pipe { ino } => {
-                    pipes.insert(ino);
+                Far::Pipe { dev, ino } => {
+                    pipes.insert(pipe_key(dev, ino));
                 }
                 Far::Unix { peer } => {
                     unix.insert(peer);
@@ -168,11 +208,13 @@ impl Found {
         let held = if sock_inodes.is_empty() && pipes.is_empty() {
             procfd::Held { complete: true, ..Default::default() }
         } else {
+            let fifos = pipes.iter().any(|(k, _)| matches!(k, Kind::Fifo { .. }));
             procfd::holders(
                 |k, ino| match k {
                     Kind::Socket => sock_inodes.contains(&ino),
-                    Kind::Pipe => pipes.contains(&ino),
+                    Kind::Pipe | Kind::Fifo { .. } => pipes.contains(&(k, ino)),
                 },
+                fifos,
                 MAX_OBJECTS,
             )
         };
@@ -182,7 +224,7 @@ impl Found {
         for f in todo {
             let key = match f {
                 Far::Socket { .. } => socks.get(&f).map(|ino| (Kind::Socket, *ino)),
-                Far::Pipe { ino } => Some((Kind::Pipe, ino)),
+                Far::Pipe { dev, ino } => Some(pipe_key(dev, ino)),
                 Far::Unix { peer } => Some((Kind::Socket, peer)),
             };
             match key.and_then(|k| held.by_inode.get(&k)) {

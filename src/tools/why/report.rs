@@ -182,8 +182,12 @@ pub enum Far {
         /// Its network namespace.
         netns: u64,
     },
-    /// An anonymous pipe, by its inode.
+    /// An anonymous pipe or a named FIFO, by its device (the kernel's
+    /// number) and inode.
     Pipe {
+        /// The device of the inode's file system (the pipe file system for
+        /// an anonymous pipe).
+        dev: u64,
         /// The pipe's inode.
         ino: u64,
     },
@@ -200,7 +204,7 @@ impl Far {
     /// by (None: a file, a listening or unconnected socket).
     pub fn of(o: &super::skel::types::why_obj) -> Option<Far> {
         match o.kind {
-            2 => Some(Far::Pipe { ino: o.ino }),
+            2 => Some(Far::Pipe { dev: o.dev, ino: o.ino }),
             3 if o.family == 1 && o.peer != 0 => Some(Far::Unix { peer: o.peer }),
             3 if (o.family == 2 || o.family == 10) && o.dport != 0 && (o.proto == 6 || o.proto == 17) => {
                 // ip_of gives an IPv4-mapped address as IPv4, as procfd's
@@ -1035,7 +1039,12 @@ impl Namer {
                     w.op = Some(op);
                 }
                 2 => {
-                    w.object = format!("{op} pipe:[{}]", o.ino);
+                    w.object = if super::peers::on_pipefs(o.dev) {
+                        format!("{op} pipe:[{}]", o.ino)
+                    } else {
+                        let dev = super::disks::dev_text(o.dev);
+                        format!("{op} FIFO {}", path.unwrap_or_else(|| format!("on device {dev}, inode {}", o.ino)))
+                    };
                     w.op = Some(op);
                     w.far = Far::of(o);
                 }
