@@ -1176,7 +1176,10 @@ static __always_inline void stk_stat(__u32 s)
 }
 
 /* The waker of lock wait `r` (thread `tid`), current here: its stacks,
- * with the time the wait lasted (sampled: see release_sample_ns). */
+ * with the time the wait lasted (sampled: see release_sample_ns). Only a
+ * task's own wake-up comes here (why_waking), never one from an interrupt
+ * that found this program running on its CPU, so release_scratch is never
+ * in use twice at once. */
 static __noinline void released(void *ctx, struct why_thread *r, __u32 tid)
 {
 	__u64 now = bpf_ktime_get_ns();
