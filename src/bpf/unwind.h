@@ -160,6 +160,17 @@ __noinline int unw_step(__u32 slot)
 			s->st.end = UNW_END_READ;
 			return 1;
 		}
+		/* The interrupted code's stack is above the signal frame, but
+		 * for a handler on an alternate stack (sigaltstack), left once
+		 * per walk: a second step down is a stale frame read again (a
+		 * loop), not a stack. */
+		if (nsp <= sp) {
+			if (s->sig_down) {
+				s->st.end = UNW_END_NO_PROGRESS;
+				return 1;
+			}
+			s->sig_down = 1;
+		}
 		s->pc = nip;
 		s->sp = nsp;
 		s->bp = nbp;
@@ -359,6 +370,7 @@ static __noinline bool unw_capture(__u32 pid, __u64 *uhash)
 	 * sample of user code). */
 	s->in_syscall = ARCH_SYSCALL_NR(&s->regs) >= 0;
 	s->go_cb = 0;
+	s->sig_down = 0;
 	s->lr = ARCH_LR(&s->regs) & unw_ra_mask;
 	s->lr_ok = ARCH_HAS_LR;
 	s->fp_only = 0;

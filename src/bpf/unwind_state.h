@@ -109,7 +109,7 @@ struct unw_state {
 	__u8 go_cb;      /* a Go cgocallback was followed to the system stack */
 	__u8 lr_ok;      /* lr holds this frame's return address if its row says so */
 	__u8 fp_only;    /* AArch64: a frame-pointer step left sp unknown, go on by them */
-	__u8 pad;
+	__u8 sig_down;   /* a signal frame's interrupted sp was not above it (sigaltstack) */
 	/* Code the process's runtime generates and steps itself (its stepper, runtimes.h). */
 	__u64 jit_lo[RT_JIT];
 	__u64 jit_hi[RT_JIT];

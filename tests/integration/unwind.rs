@@ -382,6 +382,35 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
     assert_eq!(s["truncated_stacks"], 0, "{s}");
 }
 
+/// A handler on an alternate signal stack (sigaltstack) mapped above the
+/// interrupted thread's stack: the walk steps down from the handler's stack
+/// to the thread's (once; a second step down would be a loop) and goes on
+/// to the thread's start.
+#[test]
+fn a_signal_handler_on_an_alternate_stack_continues_to_the_thread() {
+    // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
+    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
+    let (rows, s) = edges(&["altsignal", "600"]);
+    let handler: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "on_signal")).collect();
+    let n: u64 = handler.iter().map(|r| r.1).sum();
+    assert!(n > 20, "samples in the handler: {rows:?}");
+    let through: u64 = handler
+        .iter()
+        .filter(|(f, _)| {
+            let (a, i, t, h) = (
+                index_of(f, "alt_thread"),
+                index_of(f, "interrupted"),
+                index_of(f, "[signal trampoline]"),
+                index_of(f, "on_signal"),
+            );
+            matches!((a, i, t, h), (Some(a), Some(i), Some(t), Some(h)) if a < i && i < t && t < h)
+        })
+        .map(|r| r.1)
+        .sum();
+    assert!(through as f64 > 0.95 * n as f64, "{through} of {n} handler samples continue to the thread: {handler:?}");
+    assert_eq!(s["truncated_stacks"], 0, "{s}");
+}
+
 #[test]
 fn recursion_deeper_than_the_walk_is_cut_and_counted() {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.

@@ -6,11 +6,16 @@
  *   edges dlopen SECONDS LIB  after 0.3 s dlopen()s LIB and spins in its
  *                          plugin_spin() called from call_plugin()
  *   edges vdso SECONDS     vdso_loop() reads the clock through the vDSO
+ *   edges altsignal SECONDS  as signal, on a thread whose handler runs on an
+ *                          alternate stack (sigaltstack) mapped above the
+ *                          thread's own stack
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,6 +72,26 @@ __attribute__((noinline)) void vdso_loop(double end)
 	}
 }
 
+struct alt {
+	void *stack;
+	double end;
+};
+
+/* Takes SIGPROF on the alternate stack; its own stack was mapped after
+ * that one, so lies below it. */
+static void *alt_thread(void *arg)
+{
+	struct alt *a = arg;
+	stack_t ss = {.ss_sp = a->stack, .ss_size = 1 << 20};
+	sigaltstack(&ss, NULL);
+	sigset_t set;
+	sigemptyset(&set);
+	sigaddset(&set, SIGPROF);
+	pthread_sigmask(SIG_UNBLOCK, &set, NULL);
+	interrupted(a->end);
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3)
@@ -80,6 +105,28 @@ int main(int argc, char **argv)
 		struct itimerval it = {{0, 1000}, {0, 1000}};
 		setitimer(ITIMER_PROF, &it, NULL);
 		interrupted(end);
+	} else if (!strcmp(argv[1], "altsignal")) {
+		struct alt a = {mmap(NULL, 1 << 20, PROT_READ | PROT_WRITE,
+		                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0),
+		                end};
+		if (a.stack == MAP_FAILED)
+			return 1;
+		/* The main thread never takes the signal. */
+		sigset_t set;
+		sigemptyset(&set);
+		sigaddset(&set, SIGPROF);
+		pthread_sigmask(SIG_BLOCK, &set, NULL);
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_handler = on_signal;
+		sa.sa_flags = SA_ONSTACK;
+		sigaction(SIGPROF, &sa, NULL);
+		pthread_t t;
+		if (pthread_create(&t, NULL, alt_thread, &a))
+			return 1;
+		struct itimerval it = {{0, 1000}, {0, 1000}};
+		setitimer(ITIMER_PROF, &it, NULL);
+		pthread_join(t, NULL);
 	} else if (!strcmp(argv[1], "deep") && argc > 3) {
 		recurse(atoi(argv[3]), end);
 	} else if (!strcmp(argv[1], "dlopen") && argc > 3) {
