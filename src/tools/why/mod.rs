@@ -106,11 +106,16 @@ const NSYS: usize = 512;
 ///
 /// OVERHEAD: small programs on the scheduler's, irq and softirq tracepoints
 /// (every context switch and wake-up on the host), records kept in the
-/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 367k, 107k
-/// and 10k switches/s: 393-687 ns of BPF per switch traced (8.4%, 4.0% and
-/// 0.45% fewer round trips; perf sched record: 23%, 6.4% and 1.7%), 170-260
-/// ns per switch of a thread not traced; sonde's own process under 0.7% of a
-/// core. -o FILE.html reads every thread's record about 400 times a run (10
+/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 323k, 117k
+/// and 10k switches/s: 233, 243 and 530 ns of BPF per switch traced, beside
+/// 63, 67 and 118 ns for an empty program on each of the same hooks (the floor
+/// here; at 10k the caches are cold at each switch; the kernel's clock, 55 ns
+/// a read on this VM, is read once a millisecond per CPU, the scheduler's
+/// clock in between); 6.6%, 3.7% and 0.2% fewer round trips (medians of 3
+/// rounds on a noisy host; perf sched record: 29%, 11% and 1.4%), 132-233 ns
+/// per switch of a thread not traced; sonde's own process under 0.75% of a
+/// core.
+/// -o FILE.html reads every thread's record about 400 times a run (10
 /// ms to 1 s apart). The other ends of sockets and pipes waited on: a walk of
 /// /proc/*/fd and a sock_diag lookup per connection, only when new ones were
 /// waited on, at most once a second (2 ms a look here, 444 descriptors). One

@@ -844,6 +844,10 @@ struct why_cpu {
 	__u32 slot;   /* the next slice's place in `ring` (mod WHY_SLICES) */
 	__s64 off;    /* bpf_ktime_get_ns() - the scheduler's clock (see sched_ns) */
 	__u64 off_at; /* when `off` was last lowered */
+	__u64 clk_at; /* the scheduler's clock when `off` was last checked (sched_now) */
+	__u64 tg;     /* the task group last resolved to its cgroup (note_slice) */
+	__u64 tg_cg;  /* its cgroup */
+	__u64 tg_at;  /* the scheduler's clock then */
 	struct why_slice ring[WHY_SLICES]; /* the CPU's last threads, newest at slot - 1 */
 };
 
@@ -883,6 +887,28 @@ static __always_inline __u64 sched_ns(struct why_cpu *c, __u64 clk, __u64 now)
 	}
 	__u64 t = clk + (__u64)c->off;
 	return t < now ? t : now;
+}
+
+/* How long `off` serves without a look at bpf_ktime_get_ns(). */
+#define WHY_OFF_CHECK_NS 1000000ULL
+
+/*
+ * The scheduler's moment of a state change at run-queue clock `clk`, as
+ * sched_ns gives it, with bpf_ktime_get_ns() read at most once per
+ * WHY_OFF_CHECK_NS of that clock per CPU: on a VM the read costs ~55 ns
+ * (the pvclock), twice per switch its largest single cost, and the offset
+ * it checks moves by parts per million. Every run-queue clock read at a
+ * hook was just updated (at __schedule, or by the wake-up on the task's
+ * queue), so a clock that far from the last check is one to check against.
+ */
+static __always_inline __u64 sched_now(struct why_cpu *c, __u64 clk)
+{
+	if (c && clk && c->off_at &&
+	    (clk >= c->clk_at ? clk - c->clk_at : c->clk_at - clk) < WHY_OFF_CHECK_NS)
+		return clk + (__u64)c->off;
+	if (c && clk)
+		c->clk_at = clk;
+	return sched_ns(c, clk, bpf_ktime_get_ns());
 }
 
 struct rq___taken {
@@ -983,7 +1009,21 @@ static __always_inline void note_slice(struct why_cpu *c, struct task_struct *pr
 	s->end = clk;
 	s->tid = ptid;
 	s->tgid = prev->tgid;
-	s->cg = cpu_cgroup(prev);
+	/* The cgroup of the task's group, as resolved last on this CPU when
+	 * the group is the same (four dependent loads, cold on a CPU that ran
+	 * other work between switches), looked up again each millisecond: a
+	 * group freed and another made at its address stays named wrong for
+	 * no longer. */
+	struct task_struct___grp *g = (void *)prev;
+	__u64 tg = bpf_core_field_exists(g->sched_task_group) ? (__u64)g->sched_task_group : 0;
+	if (tg && tg == c->tg && clk >= c->tg_at && clk - c->tg_at < WHY_OFF_CHECK_NS) {
+		s->cg = c->tg_cg;
+	} else {
+		s->cg = cpu_cgroup(prev);
+		c->tg = tg;
+		c->tg_cg = s->cg;
+		c->tg_at = clk;
+	}
 	__builtin_memcpy(s->comm, prev->comm, sizeof(s->comm));
 }
 
@@ -1036,7 +1076,7 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 	 * traced thread. */
 	__u64 now = 0;
 	if (r) {
-		now = sched_ns(cpu, clk, bpf_ktime_get_ns());
+		now = sched_now(cpu, clk);
 		unsigned int st = task_state(prev);
 		if (r->state != WS_ON_CPU) {
 			/* Its switch-in was not seen: when it was, from its own
@@ -1080,7 +1120,7 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 	r = n;
 	if (r) {
 		if (!now)
-			now = sched_ns(cpu, clk, bpf_ktime_get_ns());
+			now = sched_now(cpu, clk);
 		if (r->state == WS_BLOCKED) {
 			/* Its wake-up was not seen: when it was queued, from its
 			 * own statistics; else blocked until now. */
@@ -1275,7 +1315,7 @@ static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 	if (!r && !wanted(p))
 		return 0;
 	/* When it was queued, as the kernel counts it (see sched_ns). */
-	__u64 now = sched_ns(cpu_state(), rq_clock_of(p), bpf_ktime_get_ns());
+	__u64 now = sched_now(cpu_state(), rq_clock_of(p));
 	if (!r) {
 		if (fresh) {
 			/* A new thread: its window begins now, runnable. */
