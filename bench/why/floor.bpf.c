@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: GPL-2.0-only OR BSD-2-Clause
 /*
  * The floor of `sonde why`'s cost per context switch: an empty program on
  * each scheduler and interrupt hook why attaches (tp_btf), so that the
@@ -5,8 +6,9 @@
  * bpf_stats' clock reads) is measured beside sonde's (bench/why/run).
  * Needs no header: each program only returns.
  */
+#define SEC(name) __attribute__((section(name), used))
 #define HOOK(name, tp)                                                                             \
-	__attribute__((section("tp_btf/" #tp), used)) int name(void *ctx)                          \
+	SEC("tp_btf/" #tp) int name(void *ctx)                                                     \
 	{                                                                                          \
 		return 0;                                                                          \
 	}
@@ -23,4 +25,4 @@ HOOK(why_timer_exit, hrtimer_expire_exit)
 HOOK(why_softirq_entry, softirq_entry)
 HOOK(why_softirq_exit, softirq_exit)
 
-char LICENSE[] __attribute__((section("license"), used)) = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
