@@ -356,20 +356,22 @@ fn index_of(f: &[String], name: &str) -> Option<usize> {
     f.iter().position(|x| x == name)
 }
 
-#[test]
-fn a_signal_handler_stack_continues_through_the_trampoline() {
+/// `edges MODE`: its SIGPROF handler's samples continue from `root` to the
+/// interrupted function, through the trampoline, into the handler
+/// (`root -> interrupted -> (where it was) -> trampoline -> on_signal`),
+/// and no stack is cut.
+fn handler_continues_to(mode: &str, root: &str) {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    let (rows, s) = edges(&["signal", "600"]);
+    let (rows, s) = edges(&[mode, "600"]);
     let handler: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "on_signal")).collect();
     let n: u64 = handler.iter().map(|r| r.1).sum();
     assert!(n > 20, "samples in the handler: {rows:?}");
-    // main -> interrupted -> (where it was) -> trampoline -> on_signal.
     let through: u64 = handler
         .iter()
         .filter(|(f, _)| {
             let (m, i, t, h) = (
-                index_of(f, "main"),
+                index_of(f, root),
                 index_of(f, "interrupted"),
                 index_of(f, "[signal trampoline]"),
                 index_of(f, "on_signal"),
@@ -378,8 +380,13 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
         })
         .map(|r| r.1)
         .sum();
-    assert!(through as f64 > 0.95 * n as f64, "{through} of {n} handler samples continue to main: {handler:?}");
+    assert!(through as f64 > 0.95 * n as f64, "{through} of {n} handler samples continue to {root}: {handler:?}");
     assert_eq!(s["truncated_stacks"], 0, "{s}");
+}
+
+#[test]
+fn a_signal_handler_stack_continues_through_the_trampoline() {
+    handler_continues_to("signal", "main");
 }
 
 /// A handler on an alternate signal stack (sigaltstack) mapped above the
@@ -388,27 +395,7 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
 /// to the thread's start.
 #[test]
 fn a_signal_handler_on_an_alternate_stack_continues_to_the_thread() {
-    // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
-    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    let (rows, s) = edges(&["altsignal", "600"]);
-    let handler: Vec<&(Vec<String>, u64)> = rows.iter().filter(|(f, _)| f.iter().any(|x| x == "on_signal")).collect();
-    let n: u64 = handler.iter().map(|r| r.1).sum();
-    assert!(n > 20, "samples in the handler: {rows:?}");
-    let through: u64 = handler
-        .iter()
-        .filter(|(f, _)| {
-            let (a, i, t, h) = (
-                index_of(f, "alt_thread"),
-                index_of(f, "interrupted"),
-                index_of(f, "[signal trampoline]"),
-                index_of(f, "on_signal"),
-            );
-            matches!((a, i, t, h), (Some(a), Some(i), Some(t), Some(h)) if a < i && i < t && t < h)
-        })
-        .map(|r| r.1)
-        .sum();
-    assert!(through as f64 > 0.95 * n as f64, "{through} of {n} handler samples continue to the thread: {handler:?}");
-    assert_eq!(s["truncated_stacks"], 0, "{s}");
+    handler_continues_to("altsignal", "alt_thread");
 }
 
 #[test]

@@ -1012,6 +1012,25 @@ fn why_names_the_hottest_functions_of_a_busy_process() {
     assert!(p["verdict"].as_str().unwrap().contains("hottest: heavy (pyhot.py)"), "{}", p["verdict"]);
 }
 
+/// `sonde why -p PID` of a process whose only thread waits on local IPC
+/// (class pipe) with process `peer` at the other end: the wait names
+/// `peer`, and only it, and the process's next command is `peer`'s. The
+/// wait, for its object to be checked.
+fn waits_on_its_peer(pid: u32, peer: u32) -> Value {
+    thread::sleep(Duration::from_millis(300));
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    assert!(blocked(&t, "pipe") > 0.9 * field(&t, "window_ns"), "{t}");
+    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "pipe").unwrap().clone();
+    let peers: Vec<u64> = w["peers"].as_array().into_iter().flatten().map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_eq!(peers, vec![u64::from(peer)], "the process at the other end: {w}");
+    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    assert_eq!(p["next"], format!("sonde why -p {peer}"), "{p}");
+    w
+}
+
 /// The other end of a named FIFO: a reader waits in read() on a FIFO that
 /// another process opened for writing and writes to every 20 ms; `sonde
 /// why` of the reader names the writer (found by the FIFO's device and
@@ -1040,19 +1059,8 @@ while True:
     os.write(f, b'x')"
     );
     let wr = KillOnDrop(Command::new("python3").args(["-c", &writer]).spawn().unwrap());
-    thread::sleep(Duration::from_millis(300));
-    let pid = rd.0.id();
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
-    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
-    assert!(blocked(&t, "pipe") > 0.9 * field(&t, "window_ns"), "{t}");
-    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "pipe").unwrap().clone();
+    let w = waits_on_its_peer(rd.0.id(), wr.0.id());
     assert_eq!(w["object"], format!("receive FIFO {p}"), "{w}");
-    let peers: Vec<u64> = w["peers"].as_array().into_iter().flatten().map(|p| p["pid"].as_u64().unwrap()).collect();
-    assert_eq!(peers, vec![u64::from(wr.0.id())], "the writer at the other end: {w}");
-    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
-    assert_eq!(p["next"], format!("sonde why -p {}", wr.0.id()), "{p}");
 }
 
 /// The other end of a Unix socket: a client connected to a server's named
@@ -1080,17 +1088,6 @@ fn why_names_the_process_at_the_other_end_of_a_unix_socket() {
         p = path.to_str().unwrap()
     );
     let cli = KillOnDrop(Command::new("python3").args(["-c", &client]).spawn().unwrap());
-    thread::sleep(Duration::from_millis(300));
-    let pid = cli.0.id();
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
-    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
-    assert!(blocked(&t, "pipe") > 0.9 * field(&t, "window_ns"), "{t}");
-    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "pipe").unwrap().clone();
+    let w = waits_on_its_peer(cli.0.id(), srv.0.id());
     assert!(w["object"].as_str().unwrap().starts_with("receive unix socket"), "{w}");
-    let peers: Vec<u64> = w["peers"].as_array().into_iter().flatten().map(|p| p["pid"].as_u64().unwrap()).collect();
-    assert_eq!(peers, vec![u64::from(srv.0.id())], "the server at the other end: {w}");
-    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
-    assert_eq!(p["next"], format!("sonde why -p {}", srv.0.id()), "{p}");
 }
