@@ -906,9 +906,18 @@ static __always_inline __u64 sched_now(struct why_cpu *c, __u64 clk)
 	if (c && clk && c->off_at &&
 	    (clk >= c->clk_at ? clk - c->clk_at : c->clk_at - clk) < WHY_OFF_CHECK_NS)
 		return clk + (__u64)c->off;
-	if (c && clk)
-		c->clk_at = clk;
-	return sched_ns(c, clk, bpf_ktime_get_ns());
+	if (!c || !clk)
+		return bpf_ktime_get_ns();
+	__s64 before = c->off;
+	__u64 had = c->off_at;
+	c->clk_at = clk;
+	__u64 t = sched_ns(c, clk, bpf_ktime_get_ns());
+	/* Raised by more than 1 us (a hook late after a quiet spell, whose
+	 * allowance had grown): checked again at the next hook, which lowers
+	 * it back if it was the hook that was late, before it serves. */
+	if (had && c->off > before + 1000)
+		c->clk_at = 0;
+	return t;
 }
 
 struct rq___taken {
@@ -1361,10 +1370,10 @@ int BPF_PROG(why_exit, struct task_struct *p)
 	struct why_thread *r = thread_of(p, tid, WS_ON_CPU);
 	if (!r)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	close_state(r, p, tid, now);
+	close_state(r, p, tid, bpf_ktime_get_ns());
 	r->state = WS_GONE;
-	r->end = now;
+	/* Where close_state ended its last state: never before it began. */
+	r->end = r->since;
 	/* Its name as it ends (a thread names itself after it starts). */
 	BPF_CORE_READ_STR_INTO(&r->comm, p, comm);
 	r->utime1 = p->utime;
