@@ -20,9 +20,10 @@ pub enum Kind {
     /// `pipe:[INODE]`
     Pipe,
     /// A named FIFO (the link is its path): by its file system's device
-    /// (`st_dev`) and its inode, as `stat` of the descriptor gives them.
+    /// (the kernel's number, major << 20 | minor, as its mount shows it)
+    /// and its inode.
     Fifo {
-        /// `st_dev` of the FIFO.
+        /// The device of the FIFO's file system.
         dev: u64,
     },
 }
@@ -83,6 +84,42 @@ fn access(pid: u32, fd: &str) -> (bool, bool) {
         .find_map(|l| l.strip_prefix("flags:"))
         .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
         .unwrap_or(0);
+    rw(flags)
+}
+
+/// Most bytes of a process's mountinfo read.
+const MAX_MOUNTINFO: u64 = 4 << 20;
+
+/// The kernel's device number (major << 20 | minor) of each mount's file
+/// system, by mount id, as `/proc/PID/mountinfo` lists them (at most
+/// [`MAX_MOUNTINFO`] bytes of it).
+fn mount_devs(pid: u32) -> HashMap<u64, u64> {
+    use std::io::Read;
+    let mut text = String::new();
+    if let Ok(f) = std::fs::File::open(format!("/proc/{pid}/mountinfo")) {
+        let _ = f.take(MAX_MOUNTINFO).read_to_string(&mut text);
+    }
+    text.lines()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let id: u64 = f.next()?.parse().ok()?;
+            let (ma, mi) = f.nth(1)?.split_once(':')?;
+            Some((id, (ma.parse::<u64>().ok()? << 20) | mi.parse::<u64>().ok()?))
+        })
+        .collect()
+}
+
+/// `/proc/PID/fdinfo/FD`: its open flags, its mount's id and, from Linux
+/// 5.14, its inode's number.
+fn fdinfo(pid: u32, fd: &str) -> Option<(u32, u64, Option<u64>)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+    let field = |k: &str| s.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
+    let flags = u32::from_str_radix(field("flags:")?, 8).ok()?;
+    Some((flags, field("mnt_id:")?.parse().ok()?, field("ino:").and_then(|v| v.parse().ok())))
+}
+
+/// Reads and writes of open flags `flags`.
+fn rw(flags: u32) -> (bool, bool) {
     match flags & 3 {
         0 => (true, false),
         1 => (false, true),
@@ -90,26 +127,52 @@ fn access(pid: u32, fd: &str) -> (bool, bool) {
     }
 }
 
-/// What descriptor `fd` of `pid`, whose link names a path, is when it is a
-/// named FIFO: `stat` of the descriptor itself (procfs hands over the open
-/// file; no path in the process's reach is walked).
-fn fifo_of(pid: u32, fd: &std::ffi::OsStr) -> Option<(Kind, u64)> {
+/// Mount namespaces whose mounts one walk keeps at most.
+const MAX_MOUNT_NS: usize = 4096;
+
+/// What descriptor `fd` of `pid`, whose link names a path, is when it may
+/// be one of the named FIFOs on the devices `devs` (the kernel's numbers),
+/// given its process's mounts (`mounts`: mount id to device): its mount's
+/// device, then its inode's number from its fdinfo; and its (reads,
+/// writes). No file system is asked anything for a descriptor on another
+/// device (a hung network mount cannot stop the walk), and none at all
+/// where fdinfo gives the inode; an older kernel's is read with `stat` of
+/// the descriptor itself (procfs hands over the open file; no path in the
+/// process's reach is walked).
+fn fifo_of(pid: u32, fd: &str, devs: &HashSet<u64>, mounts: &HashMap<u64, u64>) -> Option<((Kind, u64), (bool, bool))> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let m = std::fs::metadata(format!("/proc/{pid}/fd/{}", fd.to_str()?)).ok()?;
-    m.file_type().is_fifo().then(|| (Kind::Fifo { dev: m.dev() }, m.ino()))
+    let (flags, mnt, ino) = fdinfo(pid, fd)?;
+    let dev = *mounts.get(&mnt)?;
+    if !devs.contains(&dev) {
+        return None;
+    }
+    let ino = match ino {
+        Some(i) => i,
+        None => {
+            let m = std::fs::metadata(format!("/proc/{pid}/fd/{fd}")).ok()?;
+            if !m.file_type().is_fifo() {
+                return None;
+            }
+            m.ino()
+        }
+    };
+    Some(((Kind::Fifo { dev }, ino), rw(flags)))
 }
 
 /// Walks every process's descriptors for the inodes `want` accepts, up to
 /// `max_inodes` of them, within [`MAX_FDS`] descriptors and [`MAX_TIME`].
-/// `fifos`: named FIFOs are wanted too (each descriptor naming a path is
-/// then looked at with `stat`).
-pub fn holders(want: impl Fn(Kind, u64) -> bool, fifos: bool, max_inodes: usize) -> Held {
+/// `fifo_devs`: the devices (the kernel's numbers) of the named FIFOs
+/// wanted too (see [`fifo_of`]).
+pub fn holders(want: impl Fn(Kind, u64) -> bool, fifo_devs: &HashSet<u64>, max_inodes: usize) -> Held {
     let t0 = Instant::now();
     let mut out = Held { complete: true, ..Default::default() };
     let mut fds_read = 0usize;
+    let mut mounts: HashMap<String, HashMap<u64, u64>> = HashMap::new();
     'procs: for pid in pids() {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
         let mut comm: Option<String> = None;
+        // Its mount namespace, once it has a descriptor naming a path.
+        let mut ns: Option<Option<String>> = None;
         for fd in fds.flatten() {
             fds_read += 1;
             if fds_read > MAX_FDS || (fds_read % 4096 == 0 && t0.elapsed() > MAX_TIME) {
@@ -118,20 +181,33 @@ pub fn holders(want: impl Fn(Kind, u64) -> bool, fifos: bool, max_inodes: usize)
             }
             // readlink on /proc/PID/fd/N names the object; nothing is followed.
             let Ok(target) = std::fs::read_link(fd.path()) else { continue };
-            let parsed = target.to_str().and_then(parse_link);
-            let Some((kind, ino)) = parsed.or_else(|| {
-                (fifos && target.as_os_str().as_encoded_bytes().first() == Some(&b'/'))
-                    .then(|| fifo_of(pid, &fd.file_name()))
-                    .flatten()
-            }) else {
-                continue;
+            let name = fd.file_name().to_string_lossy().into_owned();
+            let (kind, ino, fifo_rw) = match target.to_str().and_then(parse_link) {
+                Some((k, i)) => (k, i, None),
+                None if !fifo_devs.is_empty() && target.as_os_str().as_encoded_bytes().first() == Some(&b'/') => {
+                    let ns = ns.get_or_insert_with(|| {
+                        std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok().map(|l| l.to_string_lossy().into_owned())
+                    });
+                    let Some(ns) = ns.as_ref() else { continue };
+                    if !mounts.contains_key(ns) {
+                        if mounts.len() >= MAX_MOUNT_NS {
+                            out.complete = false;
+                            break 'procs;
+                        }
+                        mounts.insert(ns.clone(), mount_devs(pid));
+                    }
+                    let Some(((k, i), a)) = fifo_of(pid, &name, fifo_devs, &mounts[ns]) else { continue };
+                    (k, i, Some(a))
+                }
+                None => continue,
             };
             if !want(kind, ino) {
                 continue;
             }
-            let (reads, writes) = match kind {
-                Kind::Pipe | Kind::Fifo { .. } => access(pid, &fd.file_name().to_string_lossy()),
-                Kind::Socket => (true, true),
+            let (reads, writes) = match (kind, fifo_rw) {
+                (_, Some(a)) => a,
+                (Kind::Pipe | Kind::Fifo { .. }, None) => access(pid, &name),
+                (Kind::Socket, None) => (true, true),
             };
             let comm = comm
                 .get_or_insert_with(|| {
@@ -337,7 +413,7 @@ mod tests {
         assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
         use std::os::unix::fs::MetadataExt;
         let ino = std::fs::metadata(format!("/proc/self/fd/{}", fds[0])).unwrap().ino();
-        let held = holders(|k, i| k == Kind::Pipe && i == ino, false, 8);
+        let held = holders(|k, i| k == Kind::Pipe && i == ino, &HashSet::new(), 8);
         let me = std::process::id();
         let h = held.by_inode.get(&(Kind::Pipe, ino)).and_then(|v| v.iter().find(|h| h.pid == me)).cloned();
         // SAFETY: both descriptors are ours.
@@ -359,24 +435,25 @@ mod tests {
         let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
         // SAFETY: c is a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        // Its read end (not blocking for a writer), and a regular file.
+        // Its read end (not blocking for a writer).
         let r = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
-        let plain = std::fs::File::create(dir.join("plain")).unwrap();
         let m = std::fs::metadata(&path).unwrap();
-        let (dev, ino) = (m.dev(), m.ino());
-        let fifo = Kind::Fifo { dev };
+        // The kernel's number of the device (as its mount shows it).
+        let dev = (u64::from(libc::major(m.dev())) << 20) | u64::from(libc::minor(m.dev()));
+        let (fifo, ino) = (Kind::Fifo { dev }, m.ino());
         let want = |k: Kind, i: u64| k == fifo && i == ino;
         let me = std::process::id();
-        let found = holders(want, true, 8);
+        let found = holders(want, &[dev].into_iter().collect(), 8);
         let h = found.by_inode.get(&(fifo, ino)).and_then(|v| v.iter().find(|h| h.pid == me)).cloned();
-        // Without `fifos`, paths are not looked at.
-        let skipped = holders(want, false, 8);
-        drop((r, plain));
+        // Without its device, paths are not looked at; on another device,
+        // neither.
+        let skipped = holders(want, &HashSet::new(), 8);
+        let elsewhere = holders(want, &[dev ^ 1].into_iter().collect(), 8);
+        drop(r);
         let _ = std::fs::remove_dir_all(&dir);
         let h = h.expect("this process holds its FIFO");
         assert!(h.reads && !h.writes, "{h:?}");
         assert!(skipped.by_inode.is_empty(), "{:?}", skipped.by_inode);
-        // The regular file beside it is no FIFO.
-        assert!(found.by_inode.keys().all(|k| *k == (fifo, ino)), "{:?}", found.by_inode);
+        assert!(elsewhere.by_inode.is_empty(), "{:?}", elsewhere.by_inode);
     }
 }

@@ -408,7 +408,7 @@ struct ProcOwner {
 /// process found holding each.
 fn proc_sockets() -> HashMap<u64, ProcOwner> {
     use crate::engine::procfd::{holders, Kind};
-    let held = holders(|k, _| k == Kind::Socket, false, MAX_OWNERS);
+    let held = holders(|k, _| k == Kind::Socket, &std::collections::HashSet::new(), MAX_OWNERS);
     let mut cgroups: HashMap<u32, u64> = HashMap::new();
     held.by_inode
         .into_iter()

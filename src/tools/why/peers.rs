@@ -15,8 +15,9 @@
 //!   open (the write end for a reader, the read end for a writer), the
 //!   waiter's own process included: a process waiting on a pipe only it can
 //!   write to waits on itself. A FIFO is told from a pipe by its device (a
-//!   pipe's is the kernel's one pipe file system) and found by `stat` of the
-//!   descriptors that name a path.
+//!   pipe's is the kernel's one pipe file system) and found among the
+//!   descriptors that name a path by their mount's device and their inode
+//!   (procfd's fdinfo and mountinfo).
 //! - A connected Unix socket: the processes holding its peer socket (the
 //!   kernel's own link, read by the kernel half), the waiter's own process
 //!   included.
@@ -107,28 +108,34 @@ impl Peers {
 }
 
 /// The kernel's device number (major << 20 | minor) of the pipe file system,
-/// which every anonymous pipe's inode is on: that of a pipe made here.
+/// which every anonymous pipe's inode is on: that of a pipe made here (0
+/// until one could be made).
 fn pipefs_dev() -> Option<u64> {
-    static DEV: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *DEV.get_or_init(|| {
-        use std::os::unix::fs::MetadataExt;
-        let mut fds = [0i32; 2];
-        // SAFETY: fds has room for the two descriptors pipe2 writes.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-            return None;
-        }
-        let dev = std::fs::metadata(format!("/proc/self/fd/{}", fds[0])).ok().map(|m| m.dev());
-        // SAFETY: both descriptors are ours and closed once.
-        unsafe {
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-        }
-        dev.map(|d| (u64::from(libc::major(d)) << 20) | u64::from(libc::minor(d)))
-    })
+    static DEV: AtomicU64 = AtomicU64::new(0);
+    let known = DEV.load(Ordering::Relaxed);
+    if known != 0 {
+        return Some(known);
+    }
+    use std::os::unix::fs::MetadataExt;
+    let mut fds = [0i32; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return None;
+    }
+    let dev = std::fs::metadata(format!("/proc/self/fd/{}", fds[0])).ok().map(|m| m.dev());
+    // SAFETY: both descriptors are ours and closed once.
+    unsafe {
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    let dev = dev.map(|d| (u64::from(libc::major(d)) << 20) | u64::from(libc::minor(d)))?;
+    DEV.store(dev, Ordering::Relaxed);
+    Some(dev)
 }
 
 /// Whether an inode of device `dev` (the kernel's number) is an anonymous
-/// pipe's (else a named FIFO's).
+/// pipe's (else a named FIFO's). Not known (no pipe could be made): not a
+/// pipe, so never looked up as one.
 pub(super) fn on_pipefs(dev: u64) -> bool {
     pipefs_dev() == Some(dev)
 }
@@ -139,8 +146,7 @@ fn pipe_key(dev: u64, ino: u64) -> (Kind, u64) {
     if on_pipefs(dev) {
         (Kind::Pipe, ino)
     } else {
-        let user = libc::makedev((dev >> 20) as u32, (dev & 0xfffff) as u32);
-        (Kind::Fifo { dev: user }, ino)
+        (Kind::Fifo { dev }, ino)
     }
 }
 
@@ -208,13 +214,19 @@ impl Found {
         let held = if sock_inodes.is_empty() && pipes.is_empty() {
             procfd::Held { complete: true, ..Default::default() }
         } else {
-            let fifos = pipes.iter().any(|(k, _)| matches!(k, Kind::Fifo { .. }));
+            let fifos: HashSet<u64> = pipes
+                .iter()
+                .filter_map(|(k, _)| match k {
+                    Kind::Fifo { dev } => Some(*dev),
+                    _ => None,
+                })
+                .collect();
             procfd::holders(
                 |k, ino| match k {
                     Kind::Socket => sock_inodes.contains(&ino),
                     Kind::Pipe | Kind::Fifo { .. } => pipes.contains(&(k, ino)),
                 },
-                fifos,
+                &fifos,
                 MAX_OBJECTS,
             )
         };
