@@ -1038,7 +1038,8 @@ fn waits_on_its_peer(pid: u32, peer: u32) -> Value {
 #[test]
 fn why_names_the_writer_at_the_other_end_of_a_named_fifo() {
     let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
-    let dir = scratch_dir("why-fifo");
+    // As the reader's descriptor names it (no symbolic link on the way).
+    let dir = scratch_dir("why-fifo").canonicalize().unwrap();
     let path = dir.join("jobs.fifo");
     let _ = std::fs::remove_file(&path);
     let st = Command::new("mkfifo").arg(&path).status().unwrap();
@@ -1054,11 +1055,16 @@ while True:
     let writer = format!(
         "import os, time
 f = os.open({p:?}, os.O_WRONLY)
+print('ready', flush=True)
 while True:
     time.sleep(0.02)
     os.write(f, b'x')"
     );
-    let wr = KillOnDrop(Command::new("python3").args(["-c", &writer]).spawn().unwrap());
+    let mut wr = KillOnDrop(Command::new("python3").args(["-c", &writer]).stdout(Stdio::piped()).spawn().unwrap());
+    // Open at both ends (the writer's open waits for the reader's).
+    let mut ready = String::new();
+    BufReader::new(wr.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
     let w = waits_on_its_peer(rd.0.id(), wr.0.id());
     assert_eq!(w["object"], format!("receive FIFO {p}"), "{w}");
 }

@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -82,6 +83,13 @@ struct alt {
 static void *alt_thread(void *arg)
 {
 	struct alt *a = arg;
+	char here;
+	/* The test is of a handler's stack above the thread's: say so when
+	 * the mappings fell the other way. */
+	if ((void *)&here > a->stack) {
+		fprintf(stderr, "edges: the alternate stack is below the thread's stack\n");
+		exit(3);
+	}
 	stack_t ss = {.ss_sp = a->stack, .ss_size = 1 << 20};
 	sigaltstack(&ss, NULL);
 	sigset_t set;
