@@ -889,13 +889,21 @@ static __always_inline __u64 sched_ns(struct why_cpu *c, __u64 clk, __u64 now)
 	return t < now ? t : now;
 }
 
-/* How long `off` serves without a look at bpf_ktime_get_ns(). */
-#define WHY_OFF_CHECK_NS 1000000ULL
+/* How long a value kept per CPU serves before it is read again (the clock
+ * offset, a task group's cgroup), in the scheduler's clock. */
+#define WHY_RECHECK_NS 1000000ULL
+
+/* Whether a value kept per CPU at scheduler clock `at` still serves at
+ * `clk` (another CPU's run-queue clock may be a little behind). */
+static __always_inline bool still_fresh(__u64 at, __u64 clk)
+{
+	return (clk >= at ? clk - at : at - clk) < WHY_RECHECK_NS;
+}
 
 /*
  * The scheduler's moment of a state change at run-queue clock `clk`, as
  * sched_ns gives it, with bpf_ktime_get_ns() read at most once per
- * WHY_OFF_CHECK_NS of that clock per CPU: on a VM the read costs ~55 ns
+ * WHY_RECHECK_NS of that clock per CPU: on a VM the read costs ~55 ns
  * (the pvclock), twice per switch its largest single cost, and the offset
  * it checks moves by parts per million. Every run-queue clock read at a
  * hook was just updated (at __schedule, or by the wake-up on the task's
@@ -903,8 +911,7 @@ static __always_inline __u64 sched_ns(struct why_cpu *c, __u64 clk, __u64 now)
  */
 static __always_inline __u64 sched_now(struct why_cpu *c, __u64 clk)
 {
-	if (c && clk && c->off_at &&
-	    (clk >= c->clk_at ? clk - c->clk_at : c->clk_at - clk) < WHY_OFF_CHECK_NS)
+	if (c && clk && c->off_at && still_fresh(c->clk_at, clk))
 		return clk + (__u64)c->off;
 	if (!c || !clk)
 		return bpf_ktime_get_ns();
@@ -985,13 +992,9 @@ struct task_struct___grp {
 	struct task_group *sched_task_group;
 } __attribute__((preserve_access_index));
 
-/* The CPU cgroup of `t` (its kernfs id), 0 where there is none. */
-static __always_inline __u64 cpu_cgroup(struct task_struct *t)
+/* The CPU cgroup (its kernfs id) of task group `tg`, 0 where there is none. */
+static __always_inline __u64 cpu_cgroup(struct task_group *tg)
 {
-	struct task_struct___grp *g = (void *)t;
-	if (!bpf_core_field_exists(g->sched_task_group))
-		return 0;
-	struct task_group *tg = g->sched_task_group;
 	if (!tg)
 		return 0;
 	struct cgroup *cg = tg->css.cgroup;
@@ -1024,12 +1027,13 @@ static __always_inline void note_slice(struct why_cpu *c, struct task_struct *pr
 	 * group freed and another made at its address stays named wrong for
 	 * no longer. */
 	struct task_struct___grp *g = (void *)prev;
-	__u64 tg = bpf_core_field_exists(g->sched_task_group) ? (__u64)g->sched_task_group : 0;
-	if (tg && tg == c->tg && clk >= c->tg_at && clk - c->tg_at < WHY_OFF_CHECK_NS) {
+	struct task_group *tg =
+	        bpf_core_field_exists(g->sched_task_group) ? g->sched_task_group : NULL;
+	if (tg && (__u64)tg == c->tg && clk >= c->tg_at && still_fresh(c->tg_at, clk)) {
 		s->cg = c->tg_cg;
 	} else {
-		s->cg = cpu_cgroup(prev);
-		c->tg = tg;
+		s->cg = cpu_cgroup(tg);
+		c->tg = (__u64)tg;
 		c->tg_cg = s->cg;
 		c->tg_at = clk;
 	}
