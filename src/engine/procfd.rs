@@ -78,13 +78,7 @@ pub fn parse_link(t: &str) -> Option<(Kind, u64)> {
 /// The access mode of descriptor `fd` of `pid` (its `fdinfo` flags):
 /// (reads, writes).
 fn access(pid: u32, fd: &str) -> (bool, bool) {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")) else { return (false, false) };
-    let flags = s
-        .lines()
-        .find_map(|l| l.strip_prefix("flags:"))
-        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
-        .unwrap_or(0);
-    rw(flags)
+    fdinfo(pid, fd).map_or((false, false), |i| rw(i.flags.unwrap_or(0)))
 }
 
 /// Most bytes of a process's mountinfo read.
@@ -109,13 +103,31 @@ fn mount_devs(pid: u32) -> HashMap<u64, u64> {
         .collect()
 }
 
-/// `/proc/PID/fdinfo/FD`: its open flags, its mount's id and, from Linux
-/// 5.14, its inode's number.
-fn fdinfo(pid: u32, fd: &str) -> Option<(u32, u64, Option<u64>)> {
+/// What `/proc/PID/fdinfo/FD` says of a descriptor.
+struct FdInfo {
+    /// Its open flags.
+    flags: Option<u32>,
+    /// Its mount's id.
+    mnt_id: Option<u64>,
+    /// Its inode's number (from Linux 5.14).
+    ino: Option<u64>,
+}
+
+/// `/proc/PID/fdinfo/FD`, None when it cannot be read.
+fn fdinfo(pid: u32, fd: &str) -> Option<FdInfo> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
     let field = |k: &str| s.lines().find_map(|l| l.strip_prefix(k)).map(str::trim);
-    let flags = u32::from_str_radix(field("flags:")?, 8).ok()?;
-    Some((flags, field("mnt_id:")?.parse().ok()?, field("ino:").and_then(|v| v.parse().ok())))
+    Some(FdInfo {
+        flags: field("flags:").and_then(|v| u32::from_str_radix(v, 8).ok()),
+        mnt_id: field("mnt_id:").and_then(|v| v.parse().ok()),
+        ino: field("ino:").and_then(|v| v.parse().ok()),
+    })
+}
+
+/// The kernel's number of a device (major << 20 | minor, as its inodes'
+/// superblocks and mountinfo give it) from `st_dev` as `stat` gives it.
+pub fn kernel_dev(st_dev: u64) -> u64 {
+    (u64::from(libc::major(st_dev)) << 20) | u64::from(libc::minor(st_dev))
 }
 
 /// Reads and writes of open flags `flags`.
@@ -141,8 +153,8 @@ const MAX_MOUNT_NS: usize = 4096;
 /// process's reach is walked).
 fn fifo_of(pid: u32, fd: &str, devs: &HashSet<u64>, mounts: &HashMap<u64, u64>) -> Option<((Kind, u64), (bool, bool))> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let (flags, mnt, ino) = fdinfo(pid, fd)?;
-    let dev = *mounts.get(&mnt)?;
+    let FdInfo { flags, mnt_id, ino } = fdinfo(pid, fd)?;
+    let (flags, dev) = (flags?, *mounts.get(&mnt_id?)?);
     if !devs.contains(&dev) {
         return None;
     }
@@ -439,7 +451,7 @@ mod tests {
         let r = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(&path).unwrap();
         let m = std::fs::metadata(&path).unwrap();
         // The kernel's number of the device (as its mount shows it).
-        let dev = (u64::from(libc::major(m.dev())) << 20) | u64::from(libc::minor(m.dev()));
+        let dev = kernel_dev(m.dev());
         let (fifo, ino) = (Kind::Fifo { dev }, m.ino());
         let want = |k: Kind, i: u64| k == fifo && i == ino;
         let me = std::process::id();

@@ -128,7 +128,7 @@ fn pipefs_dev() -> Option<u64> {
         libc::close(fds[0]);
         libc::close(fds[1]);
     }
-    let dev = dev.map(|d| (u64::from(libc::major(d)) << 20) | u64::from(libc::minor(d)))?;
+    let dev = procfd::kernel_dev(dev?);
     DEV.store(dev, Ordering::Relaxed);
     Some(dev)
 }
