@@ -610,11 +610,18 @@ pub(crate) fn leaves_side_by_side(a: &Leaves, b: &Leaves, n: usize) -> String {
         .collect()
 }
 
+/// The first line a workload started with its stdout piped prints (its
+/// stdout is taken: read nothing else from it).
+pub(crate) fn first_line(w: &mut KillOnDrop) -> String {
+    let mut line = String::new();
+    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    line
+}
+
 /// The native thread ids a producer/consumer workload prints first
 /// ("producer TID consumer TID": pyqueue.py, JQueue.java).
 pub(crate) fn producer_and_consumer(w: &mut KillOnDrop) -> (u64, u64) {
-    let mut line = String::new();
-    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let line = first_line(w);
     let ids: Vec<u64> = line.split_whitespace().filter_map(|s| s.parse().ok()).collect();
     assert_eq!(ids.len(), 2, "{line}");
     (ids[0], ids[1])

@@ -750,9 +750,7 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
             .spawn()
             .unwrap(),
     );
-    let mut ready = String::new();
-    BufReader::new(srv.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim(), "ready");
+    assert_eq!(first_line(&mut srv).trim(), "ready");
     let client = format!(
         "import socket\nc = socket.create_connection(('{b}', {PORT}))\n\
          for _ in range(30):\n    c.sendall(b'q' * 64)\n    n = 0\n    while n < 64: n += len(c.recv(64 - n))\nc.close()",
@@ -1062,9 +1060,7 @@ while True:
     );
     let mut wr = KillOnDrop(Command::new("python3").args(["-c", &writer]).stdout(Stdio::piped()).spawn().unwrap());
     // Open at both ends (the writer's open waits for the reader's).
-    let mut ready = String::new();
-    BufReader::new(wr.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim(), "ready");
+    assert_eq!(first_line(&mut wr).trim(), "ready");
     let w = waits_on_its_peer(rd.0.id(), wr.0.id());
     assert_eq!(w["object"], format!("receive FIFO {p}"), "{w}");
 }
@@ -1086,9 +1082,7 @@ fn why_names_the_process_at_the_other_end_of_a_unix_socket() {
         p = path.to_str().unwrap()
     );
     let mut srv = KillOnDrop(Command::new("python3").args(["-c", &server]).stdout(Stdio::piped()).spawn().unwrap());
-    let mut ready = String::new();
-    BufReader::new(srv.0.stdout.take().unwrap()).read_line(&mut ready).unwrap();
-    assert_eq!(ready.trim(), "ready");
+    assert_eq!(first_line(&mut srv).trim(), "ready");
     let client = format!(
         "import socket\nc = socket.socket(socket.AF_UNIX)\nc.connect({p:?})\nwhile True:\n    c.recv(1)",
         p = path.to_str().unwrap()
