@@ -52,7 +52,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l port -d 'Only fl
 complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l addr -d 'Only flows with an end in this address or CIDR, v4 or v6 (repeatable, up to 8)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand retrans" -s p -l pid -d 'Only sockets owned by this process (repeatable, up to 16)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l comm -d 'Only sockets owned by a task of this name (repeatable, up to 4): the comm of the thread that connected, listened or accepted, as `ps -L` shows it (at most 15 bytes)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l cgroup -d 'Only sockets owned by a process in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l cgroup -d 'Only sockets owned by a process in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l netns -d 'Only sockets in this network namespace (repeatable, up to 8): a name from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode' -r
 complete -c sonde -n "__fish_sonde_using_subcommand retrans" -l kind -d 'Only these causes (comma-separated or repeated)' -r -f -a "rto\t'First retransmit after the retransmission timer fired'
 tlp\t'Tail loss probe that re-sent the last segment'
@@ -89,7 +89,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand drops" -l port -d 'Only flow
 complete -c sonde -n "__fish_sonde_using_subcommand drops" -l addr -d 'Only flows with an end in this address or CIDR, v4 or v6 (repeatable, up to 8)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand drops" -s p -l pid -d 'Only sockets owned by this process (repeatable, up to 16)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand drops" -l comm -d 'Only sockets owned by a task of this name (repeatable, up to 4): the comm of the thread that connected, listened or accepted, as `ps -L` shows it (at most 15 bytes)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand drops" -l cgroup -d 'Only sockets owned by a process in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand drops" -l cgroup -d 'Only sockets owned by a process in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand drops" -l netns -d 'Only sockets in this network namespace (repeatable, up to 8): a name from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode' -r
 complete -c sonde -n "__fish_sonde_using_subcommand drops" -l rate -d 'Drops shown per second per CPU at most (a burst of as many at once); the rest are counted, not shown. 0: every one' -r
 complete -c sonde -n "__fish_sonde_using_subcommand drops" -l mechanism -d 'Force one attach mechanism instead of the best available' -r -f -a "tp_btf\t'BTF-typed tracepoint'
@@ -110,7 +110,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l port -d 'Only flows
 complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l addr -d 'Only flows with an end in this address or CIDR, v4 or v6 (repeatable, up to 8)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -s p -l pid -d 'Only sockets owned by this process (repeatable, up to 16)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l comm -d 'Only sockets owned by a task of this name (repeatable, up to 4): the comm of the thread that connected, listened or accepted, as `ps -L` shows it (at most 15 bytes)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l cgroup -d 'Only sockets owned by a process in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l cgroup -d 'Only sockets owned by a process in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l netns -d 'Only sockets in this network namespace (repeatable, up to 8): a name from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode' -r
 complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l every -d 'At most one sample per connection per INTERVAL (e.g. 10ms); default: every change of cwnd, ssthresh or congestion state' -r
 complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -l min-idle -d 'Also report sends after at least this long with nothing in flight, even when shorter than the RTO (reason idle_under_rto); default: only sends idle longer than the RTO, the ones the kernel may restart' -r
@@ -129,7 +129,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand cwnd" -s V -l version -d 'Pr
 complete -c sonde -n "__fish_sonde_using_subcommand profile" -s F -l frequency -d 'Samples per second per CPU' -r
 complete -c sonde -n "__fish_sonde_using_subcommand profile" -s p -l pid -d 'Only this process and all its threads (repeatable, up to 64)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand profile" -l tid -d 'Only this thread (repeatable, up to 16)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand profile" -l cgroup -d 'Only tasks in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand profile" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand profile" -l comm -d 'Only threads with this name (as in /proc/PID/comm, up to 15 bytes)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand profile" -l event -d 'What to sample on' -r -f -a "cpu-clock\t'CPU time (a software timer; works everywhere, also in VMs)'
 cycles\t'CPU cycles (the PMU; often missing in VMs)'"
@@ -151,7 +151,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand profile" -s h -l help -d 'Pr
 complete -c sonde -n "__fish_sonde_using_subcommand profile" -s V -l version -d 'Print version'
 complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -s p -l pid -d 'Only this process and all its threads (repeatable, up to 64)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -l tid -d 'Only this thread (repeatable, up to 16)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -l cgroup -d 'Only tasks in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -l comm -d 'Only threads with this name (as in /proc/PID/comm, up to 15 bytes)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -l min-block -d 'Ignore blocks shorter than this (e.g. 1ms, 100us)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -l max-block -d 'Ignore blocks longer than this' -r
@@ -179,7 +179,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -s h -l help -d 'Pri
 complete -c sonde -n "__fish_sonde_using_subcommand offcpu" -s V -l version -d 'Print version'
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -s p -l pid -d 'Only this process and all its threads (repeatable, up to 64)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l tid -d 'Only this thread (repeatable, up to 16)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l cgroup -d 'Only tasks in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l comm -d 'Only threads with this name (as in /proc/PID/comm, up to 15 bytes)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l min-block -d 'Ignore blocks shorter than this (e.g. 1ms, 100us)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l max-block -d 'Ignore blocks longer than this' -r
@@ -206,7 +206,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -l json -d 'Print ev
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c sonde -n "__fish_sonde_using_subcommand wakeup" -s V -l version -d 'Print version'
 complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -s p -l pid -d 'Only this process (repeatable). User-function probes are placed in these processes only' -r
-complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -l cgroup -d 'Only tasks in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -s d -l duration -d 'Stop after this long (e.g. 10s, 2m); default: until Ctrl-C' -r
 complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -l max-probes -d 'Most functions a glob may expand to' -r
 complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -l kernel-mechanism -d 'How kernel functions are probed (default: the first that works of fentry, kprobe-multi, kprobe)' -r -f -a "fentry\t'fentry/fexit trampolines: one program per function and direction'
@@ -219,7 +219,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -l json -d 'One
 complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c sonde -n "__fish_sonde_using_subcommand funclatency" -s V -l version -d 'Print version'
 complete -c sonde -n "__fish_sonde_using_subcommand slow" -s p -l pid -d 'Only this process (repeatable). User-function probes are placed in these processes only' -r
-complete -c sonde -n "__fish_sonde_using_subcommand slow" -l cgroup -d 'Only tasks in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand slow" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand slow" -s d -l duration -d 'Stop after this long (e.g. 10s, 2m); default: until Ctrl-C' -r
 complete -c sonde -n "__fish_sonde_using_subcommand slow" -l max-probes -d 'Most functions a glob may expand to' -r
 complete -c sonde -n "__fish_sonde_using_subcommand slow" -l kernel-mechanism -d 'How kernel functions are probed (default: the first that works of fentry, kprobe-multi, kprobe)' -r -f -a "fentry\t'fentry/fexit trampolines: one program per function and direction'
@@ -276,7 +276,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand serve" -s h -l help -d 'Prin
 complete -c sonde -n "__fish_sonde_using_subcommand serve" -s V -l version -d 'Print version'
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s p -l pid -d 'Only this process and all its threads (repeatable, up to 64)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l tid -d 'Only this thread (repeatable, up to 16)' -r
-complete -c sonde -n "__fish_sonde_using_subcommand why" -l cgroup -d 'Only tasks in this cgroup (v2 path)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand why" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l comm -d 'Only threads with this name (as in /proc/PID/comm, up to 15 bytes)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s i -l interval -d 'Also report every interval (e.g. 5s), each on its own' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l top -d 'Processes shown when every process is traced (those that lost the most time)' -r

@@ -9,6 +9,7 @@
 #define SONDE_FLOW_H
 
 #include "inlist.h"
+#include "cgroupfilter.h"
 
 #define AF_INET        2
 #define AF_INET6       10
@@ -25,6 +26,9 @@ struct sonde_owner {
 	__u32 tid;
 	__u64 cgroup;
 	char comm[FLOW_COMM_LEN];
+	/* In the --cgroup cgroup or below it (cgroupfilter.h). */
+	__u8 in_cgroup;
+	__u8 pad[7];
 };
 
 struct sonde_cidr {
@@ -41,7 +45,6 @@ const volatile __u32 n_cidrs = 0;
 const volatile struct sonde_cidr cidrs[FLOW_MAX_CIDRS] = {};
 const volatile __u32 n_pids = 0;
 const volatile __u32 pids[FLOW_MAX_PIDS] = {};
-const volatile __u64 cgroup_id = 0;
 const volatile __u32 n_netns = 0;
 const volatile __u32 netns_ids[FLOW_MAX_NETNS] = {};
 const volatile __u32 n_comms = 0;
@@ -147,7 +150,7 @@ static __always_inline bool flow_cidr_match(const __u8 *saddr, const __u8 *daddr
 /* Whether a filter needs the socket's owner. */
 static __always_inline bool owner_filtered(void)
 {
-	return n_pids || cgroup_id || n_comms;
+	return n_pids || cg_filter_id || n_comms;
 }
 
 /* Whether an owner's comm is one of `comms` (whole names, as the kernel
@@ -175,7 +178,7 @@ static __always_inline bool owner_pass(const struct sonde_owner *o)
 {
 	if (n_pids && (!o || !IN_LIST(pids, n_pids, FLOW_MAX_PIDS, o->pid)))
 		return false;
-	if (cgroup_id && (!o || o->cgroup != cgroup_id))
+	if (cg_filter_id && (!o || !o->in_cgroup))
 		return false;
 	if (n_comms && (!o || !comm_listed(o->comm)))
 		return false;
@@ -188,6 +191,7 @@ static __always_inline void owner_fill_current(struct sonde_owner *o, __u64 id)
 	o->pid = id >> 32;
 	o->tid = (__u32)id;
 	o->cgroup = bpf_get_current_cgroup_id();
+	o->in_cgroup = cg_current_in();
 	bpf_get_current_comm(o->comm, sizeof(o->comm));
 }
 

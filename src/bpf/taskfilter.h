@@ -10,6 +10,7 @@
 
 #include <bpf/bpf_core_read.h>
 #include "inlist.h"
+#include "cgroupfilter.h"
 
 #define TF_MAX_PIDS 64
 #define TF_MAX_TIDS 16
@@ -18,7 +19,6 @@
 const volatile bool tf_filter_pids = false;
 const volatile __u32 tf_n_tids = 0;
 const volatile __u32 tf_tids[TF_MAX_TIDS] = {};
-const volatile __u64 tf_cgroup_id = 0;
 const volatile bool tf_filter_comm = false;
 const volatile char tf_comm[TF_COMM_LEN] = {};
 /* -- CMD: add the processes a watched process starts to tf_pids. */
@@ -52,7 +52,7 @@ static __always_inline bool tf_wanted_current(__u32 tgid, __u32 tid)
 		return false;
 	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
 		return false;
-	if (tf_cgroup_id && bpf_get_current_cgroup_id() != tf_cgroup_id)
+	if (!cg_current_in())
 		return false;
 	if (tf_filter_comm) {
 		char c[TF_COMM_LEN];

@@ -1,5 +1,10 @@
-//! Resolve `--cgroup PATH` to the cgroup v2 id that `bpf_get_current_cgroup_id` returns.
-use std::{os::unix::fs::MetadataExt, path::Path};
+//! cgroups: `--cgroup PATH` as the kernel half matches it, the cgroup2 and
+//! cpu controller mounts, a thread's CPU quota.
+use std::{
+    collections::HashSet,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+};
 
 use super::error::usage;
 
@@ -13,29 +18,213 @@ pub fn cgroup2_root() -> Option<String> {
     })
 }
 
-/// Accepts an absolute path under the cgroup2 mount or a path relative to it.
-pub fn cgroup_id(path: &str) -> anyhow::Result<u64> {
-    cgroup_dir(path).map(|(id, _)| id)
+/// A `--cgroup` argument resolved: the cgroup (a directory of the unified
+/// hierarchy, cgroup v2, or of a cgroup v1 controller's), as the kernel half
+/// (`src/bpf/cgroupfilter.h`) matches a task against it and its descendants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupTarget {
+    /// Its kernfs id: the directory's inode number.
+    pub id: u64,
+    /// Its depth below its hierarchy's root (the root is 0); None where a
+    /// cgroup namespace hides it (the kernel half then learns it from the
+    /// first task it finds in the group).
+    pub level: Option<u32>,
+    /// The subsystem id (row of /proc/cgroups) of a controller of its cgroup
+    /// v1 hierarchy; None for the unified hierarchy.
+    pub ssid: Option<u32>,
+    /// Its directory.
+    pub dir: PathBuf,
 }
 
-/// The cgroup v2 directory `path` names (as [`cgroup_id`] takes it): its id
-/// and full path.
-pub fn cgroup_dir(path: &str) -> anyhow::Result<(u64, std::path::PathBuf)> {
-    let root = cgroup2_root().ok_or_else(|| {
-        super::error::env("--cgroup needs cgroup v2, and no cgroup2 file system is mounted; mount one or drop --cgroup")
-    })?;
-    let p = Path::new(path);
-    let full = if p.is_absolute() { p.to_path_buf() } else { Path::new(&root).join(p) };
-    let md = std::fs::metadata(&full).map_err(|e| {
-        usage(format!("--cgroup {path}: {} ({e}); give a cgroup v2 directory under {root}", full.display()))
-    })?;
-    if !md.is_dir() || !full.join("cgroup.procs").exists() {
-        return Err(usage(format!(
-            "--cgroup {path}: {} is not a cgroup v2 directory (no cgroup.procs); pick one under {root}",
-            full.display()
-        )));
+/// A cgroup file system mounted here, from /proc/self/mountinfo.
+#[derive(Debug, Clone, PartialEq)]
+struct CgroupMount {
+    /// Where it is mounted.
+    point: PathBuf,
+    /// The directory of its hierarchy mounted there ("/" for the root).
+    root: String,
+    /// True for cgroup2.
+    v2: bool,
+    /// Its controllers (cgroup v1: cpu, memory, ...; empty for a named
+    /// hierarchy such as name=systemd, and for v2).
+    controllers: Vec<String>,
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if let Some(v) = oct.and_then(|d| u8::try_from(d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'))).ok()) {
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
     }
-    Ok((md.ino(), full))
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The cgroup file systems of a mountinfo text.
+fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
+    mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let pre: Vec<&str> = pre.split(' ').collect();
+            let mut post = post.split(' ');
+            let (fstype, _source, opts) = (post.next()?, post.next()?, post.next().unwrap_or(""));
+            let v2 = match fstype {
+                "cgroup2" => true,
+                "cgroup" => false,
+                _ => return None,
+            };
+            let controllers = if v2 {
+                Vec::new()
+            } else {
+                opts.split(',')
+                    .filter(|o| {
+                        !o.contains('=') && !matches!(*o, "rw" | "ro" | "xattr" | "noprefix" | "clone_children")
+                    })
+                    .map(str::to_string)
+                    .collect()
+            };
+            Some(CgroupMount {
+                point: PathBuf::from(unescape(pre.get(4)?)),
+                root: unescape(pre.get(3)?),
+                v2,
+                controllers,
+            })
+        })
+        .collect()
+}
+
+/// The subsystem id of a cgroup v1 controller: its row in /proc/cgroups,
+/// which lists the kernel's subsystems in their id order.
+fn subsys_id(proc_cgroups: &str, controller: &str) -> Option<u32> {
+    proc_cgroups
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .position(|l| l.split_whitespace().next() == Some(controller))
+        .map(|i| i as u32)
+}
+
+/// Number of components of a path below "/".
+fn depth(p: &Path) -> usize {
+    p.components().filter(|c| matches!(c, std::path::Component::Normal(_))).count()
+}
+
+impl CgroupTarget {
+    /// Resolves `path`: an absolute directory in any cgroup file system
+    /// (v2, or a v1 controller's such as /sys/fs/cgroup/cpu/...), or a path
+    /// relative to the cgroup2 mount, else to the cpu controller's mount,
+    /// else to another v1 controller's. Usage errors (exit 2) name the fix.
+    pub fn resolve(path: &str) -> anyhow::Result<Self> {
+        let mounts = cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
+        let proc_cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
+        Self::resolve_in(path, &mounts, &proc_cgroups)
+    }
+
+    fn resolve_in(path: &str, mounts: &[CgroupMount], proc_cgroups: &str) -> anyhow::Result<Self> {
+        if mounts.is_empty() {
+            return Err(super::error::env(
+                "--cgroup: no cgroup file system is mounted here; mount one (cgroup2 or a v1 controller) or drop --cgroup",
+            ));
+        }
+        let listed = || mounts.iter().map(|m| m.point.display().to_string()).collect::<Vec<_>>().join(", ");
+        let p = Path::new(path);
+        let (full, mount) = if p.is_absolute() {
+            let full = std::fs::canonicalize(p).map_err(|e| {
+                usage(format!("--cgroup {path}: {e}; give a cgroup directory under one of {}", listed()))
+            })?;
+            let m = mounts.iter().filter(|m| full.starts_with(&m.point)).max_by_key(|m| depth(&m.point)).ok_or_else(
+                || {
+                    usage(format!(
+                        "--cgroup {path}: {} is in no cgroup file system; give a directory under one of {}",
+                        full.display(),
+                        listed()
+                    ))
+                },
+            )?;
+            (full, m)
+        } else {
+            // The unified hierarchy first, then cpu's (where CPU quotas are),
+            // then the other controllers'.
+            let mut order: Vec<&CgroupMount> = mounts.iter().filter(|m| m.v2).collect();
+            order.extend(mounts.iter().filter(|m| m.controllers.iter().any(|c| c == "cpu")));
+            order.extend(mounts.iter().filter(|m| !m.v2 && !m.controllers.is_empty()));
+            order
+                .into_iter()
+                .find_map(|m| {
+                    let full = m.point.join(p);
+                    (full.join("cgroup.procs").is_file()).then_some((full, m))
+                })
+                .ok_or_else(|| {
+                    usage(format!("--cgroup {path}: no such cgroup under {}; give an absolute path", listed()))
+                })?
+        };
+        let md = std::fs::metadata(&full)
+            .map_err(|e| usage(format!("--cgroup {path}: {} ({e}); give a cgroup directory", full.display())))?;
+        if !md.is_dir() || !full.join("cgroup.procs").is_file() {
+            return Err(usage(format!(
+                "--cgroup {path}: {} is not a cgroup (no cgroup.procs); give a directory under {}",
+                full.display(),
+                mount.point.display()
+            )));
+        }
+        // A cgroup namespace that does not hold the mount's root shows that
+        // root as /../...: how deep the group is is then learnt in the kernel.
+        let level = if mount.root.split('/').any(|c| c == "..") {
+            None
+        } else {
+            let rel = full.strip_prefix(&mount.point).unwrap_or(Path::new(""));
+            Some((depth(Path::new(&mount.root)) + depth(rel)) as u32)
+        };
+        let ssid = if mount.v2 {
+            None
+        } else {
+            let id = mount.controllers.iter().find_map(|c| subsys_id(proc_cgroups, c)).ok_or_else(|| {
+                let name = mount.controllers.first().cloned().unwrap_or_else(|| "a named hierarchy".to_string());
+                usage(format!(
+                    "--cgroup {path}: the cgroup v1 hierarchy at {} has no controller the kernel lists ({name}), so its groups cannot be told apart in the kernel; give the same group under a controller's mount (cpu, memory, ...)",
+                    mount.point.display()
+                ))
+            })?;
+            Some(id)
+        };
+        Ok(CgroupTarget { id: md.ino(), level, ssid, dir: full })
+    }
+
+    /// The processes in this cgroup and below it now (their cgroup.procs):
+    /// a walk of at most 100,000 directories, 32 deep, never following a
+    /// symbolic link.
+    pub fn processes(&self) -> HashSet<u32> {
+        let mut out = HashSet::new();
+        let mut todo = vec![(self.dir.clone(), 0usize)];
+        let mut seen = 0usize;
+        while let Some((dir, d)) = todo.pop() {
+            seen += 1;
+            if seen > 100_000 {
+                break;
+            }
+            if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                out.extend(t.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+            }
+            if d >= 32 {
+                continue;
+            }
+            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    todo.push((e.path(), d + 1));
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The cgroup v2 id of process `pid` (its `0::PATH` line in
@@ -152,6 +341,64 @@ pub fn quota_of(pid: u32, tid: u32) -> Option<Quota> {
         }
         if !rel.pop() {
             return None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+30 24 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+33 30 0:29 / /sys/fs/cgroup/systemd rw,nosuid - cgroup cgroup rw,xattr,name=systemd
+36 30 0:32 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct
+37 30 0:33 /docker/abc /sys/fs/cgroup/my\\040mem rw - cgroup cgroup rw,memory
+";
+
+    #[test]
+    fn cgroup_mounts_are_read_with_their_controllers_and_roots() {
+        let m = cgroup_mounts(MOUNTINFO);
+        assert_eq!(m.len(), 4, "{m:?}");
+        assert!(m[0].v2 && m[0].controllers.is_empty() && m[0].point == Path::new("/sys/fs/cgroup/unified"));
+        assert!(!m[1].v2 && m[1].controllers.is_empty(), "name=systemd is no controller: {:?}", m[1]);
+        assert_eq!(m[2].controllers, ["cpu", "cpuacct"]);
+        assert_eq!(m[3].point, Path::new("/sys/fs/cgroup/my mem"));
+        assert_eq!((m[3].root.as_str(), m[3].controllers.as_slice()), ("/docker/abc", &["memory".to_string()][..]));
+    }
+
+    #[test]
+    fn a_controllers_subsystem_id_is_its_row_of_proc_cgroups() {
+        let pc = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\ncpu\t1\t1\t1\ncpuacct\t2\t1\t1\nblkio\t7\t1\t1\nmemory\t4\t39\t1\n";
+        assert_eq!(subsys_id(pc, "cpu"), Some(1));
+        assert_eq!(subsys_id(pc, "blkio"), Some(3));
+        assert_eq!(subsys_id(pc, "memory"), Some(4));
+        assert_eq!(subsys_id(pc, "rdma"), None);
+    }
+
+    #[test]
+    fn escapes_are_undone_and_bad_ones_kept() {
+        assert_eq!(unescape("a\\040b\\011c"), "a b\tc");
+        assert_eq!(unescape("x\\777\\04"), "x\\777\\04");
+        assert_eq!(unescape("\\"), "\\");
+    }
+
+    /// The cgroups of this host (privileged tests run here and in CI): a
+    /// group of the unified hierarchy and one of the cpu controller's, at
+    /// the depth the kernel gives them.
+    #[test]
+    fn targets_resolve_on_this_host() {
+        let name = format!("sonde-unit-cg-{}", std::process::id());
+        for root in [cgroup2_root(), cpu_root()].into_iter().flatten() {
+            let dir = Path::new(&root).join(&name).join("inner");
+            std::fs::create_dir_all(&dir).unwrap();
+            let t = CgroupTarget::resolve(dir.to_str().unwrap());
+            let _ = std::fs::remove_dir(&dir);
+            let _ = std::fs::remove_dir(dir.parent().unwrap());
+            let t = t.unwrap();
+            assert_eq!(t.level, Some(2), "{t:?}");
+            assert_eq!(t.ssid.is_none(), Some(root.as_str()) == cgroup2_root().as_deref(), "{t:?}");
         }
     }
 }

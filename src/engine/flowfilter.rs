@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use clap::Args;
 use ipnet::IpNet;
 
-use super::{cgroup::cgroup_id, error::usage, netns::netns_inode};
+use super::{cgroup::CgroupTarget, error::usage, netns::netns_inode};
 
 /// Limits of the kernel half's filter lists (flow.h).
 pub const MAX_PORTS: usize = 8;
@@ -45,8 +45,9 @@ pub struct FlowArgs {
     /// `ps -L` shows it (at most 15 bytes).
     #[arg(long, value_name = "NAME")]
     pub comm: Vec<String>,
-    /// Only sockets owned by a process in this cgroup (v2 path).
-    #[arg(long)]
+    /// Only sockets owned by a process in this cgroup or below it: a cgroup
+    /// v2 directory, or a cgroup v1 controller's (/sys/fs/cgroup/cpu/...).
+    #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
     /// Only sockets in this network namespace (repeatable, up to 8): a name
     /// from `ip netns list`, /run/netns/NAME, /proc/PID/ns/net or an inode.
@@ -85,8 +86,8 @@ pub struct FlowFilter {
     pub pids: Vec<u32>,
     /// Owner thread names.
     pub comms: Vec<String>,
-    /// Owner cgroup id (0: any).
-    pub cgroup: u64,
+    /// Owners in this cgroup or below it (None: any).
+    pub cgroup: Option<CgroupTarget>,
     /// Namespace inodes.
     pub netns: Vec<u32>,
 }
@@ -122,7 +123,7 @@ impl FlowArgs {
         for c in &self.comm {
             check_comm(c)?;
         }
-        let cgroup = self.cgroup.as_deref().map(cgroup_id).transpose()?.unwrap_or(0);
+        let cgroup = self.cgroup.as_deref().map(CgroupTarget::resolve).transpose()?;
         let family = if self.ipv4 {
             2
         } else if self.ipv6 {
@@ -198,7 +199,7 @@ macro_rules! set_flow_rodata {
         for (i, p) in f.pids.iter().enumerate() {
             ro.pids[i] = *p;
         }
-        ro.cgroup_id = f.cgroup;
+        $crate::set_cgroup_filter!(&mut *ro, f.cgroup.as_ref());
         ro.n_netns = f.netns.len() as u32;
         for (i, n) in f.netns.iter().enumerate() {
             ro.netns_ids[i] = *n;

@@ -16,6 +16,14 @@ use anyhow::Context;
 /// bit patterns; [`pod!`](crate::pod) does so for the skeletons' types.
 pub unsafe trait Pod: Copy + 'static {}
 
+/// The bytes of a [`Pod`] value, as the kernel reads them (a map value or
+/// key built in user space).
+pub fn bytes_of<T: Pod>(t: &T) -> &[u8] {
+    // SAFETY: T is Pod (#[repr(C)] integers and arrays of them, padding
+    // included in their fields): viewing its size_of bytes is sound.
+    unsafe { std::slice::from_raw_parts((t as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+}
+
 /// Declares skeleton types as [`Pod`].
 #[macro_export]
 macro_rules! pod {

@@ -2,7 +2,7 @@
 //! the kernel half is `src/bpf/taskfilter.h`.
 use libbpf_rs::{MapCore, MapFlags};
 
-use super::{cgroup::cgroup_dir, error::usage, launch::Launched};
+use super::{cgroup::CgroupTarget, error::usage, launch::Launched};
 
 /// Most processes `-p` takes (TF_MAX_PIDS).
 pub const TASK_MAX_PIDS: usize = 64;
@@ -21,8 +21,9 @@ pub struct TaskArgs {
     /// Only this thread (repeatable, up to 16).
     #[arg(long)]
     pub tid: Vec<u32>,
-    /// Only tasks in this cgroup (v2 path).
-    #[arg(long)]
+    /// Only tasks in this cgroup or below it: a cgroup v2 directory, or a
+    /// cgroup v1 controller's (/sys/fs/cgroup/cpu/...).
+    #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
     /// Only threads with this name (as in /proc/PID/comm, up to 15 bytes).
     #[arg(long)]
@@ -102,10 +103,8 @@ pub struct TaskFilter {
     pub pids: Vec<u32>,
     /// Threads.
     pub tids: Vec<u32>,
-    /// cgroup v2 id, 0 for any.
-    pub cgroup: u64,
-    /// That cgroup's directory.
-    pub cgroup_path: Option<std::path::PathBuf>,
+    /// `--cgroup`: tasks in this cgroup or below it.
+    pub cgroup: Option<CgroupTarget>,
     /// Thread name, up to 15 bytes.
     pub comm: Option<String>,
     /// Whether the kernel half adds the processes they start to `pids`.
@@ -136,15 +135,11 @@ impl TaskFilter {
                 return Err(usage(format!("--comm {c:?}: a thread name is 1 to 15 bytes (as in /proc/PID/comm)")));
             }
         }
-        let (cgroup, cgroup_path) = match cgroup.map(cgroup_dir).transpose()? {
-            Some((id, p)) => (id, Some(p)),
-            None => (0, None),
-        };
+        let cgroup = cgroup.map(CgroupTarget::resolve).transpose()?;
         Ok(TaskFilter {
             pids: pids.to_vec(),
             tids: tids.to_vec(),
             cgroup,
-            cgroup_path,
             comm: comm.map(str::to_string),
             follow: false,
         })
@@ -158,7 +153,7 @@ impl TaskFilter {
         if self.follow {
             return Some(Vec::new());
         }
-        if self.pids.is_empty() && self.tids.is_empty() && self.cgroup_path.is_none() && self.comm.is_none() {
+        if self.pids.is_empty() && self.tids.is_empty() && self.cgroup.is_none() && self.comm.is_none() {
             return None;
         }
         let tgid_of = |tid: u32| -> Option<u32> {
@@ -169,21 +164,13 @@ impl TaskFilter {
             self.pids.clone()
         } else if !self.tids.is_empty() {
             self.tids.iter().filter_map(|t| tgid_of(*t)).collect()
-        } else if let Some(cg) = &self.cgroup_path {
-            std::fs::read_to_string(cg.join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect()
+        } else if let Some(cg) = &self.cgroup {
+            cg.processes().into_iter().collect()
         } else {
             all_pids()
         };
-        if let Some(cg) = &self.cgroup_path {
-            let procs: std::collections::HashSet<u32> = std::fs::read_to_string(cg.join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect();
+        if let Some(cg) = &self.cgroup {
+            let procs = cg.processes();
             v.retain(|p| procs.contains(p));
         }
         if let Some(c) = &self.comm {
@@ -244,12 +231,26 @@ macro_rules! set_task_filter {
         for (i, t) in f.tids.iter().enumerate() {
             ro.tf_tids[i] = *t;
         }
-        ro.tf_cgroup_id = f.cgroup;
+        $crate::set_cgroup_filter!(&mut *ro, f.cgroup.as_ref());
         if let Some(c) = &f.comm {
             ro.tf_filter_comm = true;
             for (i, b) in c.bytes().enumerate() {
                 ro.tf_comm[i] = b as _;
             }
+        }
+    }};
+}
+
+/// Sets the `cg_filter_*` read-only data (`src/bpf/cgroupfilter.h`) of an
+/// open skeleton (`$ro`) from an `Option<&CgroupTarget>`.
+#[macro_export]
+macro_rules! set_cgroup_filter {
+    ($ro:expr, $cg:expr) => {{
+        let (ro, cg): (_, Option<&$crate::engine::cgroup::CgroupTarget>) = ($ro, $cg);
+        if let Some(cg) = cg {
+            ro.cg_filter_id = cg.id;
+            ro.cg_filter_level = cg.level.unwrap_or(u32::MAX);
+            ro.cg_filter_ssid = cg.ssid.map_or(-1, |s| s as i32);
         }
     }};
 }

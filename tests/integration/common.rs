@@ -626,3 +626,58 @@ pub(crate) fn producer_and_consumer(w: &mut KillOnDrop) -> (u64, u64) {
     assert_eq!(ids.len(), 2, "{line}");
     (ids[0], ids[1])
 }
+
+/// A cgroup of the test's own with a child, `NAME-PID/inner`, under the
+/// mount `root` (cgroup v2's, or a v1 controller's); removed on drop.
+pub(crate) struct TestCgroup {
+    /// The parent: what `--cgroup` is given.
+    pub(crate) dir: std::path::PathBuf,
+    /// The child the workloads join.
+    pub(crate) inner: std::path::PathBuf,
+}
+
+impl TestCgroup {
+    pub(crate) fn new(root: &str, name: &str) -> TestCgroup {
+        let dir = std::path::Path::new(root).join(format!("{name}-{}", std::process::id()));
+        let inner = dir.join("inner");
+        std::fs::create_dir_all(&inner).unwrap();
+        TestCgroup { dir, inner }
+    }
+
+    /// The cgroup mounts of this host to test: the unified one (v2) and the
+    /// cpu controller's when it is a cgroup v1 one.
+    pub(crate) fn roots() -> Vec<String> {
+        let mut v: Vec<String> = sonde::engine::cgroup::cgroup2_root().into_iter().collect();
+        if let Some(cpu) = sonde::engine::cgroup::cpu_root().filter(|r| !v.contains(r)) {
+            v.push(cpu);
+        }
+        v
+    }
+
+    /// The processes in the child now.
+    pub(crate) fn processes_in_child(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.inner.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// `bash -c` text that moves the shell into the child, then runs `cmd`.
+    pub(crate) fn joined(&self, cmd: &str) -> String {
+        format!("echo $$ > {}/cgroup.procs && exec {cmd}", self.inner.display())
+    }
+}
+
+impl Drop for TestCgroup {
+    fn drop(&mut self) {
+        for d in [&self.inner, &self.dir] {
+            for _ in 0..50 {
+                if std::fs::remove_dir(d).is_ok() || !d.exists() {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}

@@ -183,6 +183,60 @@ fn drops_name_the_owning_process_of_the_socket() {
     }
 }
 
+/// `--cgroup` keeps the drops of sockets owned in the group or below it:
+/// one made before sonde started (its owner handed to the kernel from /proc)
+/// and one after (recorded by the hooks), and not those of a socket owned
+/// beside the group.
+#[test]
+fn cgroup_filter_keeps_the_sockets_owned_in_the_group_made_before_and_after_the_start() {
+    for root in TestCgroup::roots() {
+        let g = TestCgroup::new(&root, "sonde-drops-cg");
+        let pair = sonde::lab::netns::Pair::new().unwrap();
+        let b = pair.b.name.clone();
+        let owner = |port: u16, join: bool| {
+            let code = format!(
+                "import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.setsockopt(socket.SOL_SOCKET,socket.SO_RCVBUF,1)\ns.bind(('0.0.0.0',{port}))\nprint('ready',flush=True)\ntime.sleep(60)\n"
+            );
+            // Into the group before `ip netns exec`, whose own /sys shows no cgroups.
+            let cmd = format!("exec ip netns exec {b} python3 -c \"{code}\"");
+            let cmd = if join { g.joined(&cmd["exec ".len()..]) } else { cmd };
+            let mut w = KillOnDrop(Command::new("bash").args(["-c", &cmd]).stdout(Stdio::piped()).spawn().unwrap());
+            assert_eq!(first_line(&mut w).trim(), "ready");
+            w
+        };
+        let before = owner(7201, true);
+        let dir = g.dir.to_str().unwrap();
+        let t = Tracer::start_tool("drops", "tracing packet drops", &["--netns", &b, "--cgroup", dir]);
+        let after = owner(7202, true);
+        let _beside = owner(7203, false);
+        pair.a
+            .run(|| {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                for p in [7201, 7202, 7203] {
+                    for _ in 0..30 {
+                        s.send_to(&[0u8; 1000], (pair.b4.as_str(), p)).unwrap();
+                    }
+                }
+            })
+            .unwrap();
+        thread::sleep(Duration::from_millis(300));
+        let (_, lines) = t.stop();
+        let drops = of_type(&lines, "drop");
+        for (port, pid) in [(7201, before.0.id()), (7202, after.0.id())] {
+            let mine: Vec<&&Value> = drops.iter().filter(|d| d["dport"] == port).collect();
+            assert!(mine.len() >= 25, "{root}: port {port}: {} drops", mine.len());
+            assert!(mine.iter().all(|d| d["pid"] == pid), "{root}: port {port}: {mine:?}");
+        }
+        let beside = drops.iter().filter(|d| d["dport"] == 7203).count();
+        assert_eq!(beside, 0, "{root}: drops of the socket owned beside the group passed");
+        eprintln!(
+            "{root}: {} and {} drops of the sockets in the group, none of the one beside it",
+            drops.iter().filter(|d| d["dport"] == 7201).count(),
+            drops.iter().filter(|d| d["dport"] == 7202).count()
+        );
+    }
+}
+
 /// A SYN to a port nothing listens on, from a known source port over IPv4
 /// and IPv6: one drop each, with the flow the client used and its flags,
 /// filtered in the kernel by protocol and port; headers read through typed

@@ -6,6 +6,8 @@
 /// Helpers shared by every module.
 mod common;
 
+/// `--cgroup`, v2 and v1, a group and the groups below it.
+mod cgroups;
 /// The command line: bad input, signals, closed stdout, privileges, help, doctor.
 mod cli;
 /// `sonde cwnd`.

@@ -274,6 +274,44 @@ fn comm_filter_sees_only_sockets_of_that_name() {
     assert!(syn.iter().all(|e| e["comm"] != "sonde_other"), "an unlisted name passed: {syn:?}");
 }
 
+#[test]
+fn cgroup_filter_sees_only_sockets_owned_in_the_group_or_below_it() {
+    for root in TestCgroup::roots() {
+        let g = TestCgroup::new(&root, "sonde-rt-cg");
+        let (pair, _srv) = syn_dropping_lab();
+        let dir = g.dir.to_str().unwrap();
+        let t = Tracer::start(&["--addr", pair.net4.as_str(), "--cgroup", dir]);
+        // One connector in a child of the group, one beside it.
+        let connect = |comm: &str, join: bool| {
+            let script =
+                format!("printf %s {comm} > /proc/$$/comm; sleep 0.2; exec 3<>/dev/tcp/{}/{PORT_SYN}", pair.b4);
+            // Into the group before `ip netns exec`, whose own /sys shows no cgroups.
+            let join = if join { format!("echo $$ > {}/cgroup.procs && ", g.inner.display()) } else { String::new() };
+            let cmd = format!("{join}exec ip netns exec {} bash -c '{script}'", pair.a.name);
+            KillOnDrop(Command::new("bash").args(["-c", &cmd]).spawn().unwrap())
+        };
+        let inside = connect("sonde_in", true);
+        let _beside = connect("sonde_beside", false);
+        // SYN retransmits 1 s and 3 s after each connect; the two connect
+        // at about the same time.
+        t.wait_until(Duration::from_secs(30), |v| {
+            v.iter().filter(|e| e["kind"] == "syn" && e["comm"] == "sonde_in").count() >= 2
+        });
+        thread::sleep(Duration::from_millis(300));
+        let (_, out) = t.stop();
+        undrop(&pair.b, "sonde_syn").unwrap();
+        let syn = events(&out, "syn");
+        assert!(
+            syn.iter().filter(|e| e["pid"].as_u64() == Some(inside.0.id() as u64)).count() >= 2,
+            "{root}: SYN retransmits at 1 s and 3 s of the connector in the group: {out:?}"
+        );
+        assert!(
+            syn.iter().all(|e| e["comm"] == "sonde_in"),
+            "{root}: a socket owned outside the group passed: {syn:?}"
+        );
+    }
+}
+
 /// A server process of ours in `pair.b`: accepts one connection on `port`,
 /// reads a byte, sends `bytes`, waits for the peer to close.
 fn spawn_sending_server(pair: &Pair, port: u16, bytes: usize) -> Child {

@@ -7,16 +7,10 @@ crate::skeleton!("runtime");
 pub use skel::types::{rt_end, rt_frame, rt_kind, rt_proc, rt_seen_key, rt_stack, rt_stat};
 
 use super::plugin::ProcConfig;
-use crate::engine::record::Pod;
 
 crate::pod!(rt_proc, rt_stack, rt_frame, rt_seen_key);
 
-/// The bytes of a layout value, as the kernel reads them.
-pub fn bytes_of<T: Pod>(t: &T) -> &[u8] {
-    // SAFETY: T is Pod (#[repr(C)] integers and arrays of them, padding
-    // included in their fields): viewing its size_of bytes is sound.
-    unsafe { std::slice::from_raw_parts((t as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
-}
+pub use crate::engine::record::bytes_of;
 
 /// Language frames kept per stack (`RT_MAX_FRAMES`).
 pub const MAX_FRAMES: usize = 128;

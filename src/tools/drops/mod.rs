@@ -43,7 +43,7 @@ use counters::Snapshot;
 use reasons::Reasons;
 
 crate::skeleton!("drops");
-crate::pod!(types::dr_event, types::dr_key);
+crate::pod!(types::dr_event, types::dr_key, types::sonde_owner);
 use skel::{types, DropsSkel, DropsSkelBuilder};
 
 /// `DR_NO_REASON`: the kernel passes no reason (before 5.17).
@@ -273,7 +273,7 @@ impl Config {
             || f.family != 0
             || !f.pids.is_empty()
             || !f.comms.is_empty()
-            || f.cgroup != 0
+            || f.cgroup.is_some()
     }
 }
 
@@ -382,7 +382,7 @@ pub fn load(a: Option<&DropsArgs>, cfg: &Config, mech: Mechanism, count: bool) -
     for r in &cfg.reason_set {
         skel.maps.reason_set.update(&r.to_ne_bytes(), &[1], MapFlags::ANY)?;
     }
-    preload_owners(&skel);
+    preload_owners(&skel, cfg.flow.cgroup.as_ref());
     let rings = if count { None } else { Some(PerCpuRings::create(&skel.maps.sonde_rings, ring_bytes)?) };
     let mut links = Vec::new();
     for prog in skel.object().progs_mut() {
@@ -421,17 +421,23 @@ fn proc_sockets() -> HashMap<u64, ProcOwner> {
 }
 
 /// Hands the kernel the owners of the sockets that exist now (the hooks
-/// see only sockets made after the start).
-fn preload_owners(skel: &DropsSkel<'_>) {
+/// see only sockets made after the start), with whether each is in the
+/// `--cgroup` group (`cgroup`) now.
+fn preload_owners(skel: &DropsSkel<'_>, cgroup: Option<&crate::engine::cgroup::CgroupTarget>) {
+    let in_group = cgroup.map(|c| c.processes());
     for (ino, o) in proc_sockets() {
-        let mut v = [0u8; 32];
-        v[..4].copy_from_slice(&o.pid.to_ne_bytes());
-        v[4..8].copy_from_slice(&o.pid.to_ne_bytes());
-        v[8..16].copy_from_slice(&o.cgroup.to_ne_bytes());
-        for (d, b) in v[16..31].iter_mut().zip(o.comm.bytes()) {
-            *d = b;
+        let mut v = types::sonde_owner {
+            pid: o.pid,
+            tid: o.pid,
+            cgroup: o.cgroup,
+            in_cgroup: in_group.as_ref().is_some_and(|g| g.contains(&o.pid)) as u8,
+            ..Default::default()
+        };
+        for (d, b) in v.comm[..15].iter_mut().zip(o.comm.bytes()) {
+            *d = b as _;
         }
-        if skel.maps.owners.update(&ino.to_ne_bytes(), &v, MapFlags::NO_EXIST).is_err() {
+        let v = crate::engine::record::bytes_of(&v);
+        if skel.maps.owners.update(&ino.to_ne_bytes(), v, MapFlags::NO_EXIST).is_err() {
             break;
         }
     }

@@ -105,8 +105,9 @@ pub struct Scope {
     /// these processes only.
     #[arg(short = 'p', long = "pid")]
     pub pid: Vec<u32>,
-    /// Only tasks in this cgroup (v2 path).
-    #[arg(long)]
+    /// Only tasks in this cgroup or below it: a cgroup v2 directory, or a
+    /// cgroup v1 controller's (/sys/fs/cgroup/cpu/...).
+    #[arg(long, value_name = "PATH")]
     pub cgroup: Option<String>,
     /// -d, --json, -o.
     #[command(flatten)]

@@ -112,7 +112,7 @@ pub struct NetCollector {
     /// Owner thread names (comm).
     #[serde(default)]
     pub comm: Vec<String>,
-    /// Owner cgroup (v2 path).
+    /// Owner cgroup and the groups below it (v2, or a v1 controller's).
     #[serde(default)]
     pub cgroup: String,
 }
@@ -216,7 +216,7 @@ pub struct Funclatency {
     /// Targets as `sonde funclatency` names them.
     #[serde(default)]
     pub targets: Vec<String>,
-    /// Only calls of tasks in this cgroup.
+    /// Only calls of tasks in this cgroup or below it.
     #[serde(default)]
     pub cgroup: String,
     /// Lowest bucket boundary.

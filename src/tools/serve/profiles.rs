@@ -182,10 +182,13 @@ impl Profiler {
                 if v.is_empty() || v.len() > 4096 || v.starts_with('-') {
                     return Response::text(400, format!("{key}: give a non-empty value\n"));
                 }
-                // A cgroup is named relative to the cgroup2 mount: no absolute
+                // A cgroup is named relative to the cgroup mounts: no absolute
                 // path, no `..`, so a caller cannot make root stat any path.
                 if key == "cgroup" && (v.starts_with('/') || v.split('/').any(|c| c == ".." || c == ".")) {
-                    return Response::text(400, "cgroup: give a path relative to the cgroup2 mount, without ..\n");
+                    return Response::text(
+                        400,
+                        "cgroup: give a path relative to the cgroup2 mount or a v1 controller's, without ..\n",
+                    );
                 }
                 filters.extend([format!("--{key}"), v.to_string()]);
             }

@@ -1489,7 +1489,7 @@ impl Report {
         last: bool,
         hot: Option<&super::stacks::Hottest>,
     ) -> Report {
-        let host = tf.pids.is_empty() && tf.tids.is_empty() && tf.cgroup == 0 && tf.comm.is_none();
+        let host = tf.pids.is_empty() && tf.tids.is_empty() && tf.cgroup.is_none() && tf.comm.is_none();
         let mut by_pid: HashMap<u32, Vec<Thread>> = HashMap::new();
         for t in threads.into_values() {
             by_pid.entry(t.pid).or_default().push(t);

@@ -227,7 +227,7 @@ static __always_inline bool wanted(struct task_struct *t)
 		return false;
 	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
 		return false;
-	if (tf_cgroup_id && t->cgroups->dfl_cgrp->kn->id != tf_cgroup_id)
+	if (!cg_task_in(t))
 		return false;
 	if (tf_filter_comm) {
 		char c[TF_COMM_LEN];
