@@ -1091,3 +1091,65 @@ fn why_names_the_process_at_the_other_end_of_a_unix_socket() {
     let w = waits_on_its_peer(cli.0.id(), srv.0.id());
     assert!(w["object"].as_str().unwrap().starts_with("receive unix socket"), "{w}");
 }
+
+/// select on one descriptor waits on that peer, not for work: a Python
+/// program (CPython's select.select, which glibc makes pselect6; and the
+/// select system call itself, through ctypes) waits on a pipe's read end,
+/// put at descriptor 700 (past the set's first word), whose write end only
+/// its child holds and writes to every 20 ms: `sonde why` names the child
+/// as the other end and the wait `(pselect6 on it alone)`. With a second
+/// descriptor in the set it is waiting for work (poll).
+#[test]
+fn why_counts_select_on_one_descriptor_as_a_wait_on_its_peer() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let script = "import ctypes, os, select, sys, time
+r, w = os.pipe()
+child = os.fork()
+if child == 0:
+    os.close(r)
+    while True:
+        time.sleep(0.02)
+        os.write(w, b'x')
+os.close(w)
+os.dup2(r, 700)
+os.close(r)
+idle_r, idle_w = os.pipe()
+print(child, flush=True)
+mode = sys.argv[1]
+libc = ctypes.CDLL(None, use_errno=True)
+rset = (ctypes.c_uint64 * 16)()
+while True:
+    if mode == 'raw':
+        rset[700 // 64] = 1 << (700 % 64)
+        tv = (ctypes.c_long * 2)(0, 500000)
+        libc.syscall(23, 701, ctypes.byref(rset), None, None, ctypes.byref(tv))
+        ready = rset[700 // 64] != 0
+    else:
+        fds = [700, idle_r] if mode == 'many' else [700]
+        ready = 700 in select.select(fds, [], [], 0.5)[0]
+    if ready:
+        os.read(700, 1)";
+    for (mode, syscall) in [("one", "pselect6"), ("raw", "select"), ("many", "pselect6")] {
+        let mut p =
+            KillOnDrop(Command::new("python3").args(["-c", script, mode]).stdout(Stdio::piped()).spawn().unwrap());
+        let child: u32 = first_line(&mut p).trim().parse().unwrap();
+        // The child dies of SIGPIPE once the parent is gone.
+        let pid = p.0.id();
+        if mode == "many" {
+            thread::sleep(Duration::from_millis(300));
+            let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
+            assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+            let v = json_lines(&run.stdout);
+            let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+            assert!(blocked(&t, "poll") > 0.9 * field(&t, "window_ns"), "two descriptors: waiting for work: {t}");
+            let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "poll").unwrap().clone();
+            assert_eq!(w["syscall"], syscall, "{w}");
+        } else {
+            let w = waits_on_its_peer(pid, child);
+            assert_eq!(w["syscall"], syscall, "{w}");
+            assert!(w["object"].as_str().unwrap().ends_with(&format!("({syscall} on it alone)")), "{w}");
+        }
+        // SAFETY: a signal to a process of the test's own.
+        unsafe { libc::kill(child as i32, libc::SIGKILL) };
+    }
+}

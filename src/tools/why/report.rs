@@ -1056,9 +1056,12 @@ impl Namer {
                     }
                 }
             }
-            // epoll_wait or poll on this one socket or pipe: a wait on that
-            // peer, not for work (the kernel half tells them apart).
-            if let Some(s) = syscall.as_deref().filter(|s| s.starts_with("epoll") || *s == "poll" || *s == "ppoll") {
+            // epoll_wait, poll or select on this one socket or pipe: a wait
+            // on that peer, not for work (the kernel half tells them apart).
+            if let Some(s) = syscall
+                .as_deref()
+                .filter(|s| s.starts_with("epoll") || matches!(*s, "poll" | "ppoll" | "select" | "pselect6"))
+            {
                 if class != Class::Poll {
                     w.object = format!("{} ({s} on it alone)", w.object);
                 }

@@ -600,6 +600,110 @@ static __always_inline __u8 poll_class(struct why_thread *r, struct task_struct 
 	return cls == WC_NETWORK || cls == WC_PIPE ? cls : WC_POLL;
 }
 
+/*
+ * select and pselect6 on one descriptor. The caller's descriptor sets are
+ * read at the call's entry (its own memory, while it runs; at most
+ * FD_SETSIZE, 1024, descriptors), and the one descriptor found is kept in
+ * the thread's record until its switch-out asks, matched by the call's
+ * first two arguments. Scanning the sets in the switch-out program made it too large
+ * for the verifier. A call that began before sonde started was not seen:
+ * it counts as waiting for work.
+ */
+#define SEL_MAX_FDS 1024
+#define SEL_MANY    (-2)
+
+/* The index of the one bit set in `w`: a de Bruijn sequence's table, with
+ * no branch (six halving tests made the verifier's paths explode). */
+static const __u8 debruijn64[64] = {
+        0,  1,  2,  53, 3,  7,  54, 27, 4,  38, 41, 8,  34, 55, 48, 28, 62, 5,  39, 46, 44, 42,
+        22, 9,  24, 35, 59, 56, 49, 18, 29, 11, 63, 52, 6,  26, 37, 40, 33, 47, 61, 45, 43, 21,
+        23, 58, 17, 10, 51, 25, 36, 32, 60, 20, 57, 16, 50, 31, 19, 15, 30, 14, 13, 12,
+};
+
+static __always_inline __u32 bit_of(__u64 w)
+{
+	return debruijn64[(w * 0x022fdd63cc95386dULL) >> 58];
+}
+
+/* The one descriptor of the `n`-bit set at user address `set` and those
+ * `found` so far: -1 none, SEL_MANY more than one (or unreadable). A global
+ * function, verified once on its own: inlined three times, its loops'
+ * paths multiplied past the verifier's limit. */
+__noinline int why_one_fd(__u64 set, __u64 n, int found)
+{
+	if (!set || found == SEL_MANY)
+		return found;
+	__u64 w[SEL_MAX_FDS / 64];
+	__builtin_memset(w, 0, sizeof(w));
+	__u64 words = (n + 63) / 64;
+	/* Bounded after a compiler barrier, which keeps clang from folding
+	 * the bound into arithmetic the verifier cannot follow. */
+	asm volatile("" : "+r"(words));
+	if (words > SEL_MAX_FDS / 64)
+		words = SEL_MAX_FDS / 64;
+	if (bpf_probe_read_user(w, words * 8, (void *)set))
+		return SEL_MANY;
+	/* Only the words the call covers were read (the rest are 0), and
+	 * bits past `n` in its last word are taken as set: the sets are made
+	 * with FD_ZERO, and testing `n` in the loop multiplied its paths past
+	 * the verifier's limit. */
+	for (int i = 0; i < SEL_MAX_FDS / 64; i++) {
+		__u64 x = w[i];
+		if (!x)
+			continue;
+		if (x & (x - 1))
+			return SEL_MANY;
+		int fd = i * 64 + bit_of(x);
+		if (found >= 0 && fd != found)
+			return SEL_MANY;
+		found = fd;
+	}
+	return found;
+}
+
+static __always_inline int on_select(struct trace_event_raw_sys_enter *ctx)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	if (t_end || !r)
+		return 0;
+	__u64 n = ctx->args[0];
+	int fd = SEL_MANY, in = SEL_MANY, out = SEL_MANY;
+	if (n && n <= SEL_MAX_FDS) {
+		in = why_one_fd(ctx->args[1], n, -1);
+		out = why_one_fd(ctx->args[2], n, in);
+		fd = why_one_fd(ctx->args[3], n, out);
+	}
+	r->sel_nfds = n;
+	r->sel_inp = ctx->args[1];
+	r->sel_fd = fd;
+	r->sel_write = in == -1 && out >= 0;
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_select")
+int why_select(struct trace_event_raw_sys_enter *ctx)
+{
+	return on_select(ctx);
+}
+
+SEC("tracepoint/syscalls/sys_enter_pselect6")
+int why_pselect6(struct trace_event_raw_sys_enter *ctx)
+{
+	return on_select(ctx);
+}
+
+/* A wait in select or pselect6 (`nfds`, the read set at `inp`): on one
+ * socket or pipe, a wait on that peer; else for work. */
+static __always_inline __u8 select_class(struct why_thread *r, struct task_struct *t, __u64 nfds,
+                                         __u64 inp, struct why_obj *o)
+{
+	if (r->sel_nfds != nfds || r->sel_inp != inp || r->sel_fd < 0)
+		return WC_POLL;
+	__u8 cls = fd_class(r, t, (__u32)r->sel_fd, r->sel_write, false, o);
+	return cls == WC_NETWORK || cls == WC_PIPE ? cls : WC_POLL;
+}
+
 /* A cheap hash of a kernel stack, never 0. */
 static __always_inline __u64 frames_hash(__u64 *f, long n)
 {
@@ -733,7 +837,7 @@ static __always_inline void classify(void *ctx, struct why_thread *r, struct tas
 			cls = poll_class(r, t, a0, a1, cur, &sc->o);
 			break;
 		case WK_SELECT:
-			cls = a0 ? WC_POLL : WC_SLEEP;
+			cls = a0 ? select_class(r, t, a0, a1, &sc->o) : WC_SLEEP;
 			break;
 		case WK_EPOLL:
 			cls = epoll_class(r, t, a0, &sc->o);

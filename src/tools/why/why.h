@@ -118,6 +118,14 @@ struct why_thread {
 	__u64 p_ns;
 	__u64 p_count;
 	char p_wcomm[16];
+	/* Its last select or pselect6: the call's first two arguments, its one
+	 * descriptor (-1: none; -2: more than one) and whether that is in the
+	 * write set only (see on_select). */
+	__u64 sel_nfds;
+	__u64 sel_inp;
+	__s32 sel_fd;
+	__u8 sel_write;
+	__u8 sel_pad[3];
 };
 
 /* How a wait ended (sched_waking's context). */
