@@ -248,3 +248,98 @@ fn go_cgo_calls_keep_their_native_and_go_frames() {
         );
     }
 }
+
+/// A module named without a dot (`go mod init myapp`, as many services
+/// are): its packages' names look like the standard library's
+/// (`myapp/work.heavy` beside `net/http.x`). `sonde why` names the hottest
+/// functions by the program's own frames: here those of package
+/// myapp/work, 2:1 as built in, not main.main that calls them.
+#[test]
+fn why_names_the_functions_of_a_dotless_module_as_the_programs_own() {
+    let dir = std::env::temp_dir().join(format!("sonde-godotless-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("work")).unwrap();
+    std::fs::write(dir.join("go.mod"), "module myapp\n\ngo 1.21\n").unwrap();
+    std::fs::write(
+        dir.join("work/work.go"),
+        "package work
+
+import \"time\"
+
+var sink uint64
+
+//go:noinline
+func heavy() {
+\tfor i := 0; i < 2000000; i++ {
+\t\tsink = sink*6364136223846793005 + uint64(i)
+\t}
+}
+
+//go:noinline
+func light() {
+\tfor i := 0; i < 1000000; i++ {
+\t\tsink = sink*6364136223846793005 + uint64(i)
+\t}
+}
+
+// Run spins for d, heavy twice as long as light.
+func Run(d time.Duration) {
+\tfor end := time.Now().Add(d); time.Now().Before(end); {
+\t\theavy()
+\t\tlight()
+\t}
+}
+",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("main.go"),
+        "package main
+
+import (
+\t\"myapp/work\"
+\t\"os\"
+\t\"strconv\"
+\t\"time\"
+)
+
+func main() {
+\ts, _ := strconv.Atoi(os.Args[1])
+\twork.Run(time.Duration(s) * time.Second)
+}
+",
+    )
+    .unwrap();
+    let bin = dir.join("myapp");
+    let out = Command::new(go_bin())
+        .env("GOTOOLCHAIN", "local")
+        .env("GOFLAGS", "-mod=mod")
+        .args(["build", "-o"])
+        .arg(&bin)
+        .arg(".")
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "go build: {}", String::from_utf8_lossy(&out.stderr));
+    let w = KillOnDrop(Command::new(&bin).arg("30").spawn().unwrap());
+    let pid = w.0.id();
+    thread::sleep(Duration::from_millis(300));
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "4s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    let hot = p["hottest"].as_array().unwrap_or_else(|| panic!("no hottest functions: {p}"));
+    let share = |f: &str| {
+        hot.iter()
+            .find(|h| h["function"].as_str().is_some_and(|s| s.starts_with(f)))
+            .unwrap_or_else(|| panic!("no {f} among {hot:?}"))["share"]
+            .as_f64()
+            .unwrap()
+    };
+    let (heavy, light) = (share("myapp/work.heavy"), share("myapp/work.light"));
+    let samples: u64 = hot.iter().map(|h| h["samples"].as_u64().unwrap()).sum();
+    eprintln!("hottest: myapp/work.heavy {heavy:.3}, light {light:.3} of {samples} samples: {hot:?}");
+    assert!(samples >= 100, "{samples} samples: {hot:?}");
+    assert!((heavy - 2.0 / 3.0).abs() <= 0.08 && (light - 1.0 / 3.0).abs() <= 0.08, "2:1 built in: {hot:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1052,16 +1052,95 @@ mod tests {
     }
 }
 
+/// Module paths without a dot in their first element (`go mod init myapp`)
+/// that the Go programs seen so far are built from: their packages look
+/// like the standard library's by name, and are the programs' own. At most
+/// [`MAX_DOTLESS`].
+static DOTLESS_MODULES: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// Most module paths [`DOTLESS_MODULES`] keeps.
+const MAX_DOTLESS: usize = 1024;
+
+/// The first element of a package path (`net` of `net/http`).
+fn first_element(path: &str) -> &str {
+    path.split('/').next().unwrap_or("")
+}
+
+/// Notes the modules a Go binary is built from (its build information,
+/// `.go.buildinfo`, Go 1.18 and later) so that [`library_frame`] tells
+/// their packages from the standard library's.
+pub fn note_modules(elf: &super::elfsym::ElfSyms) {
+    let Some(mods) = elf.section(".go.buildinfo").and_then(|(_, data)| buildinfo_modules(&data)) else { return };
+    let mut set = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    for m in mods.into_iter().filter(|m| !first_element(m).contains('.') && !m.is_empty()) {
+        if set.len() >= MAX_DOTLESS {
+            break;
+        }
+        set.insert(m);
+    }
+}
+
+/// Reads a Go varint-prefixed string at `*at` (Go's binary.Uvarint).
+fn varint_bytes<'a>(data: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
+    let mut n: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let b = *data.get(*at)?;
+        *at += 1;
+        n |= u64::from(b & 0x7f) << shift;
+        if b & 0x80 == 0 {
+            let end = at.checked_add(usize::try_from(n).ok()?)?;
+            let s = data.get(*at..end)?;
+            *at = end;
+            return Some(s);
+        }
+    }
+    None
+}
+
+/// The module paths (main module, dependencies, replacements) in a Go
+/// binary's build information, or None where it is not the inline form of
+/// Go 1.18 and later.
+fn buildinfo_modules(data: &[u8]) -> Option<Vec<String>> {
+    // 14 bytes of magic, the pointer size, flags (bit 1: strings inline),
+    // padding to 32; then the Go version and the module text, each
+    // varint-prefixed; the module text between two 16-byte sentinels.
+    if data.len() < 32 || &data[..14] != b"\xff Go buildinf:" || data[15] & 2 == 0 {
+        return None;
+    }
+    let mut at = 32;
+    varint_bytes(data, &mut at)?;
+    let mut mods = varint_bytes(data, &mut at)?;
+    if mods.len() >= 33 && mods[mods.len() - 17] == b'\n' {
+        mods = &mods[16..mods.len() - 16];
+    }
+    let text = std::str::from_utf8(mods).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split('\t');
+                matches!(f.next()?, "mod" | "dep" | "=>").then(|| f.next()).flatten().map(str::to_string)
+            })
+            .collect(),
+    )
+}
+
 /// Whether a Go function is the toolchain's own (its runtime and standard
 /// library: a package path without a dot in its first element, as
 /// `runtime.gopark`, `sync.(*Mutex).Unlock`, `internal/poll.(*FD).Read`),
-/// not the program's or a module's (`github.com/x/y.F`, `main.main`).
+/// not the program's or a module's (`github.com/x/y.F`, `main.main`, and a
+/// package of a dotless module a program seen was built from, as
+/// `myapp/worker.Run`: see [`note_modules`]).
 pub fn library_frame(name: &str) -> bool {
-    let first = match name.rfind('/') {
-        Some(i) => name[..i].split('/').next().unwrap_or(""),
+    let pkg = match name.rfind('/') {
+        Some(i) => &name[..i + name[i..].find('.').unwrap_or(name.len() - i)],
         None => name.split('.').next().unwrap_or(""),
     };
-    !first.is_empty() && first != "main" && !first.contains('.')
+    let first = first_element(pkg);
+    if first.is_empty() || first == "main" || first.contains('.') {
+        return false;
+    }
+    let set = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    !set.iter().any(|m| pkg == m || pkg.strip_prefix(m.as_str()).is_some_and(|r| r.starts_with('/')))
 }
 
 #[cfg(test)]
@@ -1074,5 +1153,33 @@ mod library_tests {
         for n in ["main.main", "main.worker.func1", "github.com/x/y.F", "golang.org/x/sync/errgroup.(*Group).Go"] {
             assert!(!super::library_frame(n), "{n}");
         }
+    }
+
+    /// The build information as Go 1.18+ writes it, with a dotless main
+    /// module: its packages are the program's once noted.
+    #[test]
+    fn packages_of_a_dotless_module_are_the_programs() {
+        let mods = "path\tsondeunit/cmd/x\nmod\tsondeunit\t(devel)\t\ndep\tgithub.com/a/b\tv1.0.0\th1:x=\n";
+        let body = [&[0x30u8; 16][..], mods.as_bytes(), &[0x31u8; 16][..]].concat();
+        let mut blob = b"\xff Go buildinf:".to_vec();
+        blob.extend([8u8, 2]);
+        blob.resize(32, 0);
+        blob.extend([6u8]);
+        blob.extend(b"go1.26");
+        // The module text's length as a two-byte varint (its continuation followed).
+        blob.extend([(body.len() as u8 & 0x7f) | 0x80, (body.len() >> 7) as u8]);
+        blob.extend(&body);
+        let got = super::buildinfo_modules(&blob).unwrap();
+        assert_eq!(got, ["sondeunit", "github.com/a/b"]);
+        assert!(super::library_frame("sondeunit/worker.Run"));
+        super::DOTLESS_MODULES.lock().unwrap().insert(got[0].clone());
+        assert!(!super::library_frame("sondeunit/worker.Run"));
+        assert!(!super::library_frame("sondeunit.F"));
+        assert!(super::library_frame("sondeunitx/worker.Run"), "a longer path is another module");
+        assert!(super::library_frame("runtime.gopark"));
+        // Truncated or pre-1.18 blobs: nothing.
+        assert!(super::buildinfo_modules(&blob[..40]).is_none());
+        blob[15] = 0;
+        assert!(super::buildinfo_modules(&blob).is_none());
     }
 }
