@@ -913,7 +913,7 @@ impl Symbols {
                 let f = File::open(&file.open_path).ok()?;
                 let elf = runtime::elfsym::ElfSyms::open(f).ok()?;
                 let table = super::elfcheck::guarded(|| runtime::go::load(&elf)).ok().flatten()?;
-                let _ = super::elfcheck::guarded(|| runtime::go::note_modules(&elf));
+                let _ = super::elfcheck::guarded(|| runtime::go::note_modules(&elf, &file.shown));
                 Some(Rc::new(GoFile { table, segments: elf.segments.clone() }))
             })
             .clone()

@@ -211,7 +211,7 @@ pub fn own_frame<'a>(leaf_first: &[&'a stacks::Frame]) -> Option<&'a stacks::Fra
     let lang = |f: &&&stacks::Frame| matches!(f.kind, FrameKind::Lang(_) | FrameKind::Go | FrameKind::Jit);
     let library = |f: &stacks::Frame| match f.kind {
         FrameKind::Lang(l) => crate::engine::runtime::registry::library_frame(l, &f.name, f.file.as_deref()),
-        FrameKind::Go => crate::engine::runtime::go::library_frame(&f.name),
+        FrameKind::Go => crate::engine::runtime::go::library_frame(&f.name, &f.module),
         _ => false,
     };
     leaf_first

@@ -1052,13 +1052,14 @@ mod tests {
     }
 }
 
-/// Module paths without a dot in their first element (`go mod init myapp`)
-/// that the Go programs seen so far are built from: their packages look
-/// like the standard library's by name, and are the programs' own. At most
-/// [`MAX_DOTLESS`].
-static DOTLESS_MODULES: std::sync::Mutex<std::collections::BTreeSet<String>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
-/// Most module paths [`DOTLESS_MODULES`] keeps.
+/// Per Go binary (as its frames' `module` shows it), the module paths
+/// without a dot in their first element (`go mod init myapp`) it is built
+/// from: their packages look like the standard library's by name, and are
+/// the program's own. At most [`MAX_DOTLESS`] binaries, 64 paths each of
+/// at most 256 bytes.
+static DOTLESS_MODULES: std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+/// Most binaries [`DOTLESS_MODULES`] keeps.
 const MAX_DOTLESS: usize = 1024;
 
 /// The first element of a package path (`net` of `net/http`).
@@ -1066,17 +1067,20 @@ fn first_element(path: &str) -> &str {
     path.split('/').next().unwrap_or("")
 }
 
-/// Notes the modules a Go binary is built from (its build information,
-/// `.go.buildinfo`, Go 1.18 and later) so that [`library_frame`] tells
-/// their packages from the standard library's.
-pub fn note_modules(elf: &super::elfsym::ElfSyms) {
+/// Notes the modules Go binary `elf`, shown as `module` in its frames, is
+/// built from (its build information, `.go.buildinfo`, Go 1.18 and later)
+/// so that [`library_frame`] tells their packages from the standard
+/// library's.
+pub fn note_modules(elf: &super::elfsym::ElfSyms, module: &str) {
     let Some(mods) = elf.section(".go.buildinfo").and_then(|(_, data)| buildinfo_modules(&data)) else { return };
-    let mut set = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
-    for m in mods.into_iter().filter(|m| !first_element(m).contains('.') && !m.is_empty()) {
-        if set.len() >= MAX_DOTLESS {
-            break;
-        }
-        set.insert(m);
+    let dotless: Vec<String> = mods
+        .into_iter()
+        .filter(|m| !m.is_empty() && m.len() <= 256 && !first_element(m).contains('.'))
+        .take(64)
+        .collect();
+    let mut map = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    if !dotless.is_empty() && (map.len() < MAX_DOTLESS || map.contains_key(module)) {
+        map.insert(module.to_string(), dotless);
     }
 }
 
@@ -1124,13 +1128,13 @@ fn buildinfo_modules(data: &[u8]) -> Option<Vec<String>> {
     )
 }
 
-/// Whether a Go function is the toolchain's own (its runtime and standard
-/// library: a package path without a dot in its first element, as
-/// `runtime.gopark`, `sync.(*Mutex).Unlock`, `internal/poll.(*FD).Read`),
-/// not the program's or a module's (`github.com/x/y.F`, `main.main`, and a
-/// package of a dotless module a program seen was built from, as
-/// `myapp/worker.Run`: see [`note_modules`]).
-pub fn library_frame(name: &str) -> bool {
+/// Whether Go function `name` of binary `module` is the toolchain's own (its
+/// runtime and standard library: a package path without a dot in its first
+/// element, as `runtime.gopark`, `sync.(*Mutex).Unlock`,
+/// `internal/poll.(*FD).Read`), not the program's or a module's
+/// (`github.com/x/y.F`, `main.main`, and a package of a dotless module the
+/// binary is built from, as `myapp/worker.Run`: see [`note_modules`]).
+pub fn library_frame(name: &str, module: &str) -> bool {
     let pkg = match name.rfind('/') {
         Some(i) => &name[..i + name[i..].find('.').unwrap_or(name.len() - i)],
         None => name.split('.').next().unwrap_or(""),
@@ -1139,8 +1143,10 @@ pub fn library_frame(name: &str) -> bool {
     if first.is_empty() || first == "main" || first.contains('.') {
         return false;
     }
-    let set = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
-    !set.iter().any(|m| pkg == m || pkg.strip_prefix(m.as_str()).is_some_and(|r| r.starts_with('/')))
+    let map = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
+    !map.get(module).is_some_and(|mods| {
+        mods.iter().any(|m| pkg == m || pkg.strip_prefix(m.as_str()).is_some_and(|r| r.starts_with('/')))
+    })
 }
 
 #[cfg(test)]
@@ -1148,10 +1154,10 @@ mod library_tests {
     #[test]
     fn the_toolchains_packages_are_library_frames() {
         for n in ["runtime.gopark", "sync.(*Mutex).Unlock", "internal/poll.(*FD).Read", "net/http.(*conn).serve"] {
-            assert!(super::library_frame(n), "{n}");
+            assert!(super::library_frame(n, "/bin/x"), "{n}");
         }
         for n in ["main.main", "main.worker.func1", "github.com/x/y.F", "golang.org/x/sync/errgroup.(*Group).Go"] {
-            assert!(!super::library_frame(n), "{n}");
+            assert!(!super::library_frame(n, "/bin/x"), "{n}");
         }
     }
 
@@ -1171,12 +1177,14 @@ mod library_tests {
         blob.extend(&body);
         let got = super::buildinfo_modules(&blob).unwrap();
         assert_eq!(got, ["sondeunit", "github.com/a/b"]);
-        assert!(super::library_frame("sondeunit/worker.Run"));
-        super::DOTLESS_MODULES.lock().unwrap().insert(got[0].clone());
-        assert!(!super::library_frame("sondeunit/worker.Run"));
-        assert!(!super::library_frame("sondeunit.F"));
-        assert!(super::library_frame("sondeunitx/worker.Run"), "a longer path is another module");
-        assert!(super::library_frame("runtime.gopark"));
+        let lib = |n: &str, m: &str| super::library_frame(n, m);
+        assert!(lib("sondeunit/worker.Run", "/srv/app"));
+        super::DOTLESS_MODULES.lock().unwrap().insert("/srv/app".into(), vec![got[0].clone()]);
+        assert!(!lib("sondeunit/worker.Run", "/srv/app"));
+        assert!(!lib("sondeunit.F", "/srv/app"));
+        assert!(lib("sondeunit/worker.Run", "/srv/other"), "another binary's modules are its own");
+        assert!(lib("sondeunitx/worker.Run", "/srv/app"), "a longer path is another module");
+        assert!(lib("runtime.gopark", "/srv/app"));
         // Truncated or pre-1.18 blobs: nothing.
         assert!(super::buildinfo_modules(&blob[..40]).is_none());
         blob[15] = 0;
