@@ -1153,3 +1153,110 @@ while True:
         unsafe { libc::kill(child as i32, libc::SIGKILL) };
     }
 }
+
+/// Two namespaces, each with a loopback connection of the same addresses
+/// and ports (as two containers' local connections can be): one loses data
+/// segments to nftables, the other nothing. Each client's wait counts the
+/// retransmissions and drops of its own namespace only: the lossy one's
+/// equal that namespace's RetransSegs (client and server both in it), the
+/// clean one's are none, as its namespace's counters say.
+#[test]
+fn why_keeps_two_namespaces_loopback_connections_of_the_same_addresses_apart() {
+    let _shared = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let tag = std::process::id();
+    let lossy = sonde::lab::netns::Netns::create(&format!("sonde-why-lo-a-{tag}")).unwrap();
+    let clean = sonde::lab::netns::Netns::create(&format!("sonde-why-lo-b-{tag}")).unwrap();
+    const PORT: u16 = 5013;
+    const CPORT: u16 = 5014;
+    lossy
+        .nft(&format!(
+            "table inet whyloss {{
+               chain out {{ type filter hook output priority 0; tcp dport {PORT} tcp flags & psh == psh numgen random mod 100 < 25 counter drop; }}
+             }}"
+        ))
+        .unwrap();
+    let server = format!(
+        "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('127.0.0.1', {PORT})); s.listen(1); print('ready', flush=True)\nc, _ = s.accept()\n\
+         while True:\n    d = c.recv(64)\n    if not d: break\n    c.sendall(b'r' * 64)\nc.close()"
+    );
+    let mut servers = Vec::new();
+    for ns in [&lossy, &clean] {
+        let mut srv = KillOnDrop(
+            Command::new("ip")
+                .args(["netns", "exec", &ns.name, "python3", "-c", &server])
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        assert_eq!(first_line(&mut srv).trim(), "ready");
+        servers.push(srv);
+    }
+    // Each client names itself (its comm) after its namespace.
+    let client = format!(
+        "import socket, sys\nopen('/proc/self/comm', 'w').write(sys.argv[1])\n\
+         c = socket.create_connection(('127.0.0.1', {PORT}), source_address=('127.0.0.1', {CPORT}))\n\
+         for _ in range(30):\n    c.sendall(b'q' * 64)\n    n = 0\n    while n < 64: n += len(c.recv(64 - n))\nc.close()"
+    );
+    let both = format!(
+        "ip netns exec {a} python3 -c \"$0\" cli_lossy & ip netns exec {b} python3 -c \"$0\" cli_clean & wait",
+        a = lossy.name,
+        b = clean.name
+    );
+    let (before_a, before_b) = (lossy.mib().unwrap(), clean.mib().unwrap());
+    let run = Command::new(SONDE).args(["why", "--json", "--", "sh", "-c", &both, &client]).output().unwrap();
+    let (da, db) = (lossy.mib().unwrap().delta(&before_a), clean.mib().unwrap().delta(&before_b));
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let s = of_type(&v, "summary")[0].clone();
+    let waits_of = |comm: &str| -> Vec<Value> {
+        of_type(&v, "thread")
+            .iter()
+            .filter(|t| t["comm"] == comm)
+            .flat_map(|t| t["waits"].as_array().cloned().unwrap_or_default())
+            .filter(|w| w["class"] == "network" && w["remote"] == format!("127.0.0.1:{PORT}"))
+            .collect()
+    };
+    let (wa, wb) = (waits_of("cli_lossy"), waits_of("cli_clean"));
+    assert!(!wa.is_empty() && !wb.is_empty(), "a wait in each namespace: {}", String::from_utf8_lossy(&run.stdout));
+    let total = |ws: &[Value], k: &str| ws[0]["retransmits"][k].as_i64().unwrap_or(0);
+    let kernel_a = da.get("TcpRetransSegs");
+    let missed = s["lost"]["retransmits_missed"].as_i64().unwrap();
+    let pid1 = s["lost"]["unseen_switches"].as_i64().unwrap_or(0) > 0;
+    let ours_a = total(&wa, "segments");
+    eprintln!(
+        "lossy namespace: {} on the wait, RetransSegs {kernel_a}, drops {}; clean: {} and {}, RetransSegs {}",
+        wa[0]["retransmits"],
+        wa[0]["drops"],
+        wb[0]["retransmits"],
+        wb[0]["drops"],
+        db.get("TcpRetransSegs")
+    );
+    assert!(kernel_a >= 1, "no loss happened: {da:?}");
+    assert_eq!(db.get("TcpRetransSegs"), 0, "the clean namespace retransmitted");
+    assert_eq!(total(&wb, "segments"), 0, "the clean connection took the lossy one's retransmissions: {wb:?}");
+    // Drops by the lossy namespace's rule (NETFILTER_DROP) against its own
+    // counter; none in the clean one, which drops only what TCP itself
+    // does (QUEUE_PURGE: data left at close).
+    let out = Command::new("ip")
+        .args(["netns", "exec", &lossy.name, "nft", "-j", "list", "table", "inet", "whyloss"])
+        .output()
+        .unwrap();
+    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let counted: i64 = rules["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["rule"]["expr"].as_array())
+        .flat_map(|e| e.iter().filter_map(|x| x["counter"]["packets"].as_i64()))
+        .sum();
+    let nf = |w: &Value| w["drops"]["by_reason"]["NETFILTER_DROP"].as_i64().unwrap_or(0);
+    assert_eq!(nf(&wb[0]), 0, "the clean connection took the lossy one's drops: {wb:?}");
+    assert!(counted >= 1 && nf(&wa[0]) <= counted && nf(&wa[0]) >= 1, "{counted} dropped by the rule: {wa:?}");
+    if missed == 0 && !pid1 {
+        assert_eq!(ours_a, kernel_a, "{wa:?}");
+        assert_eq!(nf(&wa[0]), counted, "{wa:?}");
+    } else {
+        assert!(ours_a <= kernel_a && ours_a >= 1, "{wa:?}");
+    }
+}

@@ -490,7 +490,7 @@ fn flow_retransmits(skel: &WhySkel<'static>) -> anyhow::Result<report::FlowRetra
         let (Some(l), Some(rem)) = (report::ip_of(f.family, &f.saddr), report::ip_of(f.family, &f.daddr)) else {
             return;
         };
-        let e = out.entry((l, f.sport, rem, f.dport)).or_insert(([0; 7], [0; 7]));
+        let e = out.entry((l, f.sport, rem, f.dport, f.netns)).or_insert(([0; 7], [0; 7]));
         for i in 0..7 {
             e.0[i] += r.count[i];
             e.1[i] += r.segs[i];
@@ -533,8 +533,8 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
     })
 }
 
-/// The packets dropped so far, by the packet's addresses and ports and
-/// the reason (over every network namespace).
+/// The packets dropped so far, by the packet's addresses and ports, the
+/// network namespace it was dropped in and the reason.
 fn flow_drops(skel: &WhySkel<'static>) -> anyhow::Result<report::FlowDrops> {
     let mut out = report::FlowDrops::new();
     for_each_entry(&skel.maps.drops, |k, v| {
@@ -542,7 +542,7 @@ fn flow_drops(skel: &WhySkel<'static>) -> anyhow::Result<report::FlowDrops> {
         let (Some(s), Some(d)) = (report::ip_of(k.family, &k.saddr), report::ip_of(k.family, &k.daddr)) else {
             return;
         };
-        *out.entry((s, k.sport, d, k.dport)).or_default().entry(k.reason).or_default() += n;
+        *out.entry((s, k.sport, d, k.dport, k.netns)).or_default().entry(k.reason).or_default() += n;
     })?;
     Ok(out)
 }

@@ -358,9 +358,36 @@ pub fn drops_since(now: &FlowDrops, before: Option<&FlowDrops>) -> FlowDrops {
         .collect()
 }
 
-/// A TCP flow as the retransmitting socket sees it: local address and
-/// port, remote address and port.
-pub type FlowKey = (std::net::IpAddr, u16, std::net::IpAddr, u16);
+/// A flow as the retransmitting socket (or the dropped packet) sees it:
+/// local address and port, remote address and port, and the network
+/// namespace it was seen in (its inode).
+pub type FlowKey = (std::net::IpAddr, u16, std::net::IpAddr, u16, u32);
+
+/// The counts of `map` on the flow `(l, lp, r, rp)` as a socket in network
+/// namespace `netns` sees it, with `each` (entry, the flow reversed): in
+/// its own namespace only where both ends are loopback addresses (two
+/// containers' loopback connections may have the same addresses and
+/// ports); in any namespace otherwise (a path through veths and bridges
+/// crosses namespaces).
+fn on_flow<V>(
+    map: &HashMap<FlowKey, V>,
+    (l, lp, r, rp): (std::net::IpAddr, u16, std::net::IpAddr, u16),
+    netns: u32,
+    mut each: impl FnMut(&V, bool),
+) {
+    let local = l.to_canonical().is_loopback() && r.to_canonical().is_loopback();
+    for (key, reversed) in [((l, lp, r, rp), false), ((r, rp, l, lp), true)] {
+        if local {
+            if let Some(v) = map.get(&(key.0, key.1, key.2, key.3, netns)) {
+                each(v, reversed);
+            }
+        } else {
+            for (_, v) in map.iter().filter(|(k, _)| (k.0, k.1, k.2, k.3) == key) {
+                each(v, reversed);
+            }
+        }
+    }
+}
 
 /// Each flow's retransmissions by cause: counts, then segments.
 pub type FlowRetransmits = HashMap<FlowKey, ([u64; 7], [u64; 7])>;
@@ -831,33 +858,30 @@ impl Namer {
     }
 
     /// The drops on a socket's connection: packets it sent (the flow as it
-    /// sees it) and packets sent to it (the flow reversed).
+    /// sees it) and packets sent to it (the flow reversed); see [`on_flow`]
+    /// for which network namespaces count.
     fn drops_of(&self, o: &super::skel::types::why_obj) -> Option<Drops> {
         let map = self.drops.as_ref()?;
         let names = self.reasons.as_ref()?;
         let (l, r) = (ip_of(o.family, &o.saddr)?, ip_of(o.family, &o.daddr)?);
         let mut out = Drops::default();
-        for key in [(l, o.sport, r, o.dport), (r, o.dport, l, o.sport)] {
-            for (reason, n) in map.get(&key).into_iter().flatten() {
+        on_flow(map, (l, o.sport, r, o.dport), o.netns, |rs, _| {
+            for (reason, n) in rs {
                 out.total += n;
                 *out.by_reason.entry(names.name(*reason)).or_default() += n;
             }
-        }
+        });
         Some(out)
     }
 
     /// The retransmissions of a TCP socket's connection: its own (the flow
-    /// as it sees it) and its peer's (the flow reversed), in whatever
-    /// network namespace.
+    /// as it sees it) and its peer's (the flow reversed); see [`on_flow`]
+    /// for which network namespaces count.
     fn retransmits_of(&self, o: &super::skel::types::why_obj) -> Option<Retransmits> {
         let map = self.retrans.as_ref()?;
         let (l, r) = (ip_of(o.family, &o.saddr)?, ip_of(o.family, &o.daddr)?);
         let mut out = Retransmits::default();
-        for (key, peer) in [((l, o.sport, r, o.dport), false), ((r, o.dport, l, o.sport), true)] {
-            if let Some((count, segs)) = map.get(&key) {
-                out.add(count, segs, peer);
-            }
-        }
+        on_flow(map, (l, o.sport, r, o.dport), o.netns, |(count, segs), peer| out.add(count, segs, peer));
         Some(out)
     }
 

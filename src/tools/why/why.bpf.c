@@ -1599,6 +1599,14 @@ static __always_inline void count_drop(struct sk_buff *skb, __u32 reason)
 		return;
 	k.sport = bpf_ntohs(ports[0]);
 	k.dport = bpf_ntohs(ports[1]);
+	/* Where it was dropped: its device's namespace, else its socket's
+	 * (typed loads, each checked by the verifier). */
+	struct net_device *dev = skb->dev;
+	struct sock *sk = skb->sk;
+	if (dev)
+		k.netns = dev->nd_net.net->ns.inum;
+	else if (sk)
+		k.netns = sk->__sk_common.skc_net.net->ns.inum;
 	__u64 *n = bpf_map_lookup_elem(&drops, &k);
 	if (n) {
 		__sync_fetch_and_add(n, 1);

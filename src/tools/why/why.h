@@ -232,8 +232,9 @@ struct why_release {
 };
 
 /* Packets the kernel dropped in the window (skb:kfree_skb, with its reason),
- * by the packet's own addresses and ports (TCP and UDP): user space matches
- * them to the sockets waited on, both directions. */
+ * by the packet's own addresses and ports (TCP and UDP) and the network
+ * namespace: user space matches them to the sockets waited on, both
+ * directions. */
 struct why_drop_key {
 	__u8 saddr[16];
 	__u8 daddr[16];
@@ -243,6 +244,7 @@ struct why_drop_key {
 	__u8 proto;
 	__u8 pad;
 	__u32 reason; /* enum skb_drop_reason, or WHY_NO_REASON */
+	__u32 netns;  /* where it was dropped: its device's namespace, else its socket's (inode) */
 };
 #define WHY_NO_REASON 0xffffffff
 
