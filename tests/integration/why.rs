@@ -15,7 +15,7 @@ fn mono_ns() -> u64 {
 
 /// Each thread's samples: (CLOCK_MONOTONIC ns, [on CPU, run delay, block
 /// I/O delay ticks, major page faults]).
-type Series = HashMap<String, Vec<(u64, [f64; 4])>>;
+type Series = HashMap<String, Vec<(u64, [f64; 5])>>;
 
 /// Per-thread counters read every 2 ms, with CLOCK_MONOTONIC stamps: a value
 /// at any moment of the run is interpolated between its two neighbours.
@@ -25,8 +25,9 @@ struct Sampler {
 }
 
 impl Sampler {
-    /// Samples schedstat (on CPU, run delay) and delay accounting's block
-    /// I/O ticks of each thread of `pid`, and as "disk" the requests a block
+    /// Samples schedstat (on CPU, run delay), delay accounting's block I/O
+    /// ticks, major faults and the bytes read from storage (io's
+    /// read_bytes) of each thread of `pid`, and as "disk" the requests a block
     /// device completed and their time (its `stat`: reads and writes, ms).
     fn start(pid: u32, disk: Option<std::path::PathBuf>) -> Sampler {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -50,8 +51,12 @@ impl Sampler {
                     let blkio = rest.get(39).and_then(|x| x.parse().ok());
                     // Field 12 of stat: major faults.
                     let majflt = rest.get(9).and_then(|x| x.parse().ok());
-                    if let (Some(a), Some(b), Some(c), Some(m)) = (f.first(), f.get(1), blkio, majflt) {
-                        out.entry(tid).or_default().push((t, [*a, *b, c, m]));
+                    // The bytes its reads asked of the block layer (io's
+                    // read_bytes: counted per bio as it is submitted).
+                    let io = std::fs::read_to_string(e.path().join("io")).unwrap_or_default();
+                    let rb = io.lines().find_map(|l| l.strip_prefix("read_bytes:")).and_then(|v| v.trim().parse().ok());
+                    if let (Some(a), Some(b), Some(c), Some(m), Some(r)) = (f.first(), f.get(1), blkio, majflt, rb) {
+                        out.entry(tid).or_default().push((t, [*a, *b, c, m, r]));
                     }
                 }
                 if let Some(d) = &disk {
@@ -61,7 +66,7 @@ impl Sampler {
                         .filter_map(|x| x.parse().ok())
                         .collect();
                     if f.len() >= 8 {
-                        out.entry("disk".into()).or_default().push((t, [f[0] + f[4], f[3] + f[7], 0.0, 0.0]));
+                        out.entry("disk".into()).or_default().push((t, [f[0] + f[4], f[3] + f[7], 0.0, 0.0, 0.0]));
                     }
                 }
                 thread::sleep(Duration::from_millis(2));
@@ -360,6 +365,23 @@ fn why_accounts_every_thread_exactly_and_names_what_it_waits_for() {
         );
         report.push(format!("{dev}: {n} requests vs {want:.0}, {ms:.1} ms vs {want_ms:.1} ms"));
     }
+    // Of the device's requests, the thread's own: one a read (4 KiB
+    // O_DIRECT: one bio, one request), as many as the kernel's count of the
+    // bytes its reads submitted (io's read_bytes, per bio) over the window
+    // says (within 1%); not one more than its reads (a read that completes
+    // before the thread leaves the CPU is no wait: so at least its waits).
+    let own = &w["device"]["own"];
+    let (own_n, waits_n) = (field(own, "requests"), field(&w, "count"));
+    let tid = direct["tid"].as_u64().unwrap().to_string();
+    let bios = samples.delta(&tid, 4, start, end).unwrap() / 4096.0;
+    let own_ns = field(own, "avg_ns") * own_n;
+    report.push(format!(
+        "direct: its own {own_n} requests ({bios:.0} by its read_bytes), {:.1} ms; {waits_n} waits, {:.1} ms",
+        own_ns / 1e6,
+        field(&w, "ns") / 1e6
+    ));
+    assert!((own_n - bios).abs() <= bios * 0.01 + 5.0, "its own requests against its read_bytes ({bios:.0}): {w}");
+    assert!(own_n + 5.0 >= waits_n, "fewer requests than waits: {w}");
     let disk = blocked(direct, "disk");
     let all_blocked: f64 = direct["blocked_ns"].as_object().unwrap().values().map(|v| v.as_u64().unwrap() as f64).sum();
     let ticks = samples.delta(&direct["tid"].as_u64().unwrap().to_string(), 2, start, end).unwrap();

@@ -42,6 +42,45 @@ pub fn since(now: &Counts, before: Option<&Counts>) -> Counts {
         .collect()
 }
 
+/// A traced thread's own requests on a device as the kernel half keeps them
+/// (cumulative; struct why_own_disk): count, time, the longest.
+pub type OwnRaw = super::skel::types::why_own_disk;
+
+/// Every traced thread's own requests, by (thread, dev_t).
+pub type OwnCounts = HashMap<(u32, u32), OwnRaw>;
+
+/// `now` less `before` (the longest: not known for a part of the run, 0).
+pub fn own_since(now: &OwnCounts, before: Option<&OwnCounts>) -> OwnCounts {
+    now.iter()
+        .map(|(k, n)| {
+            let Some(b) = before.and_then(|b| b.get(k)) else { return (*k, *n) };
+            let d = OwnRaw { reqs: n.reqs.saturating_sub(b.reqs), ns: n.ns.saturating_sub(b.ns), max_ns: 0 };
+            (*k, d)
+        })
+        .collect()
+}
+
+/// The waiting thread's own requests among a device's: those holding a bio
+/// it queued itself (a read it issued, not the page cache's readahead of
+/// another thread or the flusher's writeback).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Own {
+    /// Its requests completed in the window.
+    pub requests: u64,
+    /// Their mean time from start in the block layer to completion.
+    pub avg_ns: u64,
+    /// The longest (the whole run's report only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_ns: Option<u64>,
+}
+
+impl Own {
+    /// From the kernel half's counts (`whole_run`: the longest is known).
+    pub fn of(r: &OwnRaw, whole_run: bool) -> Own {
+        Own { requests: r.reqs, avg_ns: r.ns / r.reqs.max(1), max_ns: (whole_run && r.reqs > 0).then_some(r.max_ns) }
+    }
+}
+
 /// A device's requests in the window, as a wait names them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Device {
@@ -49,6 +88,12 @@ pub struct Device {
     pub name: String,
     /// `MAJ:MIN`.
     pub dev: String,
+    /// The kernel's dev_t.
+    #[serde(skip)]
+    pub dev_t: u32,
+    /// Of them, the waiting thread's own (None: not counted).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own: Option<Own>,
     /// Read requests completed in the window (every process's).
     pub reads: u64,
     /// Write requests completed.
@@ -106,6 +151,8 @@ impl Device {
         Some(Device {
             name: name_of(dev),
             dev: dev_text(u64::from(dev)),
+            dev_t: dev,
+            own: None,
             reads: r.reqs[0],
             writes: r.reqs[1],
             avg_ns: (r.ns[0] + r.ns[1]) / n,
@@ -130,6 +177,16 @@ impl Device {
         s += &format!(", 99% within {}", ms(self.p99_ns));
         if let Some(m) = self.max_ns {
             s += &format!(", the longest {}", ms(m));
+        }
+        match &self.own {
+            Some(o) if o.requests == 0 => s += "; none of them its own",
+            Some(o) => {
+                s += &format!("; its own {} requests, {} each", o.requests, ms(o.avg_ns));
+                if let Some(m) = o.max_ns {
+                    s += &format!(", the longest {}", ms(m));
+                }
+            }
+            None => {}
         }
         s
     }
@@ -156,6 +213,16 @@ mod tests {
         let i = since(&m, Some(&was));
         let d = Device::of(1, &i[&1], false).unwrap();
         assert_eq!((d.reads, d.writes, d.avg_ns, d.p99_ns, d.max_ns), (10, 0, 2_000_000, 4_096_000, None));
+        let mut d = Device::of(1, &a, true).unwrap();
+        d.own = Some(Own::of(&OwnRaw { reqs: 4, ns: 4_000_000, max_ns: 2_000_000 }, true));
+        assert!(d.text().ends_with("; its own 4 requests, 1.00 ms each, the longest 2.00 ms"), "{}", d.text());
+        d.own = Some(Own::of(&OwnRaw::default(), true));
+        assert!(d.text().ends_with("; none of them its own"), "{}", d.text());
+        let o = own_since(
+            &[((7u32, 1u32), OwnRaw { reqs: 10, ns: 50, max_ns: 9 })].into_iter().collect(),
+            Some(&[((7u32, 1u32), OwnRaw { reqs: 4, ns: 20, max_ns: 9 })].into_iter().collect()),
+        );
+        assert_eq!((o[&(7, 1)].reqs, o[&(7, 1)].ns, o[&(7, 1)].max_ns), (6, 30, 0));
         assert_eq!(dev_text(0xfe00), "0:65024");
         assert_eq!(dev_text((254 << 20) | 1), "254:1");
     }

@@ -695,6 +695,9 @@ pub struct Namer {
     pub peers: super::peers::Peers,
     /// The block devices' requests in the window, by dev_t.
     disks: HashMap<u32, super::disks::Device>,
+    /// The traced threads' own requests, by (thread, dev_t), and whether
+    /// for the whole run.
+    own_disks: Option<(super::disks::OwnCounts, bool)>,
 }
 
 /// Frames that say how a thread waits, not what for: skipped when naming
@@ -835,6 +838,22 @@ impl Namer {
 
     /// The block requests of the window (None: not counted); `whole_run`:
     /// the run's report, not an interval's.
+    /// The traced threads' own block requests (None: not counted).
+    pub fn set_own_disks(&mut self, c: Option<super::disks::OwnCounts>, whole_run: bool) {
+        self.own_disks = c.map(|c| (c, whole_run));
+    }
+
+    /// Each disk wait's device with the waiting thread's own requests on it.
+    pub fn add_own_disks(&self, threads: &mut HashMap<u32, Thread>) {
+        let Some((own, whole_run)) = &self.own_disks else { return };
+        for t in threads.values_mut() {
+            for d in t.waits.iter_mut().filter_map(|w| w.device.as_mut()) {
+                let raw = own.get(&(t.tid, d.dev_t)).copied().unwrap_or_default();
+                d.own = Some(super::disks::Own::of(&raw, *whole_run));
+            }
+        }
+    }
+
     pub fn set_disks(&mut self, c: Option<super::disks::Counts>, whole_run: bool) {
         self.disks = c
             .iter()
@@ -1185,6 +1204,8 @@ pub struct Losses {
     pub disks_not_counted: Option<String>,
     /// Packet drops not counted: the drop map was full.
     pub drops_full: u64,
+    /// A thread's own block requests not counted: their map was full.
+    pub own_disks_full: u64,
     /// Why packet drops were not counted at all (None: they were).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drops_not_counted: Option<String>,
@@ -1694,6 +1715,7 @@ impl Report {
                 (l.stack_errors, "stacks (not captured)"),
                 (l.samples_full, "on-CPU samples (sample map full)"),
                 (l.drops_full, "packet drops (drop map full)"),
+                (l.own_disks_full, "threads' own block requests (map full)"),
                 (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
                 (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]

@@ -1675,6 +1675,131 @@ static __always_inline __u32 log2_us(__u64 ns)
 	return b < WHY_DISK_BUCKETS - 1 ? b : WHY_DISK_BUCKETS - 1;
 }
 
+/* A bio a traced thread queued: whose it is, and what a request holding
+ * that same bio (not another at the same address) shows: its device (the
+ * block device since 5.12, the disk before) and first sector. */
+struct why_bio {
+	__u64 where;
+	__u64 sector;
+	__u32 tid;
+	__u32 pad;
+};
+
+/* The bios traced threads queued, by address, until a request holding them
+ * completes. One that never reaches a request (a device-mapper device's
+ * own) stays until its address, reused, is in a completed request: told
+ * apart there by device and sector, and removed. A plain hash: an LRU one
+ * cost 200-300 ns more an update. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct why_bio);
+} bios SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct why_own_key);
+	__type(value, struct why_own_disk);
+} own_disks SEC(".maps");
+
+struct why_own_key _why_own_key = {};
+struct why_own_disk _why_own_disk = {};
+
+/* Before 5.12 a bio and its request name their disk. */
+struct bio___disk {
+	struct gendisk *bi_disk;
+} __attribute__((preserve_access_index));
+
+struct request___disk {
+	struct gendisk *rq_disk;
+} __attribute__((preserve_access_index));
+
+/* What a bio is for, as its request will name it. */
+static __always_inline __u64 bio_where(struct bio *bio)
+{
+	if (bpf_core_field_exists(struct bio___disk, bi_disk))
+		return (__u64)BPF_CORE_READ((struct bio___disk *)bio, bi_disk);
+	return (__u64)BPF_CORE_READ(bio, bi_bdev);
+}
+
+static __always_inline __u64 request_where(struct request *rq)
+{
+	if (bpf_core_field_exists(struct bio___disk, bi_disk))
+		return (__u64)BPF_CORE_READ((struct request___disk *)rq, rq_disk);
+	return (__u64)BPF_CORE_READ(rq, part);
+}
+
+/* A bio queued by a traced thread (other threads' cost one lookup). */
+static __always_inline void note_bio(struct bio *bio)
+{
+	if (t_end || !t_start)
+		return;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	if (!bpf_map_lookup_elem(&threads, &tid))
+		return;
+	__u64 k = (__u64)bio;
+	struct why_bio b = {.where = bio_where(bio),
+	                    .sector = BPF_CORE_READ(bio, bi_iter.bi_sector),
+	                    .tid = tid};
+	if (bpf_map_update_elem(&bios, &k, &b, BPF_ANY))
+		stat_add(WT_OWN_DISKS_FULL);
+}
+
+/* Linux 5.11+ passes the bio alone; before, its queue first (user space
+ * loads the one that fits). */
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(why_bio, struct bio *bio)
+{
+	note_bio(bio);
+	return 0;
+}
+
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(why_bio_q, void *q, struct bio *bio)
+{
+	note_bio(bio);
+	return 0;
+}
+
+/* The bios of a completed request (its first few) that traced threads
+ * queued: the request's time counts as each one's own. */
+static __always_inline void own_request(struct request *rq, __u32 dev, __u64 ns)
+{
+	struct bio *b = rq->bio;
+	if (!b)
+		return;
+	/* Read once, outside the loop: clang hoisted the relocation of the
+	 * form this kernel lacks out of its branch when read inside. */
+	__u64 where = request_where(rq);
+	for (int i = 0; i < 4 && b; i++) {
+		__u64 k = (__u64)b;
+		struct why_bio *e = bpf_map_lookup_elem(&bios, &k);
+		if (e) {
+			bool same = e->where == where &&
+			            e->sector == BPF_CORE_READ(b, bi_iter.bi_sector);
+			struct why_own_key ok = {.tid = e->tid, .dev = dev};
+			bpf_map_delete_elem(&bios, &k);
+			struct why_own_disk *o = same ? bpf_map_lookup_elem(&own_disks, &ok) : NULL;
+			if (same && !o) {
+				struct why_own_disk zero = {};
+				bpf_map_update_elem(&own_disks, &ok, &zero, BPF_NOEXIST);
+				o = bpf_map_lookup_elem(&own_disks, &ok);
+				if (!o)
+					stat_add(WT_OWN_DISKS_FULL);
+			}
+			if (o) {
+				__sync_fetch_and_add(&o->reqs, 1);
+				__sync_fetch_and_add(&o->ns, ns);
+				if (ns > o->max_ns)
+					o->max_ns = ns;
+			}
+		}
+		b = b->bi_next;
+	}
+}
+
 /* A block request completed: counted on its device as the kernel's disk
  * statistics count it (reads and writes, once each, at its last piece),
  * whoever issued it: a disk wait is named with its device's latency. */
@@ -1714,6 +1839,7 @@ int BPF_PROG(why_blk_done, struct request *rq, int error, unsigned int nr_bytes)
 	__u32 b = log2_us(ns);
 	if (b < WHY_DISK_BUCKETS)
 		__sync_fetch_and_add(&d->hist[b], 1);
+	own_request(rq, dev, ns);
 	return 0;
 }
 

@@ -211,6 +211,20 @@ struct why_disk {
 	__u64 hist[WHY_DISK_BUCKETS]; /* start to completion, log2 of us */
 };
 
+/* A traced thread's own block requests on a device: the requests
+ * completed holding a bio it queued (block_bio_queue in its context),
+ * counted as the device's are (start in the block layer to completion). */
+struct why_own_key {
+	__u32 tid;
+	__u32 dev;
+};
+
+struct why_own_disk {
+	__u64 reqs;
+	__u64 ns;
+	__u64 max_ns;
+};
+
 /* Who released a lock a traced thread waited for: the thread that woke it
  * (sched_waking, in the waker's context), with its stack then, language
  * frames included (src/bpf/stacks.h). `s` names the waker (pid, tid, comm,
@@ -267,6 +281,7 @@ enum why_stat {
 	WT_UNWALKED,        /* a release counted without its stack: the CPU's walks spent */
 	WT_SAMPLES,         /* on-CPU samples of traced threads */
 	WT_DROPS_FULL,      /* a packet drop not counted: the drop map was full */
+	WT_OWN_DISKS_FULL,  /* a thread's own block request not counted: its map was full */
 	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
 	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };
