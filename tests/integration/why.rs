@@ -1282,3 +1282,62 @@ fn why_keeps_two_namespaces_loopback_connections_of_the_same_addresses_apart() {
         assert!(ours_a <= kernel_a && ours_a >= 1, "{wa:?}");
     }
 }
+
+/// A block device read as a file (O_DIRECT reads of a loop device, as a
+/// database on a raw partition does): the disk wait names that device and
+/// its requests, not the device /dev is on; as many as the device's own
+/// statistics count over the run (nothing else reads it), all the
+/// reader's own.
+#[test]
+fn why_names_a_raw_block_devices_own_requests() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch_dir("why-raw");
+    let img = dir.join("raw.img");
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(64 << 20).unwrap();
+    drop(f);
+    let out = Command::new("losetup").args(["--find", "--show", "--direct-io=on"]).arg(&img).output().unwrap();
+    assert!(out.status.success(), "losetup: {}", String::from_utf8_lossy(&out.stderr));
+    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(loopdev.clone());
+    let name = loopdev.trim_start_matches("/dev/").to_string();
+    let reader = format!(
+        "import mmap, os, random
+fd = os.open('{loopdev}', os.O_RDONLY | os.O_DIRECT)
+buf = mmap.mmap(-1, 4096)
+print('ready', flush=True)
+while True:
+    os.preadv(fd, [buf], random.randrange(16384) * 4096)"
+    );
+    let mut r = KillOnDrop(Command::new("python3").args(["-c", &reader]).stdout(Stdio::piped()).spawn().unwrap());
+    assert_eq!(first_line(&mut r).trim(), "ready");
+    let stat = || -> f64 {
+        let s = std::fs::read_to_string(format!("/sys/block/{name}/stat")).unwrap();
+        s.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let pid = r.0.id();
+    let before = stat();
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
+    let all = stat() - before;
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "disk").unwrap().clone();
+    assert_eq!(w["object"], loopdev, "{w}");
+    let d = &w["device"];
+    assert_eq!(d["name"], name, "the device read, not the one /dev is on: {w}");
+    let (reads, own) = (field(d, "reads"), field(&d["own"], "requests"));
+    eprintln!("{name}: {reads} reads in the window, {own} its own; the device's stat {all} over the run");
+    // The window lies within the stat's span: not more, and a good part of
+    // it (sonde's start and end take the rest: seen 37%).
+    assert!(reads > 0.0 && reads <= all && reads >= all * 0.1, "{reads} reads, the stat {all}: {w}");
+    // All of them the reader's own, but for bios queued before the window
+    // began and completed in it (seen: 3 of 191,836).
+    assert!(own <= reads && reads - own <= reads * 0.001 + 5.0, "all of them the reader's own: {w}");
+}

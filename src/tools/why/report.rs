@@ -1095,7 +1095,9 @@ impl Namer {
                     let dev = super::disks::dev_text(o.dev);
                     w.object = path.unwrap_or_else(|| format!("file on device {dev}, inode {}", o.ino));
                     if class == Class::Disk {
-                        w.device = u32::try_from(o.dev).ok().and_then(|d| self.disks.get(&d)).cloned();
+                        // A block device file's requests are on that device.
+                        let dev = if o.rdev != 0 { u64::from(o.rdev) } else { o.dev };
+                        w.device = u32::try_from(dev).ok().and_then(|d| self.disks.get(&d)).cloned();
                     }
                 }
             }

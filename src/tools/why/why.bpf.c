@@ -509,8 +509,14 @@ static __always_inline __u8 file_class(struct why_thread *r, struct file *f, __u
 		o->kind = WO_FIFO;
 		cls = WC_PIPE;
 		break;
-	case S_IFREG_:
 	case S_IFBLK_:
+		/* A block device read or written as a file: its requests are
+		 * on that device, not on the one /dev is on. */
+		o->rdev = BPF_CORE_READ(ino, i_rdev);
+		o->kind = WO_FILE;
+		cls = WC_DISK;
+		break;
+	case S_IFREG_:
 		o->kind = WO_FILE;
 		cls = WC_DISK;
 		break;

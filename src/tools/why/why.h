@@ -167,8 +167,8 @@ struct why_obj {
 	__u16 dport; /* host order */
 	__u16 type;  /* socket type */
 	__u32 netns; /* a socket's network namespace (its inode) */
-	__u32 pad;
-	__u64 peer; /* a Unix socket's peer's socket inode (0: none) */
+	__u32 rdev;  /* a block device file's own device (0: another file) */
+	__u64 peer;  /* a Unix socket's peer's socket inode (0: none) */
 };
 
 /* What ran on a CPU while a traced thread waited in its run queue: per
