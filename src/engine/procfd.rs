@@ -257,8 +257,8 @@ pub type Tuple = (IpAddr, u16, IpAddr, u16);
 /// /proc/net/tcp walks every bucket of the table, 7 ms here for 3 sockets).
 /// At most [`MAX_LOOKUPS`] lookups and [`MAX_TIME`] per call; the bool says
 /// whether every namespace was asked.
-pub fn sockets_by_tuple(want: &HashSet<Tuple>, udp: bool) -> (HashMap<Tuple, Vec<(u64, u64)>>, bool) {
-    let mut out: HashMap<Tuple, Vec<(u64, u64)>> = HashMap::new();
+pub fn sockets_by_tuple(want: &HashSet<Tuple>, udp: bool) -> (HashMap<Tuple, Vec<SocketAt>>, bool) {
+    let mut out: HashMap<Tuple, Vec<SocketAt>> = HashMap::new();
     if want.is_empty() {
         return (out, true);
     }
@@ -278,7 +278,7 @@ pub fn sockets_by_tuple(want: &HashSet<Tuple>, udp: bool) -> (HashMap<Tuple, Vec
             continue;
         }
         budget -= want.len();
-        let found = crate::engine::mib::run_in(&file, &ns.to_string(), || -> Vec<(Tuple, u64)> {
+        let found = crate::engine::mib::run_in(&file, &ns.to_string(), || -> Vec<(Tuple, (u64, bool))> {
             let Some(sock) = diag_socket() else { return Vec::new() };
             let mut seq = 0u32;
             want.iter()
@@ -286,12 +286,24 @@ pub fn sockets_by_tuple(want: &HashSet<Tuple>, udp: bool) -> (HashMap<Tuple, Vec
                 .filter_map(|t| Some((*t, diag_one(&sock, &mut seq, *t, udp)?)))
                 .collect()
         });
-        for (t, ino) in found.unwrap_or_default() {
-            out.entry(t).or_default().push((ns, ino));
+        for (t, (ino, unaccepted)) in found.unwrap_or_default() {
+            out.entry(t).or_default().push(SocketAt { ns, ino, unaccepted });
         }
     }
     let done = t0.elapsed() <= MAX_TIME;
     (out, done)
+}
+
+/// A socket [`sockets_by_tuple`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SocketAt {
+    /// Its network namespace (inode).
+    pub ns: u64,
+    /// Its inode; for a connection not yet accepted (no file, inode 0), the
+    /// inode of the listening socket that holds it.
+    pub ino: u64,
+    /// Not yet accepted: `ino` is its listener's.
+    pub unaccepted: bool,
 }
 
 /// Lookups one [`sockets_by_tuple`] call makes at most.
@@ -308,10 +320,44 @@ fn diag_socket() -> Option<netlink_sys::Socket> {
 }
 
 /// The inode of the socket with endpoints `t` in the calling thread's
-/// namespace (an IPv4 one also as an IPv4-mapped IPv6 socket's). Each
-/// request carries its own sequence number (`seq`), and a reply to another
-/// (one that came after its wait ran out) is passed over.
-fn diag_one(sock: &netlink_sys::Socket, seq: &mut u32, (la, lp, ra, rp): Tuple, udp: bool) -> Option<u64> {
+/// namespace (an IPv4 one also as an IPv4-mapped IPv6 socket's), and
+/// whether it is a TCP connection not yet accepted: it has no inode of its
+/// own then, and the inode is its listener's (the socket listening on its
+/// local address and port). Each request carries its own sequence number
+/// (`seq`), and a reply to another (one that came after its wait ran out)
+/// is passed over.
+fn diag_one(sock: &netlink_sys::Socket, seq: &mut u32, t: Tuple, udp: bool) -> Option<(u64, bool)> {
+    match diag_ask(sock, seq, t, udp, true)? {
+        (0, state) if !udp && matches!(state, TCP_ESTABLISHED | TCP_SYN_RECV | TCP_CLOSE_WAIT) => {
+            // In its listener's queue. The kernel's lookup of a remote end
+            // no socket has falls back to the listener on the local address
+            // and port.
+            let (la, lp, ra, _) = t;
+            let none = if ra.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
+            diag_ask(sock, seq, (la, lp, none, 0), udp, false).filter(|(i, _)| *i != 0).map(|(i, _)| (i, true))
+        }
+        (0, _) => None,
+        (ino, _) => Some((ino, false)),
+    }
+}
+
+/// TCP states (include/net/tcp_states.h).
+const TCP_ESTABLISHED: u8 = 1;
+const TCP_SYN_RECV: u8 = 3;
+const TCP_CLOSE_WAIT: u8 = 8;
+const TCP_LISTEN: u8 = 10;
+
+/// One sock_diag lookup of endpoints `t`: the inode of the socket found
+/// (0: one with no file) and its state, only one with exactly these
+/// endpoints when `exact`, else the listener the kernel's lookup falls
+/// back to.
+fn diag_ask(
+    sock: &netlink_sys::Socket,
+    seq: &mut u32,
+    (la, lp, ra, rp): Tuple,
+    udp: bool,
+    exact: bool,
+) -> Option<(u64, u8)> {
     use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
     use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP};
     use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
@@ -359,15 +405,18 @@ fn diag_one(sock: &netlink_sys::Socket, seq: &mut u32, (la, lp, ra, rp): Tuple, 
         });
         let Some(Some(m)) = m else { return None };
         // The kernel's lookup falls back to a listening socket on the
-        // local address: only a socket with exactly these endpoints counts.
+        // local address: asked for an exact one, only a socket with exactly
+        // these endpoints counts; asked for the listener, only a listener
+        // on the local port.
         if let NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) = m.payload {
             let id = &r.header.socket_id;
-            let exact = id.destination_port == rp
+            let same = id.destination_port == rp
                 && id.source_port == lp
                 && id.destination_address.to_canonical() == ra.to_canonical()
                 && id.source_address.to_canonical() == la.to_canonical();
-            if exact && r.header.inode != 0 {
-                return Some(u64::from(r.header.inode));
+            let listener = r.header.state == TCP_LISTEN && id.source_port == lp;
+            if (exact && same) || (!exact && listener) {
+                return Some((u64::from(r.header.inode), r.header.state));
             }
         }
     }
@@ -392,7 +441,8 @@ mod tests {
         let (found, done) = sockets_by_tuple(&[t].into_iter().collect(), false);
         let own = std::fs::metadata("/proc/self/ns/net").unwrap().ino();
         assert!(done);
-        assert_eq!(found.get(&t), Some(&vec![(own, ino(s.as_raw_fd()))]), "{found:?}");
+        let at = |ino, unaccepted| SocketAt { ns: own, ino, unaccepted };
+        assert_eq!(found.get(&t), Some(&vec![at(ino(s.as_raw_fd()), false)]), "{found:?}");
         // Not UDP, and no socket with other endpoints (not the listener
         // either, which the kernel's lookup falls back to).
         assert!(sockets_by_tuple(&[t].into_iter().collect(), true).0.is_empty());
@@ -406,8 +456,15 @@ mod tests {
         let (a1, a2) = (u1.local_addr().unwrap(), u2.local_addr().unwrap());
         let t2: Tuple = (a2.ip(), a2.port(), a1.ip(), a1.port());
         let (found, _) = sockets_by_tuple(&[t2].into_iter().collect(), true);
-        assert_eq!(found.get(&t2), Some(&vec![(own, ino(u2.as_raw_fd()))]), "{found:?}");
+        assert_eq!(found.get(&t2), Some(&vec![at(ino(u2.as_raw_fd()), false)]), "{found:?}");
         assert!(sockets_by_tuple(&[t2].into_iter().collect(), false).0.is_empty());
+        // A connection its server has not accepted: it has no inode of its
+        // own; its listener's is found, said so.
+        let c2 = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let ca2 = c2.local_addr().unwrap();
+        let t3: Tuple = (sa.ip(), sa.port(), ca2.ip(), ca2.port());
+        let (found, _) = sockets_by_tuple(&[t3].into_iter().collect(), false);
+        assert_eq!(found.get(&t3), Some(&vec![at(ino(l.as_raw_fd()), true)]), "{found:?}");
     }
 
     #[test]

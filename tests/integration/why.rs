@@ -1341,3 +1341,44 @@ while True:
     // began and completed in it (seen: 3 of 191,836).
     assert!(own <= reads && reads - own <= reads * 0.001 + 5.0, "all of them the reader's own: {w}");
 }
+
+/// A client waits for the answer of a server that has not accepted its
+/// connection (a server too slow to accept: the connection sits in its
+/// listener's queue, held by no process): `sonde why` of the client names
+/// the server, which holds the listener, and says it has not accepted it.
+#[test]
+fn why_names_the_server_that_has_not_accepted_the_connection() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let server = "import socket, time
+s = socket.socket()
+s.bind(('127.0.0.1', 0))
+s.listen(8)
+print(s.getsockname()[1], flush=True)
+time.sleep(60)";
+    let mut srv = KillOnDrop(Command::new("python3").args(["-c", server]).stdout(Stdio::piped()).spawn().unwrap());
+    let port: u16 = first_line(&mut srv).trim().parse().unwrap();
+    let client = format!(
+        "import socket
+c = socket.create_connection(('127.0.0.1', {port}))
+c.sendall(b'hello')
+print('ready', flush=True)
+c.recv(1)"
+    );
+    let mut cl = KillOnDrop(Command::new("python3").args(["-c", &client]).stdout(Stdio::piped()).spawn().unwrap());
+    assert_eq!(first_line(&mut cl).trim(), "ready");
+    let pid = cl.0.id();
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    assert!(blocked(&t, "network") > 0.9 * field(&t, "window_ns"), "{t}");
+    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "network").unwrap().clone();
+    assert_eq!(w["remote"], format!("127.0.0.1:{port}"), "{w}");
+    let want = serde_json::json!([{"pid": srv.0.id(), "comm": "python3", "unaccepted": true}]);
+    assert_eq!(w["peers"], want, "the server, holding the listener: {w}");
+    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    assert_eq!(p["next"], format!("sonde why -p {}", srv.0.id()), "{p}");
+    let text = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "1s"]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains(&format!("python3 ({}), which has not accepted it", srv.0.id())), "{text}");
+}

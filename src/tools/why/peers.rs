@@ -10,7 +10,9 @@
 //!   reversed, in the kernel's socket tables of every network namespace on
 //!   the host (a loopback connection's only in the waiter's own namespace;
 //!   found in several namespaces, it is not named), then the processes
-//!   holding that socket.
+//!   holding that socket; for a connection still in its listener's queue
+//!   (not accepted: no process holds it), the processes holding the
+//!   listener, said so.
 //! - An anonymous pipe or a named FIFO: the processes holding its other end
 //!   open (the write end for a reader, the read end for a writer), the
 //!   waiter's own process included: a process waiting on a pipe only it can
@@ -42,9 +44,9 @@ const TRIES: u8 = 3;
 /// Holders kept per socket or pipe (a pipe's are filtered by end later).
 const MAX_HOLDERS: usize = 64;
 
-/// Socket inodes by their endpoints, per (network namespace, inode), for
-/// TCP (false) and UDP (true).
-type Tables = HashMap<bool, HashMap<Tuple, Vec<(u64, u64)>>>;
+/// Sockets by their endpoints (namespace, inode, not yet accepted), for TCP
+/// (false) and UDP (true).
+type Tables = HashMap<bool, HashMap<Tuple, Vec<procfd::SocketAt>>>;
 
 fn reversed((l, lp, r, rp): Tuple) -> Tuple {
     (r, rp, l, lp)
@@ -55,6 +57,9 @@ fn reversed((l, lp, r, rp): Tuple) -> Tuple {
 struct Found {
     found: HashMap<Far, Vec<Holder>>,
     tries: HashMap<Far, u8>,
+    /// Connections found in their listener's queue, not yet accepted: the
+    /// holders found are the listener's.
+    unaccepted: HashSet<Far>,
 }
 
 /// The other ends found so far, and the thread that looks during the run.
@@ -151,12 +156,14 @@ fn pipe_key(dev: u64, ino: u64) -> (Kind, u64) {
 }
 
 /// The inode of the socket at the other end of `far`'s connection, when
-/// exactly one is found.
-fn peer_socket(far: &Far, tables: &Tables) -> Option<u64> {
+/// exactly one is found (its listener's, and true, for one not yet
+/// accepted).
+fn peer_socket(far: &Far, tables: &Tables) -> Option<(u64, bool)> {
     let Far::Socket { tuple, udp, netns } = far else { return None };
     let found = tables.get(udp)?.get(&reversed(*tuple))?;
     let loopback = tuple.0.is_loopback() || tuple.2.is_loopback();
-    let mut inodes: Vec<u64> = found.iter().filter(|(ns, _)| !loopback || *ns == *netns).map(|(_, ino)| *ino).collect();
+    let mut inodes: Vec<(u64, bool)> =
+        found.iter().filter(|s| !loopback || s.ns == *netns).map(|s| (s.ino, s.unaccepted)).collect();
     inodes.sort_unstable();
     inodes.dedup();
     match inodes.as_slice() {
@@ -177,8 +184,10 @@ impl Found {
     pub fn look(&mut self, fars: impl Iterator<Item = Far>, last: bool) {
         let todo: HashSet<Far> = fars
             .filter(|f| {
-                let pipe = matches!(f, Far::Pipe { .. });
-                (last && pipe)
+                // A pipe's holders, and a connection not yet accepted when
+                // found, may have changed since: looked up again at the end.
+                let again = matches!(f, Far::Pipe { .. }) || self.unaccepted.contains(f);
+                (last && again)
                     || (!self.found.contains_key(f) && (last || self.tries.get(f).copied().unwrap_or(0) < TRIES))
             })
             .take(MAX_OBJECTS)
@@ -209,8 +218,9 @@ impl Found {
             complete &= done;
             tables.insert(*udp, t);
         }
-        let socks: HashMap<Far, u64> = todo.iter().filter_map(|f| Some((*f, peer_socket(f, &tables)?))).collect();
-        let sock_inodes: HashSet<u64> = socks.values().copied().chain(unix.iter().copied()).collect();
+        let socks: HashMap<Far, (u64, bool)> =
+            todo.iter().filter_map(|f| Some((*f, peer_socket(f, &tables)?))).collect();
+        let sock_inodes: HashSet<u64> = socks.values().map(|(i, _)| *i).chain(unix.iter().copied()).collect();
         let held = if sock_inodes.is_empty() && pipes.is_empty() {
             procfd::Held { complete: true, ..Default::default() }
         } else {
@@ -235,15 +245,20 @@ impl Found {
         }
         for f in todo {
             let key = match f {
-                Far::Socket { .. } => socks.get(&f).map(|ino| (Kind::Socket, *ino)),
+                Far::Socket { .. } => socks.get(&f).map(|(ino, _)| (Kind::Socket, *ino)),
                 Far::Pipe { dev, ino } => Some(pipe_key(dev, ino)),
                 Far::Unix { peer } => Some((Kind::Socket, peer)),
             };
             match key.and_then(|k| held.by_inode.get(&k)) {
-                Some(v) if !v.is_empty() && self.found.len() < MAX_KEPT => {
+                Some(v) if !v.is_empty() && (self.found.len() < MAX_KEPT || self.found.contains_key(&f)) => {
                     let mut v = v.clone();
                     v.truncate(MAX_HOLDERS);
                     self.found.insert(f, v);
+                    if socks.get(&f).is_some_and(|(_, u)| *u) {
+                        self.unaccepted.insert(f);
+                    } else {
+                        self.unaccepted.remove(&f);
+                    }
                 }
                 _ => self.tried([f]),
             }
@@ -269,7 +284,7 @@ impl Peers {
         let mut st = self.state();
         st.look(fars.into_iter(), true);
         for w in threads.values_mut().flat_map(|t| t.waits.iter_mut()) {
-            let Some(v) = w.far.and_then(|f| st.found.get(&f)) else { continue };
+            let Some((f, v)) = w.far.and_then(|f| Some((f, st.found.get(&f)?))) else { continue };
             let send = w.op == Some("send");
             let mut peers: Vec<Peer> = v
                 .iter()
@@ -278,7 +293,7 @@ impl Peers {
                     Some(Far::Pipe { .. }) => h.writes,
                     _ => true,
                 })
-                .map(|h| Peer { pid: h.pid, comm: h.comm.clone() })
+                .map(|h| Peer { pid: h.pid, comm: h.comm.clone(), unaccepted: st.unaccepted.contains(&f) })
                 .collect();
             peers.sort_by_key(|p| p.pid);
             peers.truncate(MAX_PEERS);

@@ -167,6 +167,10 @@ pub struct Peer {
     pub pid: u32,
     /// Its name.
     pub comm: String,
+    /// It holds the listening socket of a connection it has not accepted
+    /// (in JSON only when true).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unaccepted: bool,
 }
 
 /// What a wait's other end is looked up by.
@@ -645,7 +649,8 @@ impl Wait {
             Some(Far::Pipe { .. }) => "write end held by",
             _ => "other end:",
         };
-        format!("{} ({whose} {})", self.object, names.join(", "))
+        let queued = if self.peers.iter().any(|p| p.unaccepted) { ", which has not accepted it" } else { "" };
+        format!("{} ({whose} {}{queued})", self.object, names.join(", "))
     }
 
     /// ", woken by ..." for the text report ("" when nothing woke it).
