@@ -681,3 +681,20 @@ impl Drop for TestCgroup {
         }
     }
 }
+
+/// `sonde why -p PID -d DURATION --json`, which must succeed: its lines.
+pub(crate) fn why_json(pid: u32, duration: &str) -> Vec<Value> {
+    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", duration, "--json"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    json_lines(&run.stdout)
+}
+
+/// The line of type `ty` ("thread", "process") whose `key` ("tid", "pid")
+/// is `id`, in `sonde why`'s lines.
+pub(crate) fn line_of(v: &[Value], ty: &str, key: &str, id: u32) -> Value {
+    of_type(v, ty)
+        .into_iter()
+        .find(|t| t[key].as_u64() == Some(id.into()))
+        .unwrap_or_else(|| panic!("no {ty} line with {key} {id}: {v:?}"))
+        .clone()
+}

@@ -324,10 +324,8 @@ func main() {
     let w = KillOnDrop(Command::new(&bin).arg("30").spawn().unwrap());
     let pid = w.0.id();
     thread::sleep(Duration::from_millis(300));
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "4s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
-    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    let v = why_json(pid, "4s");
+    let p = line_of(&v, "process", "pid", pid);
     let hot = p["hottest"].as_array().unwrap_or_else(|| panic!("no hottest functions: {p}"));
     let share = |f: &str| {
         hot.iter()

@@ -643,9 +643,7 @@ fn why_names_a_java_locks_releaser(version: &str) {
     let pid = w.0.id();
     let (producer, consumer) = producer_and_consumer(&mut w);
     // The JVM's pid is the chroot's (it execs java).
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let lines = json_lines(&run.stdout);
+    let lines = why_json(pid, "3s");
     let threads = of_type(&lines, "thread");
     let t = threads.iter().find(|t| t["tid"].as_u64() == Some(consumer)).unwrap_or_else(|| panic!("{threads:?}"));
     assert!(blocked_share(t, "lock") > 0.8, "the consumer is parked: {t}");

@@ -740,6 +740,23 @@ fn why_names_what_ran_on_the_cpu_instead() {
     }
 }
 
+/// The packets the rules of table `inet whyloss` in namespace `ns` dropped
+/// (their counters).
+fn rule_drops(ns: &str) -> i64 {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-j", "list", "table", "inet", "whyloss"])
+        .output()
+        .unwrap();
+    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
+    rules["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["rule"]["expr"].as_array())
+        .flat_map(|e| e.iter().filter_map(|x| x["counter"]["packets"].as_i64()))
+        .sum()
+}
+
 /// `sonde why -- CLIENT`: a client in one namespace asks a server in
 /// another 30 times across nftables loss of data segments both ways. The
 /// client's wait names the connection, and the retransmissions on it
@@ -841,18 +858,7 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
     // more itself, counted by their reasons: duplicates of data it had
     // (TCP_OLD_DATA, from retransmissions that were not needed, such as
     // tail loss probes), data left at close (QUEUE_PURGE).
-    let out = Command::new("ip")
-        .args(["netns", "exec", &pair.b.name, "nft", "-j", "list", "table", "inet", "whyloss"])
-        .output()
-        .unwrap();
-    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let counted: i64 = rules["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["rule"]["expr"].as_array())
-        .flat_map(|e| e.iter().filter_map(|x| x["counter"]["packets"].as_i64()))
-        .sum();
+    let counted = rule_drops(&pair.b.name);
     let dr = &waits[0]["drops"];
     assert!(waits.iter().all(|w| w["drops"] == *dr), "one connection, one count: {waits:?}");
     eprintln!("drops on the connection: {dr}; the rules' counters: {counted}");
@@ -957,12 +963,8 @@ fn why_bounds_the_walks_of_lock_releasers() {
     let bin = build_workload("whypool", &["-O2", "-g", "-pthread"]);
     let mut w = KillOnDrop(Command::new(&bin).args(["48", "30"]).stdout(Stdio::piped()).spawn().unwrap());
     let pid = w.0.id();
-    let mut line = String::new();
-    BufReader::new(w.0.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "3s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
+    assert_eq!(first_line(&mut w).trim(), "ready");
+    let v = why_json(pid, "3s");
     let s = summary(&v);
     let window = s["duration_s"].as_f64().unwrap();
     let lost = &s["lost"];
@@ -1011,10 +1013,8 @@ fn why_names_the_hottest_functions_of_a_busy_process() {
     let w = KillOnDrop(Command::new(super::python::python("debian")).arg(&script).arg("30").spawn().unwrap());
     let pid = w.0.id();
     thread::sleep(Duration::from_millis(300));
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "6s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
-    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    let v = why_json(pid, "6s");
+    let p = line_of(&v, "process", "pid", pid);
     let hot = p["hottest"].as_array().unwrap_or_else(|| panic!("no hottest functions: {p}"));
     let share = |f: &str| {
         hot.iter()
@@ -1038,15 +1038,13 @@ fn why_names_the_hottest_functions_of_a_busy_process() {
 /// wait, for its object to be checked.
 fn waits_on_its_peer(pid: u32, peer: u32) -> Value {
     thread::sleep(Duration::from_millis(300));
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
-    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    let v = why_json(pid, "2s");
+    let t = line_of(&v, "thread", "tid", pid);
     assert!(blocked(&t, "pipe") > 0.9 * field(&t, "window_ns"), "{t}");
     let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "pipe").unwrap().clone();
     let peers: Vec<u64> = w["peers"].as_array().into_iter().flatten().map(|p| p["pid"].as_u64().unwrap()).collect();
     assert_eq!(peers, vec![u64::from(peer)], "the process at the other end: {w}");
-    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    let p = line_of(&v, "process", "pid", pid);
     assert_eq!(p["next"], format!("sonde why -p {peer}"), "{p}");
     w
 }
@@ -1159,10 +1157,7 @@ while True:
         let pid = p.0.id();
         if mode == "many" {
             thread::sleep(Duration::from_millis(300));
-            let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
-            assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-            let v = json_lines(&run.stdout);
-            let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+            let t = line_of(&why_json(pid, "2s"), "thread", "tid", pid);
             assert!(blocked(&t, "poll") > 0.9 * field(&t, "window_ns"), "two descriptors: waiting for work: {t}");
             let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "poll").unwrap().clone();
             assert_eq!(w["syscall"], syscall, "{w}");
@@ -1260,18 +1255,7 @@ fn why_keeps_two_namespaces_loopback_connections_of_the_same_addresses_apart() {
     // Drops by the lossy namespace's rule (NETFILTER_DROP) against its own
     // counter; none in the clean one, which drops only what TCP itself
     // does (QUEUE_PURGE: data left at close).
-    let out = Command::new("ip")
-        .args(["netns", "exec", &lossy.name, "nft", "-j", "list", "table", "inet", "whyloss"])
-        .output()
-        .unwrap();
-    let rules: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let counted: i64 = rules["nftables"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["rule"]["expr"].as_array())
-        .flat_map(|e| e.iter().filter_map(|x| x["counter"]["packets"].as_i64()))
-        .sum();
+    let counted = rule_drops(&lossy.name);
     let nf = |w: &Value| w["drops"]["by_reason"]["NETFILTER_DROP"].as_i64().unwrap_or(0);
     assert_eq!(nf(&wb[0]), 0, "the clean connection took the lossy one's drops: {wb:?}");
     assert!(counted >= 1 && nf(&wa[0]) <= counted && nf(&wa[0]) >= 1, "{counted} dropped by the rule: {wa:?}");
@@ -1367,16 +1351,14 @@ c.recv(1)"
     let mut cl = KillOnDrop(Command::new("python3").args(["-c", &client]).stdout(Stdio::piped()).spawn().unwrap());
     assert_eq!(first_line(&mut cl).trim(), "ready");
     let pid = cl.0.id();
-    let run = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "2s", "--json"]).output().unwrap();
-    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
-    let v = json_lines(&run.stdout);
-    let t = of_type(&v, "thread").into_iter().find(|t| t["tid"].as_u64() == Some(pid.into())).unwrap().clone();
+    let v = why_json(pid, "2s");
+    let t = line_of(&v, "thread", "tid", pid);
     assert!(blocked(&t, "network") > 0.9 * field(&t, "window_ns"), "{t}");
     let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "network").unwrap().clone();
     assert_eq!(w["remote"], format!("127.0.0.1:{port}"), "{w}");
     let want = serde_json::json!([{"pid": srv.0.id(), "comm": "python3", "unaccepted": true}]);
     assert_eq!(w["peers"], want, "the server, holding the listener: {w}");
-    let p = of_type(&v, "process").into_iter().find(|p| p["pid"].as_u64() == Some(pid.into())).unwrap();
+    let p = line_of(&v, "process", "pid", pid);
     assert_eq!(p["next"], format!("sonde why -p {}", srv.0.id()), "{p}");
     let text = Command::new(SONDE).args(["why", "-p", &pid.to_string(), "-d", "1s"]).output().unwrap();
     let text = String::from_utf8_lossy(&text.stdout);
