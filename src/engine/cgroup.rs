@@ -125,10 +125,15 @@ impl CgroupTarget {
     pub fn resolve(path: &str) -> anyhow::Result<Self> {
         let mounts = cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
         let proc_cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
-        Self::resolve_in(path, &mounts, &proc_cgroups)
+        // The initial cgroup namespace's inode is the kernel's constant
+        // (PROC_CGROUP_INIT_INO).
+        let initial = std::fs::metadata("/proc/self/ns/cgroup").is_ok_and(|m| m.ino() == 0xEFFF_FFFB);
+        Self::resolve_in(path, &mounts, &proc_cgroups, initial)
     }
 
-    fn resolve_in(path: &str, mounts: &[CgroupMount], proc_cgroups: &str) -> anyhow::Result<Self> {
+    /// [`resolve`](Self::resolve) with the mounts, /proc/cgroups and
+    /// whether sonde runs in the initial cgroup namespace given.
+    fn resolve_in(path: &str, mounts: &[CgroupMount], proc_cgroups: &str, initial: bool) -> anyhow::Result<Self> {
         if mounts.is_empty() {
             return Err(super::error::env(
                 "--cgroup: no cgroup file system is mounted here; mount one (cgroup2 or a v1 controller) or drop --cgroup",
@@ -175,9 +180,11 @@ impl CgroupTarget {
                 mount.point.display()
             )));
         }
-        // A cgroup namespace that does not hold the mount's root shows that
-        // root as /../...: how deep the group is is then learnt in the kernel.
-        let level = if mount.root.split('/').any(|c| c == "..") {
+        // In a cgroup namespace of its own, the mount's root is shown
+        // relative to the namespace's (as /../.. when above it, as / when
+        // it is the namespace's own, however deep that is): how deep the
+        // group is is then learnt in the kernel.
+        let level = if !initial || mount.root.split('/').any(|c| c == "..") {
             None
         } else {
             let rel = full.strip_prefix(&mount.point).unwrap_or(Path::new(""));
