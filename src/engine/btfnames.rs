@@ -191,6 +191,20 @@ impl BtfNames {
             .find(|t| kind.is_none_or(|k| k == t.kind) && self.name(t) == name.as_bytes())
     }
 
+    /// The value of enumerator `name` of an enum (None for another kind or
+    /// a name it lacks).
+    pub fn enum_value(&self, t: &Type, name: &str) -> Option<i64> {
+        if t.kind != kind::ENUM {
+            return None;
+        }
+        let base = t.off + TYPE_HDR;
+        (0..t.vlen as usize).find_map(|i| {
+            (self.str_at(self.u32_at(base + 8 * i)?) == name.as_bytes())
+                .then(|| self.u32_at(base + 8 * i + 4).map(|v| i64::from(v as i32)))
+                .flatten()
+        })
+    }
+
     /// Names of a struct's or union's direct members.
     pub fn members<'a>(&'a self, t: &Type) -> impl Iterator<Item = &'a [u8]> + 'a {
         let n = if matches!(t.kind, kind::STRUCT | kind::UNION) { t.vlen as usize } else { 0 };

@@ -102,14 +102,20 @@ fn cgroup_mounts(mountinfo: &str) -> Vec<CgroupMount> {
         .collect()
 }
 
-/// The subsystem id of a cgroup v1 controller: its row in /proc/cgroups,
-/// which lists the kernel's subsystems in their id order.
-fn subsys_id(proc_cgroups: &str, controller: &str) -> Option<u32> {
-    proc_cgroups
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .position(|l| l.split_whitespace().next() == Some(controller))
-        .map(|i| i as u32)
+/// The enumerator of `enum cgroup_subsys_id` that a cgroup v1 controller's
+/// mount option names (`cpu` -> `cpu_cgrp_id`; the io controller's v1
+/// name is `blkio`).
+fn subsys_enumerator(controller: &str) -> String {
+    let c = if controller == "blkio" { "io" } else { controller };
+    format!("{c}_cgrp_id")
+}
+
+/// The kernel's subsystem id of a cgroup v1 controller, from its BTF (the
+/// rows of /proc/cgroups are not the ids: Linux 6.12 leaves out controllers
+/// without v1 files).
+fn subsys_id(controller: &str) -> Option<u32> {
+    super::features::btf_enum_value("cgroup_subsys_id", &subsys_enumerator(controller))
+        .and_then(|v| u32::try_from(v).ok())
 }
 
 /// Number of components of a path below "/".
@@ -124,16 +130,21 @@ impl CgroupTarget {
     /// else to another v1 controller's. Usage errors (exit 2) name the fix.
     pub fn resolve(path: &str) -> anyhow::Result<Self> {
         let mounts = cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
-        let proc_cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
         // The initial cgroup namespace's inode is the kernel's constant
         // (PROC_CGROUP_INIT_INO).
         let initial = std::fs::metadata("/proc/self/ns/cgroup").is_ok_and(|m| m.ino() == 0xEFFF_FFFB);
-        Self::resolve_in(path, &mounts, &proc_cgroups, initial)
+        Self::resolve_in(path, &mounts, &subsys_id, initial)
     }
 
-    /// [`resolve`](Self::resolve) with the mounts, /proc/cgroups and
-    /// whether sonde runs in the initial cgroup namespace given.
-    fn resolve_in(path: &str, mounts: &[CgroupMount], proc_cgroups: &str, initial: bool) -> anyhow::Result<Self> {
+    /// [`resolve`](Self::resolve) with the mounts, the controllers'
+    /// subsystem ids and whether sonde runs in the initial cgroup namespace
+    /// given.
+    fn resolve_in(
+        path: &str,
+        mounts: &[CgroupMount],
+        ssid_of: &dyn Fn(&str) -> Option<u32>,
+        initial: bool,
+    ) -> anyhow::Result<Self> {
         if mounts.is_empty() {
             return Err(super::error::env(
                 "--cgroup: no cgroup file system is mounted here; mount one (cgroup2 or a v1 controller) or drop --cgroup",
@@ -164,8 +175,9 @@ impl CgroupTarget {
             order
                 .into_iter()
                 .find_map(|m| {
-                    let full = m.point.join(p);
-                    (full.join("cgroup.procs").is_file()).then_some((full, m))
+                    // Resolved (`a/../b`), and within the mount.
+                    let full = std::fs::canonicalize(m.point.join(p)).ok()?;
+                    (full.starts_with(&m.point) && full.join("cgroup.procs").is_file()).then_some((full, m))
                 })
                 .ok_or_else(|| {
                     usage(format!("--cgroup {path}: no such cgroup under {}; give an absolute path", listed()))
@@ -193,7 +205,7 @@ impl CgroupTarget {
         let ssid = if mount.v2 {
             None
         } else {
-            let id = mount.controllers.iter().find_map(|c| subsys_id(proc_cgroups, c)).ok_or_else(|| {
+            let id = mount.controllers.iter().find_map(|c| ssid_of(c)).ok_or_else(|| {
                 let name = mount.controllers.first().cloned().unwrap_or_else(|| "a named hierarchy".to_string());
                 usage(format!(
                     "--cgroup {path}: the cgroup v1 hierarchy at {} has no controller the kernel lists ({name}), so its groups cannot be told apart in the kernel; give the same group under a controller's mount (cpu, memory, ...)",
@@ -375,13 +387,16 @@ mod tests {
         assert_eq!((m[3].root.as_str(), m[3].controllers.as_slice()), ("/docker/abc", &["memory".to_string()][..]));
     }
 
+    /// The kernel's own ids (this kernel's BTF), and the io controller by
+    /// its v1 name.
     #[test]
-    fn a_controllers_subsystem_id_is_its_row_of_proc_cgroups() {
-        let pc = "#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpuset\t3\t1\t1\ncpu\t1\t1\t1\ncpuacct\t2\t1\t1\nblkio\t7\t1\t1\nmemory\t4\t39\t1\n";
-        assert_eq!(subsys_id(pc, "cpu"), Some(1));
-        assert_eq!(subsys_id(pc, "blkio"), Some(3));
-        assert_eq!(subsys_id(pc, "memory"), Some(4));
-        assert_eq!(subsys_id(pc, "rdma"), None);
+    fn a_controllers_subsystem_id_is_the_kernels() {
+        assert_eq!(subsys_enumerator("blkio"), "io_cgrp_id");
+        assert_eq!(subsys_enumerator("cpu"), "cpu_cgrp_id");
+        let cpu = subsys_id("cpu").expect("cpu_cgrp_id in this kernel's BTF");
+        let cpuset = subsys_id("cpuset").expect("cpuset_cgrp_id");
+        assert_eq!((cpuset, cpu), (0, 1), "enum cgroup_subsys_id starts with cpuset, cpu");
+        assert!(subsys_id("blkio").is_some() && subsys_id("nonesuch").is_none());
     }
 
     #[test]

@@ -25,6 +25,11 @@ pub fn btf_has_type(name: &str) -> bool {
     with_btf(|b| b.find(name, None).is_some()).unwrap_or(false)
 }
 
+/// The value of enumerator `name` of enum `ty` in vmlinux BTF.
+pub fn btf_enum_value(ty: &str, name: &str) -> Option<i64> {
+    with_btf(|b| b.find(ty, Some(super::btfnames::kind::ENUM)).and_then(|t| b.enum_value(&t, name))).flatten()
+}
+
 /// True when vmlinux BTF has a struct `ty` with a direct member `member`.
 pub fn btf_struct_has_member(ty: &str, member: &str) -> bool {
     with_btf(|b| b.find(ty, Some(kind::STRUCT)).is_some_and(|s| b.members(&s).any(|m| m == member.as_bytes())))

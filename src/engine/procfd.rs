@@ -332,13 +332,84 @@ fn diag_one(sock: &netlink_sys::Socket, seq: &mut u32, t: Tuple, udp: bool) -> O
             // In its listener's queue. The kernel's lookup of a remote end
             // no socket has falls back to the listener on the local address
             // and port.
+            // Only a listener alone on that port: with several (SO_REUSEPORT
+            // workers), the one the kernel's lookup picks need not be the
+            // one holding the connection.
             let (la, lp, ra, _) = t;
+            if diag_listeners(sock, seq, la, lp)? > 1 {
+                return None;
+            }
             let none = if ra.is_ipv4() { IpAddr::from([0u8; 4]) } else { IpAddr::from([0u16; 8]) };
             diag_ask(sock, seq, (la, lp, none, 0), udp, false).filter(|(i, _)| *i != 0).map(|(i, _)| (i, true))
         }
         (0, _) => None,
         (ino, _) => Some((ino, false)),
     }
+}
+
+/// How many TCP sockets listen on port `lp` of address `la` (or of every
+/// address) in the calling thread's namespace: a dump of the listeners,
+/// read for at most 64 replies; None where it could not be read.
+fn diag_listeners(sock: &netlink_sys::Socket, seq: &mut u32, la: IpAddr, lp: u16) -> Option<usize> {
+    use netlink_packet_core::{
+        NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+    };
+    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+    use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    let mut inodes: HashSet<u32> = HashSet::new();
+    for family in [AF_INET, AF_INET6] {
+        let req = InetRequest {
+            family,
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::LISTEN,
+            socket_id: if family == AF_INET { SocketId::new_v4() } else { SocketId::new_v6() },
+        };
+        *seq = seq.wrapping_add(1);
+        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), SockDiagMessage::InetRequest(req).into());
+        packet.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        packet.header.sequence_number = *seq;
+        packet.finalize();
+        let mut buf = vec![0; packet.header.length as usize];
+        packet.serialize(&mut buf[..]);
+        sock.send(&buf[..], 0).ok()?;
+        let mut rx = vec![0u8; 65536];
+        let mut done = false;
+        for _ in 0..64 {
+            let n = sock.recv(&mut &mut rx[..], 0).ok()?;
+            let mut at = 0;
+            while at + 16 <= n {
+                let len = NetlinkBuffer::new_checked(&rx[at..n]).ok()?.length() as usize;
+                if len < 16 || at + len > n {
+                    break;
+                }
+                let m: NetlinkMessage<SockDiagMessage> = NetlinkMessage::deserialize(&rx[at..at + len]).ok()?;
+                at += (len + 3) & !3;
+                if m.header.sequence_number != *seq {
+                    continue;
+                }
+                match m.payload {
+                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                        let id = &r.header.socket_id;
+                        let a = id.source_address.to_canonical();
+                        if id.source_port == lp && (a == la.to_canonical() || a.is_unspecified()) {
+                            inodes.insert(r.header.inode);
+                        }
+                    }
+                    NetlinkPayload::Done(_) | NetlinkPayload::Error(_) => done = true,
+                    _ => {}
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        if !done {
+            return None;
+        }
+    }
+    Some(inodes.len())
 }
 
 /// TCP states (include/net/tcp_states.h).
@@ -465,6 +536,23 @@ mod tests {
         let t3: Tuple = (sa.ip(), sa.port(), ca2.ip(), ca2.port());
         let (found, _) = sockets_by_tuple(&[t3].into_iter().collect(), false);
         assert_eq!(found.get(&t3), Some(&vec![at(ino(l.as_raw_fd()), true)]), "{found:?}");
+        // Two listeners on one port (SO_REUSEPORT): which holds the
+        // connection is not known, and none is named.
+        let reuse = || {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.set_reuse_port(true).unwrap();
+            s
+        };
+        let (r1, r2) = (reuse(), reuse());
+        r1.bind(&"127.0.0.1:0".parse::<std::net::SocketAddr>().unwrap().into()).unwrap();
+        let port = r1.local_addr().unwrap().as_socket().unwrap();
+        r2.bind(&port.into()).unwrap();
+        r1.listen(4).unwrap();
+        r2.listen(4).unwrap();
+        let c3 = std::net::TcpStream::connect(port).unwrap();
+        let ca3 = c3.local_addr().unwrap();
+        let t4: Tuple = (port.ip(), port.port(), ca3.ip(), ca3.port());
+        assert!(sockets_by_tuple(&[t4].into_iter().collect(), false).0.is_empty());
     }
 
     #[test]

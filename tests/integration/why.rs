@@ -1149,7 +1149,9 @@ while True:
         ready = 700 in select.select(fds, [], [], 0.5)[0]
     if ready:
         os.read(700, 1)";
-    for (mode, syscall) in [("one", "pselect6"), ("raw", "select"), ("many", "pselect6")] {
+    // The select system call (23) is x86-64's; arm64 has pselect6 alone.
+    let modes = [("one", "pselect6"), ("raw", "select"), ("many", "pselect6")];
+    for (mode, syscall) in modes.into_iter().filter(|(m, _)| *m != "raw" || cfg!(target_arch = "x86_64")) {
         let mut p =
             KillOnDrop(Command::new("python3").args(["-c", script, mode]).stdout(Stdio::piped()).spawn().unwrap());
         let child: u32 = first_line(&mut p).trim().parse().unwrap();

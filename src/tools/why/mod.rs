@@ -125,8 +125,8 @@ const NSYS: usize = 512;
 /// more program per TCP retransmission and one per block request completed
 /// (217 ns each, measured with kernel.bpf_stats_enabled beside 18,000 direct
 /// reads a second), and one per packet the kernel drops (108 ns each, a UDP
-/// flood to a closed port). One per bio queued: 53-69 ns, 359-394 ns for a
-/// traced thread's, and 0.3-0.4 us more at its request's completion. One
+/// flood to a closed port). One per bio queued: 61 ns, 475-561 ns for a
+/// traced thread's, and 0.2-0.4 us more at its request's completion. One
 /// per select or pselect6 call: 126 ns for a
 /// traced thread, 59 ns for another. --cgroup: about 100 ns a switch more
 /// than -p. A lock's releaser: its stack walked at the

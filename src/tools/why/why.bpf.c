@@ -1605,14 +1605,15 @@ static __always_inline void count_drop(struct sk_buff *skb, __u32 reason)
 		return;
 	k.sport = bpf_ntohs(ports[0]);
 	k.dport = bpf_ntohs(ports[1]);
-	/* Where it was dropped: its device's namespace, else its socket's
-	 * (typed loads, each checked by the verifier). */
+	/* Where it was dropped: its socket's namespace, else its device's (a
+	 * packet queued on a UDP socket keeps other data where its device
+	 * was; typed loads, each checked by the verifier). */
 	struct net_device *dev = skb->dev;
 	struct sock *sk = skb->sk;
-	if (dev)
-		k.netns = dev->nd_net.net->ns.inum;
-	else if (sk)
+	if (sk)
 		k.netns = sk->__sk_common.skc_net.net->ns.inum;
+	else if (dev)
+		k.netns = dev->nd_net.net->ns.inum;
 	__u64 *n = bpf_map_lookup_elem(&drops, &k);
 	if (n) {
 		__sync_fetch_and_add(n, 1);
@@ -1686,18 +1687,17 @@ static __always_inline __u32 log2_us(__u64 ns)
  * block device since 5.12, the disk before) and first sector. */
 struct why_bio {
 	__u64 where;
-	__u64 sector;
+	__u64 sector;  /* its first sector when queued */
+	__u32 sectors; /* and its length then */
 	__u32 tid;
-	__u32 pad;
 };
 
 /* The bios traced threads queued, by address, until a request holding them
- * completes. One that never reaches a request (a device-mapper device's
- * own) stays until its address, reused, is in a completed request: told
- * apart there by device and sector, and removed. A plain hash: an LRU one
- * cost 200-300 ns more an update. */
+ * completes. LRU: one that never reaches a request (a device-mapper
+ * device's own, one merged past the fourth of a request) ages out; its
+ * address reused by another bio is told apart by device and sectors. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, __u64);
 	__type(value, struct why_bio);
@@ -1748,6 +1748,7 @@ static __always_inline void note_bio(struct bio *bio)
 	__u64 k = (__u64)bio;
 	struct why_bio b = {.where = bio_where(bio),
 	                    .sector = BPF_CORE_READ(bio, bi_iter.bi_sector),
+	                    .sectors = BPF_CORE_READ(bio, bi_iter.bi_size) >> 9,
 	                    .tid = tid};
 	if (bpf_map_update_elem(&bios, &k, &b, BPF_ANY))
 		stat_add(WT_OWN_DISKS_FULL);
@@ -1779,16 +1780,29 @@ static __always_inline void own_request(struct request *rq, __u32 dev, __u64 ns)
 	/* Read once, outside the loop: clang hoisted the relocation of the
 	 * form this kernel lacks out of its branch when read inside. */
 	__u64 where = request_where(rq);
+	/* A thread's bios merged into one request make one request of its. */
+	__u32 seen[4] = {};
 	for (int i = 0; i < 4 && b; i++) {
 		__u64 k = (__u64)b;
 		struct why_bio *e = bpf_map_lookup_elem(&bios, &k);
 		if (e) {
-			bool same = e->where == where &&
-			            e->sector == BPF_CORE_READ(b, bi_iter.bi_sector);
-			struct why_own_key ok = {.tid = e->tid, .dev = dev};
+			/* The same bio: its device, and a sector within it (a
+			 * bio split by the block layer goes on from a later one;
+			 * the pieces split off are not counted). */
+			__u64 at = BPF_CORE_READ(b, bi_iter.bi_sector);
+			bool same =
+			        e->where == where && at >= e->sector && at < e->sector + e->sectors;
+			__u32 tid = e->tid;
 			bpf_map_delete_elem(&bios, &k);
-			struct why_own_disk *o = same ? bpf_map_lookup_elem(&own_disks, &ok) : NULL;
-			if (same && !o) {
+			bool again = false;
+			for (int j = 0; j < 4; j++)
+				if (j < i && seen[j] == tid)
+					again = true;
+			seen[i & 3] = tid;
+			struct why_own_key ok = {.tid = tid, .dev = dev};
+			struct why_own_disk *o =
+			        same && !again ? bpf_map_lookup_elem(&own_disks, &ok) : NULL;
+			if (same && !again && !o) {
 				struct why_own_disk zero = {};
 				bpf_map_update_elem(&own_disks, &ok, &zero, BPF_NOEXIST);
 				o = bpf_map_lookup_elem(&own_disks, &ok);

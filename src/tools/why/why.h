@@ -258,7 +258,7 @@ struct why_drop_key {
 	__u8 proto;
 	__u8 pad;
 	__u32 reason; /* enum skb_drop_reason, or WHY_NO_REASON */
-	__u32 netns;  /* where it was dropped: its device's namespace, else its socket's (inode) */
+	__u32 netns;  /* where it was dropped: its socket's namespace, else its device's (inode) */
 };
 #define WHY_NO_REASON 0xffffffff
 

@@ -1052,11 +1052,12 @@ mod tests {
     }
 }
 
-/// Per Go binary (as its frames' `module` shows it), the module paths
-/// without a dot in their first element (`go mod init myapp`) it is built
-/// from: their packages look like the standard library's by name, and are
-/// the program's own. At most [`MAX_DOTLESS`] binaries, 64 paths each of
-/// at most 256 bytes.
+/// Per Go binary path (as its frames' `module` shows it), the module paths
+/// without a dot in their first element (`go mod init myapp`) the binaries
+/// seen there are built from (those of two containers' binaries at one
+/// path, together): their packages look like the standard library's by
+/// name, and are the program's own. At most [`MAX_DOTLESS`] paths, 64
+/// module paths each of at most 256 bytes.
 static DOTLESS_MODULES: std::sync::Mutex<std::collections::BTreeMap<String, Vec<String>>> =
     std::sync::Mutex::new(std::collections::BTreeMap::new());
 /// Most binaries [`DOTLESS_MODULES`] keeps.
@@ -1079,8 +1080,15 @@ pub fn note_modules(elf: &super::elfsym::ElfSyms, module: &str) {
         .take(64)
         .collect();
     let mut map = DOTLESS_MODULES.lock().unwrap_or_else(|e| e.into_inner());
-    if !dotless.is_empty() && (map.len() < MAX_DOTLESS || map.contains_key(module)) {
-        map.insert(module.to_string(), dotless);
+    if dotless.is_empty() || (map.len() >= MAX_DOTLESS && !map.contains_key(module)) {
+        return;
+    }
+    // Added to, not replaced: two containers' binaries may show one path.
+    let kept = map.entry(module.to_string()).or_default();
+    for m in dotless {
+        if kept.len() < 64 && !kept.contains(&m) {
+            kept.push(m);
+        }
     }
 }
 
