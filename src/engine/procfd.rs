@@ -347,13 +347,31 @@ fn diag_one(sock: &netlink_sys::Socket, seq: &mut u32, t: Tuple, udp: bool) -> O
     }
 }
 
+/// Sends sock_diag request `req` with netlink `flags`, under the next
+/// sequence number (`seq`).
+fn send_request(
+    sock: &netlink_sys::Socket,
+    seq: &mut u32,
+    req: netlink_packet_sock_diag::inet::InetRequest,
+    flags: u16,
+) -> Option<()> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    *seq = seq.wrapping_add(1);
+    let mut packet = NetlinkMessage::new(NetlinkHeader::default(), SockDiagMessage::InetRequest(req).into());
+    packet.header.flags = flags;
+    packet.header.sequence_number = *seq;
+    packet.finalize();
+    let mut buf = vec![0; packet.header.length as usize];
+    packet.serialize(&mut buf[..]);
+    sock.send(&buf[..], 0).ok().map(|_| ())
+}
+
 /// How many TCP sockets listen on port `lp` of address `la` (or of every
 /// address) in the calling thread's namespace: a dump of the listeners,
 /// read for at most 64 replies; None where it could not be read.
 fn diag_listeners(sock: &netlink_sys::Socket, seq: &mut u32, la: IpAddr, lp: u16) -> Option<usize> {
-    use netlink_packet_core::{
-        NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
-    };
+    use netlink_packet_core::{NetlinkBuffer, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
     use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
     use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
     use netlink_packet_sock_diag::SockDiagMessage;
@@ -366,14 +384,7 @@ fn diag_listeners(sock: &netlink_sys::Socket, seq: &mut u32, la: IpAddr, lp: u16
             states: StateFlags::LISTEN,
             socket_id: if family == AF_INET { SocketId::new_v4() } else { SocketId::new_v6() },
         };
-        *seq = seq.wrapping_add(1);
-        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), SockDiagMessage::InetRequest(req).into());
-        packet.header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-        packet.header.sequence_number = *seq;
-        packet.finalize();
-        let mut buf = vec![0; packet.header.length as usize];
-        packet.serialize(&mut buf[..]);
-        sock.send(&buf[..], 0).ok()?;
+        send_request(sock, seq, req, NLM_F_REQUEST | NLM_F_DUMP)?;
         let mut rx = vec![0u8; 65536];
         let mut done = false;
         for _ in 0..64 {
@@ -429,7 +440,7 @@ fn diag_ask(
     udp: bool,
     exact: bool,
 ) -> Option<(u64, u8)> {
-    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+    use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
     use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP};
     use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
     use netlink_packet_sock_diag::SockDiagMessage;
@@ -459,14 +470,7 @@ fn diag_ask(
                 cookie: [0xff; 8], // none: any socket with these endpoints
             },
         };
-        *seq = seq.wrapping_add(1);
-        let mut packet = NetlinkMessage::new(NetlinkHeader::default(), SockDiagMessage::InetRequest(req).into());
-        packet.header.flags = NLM_F_REQUEST;
-        packet.header.sequence_number = *seq;
-        packet.finalize();
-        let mut buf = vec![0; packet.header.length as usize];
-        packet.serialize(&mut buf[..]);
-        sock.send(&buf[..], 0).ok()?;
+        send_request(sock, seq, req, NLM_F_REQUEST)?;
         let mut rx = vec![0u8; 8192];
         // Its reply, past any late reply to an earlier request.
         let m = (0..8).find_map(|_| {
