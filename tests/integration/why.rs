@@ -1194,10 +1194,13 @@ fn why_keeps_two_namespaces_loopback_connections_of_the_same_addresses_apart() {
              }}"
         ))
         .unwrap();
+    // The server answers 10 ms after each request, so that each client
+    // waits in recv (an answer already there when it asks is no wait: on a
+    // busy host the clean client once had none).
     let server = format!(
-        "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+        "import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
          s.bind(('127.0.0.1', {PORT})); s.listen(1); print('ready', flush=True)\nc, _ = s.accept()\n\
-         while True:\n    d = c.recv(64)\n    if not d: break\n    c.sendall(b'r' * 64)\nc.close()"
+         while True:\n    d = c.recv(64)\n    if not d: break\n    time.sleep(0.01)\n    c.sendall(b'r' * 64)\nc.close()"
     );
     let mut servers = Vec::new();
     for ns in [&lossy, &clean] {

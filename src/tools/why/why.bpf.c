@@ -1798,7 +1798,8 @@ static __always_inline void own_request(struct request *rq, __u32 dev, __u64 ns)
 			for (int j = 0; j < 4; j++)
 				if (j < i && seen[j] == tid)
 					again = true;
-			seen[i & 3] = tid;
+			if (same)
+				seen[i & 3] = tid;
 			struct why_own_key ok = {.tid = tid, .dev = dev};
 			struct why_own_disk *o =
 			        same && !again ? bpf_map_lookup_elem(&own_disks, &ok) : NULL;
