@@ -8,14 +8,15 @@ use std::{
 
 use super::error::usage;
 
+/// The cgroup file systems mounted here (/proc/self/mountinfo).
+fn mounted() -> Vec<CgroupMount> {
+    cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+}
+
 /// Mount point of the unified (v2) hierarchy: /sys/fs/cgroup, or
-/// /sys/fs/cgroup/unified on hybrid hosts; from /proc/self/mounts.
+/// /sys/fs/cgroup/unified on hybrid hosts.
 pub fn cgroup2_root() -> Option<String> {
-    let m = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    m.lines().find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.len() > 2 && f[2] == "cgroup2").then(|| f[1].to_string())
-    })
+    mounted().into_iter().find(|m| m.v2).map(|m| m.point.to_string_lossy().into_owned())
 }
 
 /// A `--cgroup` argument resolved: the cgroup (a directory of the unified
@@ -29,8 +30,8 @@ pub struct CgroupTarget {
     /// cgroup namespace hides it (the kernel half then learns it from the
     /// first task it finds in the group).
     pub level: Option<u32>,
-    /// The subsystem id (row of /proc/cgroups) of a controller of its cgroup
-    /// v1 hierarchy; None for the unified hierarchy.
+    /// The subsystem id (enum cgroup_subsys_id) of a controller of its
+    /// cgroup v1 hierarchy; None for the unified hierarchy.
     pub ssid: Option<u32>,
     /// Its directory.
     pub dir: PathBuf,
@@ -129,7 +130,7 @@ impl CgroupTarget {
     /// relative to the cgroup2 mount, else to the cpu controller's mount,
     /// else to another v1 controller's. Usage errors (exit 2) name the fix.
     pub fn resolve(path: &str) -> anyhow::Result<Self> {
-        let mounts = cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
+        let mounts = mounted();
         // The initial cgroup namespace's inode is the kernel's constant
         // (PROC_CGROUP_INIT_INO).
         let initial = std::fs::metadata("/proc/self/ns/cgroup").is_ok_and(|m| m.ino() == 0xEFFF_FFFB);
@@ -222,26 +223,12 @@ impl CgroupTarget {
     /// symbolic link.
     pub fn processes(&self) -> HashSet<u32> {
         let mut out = HashSet::new();
-        let mut todo = vec![(self.dir.clone(), 0usize)];
-        let mut seen = 0usize;
-        while let Some((dir, d)) = todo.pop() {
-            seen += 1;
-            if seen > 100_000 {
-                break;
-            }
+        walk(&self.dir, |dir, _| {
             if let Ok(t) = std::fs::read_to_string(dir.join("cgroup.procs")) {
                 out.extend(t.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
             }
-            if d >= 32 {
-                continue;
-            }
-            let Ok(rd) = std::fs::read_dir(&dir) else { continue };
-            for e in rd.flatten() {
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    todo.push((e.path(), d + 1));
-                }
-            }
-        }
+            true
+        });
         out
     }
 }
@@ -264,12 +251,10 @@ pub fn of_pid(pid: u32) -> Option<u64> {
 /// Mount point of the hierarchy holding the cpu controller: a cgroup v1
 /// mount with the `cpu` option, else the unified (v2) one.
 pub fn cpu_root() -> Option<String> {
-    let m = std::fs::read_to_string("/proc/self/mounts").ok()?;
-    m.lines()
-        .find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.len() > 3 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpu")).then(|| f[1].to_string())
-        })
+    mounted()
+        .into_iter()
+        .find(|m| m.controllers.iter().any(|c| c == "cpu"))
+        .map(|m| m.point.to_string_lossy().into_owned())
         .or_else(cgroup2_root)
 }
 
@@ -278,32 +263,44 @@ pub fn cpu_root() -> Option<String> {
 /// at most 100,000 directories, 32 deep, never following a symbolic link.
 pub fn paths_of(root: &str, ids: &std::collections::HashSet<u64>) -> std::collections::HashMap<u64, String> {
     let mut found = std::collections::HashMap::new();
-    let mut todo = vec![(std::path::PathBuf::from(root), 0usize)];
+    walk(Path::new(root), |dir, md| {
+        if ids.contains(&md.ino()) {
+            let rel = dir.strip_prefix(root).map(|p| format!("/{}", p.display())).unwrap_or_default();
+            found.insert(md.ino(), rel);
+        }
+        found.len() < ids.len()
+    });
+    found
+}
+
+/// Calls `each` on `top` and the directories below it (its path and
+/// metadata; it returns false to stop): at most 100,000 directories, 32
+/// deep, never following a symbolic link.
+fn walk(top: &Path, mut each: impl FnMut(&Path, &std::fs::Metadata) -> bool) {
+    let mut todo = vec![(top.to_path_buf(), 0usize)];
     let mut seen = 0usize;
     while let Some((dir, depth)) = todo.pop() {
         seen += 1;
-        if seen > 100_000 || found.len() == ids.len() {
+        if seen > 100_000 {
             break;
         }
         let Ok(md) = std::fs::symlink_metadata(&dir) else { continue };
         if !md.is_dir() {
             continue;
         }
-        if ids.contains(&md.ino()) {
-            let rel = dir.strip_prefix(root).map(|p| format!("/{}", p.display())).unwrap_or_default();
-            found.insert(md.ino(), rel);
+        if !each(&dir, &md) {
+            break;
         }
         if depth >= 32 {
             continue;
         }
         let Ok(rd) = std::fs::read_dir(&dir) else { continue };
         for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
                 todo.push((e.path(), depth + 1));
             }
         }
     }
-    found
 }
 
 /// A CPU quota that limits a thread: the cgroup holding it (relative to
