@@ -160,17 +160,18 @@ impl TaskFilter {
             let s = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
             s.lines().find_map(|l| l.strip_prefix("Tgid:")).and_then(|v| v.trim().parse().ok())
         };
+        // The group's processes: one walk of its tree serves both uses.
+        let in_group = self.cgroup.as_ref().map(|cg| cg.processes());
         let mut v: Vec<u32> = if !self.pids.is_empty() {
             self.pids.clone()
         } else if !self.tids.is_empty() {
             self.tids.iter().filter_map(|t| tgid_of(*t)).collect()
-        } else if let Some(cg) = &self.cgroup {
-            cg.processes().into_iter().collect()
+        } else if let Some(procs) = &in_group {
+            procs.iter().copied().collect()
         } else {
             all_pids()
         };
-        if let Some(cg) = &self.cgroup {
-            let procs = cg.processes();
+        if let Some(procs) = &in_group {
             v.retain(|p| procs.contains(p));
         }
         if let Some(c) = &self.comm {
