@@ -438,11 +438,40 @@ pub(crate) fn json_stacks(p: &std::path::Path) -> Vec<(Vec<Value>, u64)> {
 }
 
 /// A fresh directory `sonde-NAME-PID` under the temporary directory.
+///
+/// Kept after the test (a failure's files are there to read), and removed
+/// by the next run of the tests once the process that made it is gone: each
+/// holds a mark file naming the dirs to sweep (the first made this way had
+/// filled /tmp with a hundred 64 MiB files of `why`'s disk test).
 pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
+    static SWEEP: std::sync::Once = std::sync::Once::new();
+    SWEEP.call_once(sweep_scratch_dirs);
     let d = std::env::temp_dir().join(format!("sonde-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join(SCRATCH_MARK), "").unwrap();
     d
+}
+
+/// The file that marks a [`scratch_dir`].
+const SCRATCH_MARK: &str = ".sonde-test-scratch";
+
+/// Removes the scratch dirs of test runs whose process has ended.
+fn sweep_scratch_dirs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("sonde-").and_then(|n| n.rsplit('-').next()) else { continue };
+        let Ok(pid) = pid.parse::<u32>() else { continue };
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        // symlink_metadata: a mark reached through a link is not ours.
+        let marked = std::fs::symlink_metadata(e.path().join(SCRATCH_MARK)).is_ok_and(|m| m.is_file());
+        if marked && pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Runs `sonde ARGS -o JSON` to its end (ARGS give the duration) and

@@ -381,7 +381,11 @@ fn why_accounts_every_thread_exactly_and_names_what_it_waits_for() {
         field(&w, "ns") / 1e6
     ));
     assert!((own_n - bios).abs() <= bios * 0.01 + 5.0, "its own requests against its read_bytes ({bios:.0}): {w}");
-    assert!(own_n + 5.0 >= waits_n, "fewer requests than waits: {w}");
+    // (Short by a thousandth at most: this kernel runs no tracing program
+    // while a thread of PID 1 is on the CPU, and a completion interrupting
+    // one is not seen; seen once in CI: 72,374 requests for 72,390 waits,
+    // when the device's own count was short as much.)
+    assert!(own_n + 5.0 + waits_n * 0.001 >= waits_n, "fewer requests than waits: {w}");
     let disk = blocked(direct, "disk");
     let all_blocked: f64 = direct["blocked_ns"].as_object().unwrap().values().map(|v| v.as_u64().unwrap() as f64).sum();
     let ticks = samples.delta(&direct["tid"].as_u64().unwrap().to_string(), 2, start, end).unwrap();
@@ -564,7 +568,8 @@ fn check_page(dir: &std::path::Path, threads: &[&Value], window: f64) {
         worst_cols = worst_cols.max((cols - life).abs());
         assert!(
             (cols - life).abs() <= 0.03,
-            "{comm}: painted {cols:.3} of the width, alive {life:.3} of the window: {b}"
+            "{comm}: painted {cols:.3} of the width, alive {life:.3} of the window: {b}; {t}; page {}",
+            dir.display()
         );
         // Each category's share of the painted area is its share of the
         // window (the page's columns are samples of the same totals).
