@@ -105,6 +105,47 @@ pub struct PerfMap {
     pub skipped: u64,
     /// Why reading stopped before the end of the file, if it did.
     pub cut: Option<Cut>,
+    /// Bytes read through the last whole line (newline included).
+    pub whole: u64,
+    /// Bytes read in all (an unfinished last line's too).
+    pub read: u64,
+    /// Lines read through it (kept or skipped).
+    pub lines: u64,
+    /// The start of the symbol read from a last line with no newline (the
+    /// writer may be half way through it), if one was kept.
+    pub unfinished: Option<u64>,
+}
+
+/// A file's device and inode.
+type FileId = (u64, u64);
+
+/// Where reading one process's map stopped, to go on from there while the
+/// process writes more (JITs append to their maps as they compile).
+#[derive(Debug, Clone)]
+pub struct Cursor {
+    /// The file read: another file at the path is not the one read on from.
+    file: FileId,
+    /// Its path inside the process's root.
+    path: String,
+    /// Bytes and lines read through the last whole line.
+    whole: u64,
+    lines: u64,
+    /// Bytes read in all: past `whole`, an unfinished line's.
+    read: u64,
+    /// That unfinished line is already over the line bound: reading goes
+    /// on from `read` (it is skipped), not from its start again.
+    over: bool,
+    /// A bound was reached, or reading failed: nothing more is read.
+    done: bool,
+    /// A symbol read from an unfinished line (read again when whole).
+    unfinished: Option<u64>,
+}
+
+impl Cursor {
+    /// The map's path inside the process's root.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
 }
 
 /// Why a map was not read at all.
@@ -211,14 +252,24 @@ impl Tally {
 
 /// The perf map of process `pid` (none when it has none), and what came of
 /// it.
-pub fn load(pid: u32) -> (Vec<JitSymbol>, Note) {
-    let (mut syms, mut note) = match read(pid, &Limits::default()) {
-        Ok(None) => (Vec::new(), Note::default()),
-        Ok(Some((path, m))) => {
-            let sources = if m.symbols.is_empty() { vec![] } else { vec![(path, m.symbols.len())] };
-            (m.symbols, Note { sources, refused: None, cut: m.cut, skipped: m.skipped })
+pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
+    let (mut syms, mut note, cursor) = match read(pid, &Limits::default()) {
+        Ok(None) => (Vec::new(), Note::default(), None),
+        Ok(Some((path, file, m))) => {
+            let sources = if m.symbols.is_empty() { vec![] } else { vec![(path.clone(), m.symbols.len())] };
+            let cursor = Cursor {
+                file,
+                path,
+                whole: m.whole,
+                lines: m.lines,
+                read: m.read,
+                over: m.read - m.whole > MAX_LINE_BYTES as u64,
+                done: m.cut.is_some(),
+                unfinished: m.unfinished,
+            };
+            (m.symbols, Note { sources, refused: None, cut: m.cut.clone(), skipped: m.skipped }, Some(cursor))
         }
-        Err(r) => (Vec::new(), Note { refused: Some(r.to_string()), ..Note::default() }),
+        Err(r) => (Vec::new(), Note { refused: Some(r.to_string()), ..Note::default() }, None),
     };
     // A jitdump the process maps: its code loads, where the map has none.
     if let Some((path, d)) = read_jitdump(pid, &Limits::default()) {
@@ -233,7 +284,90 @@ pub fn load(pid: u32) -> (Vec<JitSymbol>, Note) {
             syms.sort_by_key(|s| s.start);
         }
     }
-    (syms, note)
+    (syms, note, cursor)
+}
+
+/// What process `pid` added to its map since `cur` (advanced past it): the
+/// new lines' symbols, sorted, the start of a symbol read earlier from an
+/// unfinished line (now read again whole, so to be dropped), and what came
+/// of them. None when no whole line was added, the process is gone, or the
+/// path holds another file now. Each byte is read once, but for an
+/// unfinished line within the line bound (read again when whole), and the
+/// bounds count from the map's start: a map growing without end costs no
+/// more than one read of [`MAX_BYTES`].
+pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<u64>)> {
+    let limits = Limits::default();
+    if cur.done {
+        return None;
+    }
+    let st = Status::read(pid)?;
+    let root = Root::of_process(pid).ok()?;
+    let mut f = root.open(Path::new(&cur.path), LastSymlink::Refuse).ok()?;
+    check_owner(&f, &st.uids).ok()?;
+    let md = f.metadata().ok()?;
+    if (md.dev(), md.ino()) != cur.file || md.len() <= cur.read {
+        return None;
+    }
+    use std::io::{Seek, SeekFrom};
+    let from = if cur.over { cur.read } else { cur.whole };
+    f.seek(SeekFrom::Start(from)).ok()?;
+    let mut r = BufReader::with_capacity(64 << 10, f.take(limits.bytes.saturating_sub(from)));
+    let mut skipped = 0;
+    if cur.over {
+        // The rest of a line over the bound: stepped over, never held.
+        let (n, whole) = skip_line(&mut r)?;
+        cur.read += n;
+        if !whole {
+            cur.done = cur.read >= limits.bytes;
+            return None;
+        }
+        (cur.whole, cur.lines, cur.over, skipped) = (cur.read, cur.lines + 1, false, 1);
+    }
+    let rest = Limits { bytes: limits.bytes - cur.whole, lines: limits.lines.saturating_sub(cur.lines), ..limits };
+    let mut m = parse(r, &rest);
+    m.skipped += skipped;
+    if let Some(Cut::Bytes(_)) = m.cut {
+        m.cut = Some(Cut::Bytes(limits.bytes)); // the bound on the whole map
+    }
+    cur.done = m.cut.is_some();
+    cur.read = cur.whole + m.read;
+    cur.over = m.read - m.whole > MAX_LINE_BYTES as u64;
+    if m.whole == 0 && skipped == 0 {
+        // No whole line yet (an unfinished one is read when whole).
+        return None;
+    }
+    // A line read before while unfinished is whole now (or was skipped).
+    let redone = std::mem::replace(&mut cur.unfinished, m.unfinished);
+    cur.whole += m.whole;
+    cur.lines += m.lines;
+    Some((m, redone))
+}
+
+/// Consumes `r` through its next newline: the bytes consumed and whether
+/// the newline was among them (else `r` ended first).
+fn skip_line(r: &mut impl BufRead) -> Option<(u64, bool)> {
+    let mut n = 0u64;
+    loop {
+        let buf = match r.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        };
+        if buf.is_empty() {
+            return Some((n, false));
+        }
+        match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => {
+                r.consume(i + 1);
+                return Some((n + i as u64 + 1, true));
+            }
+            None => {
+                let len = buf.len();
+                r.consume(len);
+                n += len as u64;
+            }
+        }
+    }
 }
 
 /// jitdump's magic, as the writing process's byte order has it.
@@ -377,7 +511,7 @@ impl Status {
 
 /// Reads process `pid`'s map within `limits`: None when it has none (or
 /// has exited).
-fn read(pid: u32, limits: &Limits) -> Result<Option<(String, PerfMap)>, Refusal> {
+fn read(pid: u32, limits: &Limits) -> Result<Option<(String, FileId, PerfMap)>, Refusal> {
     let Some(st) = Status::read(pid) else { return Ok(None) };
     let Ok(root) = Root::of_process(pid) else { return Ok(None) };
     let path = format!("/tmp/perf-{}.map", st.inner_pid);
@@ -387,7 +521,8 @@ fn read(pid: u32, limits: &Limits) -> Result<Option<(String, PerfMap)>, Refusal>
         Err(e) => return Err(e.into()),
     };
     check_owner(&f, &st.uids)?;
-    Ok(Some((path, parse(f, limits))))
+    let md = f.metadata().map_err(|e| Refusal::Open(OpenError::Io(e)))?;
+    Ok(Some((path, (md.dev(), md.ino()), parse(f, limits))))
 }
 
 fn check_owner(f: &File, uids: &[u32]) -> Result<(), Refusal> {
@@ -408,6 +543,8 @@ pub fn parse(r: impl Read, limits: &Limits) -> PerfMap {
     // The line under way is over the bound: its bytes are dropped as read.
     let mut overlong = false;
     let mut lines = 0u64;
+    // Bytes of the line under way read so far.
+    let mut pending = 0u64;
     loop {
         let buf = match rd.fill_buf() {
             Ok(b) => b,
@@ -429,7 +566,15 @@ pub fn parse(r: impl Read, limits: &Limits) -> PerfMap {
                     // Cut in the middle: not a whole line.
                     overlong = true;
                 }
-                finish(&mut line, &mut overlong, &mut out);
+                if bound || overlong {
+                    finish(&mut line, &mut overlong, &mut out);
+                } else if let Some(sym) = parse_line(&line) {
+                    // A last line with no newline: the writer may be half
+                    // way through it. Kept if it reads as a symbol, to be
+                    // read again whole; not counted as skipped if not.
+                    out.unfinished = Some(sym.start);
+                    out.symbols.push(sym);
+                }
             }
             break;
         }
@@ -449,11 +594,16 @@ pub fn parse(r: impl Read, limits: &Limits) -> PerfMap {
         }
         let used = chunk.len() + usize::from(newline);
         rd.consume(used);
+        pending += used as u64;
         if newline {
             lines += 1;
+            out.whole += pending;
+            pending = 0;
             finish(&mut line, &mut overlong, &mut out);
         }
     }
+    out.lines = lines;
+    out.read = out.whole + pending;
     out.symbols.sort_by_key(|s| s.start);
     out
 }
@@ -625,6 +775,63 @@ mod tests {
         let e = check_owner(&f, &[me + 1]).unwrap_err().to_string();
         assert_eq!(e, format!("owned by uid {me}, not by the process's uid {}", me + 1));
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_map_is_read_on_as_the_process_writes_it() {
+        use std::io::Write;
+        // A process of ours whose map this test writes, as a JIT would.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let path = std::env::temp_dir().join(format!("perf-{pid}.map"));
+        let mut w = File::create(&path).unwrap();
+        w.write_all(b"1000 10 first\n2000 10 sec").unwrap();
+        let (syms, note, cur) = load(pid);
+        let mut cur = cur.expect("a cursor");
+        // The unfinished last line is read as it stands, and read again whole.
+        assert_eq!(syms.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["first", "sec"]);
+        assert_eq!((cur.whole, cur.lines, cur.unfinished), (14, 1, Some(0x2000)));
+        assert_eq!(note.sources[0].1, 2);
+        assert!(read_more(pid, &mut cur).is_none(), "nothing written since");
+        w.write_all(b"ond_longer").unwrap();
+        assert!(read_more(pid, &mut cur).is_none(), "still no whole line");
+        w.write_all(b"\nbad line\n3000 10 third\n4000 1").unwrap();
+        let (m, redone) = read_more(pid, &mut cur).expect("more");
+        assert_eq!(redone, Some(0x2000));
+        assert_eq!((names(&m), m.skipped), (vec!["second_longer", "third"], 1));
+        assert_eq!((cur.lines, cur.unfinished), (4, None), "'4000 1' has no name: not kept");
+        // Another file at the path is not read on from.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, "1000 10 first\n2000 10 second_longer\nbad line\n3000 10 third\n5000 10 new\n").unwrap();
+        assert!(read_more(pid, &mut cur).is_none(), "a new file");
+        // A line over the bound is stepped over once, not read again at
+        // each look while it grows.
+        std::fs::remove_file(&path).unwrap();
+        let mut w = File::create(&path).unwrap();
+        w.write_all(b"1000 10 a\n2000 10 ").unwrap();
+        w.write_all(&[b'x'; MAX_LINE_BYTES + 10]).unwrap();
+        let (_, _, cur) = load(pid);
+        let mut cur = cur.unwrap();
+        assert_eq!((cur.whole, cur.over, cur.unfinished), (10, true, None));
+        w.write_all(&[b'y'; 100]).unwrap();
+        assert!(read_more(pid, &mut cur).is_none());
+        assert_eq!(cur.read, 10 + 8 + MAX_LINE_BYTES as u64 + 10 + 100, "read on from where it stopped");
+        w.write_all(b"yy\n3000 10 b\n").unwrap();
+        let (m, _) = read_more(pid, &mut cur).unwrap();
+        assert_eq!((names(&m), m.skipped, cur.lines, cur.over), (vec!["b"], 1, 3, false));
+        // A map cut at the byte bound is not read again.
+        std::fs::remove_file(&path).unwrap();
+        let w = File::create(&path).unwrap();
+        w.set_len(MAX_BYTES + 10).unwrap(); // sparse: zeros, no newline
+        let (_, note, cur) = load(pid);
+        let mut cur = cur.unwrap();
+        assert_eq!((note.cut, cur.done), (Some(Cut::Bytes(MAX_BYTES)), true));
+        w.set_len(MAX_BYTES + 20).unwrap();
+        assert!(read_more(pid, &mut cur).is_none());
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(read_more(pid, &mut cur).is_none(), "the process is gone");
+        std::fs::remove_file(&path).unwrap();
     }
 
     fn jitdump_bytes(records: &[(u32, Vec<u8>)]) -> Vec<u8> {

@@ -363,6 +363,8 @@ struct Image {
     jit: Vec<JitSymbol>,
     /// What came of the perf map.
     jit_note: perfmap::Note,
+    /// Where reading the perf map stopped (a process alive goes on writing).
+    jit_cursor: Option<perfmap::Cursor>,
 }
 
 /// Where an address of a process lies.
@@ -446,6 +448,47 @@ impl Images {
         }
     }
 
+    /// Keeps image `gen` of `pid` (what it runs now) up to date while it
+    /// lives: snapshots it if new, else reads what the process added to its
+    /// perf map since (a JIT names code it compiles later there: V8's
+    /// regular expressions, a JVM agent's methods); call it every few
+    /// hundred ms. A process that exits before the end is then named from
+    /// its map as it was at most that long before.
+    pub fn keep_up(&mut self, pid: u32, gen: u32) {
+        if pid == 0 {
+            return;
+        }
+        let Some(img) = self.by_pid.get_mut(&(pid, gen)) else {
+            self.observe_image(pid, gen);
+            return;
+        };
+        let Some(cur) = img.jit_cursor.as_mut() else { return };
+        let Some((m, redone)) = perfmap::read_more(pid, cur) else { return };
+        if let Some(start) = redone {
+            // Read from an unfinished line: the whole line replaces it.
+            if let Some(i) = img.jit.iter().position(|j| j.start == start) {
+                img.jit.remove(i);
+            }
+        }
+        let note = &mut img.jit_note;
+        if !m.symbols.is_empty() {
+            let path = cur.path().to_string();
+            match note.sources.iter_mut().find(|(what, _)| *what == path) {
+                Some((_, n)) => *n += m.symbols.len(),
+                None => note.sources.insert(0, (path, m.symbols.len())),
+            }
+        }
+        note.skipped += m.skipped;
+        note.cut = note.cut.take().or(m.cut);
+        img.jit.extend(m.symbols);
+        img.jit.sort_by_key(|j| j.start);
+        if let Some(w) = img.jit_note.warning(pid) {
+            if self.warned.insert(pid) {
+                eprintln!("{w}");
+            }
+        }
+    }
+
     /// Snapshots image `gen` of `pid` whose executable mappings were just
     /// read by the unwinder: taken if new, read again if it was (a library
     /// loaded since).
@@ -454,9 +497,7 @@ impl Images {
             return;
         }
         if self.by_pid.contains_key(&(pid, gen)) {
-            if let Some(img) = self.snapshot(pid) {
-                self.by_pid.insert((pid, gen), img);
-            }
+            self.snapshot_again(pid, gen);
         } else {
             self.observe_image(pid, gen);
         }
@@ -466,9 +507,19 @@ impl Images {
     /// newest image, which is what it runs.
     pub fn refresh(&mut self, pid: u32) {
         let gen = self.latest.get(&pid).copied().unwrap_or(0);
-        if let Some(img) = self.snapshot(pid) {
-            self.by_pid.insert((pid, gen), img);
+        self.snapshot_again(pid, gen);
+    }
+
+    /// Takes image `gen` of `pid` again, unless the process has no mapping
+    /// left: one that exited and that its parent has not reaped yet (a
+    /// zombie) still has a /proc entry, with empty maps, and its samples
+    /// are named from what was taken while it ran.
+    fn snapshot_again(&mut self, pid: u32, gen: u32) {
+        let Some(img) = self.snapshot(pid) else { return };
+        if img.maps.is_empty() && self.by_pid.get(&(pid, gen)).is_some_and(|old| !old.maps.is_empty()) {
+            return;
         }
+        self.by_pid.insert((pid, gen), img);
     }
 
     /// The image a stack of `pid` walked in image `gen` is named from: that
@@ -523,13 +574,13 @@ impl Images {
             let Some(file) = file else { continue };
             out.push(Mapping { start, end, offset, file });
         }
-        let (jit, jit_note) = perfmap::load(pid);
+        let (jit, jit_note, jit_cursor) = perfmap::load(pid);
         if let Some(w) = jit_note.warning(pid) {
             if self.warned.insert(pid) {
                 eprintln!("{w}");
             }
         }
-        Some(Image { name, maps: out, jit, jit_note })
+        Some(Image { name, maps: out, jit, jit_note, jit_cursor })
     }
 
     fn open_mapped(&mut self, pid: u32, range: &str, shown: &str) -> Option<Rc<MappedFile>> {

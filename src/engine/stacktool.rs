@@ -146,7 +146,7 @@ pub fn run_until_stop(
         ctl.look_at(session.next_look());
         if due && ticks % 5 == 0 {
             for pid in pids_in(counts).into_iter().chain(tick()) {
-                images.observe_image(pid, session.generation(pid));
+                images.keep_up(pid, session.generation(pid));
             }
             if targets.all_gone(tf_pids) {
                 ctl.request_stop();

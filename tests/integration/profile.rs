@@ -192,6 +192,44 @@ fn profile_symbolizes_a_process_that_exits_early_and_honours_perf_maps() {
     );
 }
 
+/// A JIT that names code in its perf map while it runs, then exits before
+/// the end: the code named after sonde first read the map is named too
+/// (the map is read on as it grows), each about as often as the workload
+/// ran it (two equal phases of wall time, the first partly before the
+/// start), and little of the process stays unnamed (code it never named,
+/// a tenth of a phase). The process is reaped only after the run: at its
+/// end it is a zombie, and the unnamed code makes sonde look at it again
+/// then; its empty maps must not replace what was read while it ran
+/// (they once did: every frame was unknown).
+#[test]
+fn profile_names_jit_code_named_after_the_start_by_a_process_gone_at_the_end() {
+    let jit = build_workload("jit", &["-O1", "-fno-omit-frame-pointer"]);
+    let folded = jit.parent().unwrap().join("late.folded");
+    let mut j = KillOnDrop(Command::new(&jit).args(["--late", "1.5"]).spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let jp = j.0.id().to_string();
+    let (code, err) = profile(&["-p", &jp, "-d", "5s", "-F", "199", "-o", folded.to_str().unwrap()]);
+    let status = j.0.wait().unwrap();
+    let _ = std::fs::remove_file(format!("/tmp/perf-{jp}.map"));
+    assert_eq!(code, 0, "{err}");
+    assert!(status.success(), "the JIT workload failed: {status}");
+    let rows = read_folded(&folded);
+    let of = |name: &str| -> u64 { rows.iter().filter(|(f, _)| f.iter().any(|x| x == name)).map(|r| r.1).sum() };
+    let (early, late) = (of("jitted_early_[j]"), of("jitted_late_[j]"));
+    let all: u64 = rows.iter().map(|r| r.1).sum();
+    eprintln!("early {early}, late {late} of {all} samples: {rows:?}");
+    assert!(all >= 200, "{all} samples: {rows:?}");
+    // 1.2 s of the first phase in the run, 1.5 s of the second, 0.15 s of
+    // code never named.
+    let share = late as f64 / all as f64;
+    assert!((0.35..=0.75).contains(&share), "late code {late} of {all} samples: {rows:?}");
+    assert!(early + late >= all * 85 / 100, "unnamed: {} of {all}: {rows:?}", all - early - late);
+    assert!(
+        err.contains(&format!("JIT code named by the process's own files: {jp} by /tmp/perf-{jp}.map, 2 symbols")),
+        "{err}"
+    );
+}
+
 /// A JIT that names its code in a jitdump it maps (perf's binary JIT
 /// interface, as Python 3.13's -X perf_jit and Node's --perf-prof write):
 /// a code load at a decoy address, then a code move to where it runs.

@@ -85,7 +85,10 @@ fn last(name: &str) -> &str {
 fn assert_agree(what: &str, sonde: &Leaves, oracle: &Leaves, err: &str) {
     let (score, seen, noise) = agreement(sonde, oracle);
     let (ns, no) = (sonde.values().sum::<u64>(), oracle.values().sum::<u64>());
-    eprintln!("{what}: agreement {score:.3} (overlap {seen:.3}, noise allows {noise:.3}; {ns} and {no} samples)");
+    eprintln!(
+        "{what}: agreement {score:.3} (overlap {seen:.3}, noise allows {noise:.3}; {ns} and {no} samples); sonde, oracle:{}",
+        leaves_side_by_side(sonde, oracle, 40)
+    );
     assert!(ns >= 500 && no >= 300, "{what}: {ns} samples by sonde, {no} by the oracle: {err}");
     assert!(
         score >= MIN_AGREEMENT,

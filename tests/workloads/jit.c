@@ -6,10 +6,15 @@
  * the map themselves. With --jitdump it names the code in a jitdump file
  * instead (/tmp/jit-PID.dump, mapped executable as perf's JIT interface
  * wants): a code load of it at a decoy address, then a code move to where
- * it runs.
+ * it runs. With --late SECS it compiles twice, as a JIT does: code it
+ * names in its map at once and runs for SECS seconds, then code it names
+ * (appending to the map) and runs SECS seconds more, then code it never
+ * names for SECS/10 seconds, then it exits. The pages are all mapped at the
+ * start, so the second naming is no new mapping.
  */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -55,8 +60,48 @@ static int jitdump(unsigned char *code, size_t size)
 	return mmap(NULL, 4096, PROT_READ | PROT_EXEC, MAP_PRIVATE, fileno(f), 0) == MAP_FAILED;
 }
 
+static double now_s(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Two functions, each its own page, named in the map one after the other. */
+static int late(double secs)
+{
+	/* mov ecx, 0x100000; 1: pause; dec ecx; jnz 1b; ret */
+	static const unsigned char code[] = {0xb9, 0x00, 0x00, 0x10, 0x00, 0xf3,
+	                                     0x90, 0xff, 0xc9, 0x75, 0xfa, 0xc3};
+	unsigned char *p = mmap(NULL, 3 * 4096, PROT_READ | PROT_WRITE | PROT_EXEC,
+	                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED)
+		return 1;
+	for (int i = 0; i < 3; i++)
+		memcpy(p + 4096 * i, code, sizeof(code));
+	char path[64];
+	snprintf(path, sizeof(path), "/tmp/perf-%d.map", getpid());
+	FILE *f = fopen(path, "w");
+	if (!f)
+		return 1;
+	const char *names[2] = {"jitted_early", "jitted_late"};
+	for (int i = 0; i < 2; i++) {
+		unsigned char *fn = p + 4096 * i;
+		fprintf(f, "%lx %zx %s\n", (unsigned long)fn, sizeof(code), names[i]);
+		fflush(f);
+		for (double end = now_s() + secs; now_s() < end;)
+			((void (*)(void))fn)();
+	}
+	fclose(f);
+	for (double end = now_s() + secs / 10; now_s() < end;)
+		((void (*)(void))(p + 8192))();
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
+	if (argc > 2 && strcmp(argv[1], "--late") == 0)
+		return late(atof(argv[2]));
 	/* loop: pause; jmp loop */
 	static const unsigned char code[] = {0xf3, 0x90, 0xeb, 0xfc};
 	unsigned char *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE | PROT_EXEC,

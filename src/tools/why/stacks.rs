@@ -85,14 +85,13 @@ pub struct Tracker {
     /// The unwinder's session.
     pub session: Session,
     images: Images,
-    seen: HashSet<(u32, u32)>,
     scanned: Option<std::time::Instant>,
 }
 
 impl Tracker {
     /// Starts with the unwinder's session of the loaded object.
     pub fn new(session: Session) -> Tracker {
-        Tracker { session, images: Images::default(), seen: HashSet::new(), scanned: None }
+        Tracker { session, images: Images::default(), scanned: None }
     }
 
     /// Loads the tables the walk asked for, and snapshots each releasing
@@ -105,7 +104,8 @@ impl Tracker {
         for pid in l.loaded.into_iter().filter(|p| !l.execs.contains(p)) {
             self.images.observe_loaded(pid, self.session.generation(pid));
         }
-        // New releasing processes: looked for every half second.
+        // New releasing processes, and what those seen added to their perf
+        // maps: looked for every half second.
         if self.scanned.is_some_and(|t| t.elapsed() < std::time::Duration::from_millis(500)) {
             return;
         }
@@ -113,10 +113,7 @@ impl Tracker {
         // Both maps' keys begin with a `struct stk_key`: the process first.
         let pids: HashSet<u32> = pids_in(releases).into_iter().chain(pids_in(samples)).collect();
         for pid in pids {
-            let gen = self.session.generation(pid);
-            if self.seen.insert((pid, gen)) {
-                self.images.observe_image(pid, gen);
-            }
+            self.images.keep_up(pid, self.session.generation(pid));
         }
     }
 
