@@ -90,9 +90,12 @@ impl Timeline {
     /// goes back: the time a sample counted as runnable was on CPU. That
     /// time is the open state's latest part, so it is moved back into the
     /// columns before, latest first, from the slot that went back to the
-    /// one it became (runnable to on CPU, blocked to runnable). Each slot's
-    /// sum over the columns stays its total; no column is left holding more
-    /// than its length for what earlier columns showed wrongly.
+    /// ones it became, as much as each gained in the column (runnable to on
+    /// CPU; blocked to runnable, then on CPU where the switch-in was unseen
+    /// too). Each slot's sum over the columns stays its total; no column is
+    /// left holding more than its length for what earlier columns showed
+    /// wrongly (one did, when blocked time had become time on CPU: its
+    /// thread was painted past its exit).
     pub fn columns(&self, tid: u32) -> Columns {
         let Some(row) = self.rows.get(&tid) else { return Vec::new() };
         let mut cols: Vec<(u64, u64, [i64; SLOTS])> = Vec::new();
@@ -111,29 +114,49 @@ impl Timeline {
                 if cols[i].2[k] >= 0 {
                     continue;
                 }
-                let mut back = -cols[i].2[k];
+                let back = -cols[i].2[k];
                 cols[i].2[k] = 0;
-                // Where that time went: a switch-in no hook saw turns
-                // runnable (or throttled) time into time on CPU; a wake-up
-                // no hook saw, blocked time into the run queue.
-                let gain = match k {
-                    1 | 2 => 0,
-                    k if k >= 3 => 1,
-                    _ => (1..SLOTS).max_by_key(|&g| cols[i].2[g]).unwrap_or(1),
+                // Where that time went: the slots that gained as much in
+                // this column, in the order the states followed (a wake-up
+                // no hook saw turns blocked time into the run queue, then,
+                // with a switch-in also unseen, into time on CPU; a switch-in
+                // alone, runnable time into time on CPU); others after,
+                // largest first. The time moved back is the earliest of it.
+                let order: &[usize] = match k {
+                    k if k >= 3 => &[1, 2, 0],
+                    1 | 2 => &[0],
+                    _ => &[],
                 };
-                for j in (0..i).rev() {
-                    if back == 0 {
-                        break;
+                let mut gains: Vec<usize> = order.to_vec();
+                let mut rest: Vec<usize> = (0..SLOTS).filter(|g| *g != k && !order.contains(g)).collect();
+                rest.sort_by_key(|&g| std::cmp::Reverse(cols[i].2[g]));
+                gains.extend(rest);
+                let mut takes = Vec::new();
+                let mut left = back;
+                for g in gains {
+                    let take = left.min(cols[i].2[g].max(0));
+                    if take > 0 {
+                        takes.push((g, take));
+                        left -= take;
                     }
-                    let t = back.min(cols[j].2[k].max(0));
-                    cols[j].2[k] -= t;
-                    cols[j].2[gain] += t;
-                    cols[i].2[gain] -= t;
-                    back -= t;
+                }
+                // Into the columns before, latest first: the state that came
+                // last fills the latest of them.
+                for &(g, take) in takes.iter().rev() {
+                    let mut left = take;
+                    for j in (0..i).rev() {
+                        if left == 0 {
+                            break;
+                        }
+                        let t = left.min(cols[j].2[k].max(0));
+                        cols[j].2[k] -= t;
+                        cols[j].2[g] += t;
+                        left -= t;
+                    }
+                    cols[i].2[g] -= take - left;
                 }
                 // What no earlier column held (wraps, or a thread seen late)
                 // is drawn as nothing.
-                cols[i].2[gain] = cols[i].2[gain].max(0);
             }
         }
         cols.into_iter().map(|(a, b, d)| (a, b, d.map(|v| v.max(0) as u64))).collect()
@@ -175,6 +198,24 @@ mod tests {
         let cols = t.columns(3);
         let got: Vec<(u64, u64)> = cols.iter().map(|c| (c.2[0] / ms, c.2[1] / ms)).collect();
         assert_eq!(got, vec![(5, 5), (10, 0), (10, 0), (10, 0)]);
+    }
+
+    #[test]
+    fn a_wake_up_and_switch_in_placed_later_leave_no_column_over_its_length() {
+        // Asleep (slot 3) from 0 as the samples at 10, 20 and 30 ms saw it;
+        // then placed: woken at 12 ms, on CPU from 14 ms (neither seen).
+        // The sample at 40 ms: 12 ms asleep, 2 ms runnable, 26 ms on CPU.
+        let mut t = Timeline::new(0, std::time::Duration::from_millis(10));
+        let ms = 1_000_000u64;
+        for (at, on, rq, sl) in [(10, 0, 0, 10), (20, 0, 0, 20), (30, 0, 0, 30), (40, 26, 2, 12)] {
+            let mut a = [0u64; SLOTS];
+            (a[0], a[1], a[3]) = (on * ms, rq * ms, sl * ms);
+            t.add(at * ms, [(3u32, a)].into_iter());
+        }
+        let cols = t.columns(3);
+        let got: Vec<(u64, u64, u64)> = cols.iter().map(|c| (c.2[0] / ms, c.2[1] / ms, c.2[3] / ms)).collect();
+        // Each column holds its 10 ms, and each slot its total.
+        assert_eq!(got, vec![(0, 0, 10), (6, 2, 2), (10, 0, 0), (10, 0, 0)]);
     }
 
     #[test]
