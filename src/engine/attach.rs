@@ -109,6 +109,11 @@ pub fn recursion_misses(prog: &impl std::os::fd::AsFd) -> u64 {
     prog_info(prog).map(|i| i.recursion_misses).unwrap_or(0)
 }
 
+/// [`recursion_misses`] of every program of `obj`.
+pub fn object_recursion_misses(obj: &libbpf_rs::Object) -> u64 {
+    obj.progs().map(|p| recursion_misses(&p)).sum()
+}
+
 /// Time every program of `obj` ran in the kernel, in ns (counted while
 /// kernel.bpf_stats_enabled is 1; programs not loaded count 0).
 pub fn object_run_time_ns(obj: &libbpf_rs::Object) -> u64 {

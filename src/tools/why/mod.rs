@@ -550,6 +550,8 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
             + crate::engine::attach::recursion_misses(&skel.progs.why_retrans_err),
         retransmits_not_counted: None,
         disks_full: st(WT_DISKS_FULL)?,
+        disk_completions_missed: crate::engine::attach::recursion_misses(&skel.progs.why_blk_done),
+        events_missed: crate::engine::attach::object_recursion_misses(libbpf_rs::skel::Skel::object(skel)),
         disks_not_counted: None,
         releasers_full: st(WT_RELEASERS_FULL)?,
         releases_not_walked: st(WT_UNWALKED)?,

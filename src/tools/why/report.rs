@@ -1206,6 +1206,14 @@ pub struct Losses {
     pub retransmits_not_counted: Option<String>,
     /// Block requests not counted: the device map was full.
     pub disks_full: u64,
+    /// Block requests completed that the kernel did not run the counting
+    /// program for (it was already running on that CPU: a completion in an
+    /// interrupt of another's).
+    pub disk_completions_missed: u64,
+    /// Events of every kind the kernel did not run sonde's program for, for
+    /// that reason (those of the switches and wake-ups are placed by the
+    /// threads' own statistics).
+    pub events_missed: u64,
     /// Why the block devices' latency was not measured (None: it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disks_not_counted: Option<String>,
@@ -1718,6 +1726,8 @@ impl Report {
                 (l.instead_full, "threads that ran instead (map full)"),
                 (l.retransmits_full, "TCP retransmissions (flow map full)"),
                 (l.retransmits_missed, "TCP retransmissions (the kernel skipped the program)"),
+                (l.disk_completions_missed, "block request completions (the kernel skipped the program)"),
+                (l.events_missed, "events in all (the kernel skipped the program)"),
                 (l.releasers_full, "lock releases (releaser map full)"),
                 (l.stack_errors, "stacks (not captured)"),
                 (l.samples_full, "on-CPU samples (sample map full)"),
