@@ -519,12 +519,33 @@ fn node_inlined_functions_keep_their_built_in_shares() {
             "Node {v}: searchA()'s share {s_search:.3} of {n_search}; {}{err}",
             js_paths(&stacks)
         );
-        // V8 inlined them (else this proves nothing about inlining).
-        // Most of the time (V8's compiler thread is late on a busy host; a
-        // frame not inlined is a frame of its own, credited as such).
+        // V8 inlined them (else this proves nothing about inlining), in
+        // enough samples to check inner()'s split on those alone. V8 may
+        // settle on running both code with them inlined and code without
+        // (Node 20 here: inner() inlined in 278 of 585 samples, the rest
+        // in frames of their own, outerA() and inner() unoptimized; a run
+        // before, over 60%), and a frame not inlined is credited as such.
         for f in ["inner", "outerA", "searchA"] {
-            assert!(inlined(&stacks, f) * 10 >= under(&stacks, f) * 6, "Node {v}: {f} inlined; {}", js_paths(&stacks));
+            let (i, u) = (inlined(&stacks, f), under(&stacks, f));
+            assert!(i >= 100, "Node {v}: {f} inlined in {i} of {u} samples; {}{err}", js_paths(&stacks));
         }
+        let inlined_under = |caller: &str| -> u64 {
+            stacks
+                .iter()
+                .filter(|(f, _)| {
+                    let o: Vec<&Value> = f.iter().filter(|x| self::ours(x)).collect();
+                    o.windows(2).any(|w| w[0]["name"] == caller && w[1]["name"] == "inner" && w[1]["inlined"] == true)
+                })
+                .map(|s| s.1)
+                .sum()
+        };
+        let (ai, bi) = (inlined_under("outerA"), inlined_under("outerB"));
+        let s_inlined = ai as f64 / (ai + bi).max(1) as f64;
+        assert!(
+            (s_inlined - 2.0 / 3.0).abs() < 0.1,
+            "Node {v}: inlined inner() under outerA() {ai}, outerB() {bi}; {}{err}",
+            js_paths(&stacks)
+        );
         if v == "26" {
             let (vs, _) = share(&v8, "parentB", "searchA", "searchB");
             let (va, vb) = (leaf_under(&v8, "outerA", "inner"), leaf_under(&v8, "outerB", "inner"));
