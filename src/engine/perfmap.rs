@@ -111,9 +111,9 @@ pub struct PerfMap {
     pub read: u64,
     /// Lines read through it (kept or skipped).
     pub lines: u64,
-    /// The start of the symbol read from a last line with no newline (the
-    /// writer may be half way through it), if one was kept.
-    pub unfinished: Option<u64>,
+    /// The symbol read from a last line with no newline (the writer may be
+    /// half way through it), if one was kept.
+    pub unfinished: Option<JitSymbol>,
 }
 
 /// A file's device and inode.
@@ -138,7 +138,7 @@ pub struct Cursor {
     /// A bound was reached, or reading failed: nothing more is read.
     done: bool,
     /// A symbol read from an unfinished line (read again when whole).
-    unfinished: Option<u64>,
+    unfinished: Option<JitSymbol>,
 }
 
 impl Cursor {
@@ -288,58 +288,78 @@ pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
 }
 
 /// What process `pid` added to its map since `cur` (advanced past it): the
-/// new lines' symbols, sorted, the start of a symbol read earlier from an
-/// unfinished line (now read again whole, so to be dropped), and what came
-/// of them. None when no whole line was added, the process is gone, or the
-/// path holds another file now. Each byte is read once, but for an
-/// unfinished line within the line bound (read again when whole), and the
-/// bounds count from the map's start: a map growing without end costs no
-/// more than one read of [`MAX_BYTES`].
-pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<u64>)> {
+/// new lines' symbols, sorted, the symbol read earlier from an unfinished
+/// line (now read again whole or skipped, so to be dropped), and what came
+/// of them. None when nothing was added, the process is gone, or the path
+/// holds another file now. Each byte is read once, but for an unfinished
+/// line within the line bound (read again when whole), and the bounds
+/// count from the map's start: a map growing without end costs no more
+/// than one read of [`MAX_BYTES`]. A map that shrank is not read on (its
+/// lines would be read from the middle).
+pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<JitSymbol>)> {
     let limits = Limits::default();
     if cur.done {
         return None;
     }
     let st = Status::read(pid)?;
     let root = Root::of_process(pid).ok()?;
-    let mut f = root.open(Path::new(&cur.path), LastSymlink::Refuse).ok()?;
+    let f = root.open(Path::new(&cur.path), LastSymlink::Refuse).ok()?;
     check_owner(&f, &st.uids).ok()?;
     let md = f.metadata().ok()?;
-    if (md.dev(), md.ino()) != cur.file || md.len() <= cur.read {
+    if (md.dev(), md.ino()) != cur.file {
+        return None;
+    }
+    if md.len() < cur.read {
+        cur.done = true;
+        return None;
+    }
+    if md.len() == cur.read {
         return None;
     }
     use std::io::{Seek, SeekFrom};
-    let from = if cur.over { cur.read } else { cur.whole };
-    f.seek(SeekFrom::Start(from)).ok()?;
-    let mut r = BufReader::with_capacity(64 << 10, f.take(limits.bytes.saturating_sub(from)));
-    let mut skipped = 0;
+    let mut f = f;
+    let mut m = PerfMap::default();
     if cur.over {
         // The rest of a line over the bound: stepped over, never held.
-        let (n, whole) = skip_line(&mut r)?;
+        f.seek(SeekFrom::Start(cur.read)).ok()?;
+        let mut r = BufReader::with_capacity(64 << 10, (&f).take(limits.bytes - cur.read));
+        let (n, whole) = skip_line(&mut r).unwrap_or((0, false));
         cur.read += n;
         if !whole {
-            cur.done = cur.read >= limits.bytes;
+            if cur.read >= limits.bytes && md.len() > limits.bytes {
+                // Cut at the bound in that line: counted once, here.
+                (cur.done, m.skipped, m.cut) = (true, 1, Some(Cut::Bytes(limits.bytes)));
+                return Some((m, cur.unfinished.take()));
+            }
             return None;
         }
-        (cur.whole, cur.lines, cur.over, skipped) = (cur.read, cur.lines + 1, false, 1);
+        (cur.whole, cur.lines, cur.over, m.skipped) = (cur.read, cur.lines + 1, false, 1);
     }
+    f.seek(SeekFrom::Start(cur.whole)).ok()?;
+    // The file itself (not a bounded reader of it): parse looks past its
+    // bound to tell a cut from the end.
     let rest = Limits { bytes: limits.bytes - cur.whole, lines: limits.lines.saturating_sub(cur.lines), ..limits };
-    let mut m = parse(r, &rest);
-    m.skipped += skipped;
-    if let Some(Cut::Bytes(_)) = m.cut {
-        m.cut = Some(Cut::Bytes(limits.bytes)); // the bound on the whole map
-    }
+    let more = parse(&f, &rest);
+    m.skipped += more.skipped;
+    m.symbols = more.symbols;
+    m.cut = match more.cut {
+        // The bounds on the whole map.
+        Some(Cut::Bytes(_)) => Some(Cut::Bytes(limits.bytes)),
+        Some(Cut::Lines(_)) => Some(Cut::Lines(limits.lines)),
+        c => c,
+    };
     cur.done = m.cut.is_some();
-    cur.read = cur.whole + m.read;
-    cur.over = m.read - m.whole > MAX_LINE_BYTES as u64;
-    if m.whole == 0 && skipped == 0 {
+    cur.read = cur.read.max(cur.whole + more.read);
+    cur.over = more.read - more.whole > MAX_LINE_BYTES as u64;
+    if more.whole == 0 && m.skipped == 0 && m.cut.is_none() {
         // No whole line yet (an unfinished one is read when whole).
         return None;
     }
     // A line read before while unfinished is whole now (or was skipped).
-    let redone = std::mem::replace(&mut cur.unfinished, m.unfinished);
-    cur.whole += m.whole;
-    cur.lines += m.lines;
+    let redone = std::mem::replace(&mut cur.unfinished, more.unfinished.clone());
+    cur.whole += more.whole;
+    cur.lines += more.lines;
+    (m.whole, m.read, m.lines, m.unfinished) = (more.whole, more.read, more.lines, more.unfinished);
     Some((m, redone))
 }
 
@@ -566,13 +586,14 @@ pub fn parse(r: impl Read, limits: &Limits) -> PerfMap {
                     // Cut in the middle: not a whole line.
                     overlong = true;
                 }
-                if bound || overlong {
+                if bound {
                     finish(&mut line, &mut overlong, &mut out);
-                } else if let Some(sym) = parse_line(&line) {
+                } else if let Some(sym) = (!overlong).then(|| parse_line(&line)).flatten() {
                     // A last line with no newline: the writer may be half
                     // way through it. Kept if it reads as a symbol, to be
-                    // read again whole; not counted as skipped if not.
-                    out.unfinished = Some(sym.start);
+                    // read again whole; not counted as skipped if not (nor
+                    // when over the bound: counted once it ends).
+                    out.unfinished = Some(sym.clone());
                     out.symbols.push(sym);
                 }
             }
@@ -780,57 +801,86 @@ mod tests {
     #[test]
     fn a_map_is_read_on_as_the_process_writes_it() {
         use std::io::Write;
-        // A process of ours whose map this test writes, as a JIT would.
+        // A process of ours whose map this test writes, as a JIT would
+        // (`read` opens /tmp/perf-PID.map inside the process's root).
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
-        let path = std::env::temp_dir().join(format!("perf-{pid}.map"));
+        let path = format!("/tmp/perf-{pid}.map");
+        let sym = |start: u64, size: u64, name: &str| JitSymbol { start, end: start + size, name: name.into() };
         let mut w = File::create(&path).unwrap();
         w.write_all(b"1000 10 first\n2000 10 sec").unwrap();
         let (syms, note, cur) = load(pid);
         let mut cur = cur.expect("a cursor");
         // The unfinished last line is read as it stands, and read again whole.
         assert_eq!(syms.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["first", "sec"]);
-        assert_eq!((cur.whole, cur.lines, cur.unfinished), (14, 1, Some(0x2000)));
+        assert_eq!((cur.whole, cur.lines, cur.unfinished.clone()), (14, 1, Some(sym(0x2000, 0x10, "sec"))));
         assert_eq!(note.sources[0].1, 2);
         assert!(read_more(pid, &mut cur).is_none(), "nothing written since");
         w.write_all(b"ond_longer").unwrap();
         assert!(read_more(pid, &mut cur).is_none(), "still no whole line");
         w.write_all(b"\nbad line\n3000 10 third\n4000 1").unwrap();
         let (m, redone) = read_more(pid, &mut cur).expect("more");
-        assert_eq!(redone, Some(0x2000));
+        assert_eq!(redone, Some(sym(0x2000, 0x10, "sec")));
         assert_eq!((names(&m), m.skipped), (vec!["second_longer", "third"], 1));
-        assert_eq!((cur.lines, cur.unfinished), (4, None), "'4000 1' has no name: not kept");
+        assert_eq!((cur.lines, cur.unfinished.clone()), (4, None), "'4000 1' has no name: not kept");
         // Another file at the path is not read on from.
         std::fs::remove_file(&path).unwrap();
         std::fs::write(&path, "1000 10 first\n2000 10 second_longer\nbad line\n3000 10 third\n5000 10 new\n").unwrap();
         assert!(read_more(pid, &mut cur).is_none(), "a new file");
-        // A line over the bound is stepped over once, not read again at
-        // each look while it grows.
+
+        // A line over the bound is stepped over once and counted once, not
+        // read again at each look while it grows.
         std::fs::remove_file(&path).unwrap();
         let mut w = File::create(&path).unwrap();
         w.write_all(b"1000 10 a\n2000 10 ").unwrap();
         w.write_all(&[b'x'; MAX_LINE_BYTES + 10]).unwrap();
-        let (_, _, cur) = load(pid);
+        let (_, note, cur) = load(pid);
         let mut cur = cur.unwrap();
-        assert_eq!((cur.whole, cur.over, cur.unfinished), (10, true, None));
+        assert_eq!((cur.whole, cur.over, cur.unfinished.clone(), note.skipped), (10, true, None, 0));
         w.write_all(&[b'y'; 100]).unwrap();
         assert!(read_more(pid, &mut cur).is_none());
         assert_eq!(cur.read, 10 + 8 + MAX_LINE_BYTES as u64 + 10 + 100, "read on from where it stopped");
         w.write_all(b"yy\n3000 10 b\n").unwrap();
         let (m, _) = read_more(pid, &mut cur).unwrap();
         assert_eq!((names(&m), m.skipped, cur.lines, cur.over), (vec!["b"], 1, 3, false));
-        // A map cut at the byte bound is not read again.
-        std::fs::remove_file(&path).unwrap();
-        let w = File::create(&path).unwrap();
+
+        // A map growing past the byte bound: cut there once, counted, and
+        // not read again.
         w.set_len(MAX_BYTES + 10).unwrap(); // sparse: zeros, no newline
-        let (_, note, cur) = load(pid);
-        let mut cur = cur.unwrap();
-        assert_eq!((note.cut, cur.done), (Some(Cut::Bytes(MAX_BYTES)), true));
+        let (m, _) = read_more(pid, &mut cur).expect("the cut");
+        assert_eq!((m.symbols.len(), m.skipped, m.cut, cur.done), (0, 1, Some(Cut::Bytes(MAX_BYTES)), true));
         w.set_len(MAX_BYTES + 20).unwrap();
         assert!(read_more(pid, &mut cur).is_none());
+
+        // A map that shrank is not read on (its lines would start mid-way).
+        std::fs::remove_file(&path).unwrap();
+        let mut w = File::create(&path).unwrap();
+        w.write_all(b"1000 10 a\n2000 10 b\n").unwrap();
+        let (_, _, cur) = load(pid);
+        let mut cur = cur.unwrap();
+        w.set_len(5).unwrap();
+        w.write_all(b"\n3000 10 c\n").unwrap(); // written at its old end: a hole
+        w.set_len(12).unwrap();
+        assert!(read_more(pid, &mut cur).is_none() && cur.done, "shrunk");
+
+        // A map cut at the bound on the first read is not read again.
+        std::fs::remove_file(&path).unwrap();
+        let w = File::create(&path).unwrap();
+        w.set_len(MAX_BYTES + 10).unwrap();
+        let (_, note, cur) = load(pid);
+        let cur = cur.unwrap();
+        assert_eq!((note.cut, note.skipped, cur.done), (Some(Cut::Bytes(MAX_BYTES)), 1, true));
+
+        // A live cursor, nothing read once the process is gone.
+        std::fs::remove_file(&path).unwrap();
+        let mut w = File::create(&path).unwrap();
+        w.write_all(b"1000 10 a\n").unwrap();
+        let (_, _, cur) = load(pid);
+        let mut cur = cur.unwrap();
         let _ = child.kill();
         let _ = child.wait();
-        assert!(read_more(pid, &mut cur).is_none(), "the process is gone");
+        w.write_all(b"2000 10 b\n").unwrap();
+        assert!(!cur.done && read_more(pid, &mut cur).is_none(), "the process is gone");
         std::fs::remove_file(&path).unwrap();
     }
 

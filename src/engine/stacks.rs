@@ -365,7 +365,13 @@ struct Image {
     jit_note: perfmap::Note,
     /// Where reading the perf map stopped (a process alive goes on writing).
     jit_cursor: Option<perfmap::Cursor>,
+    /// When the perf map was last looked for (one made later is found).
+    jit_looked: std::time::Instant,
 }
+
+/// How often a process with no perf map is looked at again for one (a JIT
+/// may make it after sonde's first look, e.g. right after its exec).
+pub const JIT_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Where an address of a process lies.
 enum Place {
@@ -451,38 +457,72 @@ impl Images {
     /// Keeps image `gen` of `pid` (what it runs now) up to date while it
     /// lives: snapshots it if new, else reads what the process added to its
     /// perf map since (a JIT names code it compiles later there: V8's
-    /// regular expressions, a JVM agent's methods); call it every few
+    /// regular expressions, a JVM agent's methods), or looks again, every
+    /// [`JIT_LOOK_AGAIN`], for a map it had none of; call it every few
     /// hundred ms. A process that exits before the end is then named from
     /// its map as it was at most that long before.
     pub fn keep_up(&mut self, pid: u32, gen: u32) {
         if pid == 0 {
             return;
         }
-        let Some(img) = self.by_pid.get_mut(&(pid, gen)) else {
+        let Some(mut img) = self.by_pid.remove(&(pid, gen)) else {
             self.observe_image(pid, gen);
             return;
         };
+        if img.jit_cursor.is_some() {
+            self.read_on(pid, &mut img);
+        } else if img.jit_note.refused.is_none() && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN {
+            let (jit, note, cursor) = perfmap::load(pid);
+            img.jit_looked = std::time::Instant::now();
+            if cursor.is_some() {
+                (img.jit, img.jit_note, img.jit_cursor) = (jit, note, cursor);
+                self.warn_once(pid, &img.jit_note);
+            }
+        }
+        self.by_pid.insert((pid, gen), img);
+    }
+
+    /// Reads what `pid` appended to the perf map `img` read (it has a cursor).
+    fn read_on(&mut self, pid: u32, img: &mut Image) {
         let Some(cur) = img.jit_cursor.as_mut() else { return };
         let Some((m, redone)) = perfmap::read_more(pid, cur) else { return };
-        if let Some(start) = redone {
-            // Read from an unfinished line: the whole line replaces it.
-            if let Some(i) = img.jit.iter().position(|j| j.start == start) {
-                img.jit.remove(i);
-            }
-        }
+        let path = cur.path().to_string();
         let note = &mut img.jit_note;
-        if !m.symbols.is_empty() {
-            let path = cur.path().to_string();
-            match note.sources.iter_mut().find(|(what, _)| *what == path) {
-                Some((_, n)) => *n += m.symbols.len(),
-                None => note.sources.insert(0, (path, m.symbols.len())),
+        let source = |note: &mut perfmap::Note| -> usize {
+            match note.sources.iter().position(|(what, _)| *what == path) {
+                Some(i) => i,
+                None => {
+                    note.sources.insert(0, (path.clone(), 0));
+                    0
+                }
+            }
+        };
+        if let Some(old) = redone {
+            // Read from an unfinished line: the whole line replaces it (or
+            // it is gone, skipped). Only that very symbol: another may
+            // start at the same address.
+            if let Some(i) = img.jit.iter().position(|j| *j == old) {
+                img.jit.remove(i);
+                let k = source(note);
+                note.sources[k].1 = note.sources[k].1.saturating_sub(1);
             }
         }
+        if !m.symbols.is_empty() {
+            let k = source(note);
+            note.sources[k].1 += m.symbols.len();
+        }
+        note.sources.retain(|(_, n)| *n > 0);
         note.skipped += m.skipped;
         note.cut = note.cut.take().or(m.cut);
         img.jit.extend(m.symbols);
         img.jit.sort_by_key(|j| j.start);
-        if let Some(w) = img.jit_note.warning(pid) {
+        let note = img.jit_note.clone();
+        self.warn_once(pid, &note);
+    }
+
+    /// Prints `note`'s warning for `pid`, once per process.
+    fn warn_once(&mut self, pid: u32, note: &perfmap::Note) {
+        if let Some(w) = note.warning(pid) {
             if self.warned.insert(pid) {
                 eprintln!("{w}");
             }
@@ -514,10 +554,23 @@ impl Images {
     /// left: one that exited and that its parent has not reaped yet (a
     /// zombie) still has a /proc entry, with empty maps, and its samples
     /// are named from what was taken while it ran.
+    ///
+    /// A perf map read before is read on from where it stopped, not again
+    /// from its start: its bounds hold for all of a run's reads of it.
     fn snapshot_again(&mut self, pid: u32, gen: u32) {
-        let Some(img) = self.snapshot(pid) else { return };
-        if img.maps.is_empty() && self.by_pid.get(&(pid, gen)).is_some_and(|old| !old.maps.is_empty()) {
-            return;
+        let Some(mut img) = self.snapshot_maps(pid) else { return };
+        let old = self.by_pid.remove(&(pid, gen));
+        match old {
+            Some(old) if img.maps.is_empty() && !old.maps.is_empty() => {
+                self.by_pid.insert((pid, gen), old);
+                return;
+            }
+            Some(old) if old.jit_cursor.is_some() => {
+                (img.jit, img.jit_note, img.jit_cursor, img.jit_looked) =
+                    (old.jit, old.jit_note, old.jit_cursor, old.jit_looked);
+                self.read_on(pid, &mut img);
+            }
+            _ => self.load_jit(pid, &mut img),
         }
         self.by_pid.insert((pid, gen), img);
     }
@@ -552,7 +605,23 @@ impl Images {
         t
     }
 
+    /// A snapshot of `pid`: its mappings and its perf map.
     fn snapshot(&mut self, pid: u32) -> Option<Image> {
+        let mut img = self.snapshot_maps(pid)?;
+        self.load_jit(pid, &mut img);
+        Some(img)
+    }
+
+    /// Reads `pid`'s perf map (and jitdump) into `img`, from the start.
+    fn load_jit(&mut self, pid: u32, img: &mut Image) {
+        (img.jit, img.jit_note, img.jit_cursor) = perfmap::load(pid);
+        img.jit_looked = std::time::Instant::now();
+        let note = img.jit_note.clone();
+        self.warn_once(pid, &note);
+    }
+
+    /// `pid`'s mappings and name, no perf map read yet.
+    fn snapshot_maps(&mut self, pid: u32) -> Option<Image> {
         let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
         let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
         let mut out = Vec::new();
@@ -574,13 +643,14 @@ impl Images {
             let Some(file) = file else { continue };
             out.push(Mapping { start, end, offset, file });
         }
-        let (jit, jit_note, jit_cursor) = perfmap::load(pid);
-        if let Some(w) = jit_note.warning(pid) {
-            if self.warned.insert(pid) {
-                eprintln!("{w}");
-            }
-        }
-        Some(Image { name, maps: out, jit, jit_note, jit_cursor })
+        Some(Image {
+            name,
+            maps: out,
+            jit: Vec::new(),
+            jit_note: perfmap::Note::default(),
+            jit_cursor: None,
+            jit_looked: std::time::Instant::now(),
+        })
     }
 
     fn open_mapped(&mut self, pid: u32, range: &str, shown: &str) -> Option<Rc<MappedFile>> {

@@ -441,15 +441,17 @@ pub(crate) fn json_stacks(p: &std::path::Path) -> Vec<(Vec<Value>, u64)> {
 ///
 /// Kept after the test (a failure's files are there to read), and removed
 /// by the next run of the tests once the process that made it is gone: each
-/// holds a mark file naming the dirs to sweep (the first made this way had
-/// filled /tmp with a hundred 64 MiB files of `why`'s disk test).
+/// holds an empty mark file, and only dirs so marked, both ours, are swept
+/// (scratch dirs had filled /tmp with a hundred 64 MiB files of `why`'s
+/// disk test).
 pub(crate) fn scratch_dir(name: &str) -> std::path::PathBuf {
     static SWEEP: std::sync::Once = std::sync::Once::new();
     SWEEP.call_once(sweep_scratch_dirs);
     let d = std::env::temp_dir().join(format!("sonde-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    std::fs::write(d.join(SCRATCH_MARK), "").unwrap();
+    // Made here, not found: what another user planted at the path fails.
+    std::fs::create_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+    std::fs::OpenOptions::new().write(true).create_new(true).open(d.join(SCRATCH_MARK)).unwrap();
     d
 }
 
@@ -466,8 +468,15 @@ fn sweep_scratch_dirs() {
         if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        // symlink_metadata: a mark reached through a link is not ours.
-        let marked = std::fs::symlink_metadata(e.path().join(SCRATCH_MARK)).is_ok_and(|m| m.is_file());
+        // Ours: the dir and its mark (a plain file, not a link), so that no
+        // other user can have root remove a tree by planting a mark.
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let ours = |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.uid() == me);
+        let mark = e.path().join(SCRATCH_MARK);
+        let marked =
+            ours(&e.path()) && ours(&mark) && std::fs::symlink_metadata(&mark).is_ok_and(|m| m.file_type().is_file());
         if marked && pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = std::fs::remove_dir_all(e.path());
         }

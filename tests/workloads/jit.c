@@ -6,11 +6,12 @@
  * the map themselves. With --jitdump it names the code in a jitdump file
  * instead (/tmp/jit-PID.dump, mapped executable as perf's JIT interface
  * wants): a code load of it at a decoy address, then a code move to where
- * it runs. With --late SECS it compiles twice, as a JIT does: code it
+ * it runs. With --late SECS it runs code it never names for half a
+ * second, then makes its map and compiles twice, as a JIT does: code it
  * names in its map at once and runs for SECS seconds, then code it names
- * (appending to the map) and runs SECS seconds more, then code it never
- * names for SECS/10 seconds, then it exits. The pages are all mapped at the
- * start, so the second naming is no new mapping.
+ * (appending to the map) and runs SECS seconds more, then it exits. The
+ * pages are all mapped at the start, so the second naming is no new
+ * mapping.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -79,6 +80,8 @@ static int late(double secs)
 		return 1;
 	for (int i = 0; i < 3; i++)
 		memcpy(p + 4096 * i, code, sizeof(code));
+	for (double end = now_s() + 0.5; now_s() < end;)
+		((void (*)(void))(p + 8192))();
 	char path[64];
 	snprintf(path, sizeof(path), "/tmp/perf-%d.map", getpid());
 	FILE *f = fopen(path, "w");
@@ -93,8 +96,6 @@ static int late(double secs)
 			((void (*)(void))fn)();
 	}
 	fclose(f);
-	for (double end = now_s() + secs / 10; now_s() < end;)
-		((void (*)(void))(p + 8192))();
 	return 0;
 }
 

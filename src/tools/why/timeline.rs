@@ -156,7 +156,8 @@ impl Timeline {
                     cols[i].2[g] -= take - left;
                 }
                 // What no earlier column held (wraps, or a thread seen late)
-                // is drawn as nothing.
+                // stays where it is: the slot that went back shows nothing
+                // here, and the slots that gained keep it.
             }
         }
         cols.into_iter().map(|(a, b, d)| (a, b, d.map(|v| v.max(0) as u64))).collect()
