@@ -474,7 +474,9 @@ impl Images {
         } else if img.jit_note.refused.is_none() && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN {
             let (jit, note, cursor) = perfmap::load(pid);
             img.jit_looked = std::time::Instant::now();
-            if cursor.is_some() {
+            // Found now, read or refused (a refusal is said and counted,
+            // and not looked for again).
+            if cursor.is_some() || note.refused.is_some() {
                 (img.jit, img.jit_note, img.jit_cursor) = (jit, note, cursor);
                 self.warn_once(pid, &img.jit_note);
             }
