@@ -132,9 +132,6 @@ pub struct Cursor {
     lines: u64,
     /// Bytes read in all: past `whole`, an unfinished line's.
     read: u64,
-    /// That unfinished line is already over the line bound: reading goes
-    /// on from `read` (it is skipped), not from its start again.
-    over: bool,
     /// A bound was reached, or reading failed: nothing more is read.
     done: bool,
     /// A symbol read from an unfinished line (read again when whole).
@@ -145,6 +142,12 @@ impl Cursor {
     /// The map's path inside the process's root.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The unfinished line is already over the line bound: reading goes on
+    /// from `read` (it is skipped), not from its start again.
+    fn over(&self) -> bool {
+        self.read - self.whole > MAX_LINE_BYTES as u64
     }
 }
 
@@ -181,6 +184,14 @@ pub struct Note {
 }
 
 impl Note {
+    /// Adds what came of another file of the same process.
+    pub fn absorb(&mut self, other: Note) {
+        self.sources.extend(other.sources);
+        self.refused = self.refused.take().or(other.refused);
+        self.cut = self.cut.take().or(other.cut);
+        self.skipped += other.skipped;
+    }
+
     /// The one-line warning for process `pid` (None when all was well).
     pub fn warning(&self, pid: u32) -> Option<String> {
         if let Some(why) = &self.refused {
@@ -250,10 +261,27 @@ impl Tally {
     }
 }
 
-/// The perf map of process `pid` (none when it has none), and what came of
-/// it.
+/// The perf map and jitdump of process `pid` (none when it has none), what
+/// came of them, and where reading the map stopped.
 pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
-    let (mut syms, mut note, cursor) = match read(pid, &Limits::default()) {
+    let (mut syms, mut note, cursor) = load_map(pid);
+    // A jitdump the process maps: its code loads, where the map has none.
+    if let Some((path, d)) = read_jitdump(pid, &Limits::default()) {
+        let sources = if d.symbols.is_empty() { vec![] } else { vec![(format!("jitdump {path}"), d.symbols.len())] };
+        note.absorb(Note { sources, refused: None, cut: d.cut, skipped: d.skipped });
+        let known = syms.len();
+        syms.extend(d.symbols);
+        if known > 0 {
+            syms.sort_by_key(|s| s.start);
+        }
+    }
+    (syms, note, cursor)
+}
+
+/// The perf map of process `pid` alone (none when it has none), what came
+/// of it, and where reading stopped.
+pub fn load_map(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
+    match read(pid, &Limits::default()) {
         Ok(None) => (Vec::new(), Note::default(), None),
         Ok(Some((path, file, m))) => {
             let sources = if m.symbols.is_empty() { vec![] } else { vec![(path.clone(), m.symbols.len())] };
@@ -263,28 +291,13 @@ pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
                 whole: m.whole,
                 lines: m.lines,
                 read: m.read,
-                over: m.read - m.whole > MAX_LINE_BYTES as u64,
                 done: m.cut.is_some(),
                 unfinished: m.unfinished,
             };
             (m.symbols, Note { sources, refused: None, cut: m.cut.clone(), skipped: m.skipped }, Some(cursor))
         }
         Err(r) => (Vec::new(), Note { refused: Some(r.to_string()), ..Note::default() }, None),
-    };
-    // A jitdump the process maps: its code loads, where the map has none.
-    if let Some((path, d)) = read_jitdump(pid, &Limits::default()) {
-        if !d.symbols.is_empty() {
-            note.sources.push((format!("jitdump {path}"), d.symbols.len()));
-        }
-        note.skipped += d.skipped;
-        note.cut = note.cut.or(d.cut);
-        let known = syms.len();
-        syms.extend(d.symbols);
-        if known > 0 {
-            syms.sort_by_key(|s| s.start);
-        }
     }
-    (syms, note, cursor)
 }
 
 /// What process `pid` added to its map since `cur` (advanced past it): the
@@ -302,11 +315,8 @@ pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<JitSymbo
         return None;
     }
     let st = Status::read(pid)?;
-    let root = Root::of_process(pid).ok()?;
-    let f = root.open(Path::new(&cur.path), LastSymlink::Refuse).ok()?;
-    check_owner(&f, &st.uids).ok()?;
-    let md = f.metadata().ok()?;
-    if (md.dev(), md.ino()) != cur.file {
+    let (mut f, md) = open_map(pid, &st, &cur.path).ok()??;
+    if file_id(&md) != cur.file {
         return None;
     }
     if md.len() < cur.read {
@@ -317,9 +327,8 @@ pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<JitSymbo
         return None;
     }
     use std::io::{Seek, SeekFrom};
-    let mut f = f;
     let mut m = PerfMap::default();
-    if cur.over {
+    if cur.over() {
         // The rest of a line over the bound: stepped over, never held.
         f.seek(SeekFrom::Start(cur.read)).ok()?;
         let mut r = BufReader::with_capacity(64 << 10, (&f).take(limits.bytes - cur.read));
@@ -333,7 +342,7 @@ pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<JitSymbo
             }
             return None;
         }
-        (cur.whole, cur.lines, cur.over, m.skipped) = (cur.read, cur.lines + 1, false, 1);
+        (cur.whole, cur.lines, m.skipped) = (cur.read, cur.lines + 1, 1);
     }
     f.seek(SeekFrom::Start(cur.whole)).ok()?;
     // The file itself (not a bounded reader of it): parse looks past its
@@ -350,7 +359,6 @@ pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<JitSymbo
     };
     cur.done = m.cut.is_some();
     cur.read = cur.read.max(cur.whole + more.read);
-    cur.over = more.read - more.whole > MAX_LINE_BYTES as u64;
     if more.whole == 0 && m.skipped == 0 && m.cut.is_none() {
         // No whole line yet (an unfinished one is read when whole).
         return None;
@@ -533,16 +541,29 @@ impl Status {
 /// has exited).
 fn read(pid: u32, limits: &Limits) -> Result<Option<(String, FileId, PerfMap)>, Refusal> {
     let Some(st) = Status::read(pid) else { return Ok(None) };
-    let Ok(root) = Root::of_process(pid) else { return Ok(None) };
     let path = format!("/tmp/perf-{}.map", st.inner_pid);
-    let f = match root.open(Path::new(&path), LastSymlink::Refuse) {
+    let Some((f, md)) = open_map(pid, &st, &path)? else { return Ok(None) };
+    Ok(Some((path, file_id(&md), parse(f, limits))))
+}
+
+/// Opens `path` inside process `pid`'s root as a map is read: not through
+/// a symlink, and a regular file owned by one of the process's uids (`st`);
+/// with its metadata. None when the process or the file is gone.
+fn open_map(pid: u32, st: &Status, path: &str) -> Result<Option<(File, std::fs::Metadata)>, Refusal> {
+    let Ok(root) = Root::of_process(pid) else { return Ok(None) };
+    let f = match root.open(Path::new(path), LastSymlink::Refuse) {
         Ok(f) => f,
         Err(OpenError::Missing) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     check_owner(&f, &st.uids)?;
     let md = f.metadata().map_err(|e| Refusal::Open(OpenError::Io(e)))?;
-    Ok(Some((path, (md.dev(), md.ino()), parse(f, limits))))
+    Ok(Some((f, md)))
+}
+
+/// A file's device and inode.
+fn file_id(md: &std::fs::Metadata) -> FileId {
+    (md.dev(), md.ino())
 }
 
 fn check_owner(f: &File, uids: &[u32]) -> Result<(), Refusal> {
@@ -836,13 +857,13 @@ mod tests {
         w.write_all(&[b'x'; MAX_LINE_BYTES + 10]).unwrap();
         let (_, note, cur) = load(pid);
         let mut cur = cur.unwrap();
-        assert_eq!((cur.whole, cur.over, cur.unfinished.clone(), note.skipped), (10, true, None, 0));
+        assert_eq!((cur.whole, cur.over(), cur.unfinished.clone(), note.skipped), (10, true, None, 0));
         w.write_all(&[b'y'; 100]).unwrap();
         assert!(read_more(pid, &mut cur).is_none());
         assert_eq!(cur.read, 10 + 8 + MAX_LINE_BYTES as u64 + 10 + 100, "read on from where it stopped");
         w.write_all(b"yy\n3000 10 b\n").unwrap();
         let (m, _) = read_more(pid, &mut cur).unwrap();
-        assert_eq!((names(&m), m.skipped, cur.lines, cur.over), (vec!["b"], 1, 3, false));
+        assert_eq!((names(&m), m.skipped, cur.lines, cur.over()), (vec!["b"], 1, 3, false));
 
         // A map growing past the byte bound: cut there once, counted, and
         // not read again.

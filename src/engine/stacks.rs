@@ -371,7 +371,7 @@ struct Image {
 
 /// How often a process with no perf map is looked at again for one (a JIT
 /// may make it after sonde's first look, e.g. right after its exec).
-pub const JIT_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(2);
+const JIT_LOOK_AGAIN: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Where an address of a process lies.
 enum Place {
@@ -472,12 +472,16 @@ impl Images {
         if img.jit_cursor.is_some() {
             self.read_on(pid, &mut img);
         } else if img.jit_note.refused.is_none() && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN {
-            let (jit, note, cursor) = perfmap::load(pid);
+            // The map alone (a jitdump was read with the mappings).
+            let (jit, note, cursor) = perfmap::load_map(pid);
             img.jit_looked = std::time::Instant::now();
             // Found now, read or refused (a refusal is said and counted,
             // and not looked for again).
             if cursor.is_some() || note.refused.is_some() {
-                (img.jit, img.jit_note, img.jit_cursor) = (jit, note, cursor);
+                img.jit.extend(jit);
+                img.jit.sort_by_key(|j| j.start);
+                img.jit_note.absorb(note);
+                img.jit_cursor = cursor;
                 self.warn_once(pid, &img.jit_note);
             }
         }
@@ -518,8 +522,7 @@ impl Images {
         note.cut = note.cut.take().or(m.cut);
         img.jit.extend(m.symbols);
         img.jit.sort_by_key(|j| j.start);
-        let note = img.jit_note.clone();
-        self.warn_once(pid, &note);
+        self.warn_once(pid, &img.jit_note);
     }
 
     /// Prints `note`'s warning for `pid`, once per process.
@@ -618,8 +621,7 @@ impl Images {
     fn load_jit(&mut self, pid: u32, img: &mut Image) {
         (img.jit, img.jit_note, img.jit_cursor) = perfmap::load(pid);
         img.jit_looked = std::time::Instant::now();
-        let note = img.jit_note.clone();
-        self.warn_once(pid, &note);
+        self.warn_once(pid, &img.jit_note);
     }
 
     /// `pid`'s mappings and name, no perf map read yet.

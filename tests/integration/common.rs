@@ -460,7 +460,10 @@ const SCRATCH_MARK: &str = ".sonde-test-scratch";
 
 /// Removes the scratch dirs of test runs whose process has ended.
 fn sweep_scratch_dirs() {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let me = unsafe { libc::geteuid() };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = name.strip_prefix("sonde-").and_then(|n| n.rsplit('-').next()) else { continue };
@@ -470,13 +473,9 @@ fn sweep_scratch_dirs() {
         }
         // Ours: the dir and its mark (a plain file, not a link), so that no
         // other user can have root remove a tree by planting a mark.
-        use std::os::unix::fs::MetadataExt;
-        // SAFETY: geteuid takes no arguments and cannot fail.
-        let me = unsafe { libc::geteuid() };
-        let ours = |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.uid() == me);
-        let mark = e.path().join(SCRATCH_MARK);
-        let marked =
-            ours(&e.path()) && ours(&mark) && std::fs::symlink_metadata(&mark).is_ok_and(|m| m.file_type().is_file());
+        let marked = e.metadata().is_ok_and(|m| m.uid() == me)
+            && std::fs::symlink_metadata(e.path().join(SCRATCH_MARK))
+                .is_ok_and(|m| m.uid() == me && m.file_type().is_file());
         if marked && pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
             let _ = std::fs::remove_dir_all(e.path());
         }
