@@ -91,14 +91,13 @@ pub fn kinds(n: usize) -> impl Iterator<Item = (usize, u8)> {
     })
 }
 
-/// The name of system call `nr` ("read"), or "system call NR".
+/// The name of system call `nr` on this architecture ("read",
+/// "fadvise64"), or "system call NR" for a number it does not have.
 pub fn name(nr: u32) -> String {
-    COMMON
-        .iter()
-        .chain(ARCH)
-        .find(|e| e.0 == i64::from(nr))
-        .map(|e| e.1.trim_start_matches("SYS_").to_string())
-        .unwrap_or_else(|| format!("system call {nr}"))
+    usize::try_from(nr)
+        .ok()
+        .and_then(syscalls::Sysno::new)
+        .map_or_else(|| format!("system call {nr}"), |s| s.name().to_string())
 }
 
 #[cfg(test)]
@@ -114,6 +113,11 @@ mod tests {
             assert!(seen.insert(*nr), "{name} = {nr} twice");
         }
         assert_eq!(name(libc::SYS_futex as u32), "futex");
+        for (nr, n, _) in COMMON.iter().chain(ARCH) {
+            assert_eq!(format!("SYS_{}", name(*nr as u32)), *n);
+        }
+        assert_eq!(name(libc::SYS_fadvise64 as u32), "fadvise64");
+        assert_eq!(name(4000), "system call 4000");
         assert_eq!(kinds(512).find(|k| k.0 == libc::SYS_read as usize), Some((libc::SYS_read as usize, 1)));
     }
 }
