@@ -75,8 +75,9 @@ const WT_UNWALKED: u32 = 14;
 const WT_SAMPLES: u32 = 15;
 const WT_DROPS_FULL: u32 = 16;
 const WT_OWN_DISKS_FULL: u32 = 17;
+const WT_STATE_WOKEN: u32 = 18;
 /// + enum stk_stat (src/bpf/stacks.h).
-const WT_STACKS: u32 = 18;
+const WT_STACKS: u32 = 19;
 #[cfg(test)]
 const WT_MAX: u32 = WT_STACKS + 4;
 
@@ -214,6 +215,8 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
         ro.sys_kind[nr] = kind;
     }
     ro.has_task_regs = features::has_task_regs();
+    // sched_switch's prev_state: bool preempt, prev, next, prev_state.
+    ro.has_prev_state = features::tracepoint_btf_args("sched_switch").is_some_and(|n| n >= 4);
     ro.skip_init = features::init_hides_tracing();
     // The tracepoint's `err` (a retransmission that failed to go out) where
     // it has one.
@@ -560,6 +563,7 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         samples_not_taken: None,
         drops_full: st(WT_DROPS_FULL)?,
         own_disks_full: st(WT_OWN_DISKS_FULL)?,
+        states_woken: st(WT_STATE_WOKEN)?,
         drops_not_counted: None,
         stack_errors: st(WT_STACKS)? + st(WT_STACKS + 1)? + st(WT_STACKS + 2)?,
         releases_taken: 0,

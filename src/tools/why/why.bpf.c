@@ -47,6 +47,10 @@ const volatile __u8 sys_kind[WHY_NSYS] = {};
  * of the task's kernel stack, THREAD_SIZE above its base. */
 const volatile bool has_task_regs = true;
 const volatile __u64 thread_size = 16384;
+/* sched_switch passes the state prev blocked in (Linux 5.18). Read from the
+ * task instead, it may be TASK_WAKING already: a wake-up on another CPU
+ * that raced the switch-out overwrote it. */
+const volatile bool has_prev_state = false;
 
 /* This kernel skips tracing programs while a thread of PID 1 runs (`sonde
  * doctor`: sees_pid1): its threads' switches are not seen, so they are not
@@ -181,8 +185,10 @@ struct why_release _why_release = {};
 
 /* Task states (include/linux/sched.h). */
 #define TASK_RUNNING_         0x0000
+#define TASK_INTERRUPTIBLE_   0x0001
 #define TASK_UNINTERRUPTIBLE_ 0x0002
 #define TASK_DEAD_            0x0080
+#define TASK_WAKING_          0x0200
 #define TASK_NOLOAD_          0x0400
 #define PF_KTHREAD_           0x00200000
 #define PF_IO_WORKER_         0x00000010
@@ -214,6 +220,19 @@ static __always_inline unsigned int task_state(struct task_struct *t)
 	if (bpf_core_field_exists(t->__state))
 		return t->__state;
 	return ((struct task_struct___old *)t)->state;
+}
+
+/* The state `t` blocked in, read as `st` while a wake-up may have
+ * overwritten it with TASK_WAKING (the wake-up waits for the switch-out to
+ * finish before it makes the task runnable, so TASK_WAKING still means it
+ * blocked). Then how is not known: judged by its I/O wait flag (io_schedule
+ * waits are uninterruptible but for a few), and counted. */
+static __always_inline unsigned int blocked_state(struct task_struct *t, unsigned int st)
+{
+	if (st != TASK_WAKING_)
+		return st;
+	stat_add(WT_STATE_WOKEN);
+	return BPF_CORE_READ_BITFIELD(t, in_iowait) ? TASK_UNINTERRUPTIBLE_ : TASK_INTERRUPTIBLE_;
 }
 
 static __always_inline bool wanted(struct task_struct *t)
@@ -1200,6 +1219,8 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 	__u64 now = 0;
 	if (r) {
 		now = sched_now(cpu, clk);
+		/* Whether it blocked, from its state now (a wake-up leaves it
+		 * TASK_WAKING, never running, until the switch is done). */
 		unsigned int st = task_state(prev);
 		if (r->state != WS_ON_CPU) {
 			/* Its switch-in was not seen: when it was, from its own
@@ -1237,7 +1258,11 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 			runnable_from(r, prev, r->since);
 		} else {
 			r->state = WS_BLOCKED;
-			classify(ctx, r, prev, true, st);
+			/* How: the state __schedule read, where the tracepoint
+			 * passes it. */
+			if (has_prev_state)
+				st = (unsigned int)ctx[3];
+			classify(ctx, r, prev, true, blocked_state(prev, st));
 		}
 	}
 	r = n;
@@ -1451,7 +1476,7 @@ static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 		r = new_thread(p, tid, WS_BLOCKED, t_start, t_start);
 		if (!r)
 			return 0;
-		classify(NULL, r, p, false, task_state(p));
+		classify(NULL, r, p, false, blocked_state(p, task_state(p)));
 	}
 	if (r->state != WS_BLOCKED)
 		return 0; /* woken before it blocked: it never left the CPU */
@@ -1919,6 +1944,6 @@ int why_iter(struct bpf_iter__task *ctx)
 	if (!r)
 		return 0;
 	if (state == WS_BLOCKED)
-		classify(NULL, r, t, false, st);
+		classify(NULL, r, t, false, blocked_state(t, st));
 	return 0;
 }

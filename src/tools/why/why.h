@@ -282,6 +282,7 @@ enum why_stat {
 	WT_SAMPLES,         /* on-CPU samples of traced threads */
 	WT_DROPS_FULL,      /* a packet drop not counted: the drop map was full */
 	WT_OWN_DISKS_FULL,  /* a thread's own block request not counted: its map was full */
+	WT_STATE_WOKEN,     /* a blocked thread's state overwritten by its wake-up */
 	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
 	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };
