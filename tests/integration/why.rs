@@ -14,7 +14,8 @@ fn mono_ns() -> u64 {
 }
 
 /// Each thread's samples: (CLOCK_MONOTONIC ns, [on CPU, run delay, block
-/// I/O delay ticks, major page faults]).
+/// I/O delay ticks, major page faults, bytes read from storage, voluntary
+/// context switches]).
 type Series = HashMap<String, Vec<(u64, [f64; 6])>>;
 
 /// Per-thread counters read every 2 ms, with CLOCK_MONOTONIC stamps: a value
@@ -227,7 +228,8 @@ fn why_accounts_every_thread_exactly_and_names_what_it_waits_for() {
     let mut report = Vec::new();
 
     // Every thread: its slots sum to its window; on CPU and runnable agree
-    // with its schedstat over the same window (1% of it, and 5 ms).
+    // with its schedstat over the same window (1% of it, and 5 ms); its
+    // waits with the times it slept.
     for t in &threads {
         let (tid, comm) = (t["tid"].as_u64().unwrap().to_string(), t["comm"].as_str().unwrap());
         let win = field(t, "window_ns");
@@ -248,6 +250,12 @@ fn why_accounts_every_thread_exactly_and_names_what_it_waits_for() {
         report.push(format!("{comm}: on CPU {on:.0} vs {cpu:.0}, runnable {waiting:.0} vs {rq:.0}"));
         assert!((on - cpu).abs() <= tol, "{comm}: on CPU {on} ns, schedstat {cpu} ns (window {window}): {t}");
         assert!((waiting - rq).abs() <= tol, "{comm}: runnable {waiting} ns, schedstat run delay {rq} ns: {t}");
+        // Its waits, one each time it slept (voluntary context switches;
+        // the counter is sampled, and a wait open at the start began before).
+        let slept = samples.delta(&tid, 5, from, to).unwrap();
+        let waits: f64 = t["waits"].as_array().unwrap().iter().map(|w| field(w, "count")).sum();
+        report.push(format!("{comm}: {waits} waits, slept {slept:.1} times"));
+        assert!((waits - slept).abs() <= slept * 0.005 + 5.0, "{comm}: {waits} waits, slept {slept} times: {t}");
     }
 
     // The short-lived threads: started and ended in the window, which is
