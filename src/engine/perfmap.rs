@@ -166,6 +166,12 @@ pub enum Refusal {
         /// The process's real uid.
         uid: u32,
     },
+    /// Last written before the process started: an earlier process's, of
+    /// the same pid (its names would be wrong).
+    #[error(
+        "last written {0:.1} s before the process started, by an earlier process of that pid (read once the process writes it)"
+    )]
+    Stale(f64),
 }
 
 /// What came of one process's perf map: the summary's figures and the
@@ -177,6 +183,9 @@ pub struct Note {
     pub sources: Vec<(String, usize)>,
     /// Why the map was refused, if it was.
     pub refused: Option<String>,
+    /// Refused as an earlier process's (older than the process): looked at
+    /// again, as the process may write its own there.
+    pub stale: bool,
     /// Why reading stopped early, if it did.
     pub cut: Option<Cut>,
     /// Lines skipped.
@@ -187,6 +196,9 @@ impl Note {
     /// Adds what came of another file of the same process.
     pub fn absorb(&mut self, other: Note) {
         self.sources.extend(other.sources);
+        if self.refused.is_none() {
+            self.stale = other.stale;
+        }
         self.refused = self.refused.take().or(other.refused);
         self.cut = self.cut.take().or(other.cut);
         self.skipped += other.skipped;
@@ -195,6 +207,9 @@ impl Note {
     /// The one-line warning for process `pid` (None when all was well).
     pub fn warning(&self, pid: u32) -> Option<String> {
         if let Some(why) = &self.refused {
+            if self.stale {
+                return Some(format!("sonde: perf map of pid {pid} refused: {why}"));
+            }
             return Some(format!(
                 "sonde: perf map of pid {pid} refused: {why} (perf maps must be regular files owned by the process)"
             ));
@@ -268,7 +283,7 @@ pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
     // A jitdump the process maps: its code loads, where the map has none.
     if let Some((path, d)) = read_jitdump(pid, &Limits::default()) {
         let sources = if d.symbols.is_empty() { vec![] } else { vec![(format!("jitdump {path}"), d.symbols.len())] };
-        note.absorb(Note { sources, refused: None, cut: d.cut, skipped: d.skipped });
+        note.absorb(Note { sources, cut: d.cut, skipped: d.skipped, ..Note::default() });
         let known = syms.len();
         syms.extend(d.symbols);
         if known > 0 {
@@ -294,9 +309,12 @@ pub fn load_map(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
                 done: m.cut.is_some(),
                 unfinished: m.unfinished,
             };
-            (m.symbols, Note { sources, refused: None, cut: m.cut.clone(), skipped: m.skipped }, Some(cursor))
+            (m.symbols, Note { sources, cut: m.cut.clone(), skipped: m.skipped, ..Note::default() }, Some(cursor))
         }
-        Err(r) => (Vec::new(), Note { refused: Some(r.to_string()), ..Note::default() }, None),
+        Err(r) => {
+            let stale = matches!(r, Refusal::Stale(_));
+            (Vec::new(), Note { refused: Some(r.to_string()), stale, ..Note::default() }, None)
+        }
     }
 }
 
@@ -525,6 +543,8 @@ pub fn parse_jitdump(r: impl Read, limits: &Limits) -> PerfMap {
 struct Status {
     inner_pid: u32,
     uids: Vec<u32>,
+    /// When it started, on the clock of file times (None when unknown).
+    started: Option<std::time::SystemTime>,
 }
 
 impl Status {
@@ -533,7 +553,7 @@ impl Status {
         let field = |name: &str| s.lines().find_map(|l| l.strip_prefix(name)).map(str::split_whitespace);
         let inner_pid = field("NSpid:").and_then(|f| f.last()?.parse().ok()).unwrap_or(pid);
         let uids: Vec<u32> = field("Uid:")?.filter_map(|u| u.parse().ok()).collect();
-        (!uids.is_empty()).then_some(Status { inner_pid, uids })
+        (!uids.is_empty()).then_some(Status { inner_pid, uids, started: started(pid) })
     }
 }
 
@@ -558,7 +578,38 @@ fn open_map(pid: u32, st: &Status, path: &str) -> Result<Option<(File, std::fs::
     };
     check_owner(&f, &st.uids)?;
     let md = f.metadata().map_err(|e| Refusal::Open(OpenError::Io(e)))?;
+    if let Some(s) = written_before_start(&md, st) {
+        return Err(Refusal::Stale(s));
+    }
     Ok(Some((f, md)))
+}
+
+/// When process `pid` started, on the wall clock: its start in clock ticks
+/// after boot (stat's field 22), placed by the boot clock's distance from
+/// the wall clock now (exact to a tick, 10 ms, as long as the wall clock is
+/// not stepped meanwhile).
+fn started(pid: u32) -> Option<std::time::SystemTime> {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command's closing parenthesis: state is field 3.
+    let ticks: u64 = st.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&h| h > 0)?;
+    let since_boot = std::time::Duration::from_nanos(ticks.checked_mul(1_000_000_000)? / hz);
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid timespec to fill.
+    if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) } != 0 {
+        return None;
+    }
+    let boot_now = std::time::Duration::new(ts.tv_sec.try_into().ok()?, ts.tv_nsec.try_into().ok()?);
+    std::time::SystemTime::now().checked_sub(boot_now.checked_sub(since_boot)?)
+}
+
+/// How long before the process started its map was last written, when
+/// that is more than the start time's uncertainty (two ticks and the
+/// clocks' reads); None when it was written since, or either is unknown.
+fn written_before_start(md: &std::fs::Metadata, st: &Status) -> Option<f64> {
+    let before = st.started?.duration_since(md.modified().ok()?).ok()?;
+    (before > std::time::Duration::from_millis(50)).then_some(before.as_secs_f64())
 }
 
 /// A file's device and inode.
@@ -791,7 +842,7 @@ mod tests {
             refused.warning(7).unwrap(),
             "sonde: perf map of pid 7 refused: a symlink (perf maps must be regular files owned by the process)"
         );
-        let cut = Note { refused: None, cut: Some(Cut::Bytes(MAX_BYTES)), skipped: 1, sources: vec![] };
+        let cut = Note { cut: Some(Cut::Bytes(MAX_BYTES)), skipped: 1, ..Note::default() };
         let w = cut.warning(8).unwrap();
         assert!(w.starts_with("sonde: perf map of pid 8: cut at 64 MiB (the rest is ignored); 1 line skipped"), "{w}");
         assert!(!w.contains('\n'));
@@ -817,6 +868,45 @@ mod tests {
         let e = check_owner(&f, &[me + 1]).unwrap_err().to_string();
         assert_eq!(e, format!("owned by uid {me}, not by the process's uid {}", me + 1));
         std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn a_map_older_than_its_process_is_refused_until_the_process_writes_it() {
+        use std::io::Write;
+        // A map left at the path by an earlier process of the same pid:
+        // last written before this one started.
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id();
+        let path = format!("/tmp/perf-{pid}.map");
+        let mut w = File::create(&path).unwrap();
+        w.write_all(b"1000 10 earlier\n").unwrap();
+        let old = std::time::SystemTime::now() - std::time::Duration::from_secs(30);
+        w.set_modified(old).unwrap();
+        let (syms, note, cur) = load(pid);
+        assert!(syms.is_empty() && cur.is_none() && note.stale, "{note:?}");
+        let why = note.warning(pid).unwrap();
+        assert!(why.starts_with(&format!("sonde: perf map of pid {pid} refused: last written 3")), "{why}");
+        assert!(why.ends_with("by an earlier process of that pid (read once the process writes it)"), "{why}");
+        // Written since the process started: its own.
+        w.write_all(b"2000 10 its_own\n").unwrap();
+        let (syms, note, cur) = load(pid);
+        assert_eq!((names_of(&syms), note.refused, cur.is_some()), (vec!["earlier", "its_own"], None, true));
+        // The start time is the kernel's: a map written a second after it
+        // is read, one a second before is not.
+        let started = Status::read(pid).unwrap().started.unwrap();
+        let age = std::time::SystemTime::now().duration_since(started).unwrap();
+        assert!(age < std::time::Duration::from_secs(5), "started {age:?} ago");
+        w.set_modified(started + std::time::Duration::from_secs(1)).unwrap();
+        assert!(load(pid).2.is_some());
+        w.set_modified(started - std::time::Duration::from_secs(1)).unwrap();
+        assert!(load(pid).1.stale);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    fn names_of(s: &[JitSymbol]) -> Vec<&str> {
+        s.iter().map(|j| j.name.as_str()).collect()
     }
 
     #[test]

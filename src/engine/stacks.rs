@@ -471,13 +471,19 @@ impl Images {
         };
         if img.jit_cursor.is_some() {
             self.read_on(pid, &mut img);
-        } else if img.jit_note.refused.is_none() && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN {
+        } else if (img.jit_note.refused.is_none() || img.jit_note.stale) && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN {
             // The map alone (a jitdump was read with the mappings).
             let (jit, note, cursor) = perfmap::load_map(pid);
             img.jit_looked = std::time::Instant::now();
+            if img.jit_note.stale && !note.stale {
+                // An earlier process's map, refused, gone or written over
+                // by this one since: that refusal no longer stands.
+                img.jit_note.refused = None;
+                img.jit_note.stale = false;
+            }
             // Found now, read or refused (a refusal is said and counted,
-            // and not looked for again).
-            if cursor.is_some() || note.refused.is_some() {
+            // and not looked for again, but for an earlier process's map).
+            if cursor.is_some() || (note.refused.is_some() && !img.jit_note.stale) {
                 img.jit.extend(jit);
                 img.jit.sort_by_key(|j| j.start);
                 img.jit_note.absorb(note);
