@@ -169,9 +169,46 @@ pub enum Refusal {
     /// Last written before the process started: an earlier process's, of
     /// the same pid (its names would be wrong).
     #[error(
-        "last written {0:.1} s before the process started, by an earlier process of that pid (read once the process writes it)"
+        "last written {secs:.1} s before the process started, by an earlier process of that pid (read once the process writes it)"
     )]
-    Stale(f64),
+    Stale {
+        /// How long before the start.
+        secs: f64,
+        /// What the file held then.
+        earlier: Earlier,
+    },
+}
+
+/// A map refused as an earlier process's, as it was then: should the new
+/// process append to it (CPython opens its map with `O_APPEND`), the
+/// earlier lines are not read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Earlier {
+    file: FileId,
+    len: u64,
+    /// A hash of its first [`EARLIER_HEAD`] bytes: the same file at least as
+    /// long with the same head was appended to, not written over.
+    head: u64,
+}
+
+/// Bytes of an earlier process's map compared to tell an append from a
+/// rewrite.
+const EARLIER_HEAD: u64 = 64 << 10;
+
+/// The hash of the first `n` bytes of `f` (None when they cannot be read).
+fn head_hash(f: &File, n: u64) -> Option<u64> {
+    use std::hash::Hasher;
+    use std::io::{Seek, SeekFrom};
+    let mut r = f;
+    r.seek(SeekFrom::Start(0)).ok()?;
+    let mut buf = Vec::with_capacity(n as usize);
+    r.take(n).read_to_end(&mut buf).ok()?;
+    if buf.len() as u64 != n {
+        return None;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(&buf);
+    Some(h.finish())
 }
 
 /// What came of one process's perf map: the summary's figures and the
@@ -183,9 +220,9 @@ pub struct Note {
     pub sources: Vec<(String, usize)>,
     /// Why the map was refused, if it was.
     pub refused: Option<String>,
-    /// Refused as an earlier process's (older than the process): looked at
-    /// again, as the process may write its own there.
-    pub stale: bool,
+    /// Refused as an earlier process's (older than the process), as it was
+    /// then: looked at again, as the process may write its own there.
+    pub stale: Option<Earlier>,
     /// Why reading stopped early, if it did.
     pub cut: Option<Cut>,
     /// Lines skipped.
@@ -207,7 +244,7 @@ impl Note {
     /// The one-line warning for process `pid` (None when all was well).
     pub fn warning(&self, pid: u32) -> Option<String> {
         if let Some(why) = &self.refused {
-            if self.stale {
+            if self.stale.is_some() {
                 return Some(format!("sonde: perf map of pid {pid} refused: {why}"));
             }
             return Some(format!(
@@ -278,8 +315,10 @@ impl Tally {
 
 /// The perf map and jitdump of process `pid` (none when it has none), what
 /// came of them, and where reading the map stopped.
-pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
-    let (mut syms, mut note, cursor) = load_map(pid);
+/// `earlier`: the map as it was when refused as an earlier process's, if
+/// it was (see [`Note::stale`]).
+pub fn load(pid: u32, earlier: Option<Earlier>) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
+    let (mut syms, mut note, cursor) = load_map(pid, earlier);
     // A jitdump the process maps: its code loads, where the map has none.
     if let Some((path, d)) = read_jitdump(pid, &Limits::default()) {
         let sources = if d.symbols.is_empty() { vec![] } else { vec![(format!("jitdump {path}"), d.symbols.len())] };
@@ -294,9 +333,9 @@ pub fn load(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
 }
 
 /// The perf map of process `pid` alone (none when it has none), what came
-/// of it, and where reading stopped.
-pub fn load_map(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
-    match read(pid, &Limits::default()) {
+/// of it, and where reading stopped; `earlier` as for [`load`].
+pub fn load_map(pid: u32, earlier: Option<Earlier>) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
+    match read(pid, &Limits::default(), earlier) {
         Ok(None) => (Vec::new(), Note::default(), None),
         Ok(Some((path, file, m))) => {
             let sources = if m.symbols.is_empty() { vec![] } else { vec![(path.clone(), m.symbols.len())] };
@@ -312,7 +351,10 @@ pub fn load_map(pid: u32) -> (Vec<JitSymbol>, Note, Option<Cursor>) {
             (m.symbols, Note { sources, cut: m.cut.clone(), skipped: m.skipped, ..Note::default() }, Some(cursor))
         }
         Err(r) => {
-            let stale = matches!(r, Refusal::Stale(_));
+            let stale = match r {
+                Refusal::Stale { earlier, .. } => Some(earlier),
+                _ => None,
+            };
             (Vec::new(), Note { refused: Some(r.to_string()), stale, ..Note::default() }, None)
         }
     }
@@ -333,7 +375,8 @@ pub fn read_more(pid: u32, cur: &mut Cursor) -> Option<(PerfMap, Option<JitSymbo
         return None;
     }
     let st = Status::read(pid)?;
-    let (mut f, md) = open_map(pid, &st, &cur.path).ok()??;
+    // Accepted when first read: not judged by its age again.
+    let (mut f, md) = open_map(pid, &st, &cur.path, false).ok()??;
     if file_id(&md) != cur.file {
         return None;
     }
@@ -543,8 +586,6 @@ pub fn parse_jitdump(r: impl Read, limits: &Limits) -> PerfMap {
 struct Status {
     inner_pid: u32,
     uids: Vec<u32>,
-    /// When it started, on the clock of file times (None when unknown).
-    started: Option<std::time::SystemTime>,
 }
 
 impl Status {
@@ -553,23 +594,43 @@ impl Status {
         let field = |name: &str| s.lines().find_map(|l| l.strip_prefix(name)).map(str::split_whitespace);
         let inner_pid = field("NSpid:").and_then(|f| f.last()?.parse().ok()).unwrap_or(pid);
         let uids: Vec<u32> = field("Uid:")?.filter_map(|u| u.parse().ok()).collect();
-        (!uids.is_empty()).then_some(Status { inner_pid, uids, started: started(pid) })
+        (!uids.is_empty()).then_some(Status { inner_pid, uids })
     }
 }
 
 /// Reads process `pid`'s map within `limits`: None when it has none (or
 /// has exited).
-fn read(pid: u32, limits: &Limits) -> Result<Option<(String, FileId, PerfMap)>, Refusal> {
+fn read(pid: u32, limits: &Limits, earlier: Option<Earlier>) -> Result<Option<(String, FileId, PerfMap)>, Refusal> {
     let Some(st) = Status::read(pid) else { return Ok(None) };
     let path = format!("/tmp/perf-{}.map", st.inner_pid);
-    let Some((f, md)) = open_map(pid, &st, &path)? else { return Ok(None) };
-    Ok(Some((path, file_id(&md), parse(f, limits))))
+    let Some((f, md)) = open_map(pid, &st, &path, true)? else { return Ok(None) };
+    let id = file_id(&md);
+    // An earlier process's map this one appended to: read from where that
+    // one's ended (the same file, at least as long, with the same head).
+    let from = earlier
+        .filter(|e| e.file == id && md.len() >= e.len && head_hash(&f, e.len.min(EARLIER_HEAD)) == Some(e.head))
+        .map_or(0, |e| e.len);
+    if from == 0 {
+        use std::io::{Seek, SeekFrom};
+        (&f).seek(SeekFrom::Start(0)).map_err(|e| Refusal::Open(OpenError::Io(e)))?;
+        return Ok(Some((path, id, parse(f, limits))));
+    }
+    use std::io::{Seek, SeekFrom};
+    (&f).seek(SeekFrom::Start(from)).map_err(|e| Refusal::Open(OpenError::Io(e)))?;
+    let mut m = parse(&f, &Limits { bytes: limits.bytes.saturating_sub(from), ..*limits });
+    (m.whole, m.read) = (m.whole + from, m.read + from);
+    if let Some(Cut::Bytes(_)) = m.cut {
+        // The bound on the whole map.
+        m.cut = Some(Cut::Bytes(limits.bytes));
+    }
+    Ok(Some((path, id, m)))
 }
 
 /// Opens `path` inside process `pid`'s root as a map is read: not through
 /// a symlink, and a regular file owned by one of the process's uids (`st`);
-/// with its metadata. None when the process or the file is gone.
-fn open_map(pid: u32, st: &Status, path: &str) -> Result<Option<(File, std::fs::Metadata)>, Refusal> {
+/// with its metadata; with `check_age`, not last written before the process
+/// started. None when the process or the file is gone.
+fn open_map(pid: u32, st: &Status, path: &str, check_age: bool) -> Result<Option<(File, std::fs::Metadata)>, Refusal> {
     let Ok(root) = Root::of_process(pid) else { return Ok(None) };
     let f = match root.open(Path::new(path), LastSymlink::Refuse) {
         Ok(f) => f,
@@ -578,8 +639,10 @@ fn open_map(pid: u32, st: &Status, path: &str) -> Result<Option<(File, std::fs::
     };
     check_owner(&f, &st.uids)?;
     let md = f.metadata().map_err(|e| Refusal::Open(OpenError::Io(e)))?;
-    if let Some(s) = written_before_start(&md, st) {
-        return Err(Refusal::Stale(s));
+    if let Some(secs) = check_age.then(|| written_before_start(&md, pid)).flatten() {
+        let len = md.len();
+        let head = head_hash(&f, len.min(EARLIER_HEAD)).unwrap_or(0);
+        return Err(Refusal::Stale { secs, earlier: Earlier { file: file_id(&md), len, head } });
     }
     Ok(Some((f, md)))
 }
@@ -604,13 +667,21 @@ fn started(pid: u32) -> Option<std::time::SystemTime> {
     std::time::SystemTime::now().checked_sub(boot_now.checked_sub(since_boot)?)
 }
 
-/// How long before the process started its map was last written, when
-/// that is more than the start time's uncertainty (two ticks and the
-/// clocks' reads); None when it was written since, or either is unknown.
-fn written_before_start(md: &std::fs::Metadata, st: &Status) -> Option<f64> {
-    let before = st.started?.duration_since(md.modified().ok()?).ok()?;
-    (before > std::time::Duration::from_millis(50)).then_some(before.as_secs_f64())
+/// How long before process `pid` started its map was last written, when
+/// that is more than [`AGE_SLACK`]; None when it was written since, or
+/// either is unknown.
+fn written_before_start(md: &std::fs::Metadata, pid: u32) -> Option<f64> {
+    let before = started(pid)?.duration_since(md.modified().ok()?).ok()?;
+    (before > AGE_SLACK).then_some(before.as_secs_f64())
 }
+
+/// How much earlier than its process's start a map may seem written and
+/// still be taken for its own: the start's ticks, file systems that keep
+/// whole seconds (ext4 with small inodes), a small clock step. A pid comes
+/// round again far later. A wall clock stepped forward further after the
+/// map was last written makes it seem older: refused (and said), never
+/// read for wrong names.
+const AGE_SLACK: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A file's device and inode.
 fn file_id(md: &std::fs::Metadata) -> FileId {
@@ -873,36 +944,61 @@ mod tests {
     #[test]
     fn a_map_older_than_its_process_is_refused_until_the_process_writes_it() {
         use std::io::Write;
-        // A map left at the path by an earlier process of the same pid:
-        // last written before this one started.
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        /// The process and its map go whatever the test's outcome.
+        struct Gone(std::process::Child, String);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+                let _ = std::fs::remove_file(&self.1);
+            }
+        }
+        let child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let pid = child.id();
         let path = format!("/tmp/perf-{pid}.map");
-        let mut w = File::create(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let _gone = Gone(child, path.clone());
+        // A map left at the path by an earlier process of the same pid:
+        // last written before this one started.
+        let open = || std::fs::OpenOptions::new().append(true).open(&path).unwrap();
+        let mut w = std::fs::OpenOptions::new().write(true).create_new(true).open(&path).unwrap();
         w.write_all(b"1000 10 earlier\n").unwrap();
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(30);
         w.set_modified(old).unwrap();
-        let (syms, note, cur) = load(pid);
-        assert!(syms.is_empty() && cur.is_none() && note.stale, "{note:?}");
+        let (syms, note, cur) = load(pid, None);
+        assert!(syms.is_empty() && cur.is_none(), "{note:?}");
+        let earlier = note.stale.expect("refused as an earlier process's");
         let why = note.warning(pid).unwrap();
         assert!(why.starts_with(&format!("sonde: perf map of pid {pid} refused: last written 3")), "{why}");
         assert!(why.ends_with("by an earlier process of that pid (read once the process writes it)"), "{why}");
-        // Written since the process started: its own.
-        w.write_all(b"2000 10 its_own\n").unwrap();
-        let (syms, note, cur) = load(pid);
-        assert_eq!((names_of(&syms), note.refused, cur.is_some()), (vec!["earlier", "its_own"], None, true));
-        // The start time is the kernel's: a map written a second after it
-        // is read, one a second before is not.
-        let started = Status::read(pid).unwrap().started.unwrap();
+        // The process appends to it (as CPython's O_APPEND does): its own
+        // lines alone are read.
+        open().write_all(b"2000 10 its_own\n").unwrap();
+        let (syms, note, cur) = load(pid, Some(earlier));
+        assert_eq!((names_of(&syms), note.refused, note.stale), (vec!["its_own"], None, None));
+        let mut cur = cur.expect("a cursor");
+        open().write_all(b"3000 10 later\n").unwrap();
+        assert_eq!(names(&read_more(pid, &mut cur).unwrap().0), ["later"]);
+        // Without what it was, the whole file (as before the process wrote).
+        assert_eq!(names_of(&load(pid, None).0), ["earlier", "its_own", "later"]);
+        // Written over (truncated) with more than the earlier held: all of it.
+        let mut w = std::fs::OpenOptions::new().write(true).truncate(true).open(&path).unwrap();
+        w.write_all(b"4000 10 rewritten\n5000 10 more\n").unwrap();
+        assert_eq!(names_of(&load(pid, Some(earlier)).0), ["rewritten", "more"]);
+        // The start time is the kernel's: a map written a second after it,
+        // or a second before it (whole-second file times), is read; one 3 s
+        // before is not.
+        let started = started(pid).unwrap();
         let age = std::time::SystemTime::now().duration_since(started).unwrap();
         assert!(age < std::time::Duration::from_secs(5), "started {age:?} ago");
-        w.set_modified(started + std::time::Duration::from_secs(1)).unwrap();
-        assert!(load(pid).2.is_some());
-        w.set_modified(started - std::time::Duration::from_secs(1)).unwrap();
-        assert!(load(pid).1.stale);
-        child.kill().unwrap();
-        child.wait().unwrap();
-        std::fs::remove_file(&path).unwrap();
+        for (at, refused) in [
+            (started + std::time::Duration::from_secs(1), false),
+            (started - std::time::Duration::from_secs(1), false),
+            (started - std::time::Duration::from_secs(3), true),
+        ] {
+            w.set_modified(at).unwrap();
+            assert_eq!(load(pid, None).1.stale.is_some(), refused, "{at:?} against {started:?}");
+        }
     }
 
     fn names_of(s: &[JitSymbol]) -> Vec<&str> {
@@ -920,7 +1016,7 @@ mod tests {
         let sym = |start: u64, size: u64, name: &str| JitSymbol { start, end: start + size, name: name.into() };
         let mut w = File::create(&path).unwrap();
         w.write_all(b"1000 10 first\n2000 10 sec").unwrap();
-        let (syms, note, cur) = load(pid);
+        let (syms, note, cur) = load(pid, None);
         let mut cur = cur.expect("a cursor");
         // The unfinished last line is read as it stands, and read again whole.
         assert_eq!(syms.iter().map(|s| s.name.as_str()).collect::<Vec<_>>(), ["first", "sec"]);
@@ -945,7 +1041,7 @@ mod tests {
         let mut w = File::create(&path).unwrap();
         w.write_all(b"1000 10 a\n2000 10 ").unwrap();
         w.write_all(&[b'x'; MAX_LINE_BYTES + 10]).unwrap();
-        let (_, note, cur) = load(pid);
+        let (_, note, cur) = load(pid, None);
         let mut cur = cur.unwrap();
         assert_eq!((cur.whole, cur.over(), cur.unfinished.clone(), note.skipped), (10, true, None, 0));
         w.write_all(&[b'y'; 100]).unwrap();
@@ -967,7 +1063,7 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let mut w = File::create(&path).unwrap();
         w.write_all(b"1000 10 a\n2000 10 b\n").unwrap();
-        let (_, _, cur) = load(pid);
+        let (_, _, cur) = load(pid, None);
         let mut cur = cur.unwrap();
         w.set_len(5).unwrap();
         w.write_all(b"\n3000 10 c\n").unwrap(); // written at its old end: a hole
@@ -978,7 +1074,7 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let w = File::create(&path).unwrap();
         w.set_len(MAX_BYTES + 10).unwrap();
-        let (_, note, cur) = load(pid);
+        let (_, note, cur) = load(pid, None);
         let cur = cur.unwrap();
         assert_eq!((note.cut, note.skipped, cur.done), (Some(Cut::Bytes(MAX_BYTES)), 1, true));
 
@@ -986,7 +1082,7 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         let mut w = File::create(&path).unwrap();
         w.write_all(b"1000 10 a\n").unwrap();
-        let (_, _, cur) = load(pid);
+        let (_, _, cur) = load(pid, None);
         let mut cur = cur.unwrap();
         let _ = child.kill();
         let _ = child.wait();

@@ -471,19 +471,23 @@ impl Images {
         };
         if img.jit_cursor.is_some() {
             self.read_on(pid, &mut img);
-        } else if (img.jit_note.refused.is_none() || img.jit_note.stale) && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN {
+        } else if (img.jit_note.refused.is_none() || img.jit_note.stale.is_some())
+            && img.jit_looked.elapsed() >= JIT_LOOK_AGAIN
+        {
             // The map alone (a jitdump was read with the mappings).
-            let (jit, note, cursor) = perfmap::load_map(pid);
+            let (jit, note, cursor) = perfmap::load_map(pid, img.jit_note.stale);
             img.jit_looked = std::time::Instant::now();
-            if img.jit_note.stale && !note.stale {
-                // An earlier process's map, refused, gone or written over
-                // by this one since: that refusal no longer stands.
+            if img.jit_note.stale.is_some() && note.stale.is_none() {
+                // An earlier process's map, refused, gone or written to by
+                // this one since: that refusal no longer stands, and what
+                // comes of the map now is said anew.
                 img.jit_note.refused = None;
-                img.jit_note.stale = false;
+                img.jit_note.stale = None;
+                self.warned.remove(&pid);
             }
             // Found now, read or refused (a refusal is said and counted,
             // and not looked for again, but for an earlier process's map).
-            if cursor.is_some() || (note.refused.is_some() && !img.jit_note.stale) {
+            if cursor.is_some() || (note.refused.is_some() && img.jit_note.stale.is_none()) {
                 img.jit.extend(jit);
                 img.jit.sort_by_key(|j| j.start);
                 img.jit_note.absorb(note);
@@ -581,7 +585,11 @@ impl Images {
                     (old.jit, old.jit_note, old.jit_cursor, old.jit_looked);
                 self.read_on(pid, &mut img);
             }
-            _ => self.load_jit(pid, &mut img),
+            Some(old) => {
+                let earlier = old.jit_note.stale;
+                self.load_jit(pid, &mut img, earlier);
+            }
+            None => self.load_jit(pid, &mut img, None),
         }
         self.by_pid.insert((pid, gen), img);
     }
@@ -619,14 +627,19 @@ impl Images {
     /// A snapshot of `pid`: its mappings and its perf map.
     fn snapshot(&mut self, pid: u32) -> Option<Image> {
         let mut img = self.snapshot_maps(pid)?;
-        self.load_jit(pid, &mut img);
+        self.load_jit(pid, &mut img, None);
         Some(img)
     }
 
-    /// Reads `pid`'s perf map (and jitdump) into `img`, from the start.
-    fn load_jit(&mut self, pid: u32, img: &mut Image) {
-        (img.jit, img.jit_note, img.jit_cursor) = perfmap::load(pid);
+    /// Reads `pid`'s perf map (and jitdump) into `img`, from the start (or,
+    /// appended to an `earlier` process's map, from that one's end).
+    fn load_jit(&mut self, pid: u32, img: &mut Image, earlier: Option<perfmap::Earlier>) {
+        (img.jit, img.jit_note, img.jit_cursor) = perfmap::load(pid, earlier);
         img.jit_looked = std::time::Instant::now();
+        if earlier.is_some() && img.jit_note.stale.is_none() {
+            // What comes of the process's own map is said anew.
+            self.warned.remove(&pid);
+        }
         self.warn_once(pid, &img.jit_note);
     }
 

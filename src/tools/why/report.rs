@@ -1221,9 +1221,10 @@ pub struct Losses {
     pub drops_full: u64,
     /// A thread's own block requests not counted: their map was full.
     pub own_disks_full: u64,
-    /// Waits whose state the kernel had already changed to waking when the
-    /// switch-out was seen (kernels before 5.18 pass no prev_state): whether
-    /// uninterruptible judged by the thread's I/O wait flag.
+    /// Waits whose state the kernel had already changed to waking when it
+    /// was read (at the switch-out on kernels before 5.18, which pass no
+    /// prev_state, or at the start): a user thread's taken as
+    /// uninterruptible, a kernel thread's as such only on I/O.
     pub states_woken: u64,
     /// Why packet drops were not counted at all (None: they were).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -1737,7 +1738,7 @@ impl Report {
                 (l.samples_full, "on-CPU samples (sample map full)"),
                 (l.drops_full, "packet drops (drop map full)"),
                 (l.own_disks_full, "threads' own block requests (map full)"),
-                (l.states_woken, "waits' states (overwritten by their wake-up; judged by the I/O wait flag)"),
+                (l.states_woken, "waits' states (overwritten by their wake-up: taken as uninterruptible)"),
                 (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
                 (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]

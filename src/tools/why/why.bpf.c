@@ -225,14 +225,19 @@ static __always_inline unsigned int task_state(struct task_struct *t)
 /* The state `t` blocked in, read as `st` while a wake-up may have
  * overwritten it with TASK_WAKING (the wake-up waits for the switch-out to
  * finish before it makes the task runnable, so TASK_WAKING still means it
- * blocked). Then how is not known: judged by its I/O wait flag (io_schedule
- * waits are uninterruptible but for a few), and counted. */
+ * blocked). Then how is not known, and counted: a user thread's is taken
+ * as uninterruptible (outside a system call it blocks in a fault, killable
+ * at most; in one, the call decides, and the kernel stack is taken), a
+ * kernel thread's as uninterruptible on I/O alone (else it waits for
+ * work). */
 static __always_inline unsigned int blocked_state(struct task_struct *t, unsigned int st)
 {
 	if (st != TASK_WAKING_)
 		return st;
 	stat_add(WT_STATE_WOKEN);
-	return BPF_CORE_READ_BITFIELD(t, in_iowait) ? TASK_UNINTERRUPTIBLE_ : TASK_INTERRUPTIBLE_;
+	if (!(t->flags & PF_KTHREAD_) || BPF_CORE_READ_BITFIELD(t, in_iowait))
+		return TASK_UNINTERRUPTIBLE_;
+	return TASK_INTERRUPTIBLE_;
 }
 
 static __always_inline bool wanted(struct task_struct *t)
