@@ -526,8 +526,8 @@ fn why_counts_a_page_faults_read_as_memory() {
     assert!((field(t, "runqueue_ns") - rq).abs() <= tol, "runnable vs schedstat {rq}: {t}");
     let mem = blocked(t, "memory");
     // Outside system calls, memory; in them, the calls it makes (dropping
-    // the cache waits for other CPUs' work: 20 ms of 1.46 s with a third of
-    // its CPU time stolen).
+    // the cache waits for other CPUs' work: 20 ms of 1.46 s blocked, with
+    // 46% of its time on CPU stolen by the hypervisor).
     let ws = t["waits"].as_array().unwrap();
     let sys = |w: &Value| w.get("syscall").and_then(|s| s.as_str()).map(str::to_string);
     let outside: f64 = ws.iter().filter(|w| sys(w).is_none()).map(|w| field(w, "ns")).sum();
@@ -569,8 +569,8 @@ fn why_counts_a_page_faults_read_as_memory() {
         .sum();
     assert!(odd <= 3.0, "{odd} waits outside system calls not memory: {t}");
     // A fault sleeps for its page's lock, then its read, or not at all: a
-    // major fault whose read completed before it waited (CI, with a third of
-    // the faulter's CPU time stolen: 23,193 waits for 27,385 faults).
+    // major fault whose read completed before it waited (CI, with 47% of
+    // the faulter's time on CPU stolen: 23,193 waits for 27,385 faults).
     assert!(waits <= majflt * 3.0 + 5.0, "{waits} memory waits, {majflt} major faults: {t}");
     drop(w);
 }
