@@ -610,14 +610,10 @@ fn read(pid: u32, limits: &Limits, earlier: Option<Earlier>) -> Result<Option<(S
     let from = earlier
         .filter(|e| e.file == id && md.len() >= e.len && head_hash(&f, e.len.min(EARLIER_HEAD)) == Some(e.head))
         .map_or(0, |e| e.len);
-    if from == 0 {
-        use std::io::{Seek, SeekFrom};
-        (&f).seek(SeekFrom::Start(0)).map_err(|e| Refusal::Open(OpenError::Io(e)))?;
-        return Ok(Some((path, id, parse(f, limits))));
-    }
+    // From there (the head's hash moved the file's offset).
     use std::io::{Seek, SeekFrom};
     (&f).seek(SeekFrom::Start(from)).map_err(|e| Refusal::Open(OpenError::Io(e)))?;
-    let mut m = parse(&f, &Limits { bytes: limits.bytes.saturating_sub(from), ..*limits });
+    let mut m = parse(f, &Limits { bytes: limits.bytes.saturating_sub(from), ..*limits });
     (m.whole, m.read) = (m.whole + from, m.read + from);
     if let Some(Cut::Bytes(_)) = m.cut {
         // The bound on the whole map.

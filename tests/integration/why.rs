@@ -489,10 +489,11 @@ const PROBE: &str = "<script>window.addEventListener('load',function(){var o=[];
 /// the kernel reads the page, its waits against the times it slept
 /// (voluntary context switches), and its memory waits against its major
 /// faults (majflt: at most three waits each, for the page's lock, then its
-/// read; none when the read completed before the fault waited). Not against delay accounting: for these
-/// waits its block I/O delay ran on through the run queue after the
-/// wake-up (3.24 s against 1.80 s blocked and 1.43 s runnable), and beside
-/// them the direct reads' did too (3.4 s against 1.7 s).
+/// read; none when the read completed before the fault waited). Not against
+/// delay accounting: for these waits its block I/O delay ran on through the
+/// run queue after the wake-up (3.24 s against 1.80 s blocked and 1.43 s
+/// runnable), and beside them the direct reads' did too (3.4 s against
+/// 1.7 s).
 #[test]
 fn why_counts_a_page_faults_read_as_memory() {
     // Alone: its faults and cache drops load a CPU and the disk, and beside
@@ -540,14 +541,10 @@ fn why_counts_a_page_faults_read_as_memory() {
     let top = top.unwrap_or_else(|| panic!("no memory wait: {t}"));
     assert_eq!(top["memory"], "file_fault", "{top}");
     assert!(top["object"].as_str().unwrap().starts_with("a page fault reading a file ("), "{top}");
-    let waits: f64 = t["waits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w["class"] == "memory")
-        .map(|w| w["count"].as_f64().unwrap())
-        .sum();
-    let every: f64 = t["waits"].as_array().unwrap().iter().map(|w| w["count"].as_f64().unwrap()).sum();
+    // The waits of those kinds.
+    let count = |keep: &dyn Fn(&Value) -> bool| ws.iter().filter(|w| keep(w)).map(|w| field(w, "count")).sum::<f64>();
+    let waits = count(&|w| w["class"] == "memory");
+    let every = count(&|_| true);
     let majflt = samples.delta(&tid, 3, start, end).unwrap();
     let slept = samples.delta(&tid, 5, start, end).expect("samples of the faulter's switches");
     eprintln!(
@@ -556,17 +553,11 @@ fn why_counts_a_page_faults_read_as_memory() {
     // Each time it slept, one wait (the counter is sampled: edges within
     // 20), and all but a few of those outside its system calls its faults'.
     assert!((every - slept).abs() <= slept * 0.005 + 20.0, "{every} waits, slept {slept} times: {t}");
-    let in_calls: f64 = ws.iter().filter(|w| sys(w).is_some()).map(|w| field(w, "count")).sum();
+    let in_calls = count(&|w| sys(w).is_some());
     assert!(waits >= (slept - in_calls) * 0.98 - 20.0, "{waits} memory waits, slept {slept} times: {t}");
     // Outside a system call it sleeps in its faults alone (a wake-up racing
     // the switch-out once made a hundred of them disk waits of no function).
-    let odd: f64 = t["waits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|w| w["class"] != "memory" && sys(w).is_none())
-        .map(|w| w["count"].as_f64().unwrap())
-        .sum();
+    let odd = count(&|w| w["class"] != "memory" && sys(w).is_none());
     assert!(odd <= 3.0, "{odd} waits outside system calls not memory: {t}");
     // A fault sleeps for its page's lock, then its read, or not at all: a
     // major fault whose read completed before it waited (CI, with 47% of
