@@ -45,10 +45,9 @@ test: setup lint
 	$(SUDO) ./target/debug/sonde lab retrans --loss 3
 	$(MAKE) static
 	$(SUDO) scripts/static-check target/$(TARGET)/release/sonde
-	$(SUDO) scripts/vmtest target/$(TARGET)/release/sonde
 	$(MAKE) static-arm64
 	$(SUDO) deploy/check-image
-	$(SUDO) scripts/vmtest --arch arm64 target/$(ARM64)/release/sonde
+	$(SUDO) scripts/vmtest-both target/$(TARGET)/release/sonde target/$(ARM64)/release/sonde
 
 # A fully static binary (static-pie): libbpf, libelf, zlib and zstd linked in,
 # crt-static. GNU ld, not the rust-lld that rustc >= 1.90 uses by default:

@@ -25,7 +25,10 @@ static int ask[2], answer[2];
 static pthread_mutex_t held = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t cmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
-static atomic_int holding, signalled;
+/* taken: times the helper has taken `held` (a flag it clears again after
+ * 24 ms could be missed by a main thread that does not run for that long,
+ * which then waited for the next time, forever). */
+static atomic_int taken, signalled;
 volatile unsigned long sink;
 
 static void ms_sleep(int ms)
@@ -45,9 +48,8 @@ static void *helper(void *arg)
 				break;
 		} else if (c == 'm') {
 			pthread_mutex_lock(&held);
-			atomic_store(&holding, 1);
+			atomic_fetch_add(&taken, 1);
 			ms_sleep(24);
-			atomic_store(&holding, 0);
 			pthread_mutex_unlock(&held);
 		} else if (c == 'c') {
 			ms_sleep(30);
@@ -88,10 +90,11 @@ __attribute__((noinline)) void in_read(void)
 
 __attribute__((noinline)) void in_mutex(void)
 {
+	int before = atomic_load(&taken);
 	tell('m');
 	/* The helper takes it within microseconds; yielding lets the helper
 	 * run on this CPU when both run under SCHED_FIFO. */
-	while (!atomic_load(&holding))
+	while (atomic_load(&taken) == before)
 		sched_yield();
 	pthread_mutex_lock(&held);
 	pthread_mutex_unlock(&held);
