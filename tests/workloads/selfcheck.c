@@ -2,13 +2,17 @@
  * A target that checks its own work while it is probed, for the attach and
  * detach cycles of `sonde funclatency` and `sonde slow`: two threads call
  * mix() (a uprobe and uretprobe target) 20,000 times a round and compare
- * each round's checksum with the first one's. Runs until SIGTERM, then
+ * each round's checksum with the first one's, then rest as long as the
+ * round took (at least 0.5 ms): probed, a round is 40,000 traps, and two
+ * threads calling without a rest kept both of CI's cores busy for the
+ * whole test. Runs until SIGTERM, then
  * prints "rounds N mismatches M" and exits 0, or 3 when any round differed.
  */
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop;
@@ -31,15 +35,27 @@ static uint64_t round_sum(void)
 	return s;
 }
 
+static long long now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static void *worker(void *arg)
 {
 	(void)arg;
 	uint64_t want = round_sum();
 	while (!stop) {
+		long long t0 = now_ns();
 		if (round_sum() != want)
 			__atomic_add_fetch(&mismatches, 1, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&rounds, 1, __ATOMIC_RELAXED);
-		usleep(500);
+		long long took = now_ns() - t0;
+		if (took < 500000)
+			took = 500000;
+		struct timespec rest = {took / 1000000000LL, took % 1000000000LL};
+		nanosleep(&rest, NULL);
 	}
 	return NULL;
 }
