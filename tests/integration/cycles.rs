@@ -16,6 +16,7 @@ use std::{
     collections::BTreeSet,
     io::{BufRead, BufReader},
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
 
@@ -143,6 +144,17 @@ fn cycle(args: &[String], end: End, rng: &mut Rng) -> (BTreeSet<u32>, BTreeSet<u
 /// function at once are also a case users meet.
 const WORKERS: u64 = 2;
 
+/// Sets its flag when the thread holding it panics.
+struct FlagOnPanic<'a>(&'a AtomicBool);
+
+impl Drop for FlagOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Cycles of one tool; returns the objects held over all of them.
 fn cycles_of(tool: &str, extra: &[&str], n: u64, seed: u64) -> (BTreeSet<u32>, BTreeSet<u32>, u64) {
     let (tgt, bin) = target();
@@ -151,11 +163,18 @@ fn cycles_of(tool: &str, extra: &[&str], n: u64, seed: u64) -> (BTreeSet<u32>, B
         vec![tool.into(), "-p".into(), tgt.0.as_ref().unwrap().id().to_string(), format!("{}:mix", bin.display())];
     args.extend(extra.iter().map(|s| s.to_string()));
     let t0 = Instant::now();
-    // Each worker ends its cycles every way in turn (cycle i by i % 4).
+    // A worker that fails stops the other at its next cycle (the scope
+    // joins every thread before passing the panic on).
+    let failed = AtomicBool::new(false);
+    // Each worker ends its cycles every way in turn (its k-th by k % 4).
     let worker = |w: u64| {
+        let _flag = FlagOnPanic(&failed);
         let mut rng = Rng(seed ^ w.wrapping_mul(0x2545_f491_4f6c_dd1d));
         let (mut progs, mut links, mut attached) = (BTreeSet::new(), BTreeSet::new(), 0);
         for i in (w..n).step_by(WORKERS as usize) {
+            if failed.load(Ordering::Relaxed) {
+                break;
+            }
             let end = [End::Duration, End::Term, End::Int, End::Kill][(i / WORKERS % 4) as usize];
             let mut a = args.clone();
             if matches!(end, End::Duration) {
