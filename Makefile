@@ -5,7 +5,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 TARGET := x86_64-unknown-linux-gnu
 export PATH := $(HOME)/.cargo/bin:$(PATH)
 
-.PHONY: setup build lab lint deny deploy-check test static static-arm64 static-both image vmtest bench docs install clean
+.PHONY: setup build lab lint deny deploy-check test static static-arm64 image vmtest bench docs install clean
 
 setup:
 	@scripts/setup
@@ -43,8 +43,9 @@ FUZZ_SECS ?= 120
 test: setup lint
 	$(SUDO) env "PATH=$(PATH)" SONDE_FUZZ_SECS=$(FUZZ_SECS) $(CARGO) test -- --test-threads=2
 	$(SUDO) ./target/debug/sonde lab retrans --loss 3
-	$(MAKE) static-both
+	$(MAKE) static
 	$(SUDO) scripts/static-check target/$(TARGET)/release/sonde
+	$(MAKE) static-arm64
 	$(SUDO) deploy/check-image
 	$(SUDO) scripts/vmtest-both target/$(TARGET)/release/sonde target/$(ARM64)/release/sonde
 
@@ -52,33 +53,27 @@ test: setup lint
 # crt-static. GNU ld, not the rust-lld that rustc >= 1.90 uses by default:
 # rust-lld links glibc's static-pie start-up wrongly (the binary jumps to its
 # own load address from _init and segfaults before main).
-# The arm64 (aarch64) one is built on an x86_64 host with Debian's cross
-# compiler and arm64 libraries (scripts/setup installs them): BPF objects
-# compiled against src/bpf/arm64/vmlinux.h, lab workloads built for arm64.
-# Every variable names its target, so one cargo run can build both
-# (static-both: a release build of sonde leaves a core idle for much of its
-# front end, which the other target's build takes).
-ARM64 = aarch64-unknown-linux-gnu
-STATIC_ENV = LIBBPF_SYS_LIBRARY_PATH_x86_64_unknown_linux_gnu=/usr/lib/x86_64-linux-gnu \
-	  LIBBPF_SYS_LIBRARY_PATH_aarch64_unknown_linux_gnu=/usr/lib/aarch64-linux-gnu \
-	  CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-	  CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-	  PKG_CONFIG_ALLOW_CROSS_aarch64_unknown_linux_gnu=1 \
-	  PKG_CONFIG_PATH_aarch64_unknown_linux_gnu=/usr/lib/aarch64-linux-gnu/pkgconfig \
-	  RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-lzstd -C link-arg=-fuse-ld=bfd"
 static: setup
-	$(STATIC_ENV) $(CARGO) build --release --features static --target $(TARGET)
+	LIBBPF_SYS_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu \
+	  RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-lzstd -C link-arg=-fuse-ld=bfd" \
+	  $(CARGO) build --release --features static --target $(TARGET)
 	@file target/$(TARGET)/release/sonde
 	@ls -l target/$(TARGET)/release/sonde
 
+# The same for arm64 (aarch64), built on an x86_64 host with Debian's cross
+# compiler and arm64 libraries (scripts/setup installs them): BPF objects
+# compiled against src/bpf/arm64/vmlinux.h, lab workloads built for arm64.
+ARM64 = aarch64-unknown-linux-gnu
 static-arm64: setup
-	$(STATIC_ENV) $(CARGO) build --release --features static --target $(ARM64)
+	CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+	  CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
+	  PKG_CONFIG_ALLOW_CROSS=1 PKG_CONFIG_PATH=/usr/lib/aarch64-linux-gnu/pkgconfig \
+	  LIBBPF_SYS_LIBRARY_PATH_aarch64_unknown_linux_gnu=/usr/lib/aarch64-linux-gnu \
+	  LIBBPF_SYS_LIBRARY_PATH_x86_64_unknown_linux_gnu=/usr/lib/x86_64-linux-gnu \
+	  RUSTFLAGS="-C target-feature=+crt-static -C link-arg=-lzstd -C link-arg=-fuse-ld=bfd" \
+	  $(CARGO) build --release --features static --target $(ARM64)
 	@file target/$(ARM64)/release/sonde
 	@ls -l target/$(ARM64)/release/sonde
-
-static-both: setup
-	$(STATIC_ENV) $(CARGO) build --release --features static --target $(TARGET) --target $(ARM64)
-	@file target/$(TARGET)/release/sonde target/$(ARM64)/release/sonde
 
 # The container image (deploy/Containerfile, FROM scratch) of the static
 # binaries, built offline: with podman or buildah a manifest list of an amd64
