@@ -1,12 +1,12 @@
 /*
  * A target that checks its own work while it is probed, for the attach and
  * detach cycles of `sonde funclatency` and `sonde slow`: two threads call
- * mix() (a uprobe and uretprobe target) 20,000 times a round and compare
- * each round's checksum with the first one's, then rest as long as the
- * round took (at least 0.5 ms): probed, a round is 40,000 traps, and two
- * threads calling without a rest kept both of CI's cores busy for the
- * whole test. Runs until SIGTERM, then
- * prints "rounds N mismatches M" and exits 0, or 3 when any round differed.
+ * mix() (a uprobe and uretprobe target) 20,000 times a round, compare each
+ * round's checksum with the first one's, then rest as long as the round took
+ * (at least 0.5 ms): probed, a round is 40,000 traps, and two threads
+ * calling without a rest kept both of CI's cores busy for the whole test.
+ * Runs until SIGTERM, then prints "rounds N mismatches M" and exits 0, or 3
+ * when any round differed.
  */
 #include <pthread.h>
 #include <signal.h>
