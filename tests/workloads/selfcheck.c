@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
+#include "spin.h" /* now() */
 
 static volatile sig_atomic_t stop;
 static volatile uint64_t rounds, mismatches;
@@ -35,26 +36,19 @@ static uint64_t round_sum(void)
 	return s;
 }
 
-static long long now_ns(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 static void *worker(void *arg)
 {
 	(void)arg;
 	uint64_t want = round_sum();
 	while (!stop) {
-		long long t0 = now_ns();
+		double t0 = now();
 		if (round_sum() != want)
 			__atomic_add_fetch(&mismatches, 1, __ATOMIC_RELAXED);
 		__atomic_add_fetch(&rounds, 1, __ATOMIC_RELAXED);
-		long long took = now_ns() - t0;
-		if (took < 500000)
-			took = 500000;
-		struct timespec rest = {took / 1000000000LL, took % 1000000000LL};
+		double took = now() - t0;
+		if (took < 0.0005)
+			took = 0.0005;
+		struct timespec rest = {(time_t)took, (long)((took - (time_t)took) * 1e9)};
 		nanosleep(&rest, NULL);
 	}
 	return NULL;

@@ -1,5 +1,5 @@
 /* Clock helpers shared by the workloads (now() in calltree.c, libcblock.c,
- * edges.c; spin() in the latency ones, lat.c and slowfn.c): spin()
+ * edges.c, selfcheck.c; spin() in the latency ones, lat.c and slowfn.c): spin()
  * burns wall-clock time, so a call lasts its time plus little. */
 #ifndef SONDE_WORKLOAD_SPIN_H
 #define SONDE_WORKLOAD_SPIN_H
