@@ -86,6 +86,40 @@ struct {
 		}                                                                                  \
 	} while (0)
 
+/*
+ * Kernel code that rewrites a thread's saved user registers one at a time,
+ * to enter a signal handler (x64_setup_rt_frame, arm64's setup_return) or
+ * to return from one (restore_sigcontext, restore_sigframe): a sample
+ * taken there can find the pc of one frame beside the stack pointer of
+ * another, and a walk from them names frames the thread never had. Up to
+ * STK_SIG_CODE [start, end) ranges from /proc/kallsyms, set by user space
+ * (stacks.rs, signal_code_ranges); all zero, none is known.
+ */
+#define STK_SIG_CODE 8
+const volatile __u64 stk_sig_code[STK_SIG_CODE * 2] = {};
+
+/* The user stack of a sample taken in that code: not taken (the ustack id
+ * user space shows as the kernel's signal delivery). */
+#define STK_SIGNAL (-2)
+
+static __always_inline bool stk_in_signal_code(__u64 ip)
+{
+	for (int i = 0; i < STK_SIG_CODE; i++)
+		if (ip >= stk_sig_code[2 * i] && ip < stk_sig_code[2 * i + 1])
+			return true;
+	return false;
+}
+
+/* STK_CAPTURE for a perf event sample (`ctx` a struct bpf_perf_event_data):
+ * no user stack walked from registers the kernel is rewriting. */
+#define STK_CAPTURE_SAMPLE(ctx, key, want_kernel, want_user, stat)                                 \
+	do {                                                                                       \
+		bool _sig = (want_user) && stk_in_signal_code(PT_REGS_IP(&(ctx)->regs));           \
+		STK_CAPTURE(ctx, key, want_kernel, (want_user) && !_sig, stat);                    \
+		if (_sig && (key)->pid)                                                            \
+			(key)->ustack = STK_SIGNAL;                                                \
+	} while (0)
+
 /* Adds `n` to the count of `key`. */
 #define STK_COUNT(key, n, stat)                                                                    \
 	do {                                                                                       \

@@ -65,6 +65,9 @@ pub struct RawSample {
     pub walk: Option<Walk>,
     /// Language frames the kernel read beside the walk (`runtime.h`).
     pub lang: Option<Rc<RtStack>>,
+    /// Sampled while the kernel rewrote the thread's user registers to
+    /// enter or leave a signal handler: no user stack was taken.
+    pub in_signal: bool,
     /// Samples (or the tool's weight) with these stacks.
     pub count: u64,
 }
@@ -94,6 +97,27 @@ macro_rules! stack_maps {
         $crate::engine::stacks::StackMaps { traces: &m.stk_traces, walked: &m.unw_walked, rt_walked: &m.rt_walked }
     }};
 }
+
+/// Sets the kernel code a perf-event sample takes no user stack in
+/// (`stk_sig_code`, stacks.h: the functions that rewrite a thread's user
+/// registers for a signal) on an open skeleton `$open` whose sampler uses
+/// `STK_CAPTURE_SAMPLE`. Costs one read of `/proc/kallsyms` per run
+/// (about 50 ms), so only samplers call it.
+#[macro_export]
+macro_rules! set_sample_stacks {
+    ($open:expr) => {{
+        let rodata = $open.maps.rodata_data.as_deref_mut().expect("rodata present");
+        let n = rodata.stk_sig_code.len() / 2;
+        for (i, (lo, hi)) in $crate::engine::symbols::signal_register_ranges(n).into_iter().enumerate() {
+            rodata.stk_sig_code[2 * i] = lo;
+            rodata.stk_sig_code[2 * i + 1] = hi;
+        }
+    }};
+}
+
+/// The `ustack` id of a sample taken while the kernel rewrote the thread's
+/// user registers for a signal (stacks.h, `STK_SIGNAL`).
+const USTACK_SIGNAL: i32 = -2;
 
 /// Reads every `stk_key` -> count of `counts` and the stacks they name.
 /// Stacks are read once per id.
@@ -252,6 +276,7 @@ fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<K
             ustack,
             walk,
             lang,
+            in_signal: u32_at(12) as i32 == USTACK_SIGNAL,
             count,
         };
         // struct oc_waker: kstack, ustack, uhash, pid, comm.
@@ -268,6 +293,7 @@ fn read_keyed(counts: &dyn MapCore, maps: StackMaps<'_>) -> anyhow::Result<Vec<K
                     ustack,
                     walk,
                     lang,
+                    in_signal: false,
                     count,
                 },
                 wk != WAKER_NOT_WALKED,
@@ -780,6 +806,10 @@ pub struct SymStats {
     pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
     /// Unique stacks whose user part was cut short.
     pub truncated_stacks: u64,
+    /// Samples taken while the kernel rewrote the thread's user registers
+    /// to enter or leave a signal handler: no user stack could be walked
+    /// (shown as `[signal delivery]`, not cut short).
+    pub signal_samples: u64,
     /// Frames no source could name.
     pub unknown_frames: u64,
     /// Unique user addresses symbolized.
@@ -1275,6 +1305,12 @@ impl Symbols {
                 *stats.truncated_by.entry(why).or_default() += s.count;
                 user.insert(0, Frame::simple("[truncated]", FrameKind::Truncated, self.unknown.clone()));
             }
+        }
+        if s.in_signal && user.is_empty() {
+            // The user registers were half rewritten: the thread stood in
+            // the kernel, entering or leaving a signal handler.
+            stats.signal_samples += s.count;
+            user.push(Frame::simple("[signal delivery]", FrameKind::User, self.unknown.clone()));
         }
         frames.extend(user);
         if has_lang && images.frames == Frames::Lang {

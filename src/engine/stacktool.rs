@@ -402,6 +402,10 @@ pub fn print_json(stacks: &[Stack], summary: &impl serde::Serialize) -> anyhow::
 pub struct StackSummary {
     /// Stacks cut short.
     pub truncated_stacks: u64,
+    /// Samples taken while the kernel rewrote the thread's user registers
+    /// to enter or leave a signal handler: their user part is
+    /// `[signal delivery]` (not cut short: there was no stack to walk).
+    pub signal_delivery_samples: u64,
     /// Frames no symbol was found for.
     pub unknown_frames: u64,
     /// Samples (or weight) of cut stacks, by reason.
@@ -497,6 +501,7 @@ impl StackSummary {
     pub fn of(f: &Finished, unw: &unwind::Report) -> Self {
         StackSummary {
             truncated_stacks: f.sym.truncated_stacks,
+            signal_delivery_samples: f.sym.signal_samples,
             unknown_frames: f.sym.unknown_frames,
             truncated_by: f.sym.truncated_by.clone(),
             perf_maps: f.sym.perf_maps.clone(),
@@ -527,6 +532,12 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
         f.sym.kernel_addrs,
         f.render_time.as_millis()
     );
+    if f.sym.signal_samples > 0 {
+        s.push_str(&format!(
+            "\n{} {unit} taken while the kernel entered or left a signal handler: user part [signal delivery]",
+            f.sym.signal_samples
+        ));
+    }
     if let Some(line) = f.sym.perf_maps.text() {
         s.push('\n');
         s.push_str(&line);

@@ -80,7 +80,65 @@ fn function_range_in(kallsyms: &str, name: &str) -> Option<(u64, u64)> {
     Some((start, end))
 }
 
+/// Kernel functions that rewrite a thread's saved user registers one at a
+/// time, to enter a signal handler or return from one, on x86-64 and
+/// AArch64 (5.10 to 6.18; static ones are often inlined into their
+/// callers, listed too, or cloned with a `.isra.0`-style suffix).
+/// A sample taken in them may see a pc and a stack pointer of two
+/// different frames (stacks.h, `STK_CAPTURE_SAMPLE`).
+const SIGNAL_REGISTER_WRITERS: &[&str] = &[
+    // x86-64: the frame's set-up ends by setting ip, then sp; the return
+    // copies every register from the frame.
+    "x64_setup_rt_frame",
+    "__setup_rt_frame",
+    "setup_rt_frame",
+    "restore_sigcontext",
+    "__do_sys_rt_sigreturn",
+    "__x64_sys_rt_sigreturn",
+    // AArch64: setup_return sets sp, x29, x30 and pc; restore_sigframe
+    // copies them back.
+    "setup_return",
+    "restore_sigframe",
+    "__arm64_sys_rt_sigreturn",
+    // What the static ones above are inlined into where they are (their
+    // own code is signal delivery too): Debian's 6.1 has no
+    // x64_setup_rt_frame (it is in arch_do_signal_or_restart), and its
+    // arm64 build has all of setup_rt_frame in do_notify_resume, whose own
+    // code is otherwise a few flag tests before the work it calls.
+    "handle_signal",
+    "do_signal",
+    "arch_do_signal",
+    "arch_do_signal_or_restart",
+    "do_notify_resume",
+];
+
+/// Whether kallsyms name `n` is one of [`SIGNAL_REGISTER_WRITERS`] or a
+/// compiler's clone of one.
+fn is_signal_register_writer(n: &str) -> bool {
+    SIGNAL_REGISTER_WRITERS.contains(&n.split('.').next().unwrap_or(n))
+}
+
+/// The text of the kernel functions that rewrite a thread's user registers
+/// for a signal, merged, at most `max` ranges (the first ones by address;
+/// the running kernel has four to six), from `/proc/kallsyms`: empty when
+/// its addresses are hidden. Read once per run.
+pub fn signal_register_ranges(max: usize) -> Vec<(u64, u64)> {
+    static RANGES: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new();
+    let r = RANGES.get_or_init(|| match std::fs::read_to_string("/proc/kallsyms") {
+        Ok(text) => ranges_in(&text, is_signal_register_writer),
+        Err(_) => Vec::new(),
+    });
+    r.iter().take(max).copied().collect()
+}
+
 fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
+    ranges_in(kallsyms, is_interrupt_entry)
+}
+
+/// The text of the core kernel's functions whose names `want`, as merged
+/// address ranges: each function ends where the next symbol starts, and
+/// the 16-byte `__pfx_` padding between two of them joins their ranges.
+fn ranges_in(kallsyms: &str, want: impl Fn(&str) -> bool) -> Vec<(u64, u64)> {
     let mut syms: Vec<(u64, bool)> = kallsyms
         .lines()
         .filter_map(|l| {
@@ -90,7 +148,7 @@ fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
                 return None; // data, module text, padding
             }
             let a = u64::from_str_radix(a, 16).ok().filter(|&a| a != 0)?;
-            Some((a, is_interrupt_entry(n)))
+            Some((a, want(n)))
         })
         .collect();
     syms.sort_unstable();
@@ -111,6 +169,27 @@ fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_signal_register_writers_are_found_with_their_clones_and_merged() {
+        let ks = "\
+ffffffff812fc120 T arch_do_signal_or_restart
+ffffffff812fc470 t __pfx_restore_sigcontext
+ffffffff812fc480 t restore_sigcontext.isra.0
+ffffffff812fc640 t __pfx_x64_setup_rt_frame
+ffffffff812fc650 T x64_setup_rt_frame
+ffffffff812fc960 t __pfx___x64_sys_rt_sigreturn
+ffffffff812fc970 t __do_sys_rt_sigreturn
+ffffffff812fc970 T __x64_sys_rt_sigreturn
+ffffffff812fcb00 T get_sigframe
+ffffffff81300000 t restore_sigframe\t[mod]
+";
+        // The __pfx_ padding joins neighbours; a module's text is not the kernel's.
+        assert_eq!(ranges_in(ks, is_signal_register_writer), vec![(0xffffffff812fc120, 0xffffffff812fcb00)]);
+        assert!(is_signal_register_writer("setup_return"));
+        assert!(!is_signal_register_writer("setup_returns"));
+        assert!(!is_signal_register_writer("get_signal"));
+    }
 
     #[test]
     fn a_function_ends_where_the_next_symbol_starts() {

@@ -389,6 +389,44 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
     handler_continues_to("signal", "main");
 }
 
+/// A program that raises a signal at itself without pause spends most of
+/// its time in the kernel entering and leaving its handler, where the
+/// kernel rewrites the thread's user registers one at a time: a sample
+/// there could see the pc of one frame beside the stack pointer of
+/// another, and a walk from them named frames the program never had (5
+/// to 9 of 39,000 samples at 9,999 Hz before). Those samples show
+/// `[signal delivery]`, counted; every other stack reaches main, and none
+/// is cut or has an unknown frame.
+#[test]
+fn samples_taken_while_the_kernel_delivers_a_signal_name_no_frames_from_half_written_registers() {
+    // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
+    let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
+    let bin = build_workload("edges", NOFP);
+    let dir = bin.parent().unwrap().to_path_buf();
+    let _w = KillOnDrop(Command::new(&bin).args(["storm", "600"]).spawn().unwrap());
+    thread::sleep(Duration::from_millis(100));
+    let folded = dir.join("storm.folded");
+    let pid = _w.0.id().to_string();
+    let args = ["-p", &pid, "-F", "9999", "--user-only", "--unwind", "auto", "--json", "-o", folded.to_str().unwrap()];
+    let w = profile_window(&args, _w.0.id(), 4.0);
+    assert_eq!(w.code, 130, "SIGINT ends the run: {}", w.stderr);
+    let lines: Vec<Value> = json_lines(&w.stdout);
+    let s = summary(&lines).clone();
+    let rows = read_folded(&folded);
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    assert!(total > 10_000, "{total} samples: {s}");
+    let wrong: Vec<_> = rows
+        .iter()
+        .filter(|(f, _)| f[1..] != ["[signal delivery]"])
+        .filter(|(f, _)| index_of(f, "main").is_none() || f.iter().any(|x| x == "[truncated]" || x == "[unknown]"))
+        .collect();
+    assert!(wrong.is_empty(), "stacks that do not reach main or name unknown frames: {wrong:?}");
+    assert_eq!(s["truncated_stacks"], 0, "{s}");
+    let signal: u64 = rows.iter().filter(|(f, _)| f[1..] == ["[signal delivery]"]).map(|r| r.1).sum();
+    assert!(signal > 0, "no sample seen in the kernel's signal delivery: {s}");
+    assert_eq!(s["signal_delivery_samples"], signal, "{s}");
+}
+
 /// A handler on an alternate signal stack (sigaltstack) mapped above the
 /// interrupted thread's stack: the walk steps down from the handler's stack
 /// to the thread's (once; a second step down would be a loop) and goes on

@@ -9,6 +9,9 @@
  *   edges altsignal SECONDS  as signal, on a thread whose handler runs on an
  *                          alternate stack (sigaltstack) mapped above the
  *                          thread's own stack
+ *   edges storm SECONDS    storm() raises SIGUSR1 at itself without pause:
+ *                          most of its time is the kernel entering and
+ *                          leaving the short handler on_usr1()
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -71,6 +74,19 @@ __attribute__((noinline)) void vdso_loop(double end)
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		t = ts.tv_sec + ts.tv_nsec / 1e9;
 	}
+}
+
+__attribute__((noinline)) void on_usr1(int sig)
+{
+	for (int i = 0; i < 50; i++)
+		sink += (unsigned long)i * sig;
+}
+
+__attribute__((noinline)) void storm(double end)
+{
+	while (now() < end)
+		for (int i = 0; i < 1000; i++)
+			raise(SIGUSR1);
 }
 
 struct alt {
@@ -146,6 +162,9 @@ int main(int argc, char **argv)
 		call_plugin(f, end);
 	} else if (!strcmp(argv[1], "vdso")) {
 		vdso_loop(end);
+	} else if (!strcmp(argv[1], "storm")) {
+		signal(SIGUSR1, on_usr1);
+		storm(end);
 	} else {
 		return 2;
 	}

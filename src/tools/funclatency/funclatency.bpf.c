@@ -392,7 +392,7 @@ int fl_sample(struct bpf_perf_event_data *ctx)
 	k.pid = id >> 32;
 	k.tid = (__u32)target + 1;
 	bpf_get_current_comm(k.comm, sizeof(k.comm));
-	STK_CAPTURE(ctx, &k, want_kernel, want_user, stk_stat);
+	STK_CAPTURE_SAMPLE(ctx, &k, want_kernel, want_user, stk_stat);
 	STK_COUNT(&k, 1, stk_stat);
 	stat_add(FL_SAMPLES);
 	return 0;

@@ -449,6 +449,9 @@ fn open_configured(
     ro.by_cgroup = by_cgroup;
     ro.has_cookie = way.cookie;
     open.progs.fl_sample.set_autoload(slow.is_some());
+    if slow.is_some() {
+        crate::set_sample_stacks!(&mut open);
+    }
     // slow's sampler is a perf_event program, which kernels before 6.1
     // (before bpf_mem_alloc made run-time allocation safe in NMI) allow only
     // preallocated hashes: there the per-thread stacks are preallocated,

@@ -163,6 +163,9 @@ pub struct Summary {
     pub not_timed: NotTimed,
     /// Stacks truncated, over the slow calls' and the samples'.
     pub truncated_stacks: u64,
+    /// Samples taken while the kernel entered or left a signal handler
+    /// (user part `[signal delivery]`), as every stack tool reports them.
+    pub signal_delivery_samples: u64,
     /// Samples of cut stacks, by reason, as every stack tool reports them.
     pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
     /// Perf maps refused or cut short, and their lines skipped, as every
@@ -471,6 +474,7 @@ fn slow_calls(
                 ustack,
                 walk,
                 lang,
+                in_signal: false,
                 count: 1,
             })
         })
@@ -592,6 +596,7 @@ fn summary(
         lost,
         not_timed: t.at_stop.not_timed,
         truncated_stacks: f.sym.truncated_stacks + t.call_sym.truncated_stacks,
+        signal_delivery_samples: f.sym.signal_samples,
         truncated_by: f.sym.truncated_by.clone(),
         perf_maps: f.sym.perf_maps.clone(),
         unsymbolized_files: {

@@ -198,6 +198,7 @@ fn load(a: &ProfileArgs, tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = ProfileSkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
+    crate::set_sample_stacks!(&mut open);
     crate::set_task_follow!(&mut open, tf);
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     ro.include_idle = a.include_idle;

@@ -40,7 +40,7 @@ int on_sample(struct bpf_perf_event_data *ctx)
 	bpf_get_current_comm(key.comm, sizeof(key.comm));
 	key.pid = pid;
 	key.tid = per_thread ? tid : 0;
-	STK_CAPTURE(ctx, &key, want_kernel, want_user, stk_stat);
+	STK_CAPTURE_SAMPLE(ctx, &key, want_kernel, want_user, stk_stat);
 	STK_COUNT(&key, 1, stk_stat);
 	stat_add(PS_SAMPLES);
 	return 0;

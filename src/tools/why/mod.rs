@@ -199,6 +199,7 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
     // The stack engine, for the threads that release locks and the
     // samples on CPU (counted by process, name and stacks).
     crate::set_unwind!(&mut open, plan, tf.processes_now().is_some());
+    crate::set_sample_stacks!(&mut open);
     open.maps.stk_counts.set_max_entries(16384)?;
     open.maps.stk_traces.set_max_entries(8192)?;
     // The sampler is a perf_event program, which kernels before 6.1 (before

@@ -145,6 +145,7 @@ impl Tracker {
                 ustack,
                 walk,
                 lang,
+                in_signal: false,
                 count: 1,
             });
         }

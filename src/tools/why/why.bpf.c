@@ -1913,7 +1913,7 @@ int why_sample(struct bpf_perf_event_data *ctx)
 	struct stk_key key = {};
 	key.pid = id >> 32;
 	bpf_get_current_comm(key.comm, sizeof(key.comm));
-	STK_CAPTURE(ctx, &key, true, true, stk_stat);
+	STK_CAPTURE_SAMPLE(ctx, &key, true, true, stk_stat);
 	STK_COUNT(&key, 1, stk_stat);
 	stat_add(WT_SAMPLES);
 	return 0;
