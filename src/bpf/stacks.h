@@ -93,7 +93,7 @@ struct {
  * taken there can find the pc of one frame beside the stack pointer of
  * another, and a walk from them names frames the thread never had. Up to
  * STK_SIG_CODE [start, end) ranges from /proc/kallsyms, set by user space
- * (stacks.rs, signal_code_ranges); all zero, none is known.
+ * (symbols.rs, signal_register_ranges); all zero, none is known.
  */
 #define STK_SIG_CODE 8
 const volatile __u64 stk_sig_code[STK_SIG_CODE * 2] = {};

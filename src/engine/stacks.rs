@@ -1308,9 +1308,12 @@ impl Symbols {
         }
         if s.in_signal && user.is_empty() {
             // The user registers were half rewritten: the thread stood in
-            // the kernel, entering or leaving a signal handler.
+            // the kernel, entering or leaving a signal handler. A kernel
+            // frame (`_[k]` in folded output), so that no tool takes it for
+            // the program's own code (why's hottest functions, pprof's
+            // executable).
             stats.signal_samples += s.count;
-            user.push(Frame::simple("[signal delivery]", FrameKind::User, self.unknown.clone()));
+            user.push(Frame::simple("[signal delivery]", FrameKind::Kernel, self.kmod.clone()));
         }
         frames.extend(user);
         if has_lang && images.frames == Frames::Lang {

@@ -80,31 +80,35 @@ fn function_range_in(kallsyms: &str, name: &str) -> Option<(u64, u64)> {
     Some((start, end))
 }
 
-/// Kernel functions that rewrite a thread's saved user registers one at a
-/// time, to enter a signal handler or return from one, on x86-64 and
-/// AArch64 (5.10 to 6.18; static ones are often inlined into their
-/// callers, listed too, or cloned with a `.isra.0`-style suffix).
-/// A sample taken in them may see a pc and a stack pointer of two
-/// different frames (stacks.h, `STK_CAPTURE_SAMPLE`).
-const SIGNAL_REGISTER_WRITERS: &[&str] = &[
-    // x86-64: the frame's set-up ends by setting ip, then sp; the return
-    // copies every register from the frame.
-    "x64_setup_rt_frame",
-    "__setup_rt_frame",
-    "setup_rt_frame",
+/// The return from a signal handler: the kernel functions that copy a
+/// thread's user registers back from the signal frame one by one (x86-64's
+/// restore_sigcontext writes bp, sp, then ip; arm64's restore_sigframe, x0
+/// to x30, sp, then pc), and the rt_sigreturn system call they are inlined
+/// into where they are. A sample taken in them may see a pc and a stack
+/// pointer of two different frames (stacks.h, `STK_CAPTURE_SAMPLE`).
+const SIGNAL_RETURN: &[&str] = &[
     "restore_sigcontext",
     "__do_sys_rt_sigreturn",
     "__x64_sys_rt_sigreturn",
-    // AArch64: setup_return sets sp, x29, x30 and pc; restore_sigframe
-    // copies them back.
-    "setup_return",
     "restore_sigframe",
     "__arm64_sys_rt_sigreturn",
-    // What the static ones above are inlined into where they are (their
-    // own code is signal delivery too): Debian's 6.1 has no
-    // x64_setup_rt_frame (it is in arch_do_signal_or_restart), and its
-    // arm64 build has all of setup_rt_frame in do_notify_resume, whose own
-    // code is otherwise a few flag tests before the work it calls.
+];
+
+/// The entry into a signal handler, innermost first: the function that sets
+/// the thread's user pc and stack pointer for the handler (x86-64's
+/// x64_setup_rt_frame since 6.2, __setup_rt_frame before; arm64's
+/// setup_return), then each function the one before is inlined into where
+/// it is not in kallsyms (Debian's x86-64 5.10 and 6.1 have all of it in
+/// arch_do_signal_or_restart, its arm64 6.1 in do_notify_resume). Only the
+/// first one found is taken: the outer ones also run where no register is
+/// rewritten (arm64's do_notify_resume on every return to user mode with
+/// work pending, a sample's interrupt often taken right where it unmasks
+/// interrupts).
+const SIGNAL_SETUP: &[&str] = &[
+    "x64_setup_rt_frame",
+    "__setup_rt_frame",
+    "setup_return",
+    "setup_rt_frame",
     "handle_signal",
     "do_signal",
     "arch_do_signal",
@@ -112,20 +116,43 @@ const SIGNAL_REGISTER_WRITERS: &[&str] = &[
     "do_notify_resume",
 ];
 
-/// Whether kallsyms name `n` is one of [`SIGNAL_REGISTER_WRITERS`] or a
-/// compiler's clone of one.
-fn is_signal_register_writer(n: &str) -> bool {
-    SIGNAL_REGISTER_WRITERS.contains(&n.split('.').next().unwrap_or(n))
+/// A kallsyms name without a compiler clone's suffix (`.isra.0`, `.cold`).
+fn base_name(n: &str) -> &str {
+    n.split('.').next().unwrap_or(n)
+}
+
+/// The core kernel's text symbols of `kallsyms`: (address, name).
+fn text_symbols(kallsyms: &str) -> impl Iterator<Item = (u64, &str)> {
+    kallsyms.lines().filter_map(|l| {
+        let mut it = l.split_whitespace();
+        let (a, t, n) = (it.next()?, it.next()?, it.next()?);
+        if !matches!(t, "t" | "T") || it.next().is_some() {
+            return None; // data, module text
+        }
+        Some((u64::from_str_radix(a, 16).ok().filter(|&a| a != 0)?, n))
+    })
+}
+
+/// The ranges of [`SIGNAL_RETURN`] and of the first of [`SIGNAL_SETUP`]
+/// that `kallsyms` has.
+fn signal_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
+    let present: std::collections::HashSet<&str> = text_symbols(kallsyms).map(|(_, n)| base_name(n)).collect();
+    let setup = SIGNAL_SETUP.iter().find(|n| present.contains(*n));
+    ranges_in(kallsyms, |n| {
+        let b = base_name(n);
+        SIGNAL_RETURN.contains(&b) || setup == Some(&b)
+    })
 }
 
 /// The text of the kernel functions that rewrite a thread's user registers
-/// for a signal, merged, at most `max` ranges (the first ones by address;
-/// the running kernel has four to six), from `/proc/kallsyms`: empty when
-/// its addresses are hidden. Read once per run.
+/// for a signal ([`SIGNAL_RETURN`], [`SIGNAL_SETUP`]), merged: at most
+/// `max` ranges, the first ones by address (kernels here have two to
+/// four), from `/proc/kallsyms`; empty when its addresses are hidden. Read
+/// once per run.
 pub fn signal_register_ranges(max: usize) -> Vec<(u64, u64)> {
     static RANGES: std::sync::OnceLock<Vec<(u64, u64)>> = std::sync::OnceLock::new();
     let r = RANGES.get_or_init(|| match std::fs::read_to_string("/proc/kallsyms") {
-        Ok(text) => ranges_in(&text, is_signal_register_writer),
+        Ok(text) => signal_ranges_in(&text),
         Err(_) => Vec::new(),
     });
     r.iter().take(max).copied().collect()
@@ -139,18 +166,8 @@ fn interrupt_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
 /// address ranges: each function ends where the next symbol starts, and
 /// the 16-byte `__pfx_` padding between two of them joins their ranges.
 fn ranges_in(kallsyms: &str, want: impl Fn(&str) -> bool) -> Vec<(u64, u64)> {
-    let mut syms: Vec<(u64, bool)> = kallsyms
-        .lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let (a, t, n) = (it.next()?, it.next()?, it.next()?);
-            if !matches!(t, "t" | "T") || it.next().is_some() || n.starts_with("__pfx_") {
-                return None; // data, module text, padding
-            }
-            let a = u64::from_str_radix(a, 16).ok().filter(|&a| a != 0)?;
-            Some((a, want(n)))
-        })
-        .collect();
+    let mut syms: Vec<(u64, bool)> =
+        text_symbols(kallsyms).filter(|(_, n)| !n.starts_with("__pfx_")).map(|(a, n)| (a, want(n))).collect();
     syms.sort_unstable();
     let mut out: Vec<(u64, u64)> = Vec::new();
     for w in syms.windows(2) {
@@ -171,9 +188,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_signal_register_writers_are_found_with_their_clones_and_merged() {
+    fn the_signal_register_writers_are_the_return_and_the_innermost_setup_found() {
+        // 6.2 and later: x64_setup_rt_frame alone on the way in (not the
+        // function it is called from); the return's clones and an alias at
+        // one address; the __pfx_ padding joins neighbours; a part far
+        // away (.cold) is a range of its own; a module's text is not the
+        // kernel's.
         let ks = "\
 ffffffff812fc120 T arch_do_signal_or_restart
+ffffffff812fc400 T get_sigframe
 ffffffff812fc470 t __pfx_restore_sigcontext
 ffffffff812fc480 t restore_sigcontext.isra.0
 ffffffff812fc640 t __pfx_x64_setup_rt_frame
@@ -181,14 +204,35 @@ ffffffff812fc650 T x64_setup_rt_frame
 ffffffff812fc960 t __pfx___x64_sys_rt_sigreturn
 ffffffff812fc970 t __do_sys_rt_sigreturn
 ffffffff812fc970 T __x64_sys_rt_sigreturn
-ffffffff812fcb00 T get_sigframe
+ffffffff812fca60 T signal_fault
+ffffffff812fcb00 T fpu__restore_sig
+ffffffff81b00000 t restore_sigcontext.cold
+ffffffff81b00040 t other.cold
 ffffffff81300000 t restore_sigframe\t[mod]
 ";
-        // The __pfx_ padding joins neighbours; a module's text is not the kernel's.
-        assert_eq!(ranges_in(ks, is_signal_register_writer), vec![(0xffffffff812fc120, 0xffffffff812fcb00)]);
-        assert!(is_signal_register_writer("setup_return"));
-        assert!(!is_signal_register_writer("setup_returns"));
-        assert!(!is_signal_register_writer("get_signal"));
+        assert_eq!(
+            signal_ranges_in(ks),
+            vec![(0xffffffff812fc480, 0xffffffff812fca60), (0xffffffff81b00000, 0xffffffff81b00040)]
+        );
+        // Debian's 6.1: the way in inlined into arch_do_signal_or_restart.
+        let ks = "\
+ffffffff812fc120 T arch_do_signal_or_restart
+ffffffff812fc400 T get_sigframe
+ffffffff812fc480 t restore_sigcontext
+ffffffff812fc650 T something_else
+";
+        assert_eq!(
+            signal_ranges_in(ks),
+            vec![(0xffffffff812fc120, 0xffffffff812fc400), (0xffffffff812fc480, 0xffffffff812fc650)]
+        );
+        // Debian's arm64 6.1: in do_notify_resume, the last resort.
+        let ks = "\
+ffff80000801dd20 T __arm64_sys_rt_sigreturn
+ffff80000801de00 T do_notify_resume
+ffff80000801e000 T next
+";
+        assert_eq!(signal_ranges_in(ks), vec![(0xffff80000801dd20, 0xffff80000801e000)]);
+        assert_eq!(signal_ranges_in("0000000000000000 T x64_setup_rt_frame\n0000000000000000 T x\n"), vec![]);
     }
 
     #[test]

@@ -741,6 +741,12 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
         "{} still running past the threshold at the end; lost: {} slow calls (ring full); {} samples outside slow calls",
         s.in_flight_over, s.lost.slow_calls, s.samples_outside_slow_calls
     );
+    if s.signal_delivery_samples > 0 {
+        eprintln!(
+            "{} samples taken while the kernel entered or left a signal handler: user part [signal delivery]",
+            s.signal_delivery_samples
+        );
+    }
     if let Some(line) = s.perf_maps.text() {
         eprintln!("{line}");
     }
