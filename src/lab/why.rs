@@ -43,6 +43,10 @@ const PORT: u16 = 5010;
 /// The spinners' quota: half a CPU (of a 100 ms period).
 const QUOTA_US: u64 = 50_000;
 const PERIOD_US: u64 = 100_000;
+/// The spinners' group's CPU weight, cgroup v1 (`cpu.shares`, 1,024 a
+/// task at nice 0) and v2 (`cpu.weight`, 100 by default, 10,000 at most).
+const SHARES: u64 = 102_400;
+const WEIGHT: u64 = 10_000;
 
 /// Options of `sonde lab why`.
 #[derive(Debug, Args)]
@@ -90,6 +94,11 @@ impl QuotaGroup {
             };
             std::fs::write(dir.join("cpu.cfs_period_us"), PERIOD_US.to_string())?;
             std::fs::write(dir.join("cpu.cfs_quota_us"), QUOTA_US.to_string())?;
+            // Weighted far above the host's other work, so that the
+            // spinners get their quota and are throttled as built on a busy
+            // host too (beside a test suite they got 2.6% of a CPU, never
+            // reached the quota); the quota caps what the weight can take.
+            std::fs::write(dir.join("cpu.shares"), SHARES.to_string())?;
             return Ok(g);
         }
         // cgroup v2: the service in a domain group, the spinners in its
@@ -117,6 +126,9 @@ impl QuotaGroup {
         std::fs::write(child.join("cgroup.type"), "threaded")?;
         std::fs::write(parent.join("cgroup.subtree_control"), "+cpu")?;
         std::fs::write(child.join("cpu.max"), format!("{QUOTA_US} {PERIOD_US}"))?;
+        // As cpu.shares above, at both levels (the quota caps it).
+        std::fs::write(parent.join("cpu.weight"), WEIGHT.to_string())?;
+        std::fs::write(child.join("cpu.weight"), WEIGHT.to_string())?;
         Ok(g)
     }
 

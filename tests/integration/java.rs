@@ -373,12 +373,43 @@ fn java_names_stay_right_across_deoptimization() {
     let home = Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
     let log = dir.join("compilation.log");
     let mut c = Command::new(home.join("bin/java"));
-    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "10"]);
-    c.stdout(std::fs::File::create(&log).unwrap());
-    let w = KillOnDrop(c.spawn().unwrap());
-    thread::sleep(Duration::from_millis(2000));
-    let (stacks, err) =
-        stacks_of(&["profile", "-p", &w.0.id().to_string(), "-F", "499", "-d", "6s"], &dir.join("d.json"));
+    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "60"]);
+    c.stdout(std::fs::File::create(&log).unwrap()).stdin(Stdio::piped());
+    let mut w = KillOnDrop(c.spawn().unwrap());
+    let mut go = w.0.stdin.take().unwrap();
+    let pid = w.0.id();
+    // SAFETY: sysconf takes no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    let cpu_wait = |secs: f64| {
+        let (c0, t0) = (cpu_ticks(pid), Instant::now());
+        while ((cpu_ticks(pid) - c0) as f64) < secs * hz as f64 && t0.elapsed() < Duration::from_secs(30) {
+            thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Warm-up (the JIT compiles step() with Heavy inlined), then 2 s of the
+    // JVM's CPU on each side of the switch, sampled: by its CPU, not the
+    // clock (a JVM slow to start on a busy host moved a switch by the
+    // clock to one end of the window: lightDirect on 227 of 2,730 samples).
+    cpu_wait(1.5);
+    let json = dir.join("d.json");
+    let mut p = Command::new(SONDE)
+        .args(["profile", "-p", &pid.to_string(), "-F", "499", "-o", json.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut r = BufReader::new(p.stderr.take().unwrap());
+    let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
+    cpu_wait(2.0);
+    std::io::Write::write_all(&mut go, b"switch\n").unwrap();
+    cpu_wait(2.0);
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
+    assert_eq!(p.wait().unwrap().code(), Some(130));
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut r, &mut rest);
+    err.push_str(&rest);
+    let stacks = json_stacks(&json);
     drop(w);
     let text = std::fs::read_to_string(&log).unwrap();
     let after = text.split("loading").nth(1).expect("the second class was loaded in the window");
@@ -415,6 +446,7 @@ fn java_names_stay_right_across_deoptimization() {
     let share = h as f64 / (h + l).max(1) as f64;
     assert!(main > 400 && (share - 2.0 / 3.0).abs() < 0.05, "heavy {h}, light {l} of {main}; {err}");
     let (other, direct) = (under(&stacks, "JSplit$Other.run"), under(&stacks, "JSplit.lightDirect"));
+    // A third of each half, nominally.
     assert!(
         other * 10 > main && direct * 10 > main,
         "both halves: Other.run on {other}, lightDirect on {direct} of {main} samples; {err}"

@@ -3,7 +3,8 @@
 //   off SECONDS      cycle() sleeps 10 ms (sleeper), waits 20 ms in a socket read (reader),
 //                    waits 30 ms on a monitor (waiter): 1:2:3 off the CPU
 //   deopt SECONDS    as cpu, through a virtual call the JIT binds while one class implements
-//                    it; a second class loaded halfway makes the JVM deoptimize and recompile
+//                    it; a second class loaded halfway (or at a line on stdin) makes the JVM
+//                    deoptimize and recompile
 //   shared SECONDS   twice() and once() call one compiled worker(), 2:1 iterations (run
 //                    with worker() kept out of line: -XX:CompileCommand=dontinline,JSplit::worker)
 //   virtual SECONDS  as shared, through a virtual call of Worker.work() that the JIT cannot
@@ -154,9 +155,10 @@ public class JSplit {
                 break;
             }
             case "deopt": {
+                // The switch: a line on stdin, else half the run.
                 long half = System.nanoTime() + (end - System.nanoTime()) / 2;
                 Work w = new Heavy();
-                while (System.nanoTime() < half) {
+                while (System.nanoTime() < half && System.in.available() == 0) {
                     step(w, 200_000);
                     sink += lightDirect();
                 }
