@@ -534,7 +534,7 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
     );
     if f.sym.signal_samples > 0 {
         s.push_str(&format!(
-            "\n{} {unit} taken while the kernel entered or left a signal handler: user part [signal delivery]",
+            "\n{} {unit} taken while the kernel entered or left a signal handler: a kernel frame [signal delivery] in place of the user stack",
             f.sym.signal_samples
         ));
     }

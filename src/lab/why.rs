@@ -76,6 +76,17 @@ struct QuotaGroup {
     path: String,
 }
 
+/// Sets a group's CPU weight, or says why not: the lab still runs, its
+/// spinners less sure to reach the quota on a busy host.
+fn weigh(file: &Path, value: u64) {
+    if let Err(e) = std::fs::write(file, value.to_string()) {
+        eprintln!(
+            "lab: could not set {} to {value} ({e}): on a busy host the spinners may not reach their quota",
+            file.display()
+        );
+    }
+}
+
 impl QuotaGroup {
     fn new(service_pid: u32) -> anyhow::Result<QuotaGroup> {
         let name = format!("sonde-lab-why-{}", std::process::id());
@@ -98,7 +109,7 @@ impl QuotaGroup {
             // spinners get their quota and are throttled as built on a busy
             // host too (beside a test suite they got 2.6% of a CPU, never
             // reached the quota); the quota caps what the weight can take.
-            std::fs::write(dir.join("cpu.shares"), SHARES.to_string())?;
+            weigh(&dir.join("cpu.shares"), SHARES);
             return Ok(g);
         }
         // cgroup v2: the service in a domain group, the spinners in its
@@ -126,9 +137,10 @@ impl QuotaGroup {
         std::fs::write(child.join("cgroup.type"), "threaded")?;
         std::fs::write(parent.join("cgroup.subtree_control"), "+cpu")?;
         std::fs::write(child.join("cpu.max"), format!("{QUOTA_US} {PERIOD_US}"))?;
-        // As cpu.shares above, at both levels (the quota caps it).
-        std::fs::write(parent.join("cpu.weight"), WEIGHT.to_string())?;
-        std::fs::write(child.join("cpu.weight"), WEIGHT.to_string())?;
+        // As cpu.shares above, at both levels (the quota caps it; the
+        // service's other threads in the parent only block).
+        weigh(&parent.join("cpu.weight"), WEIGHT);
+        weigh(&child.join("cpu.weight"), WEIGHT);
         Ok(g)
     }
 

@@ -398,6 +398,57 @@ pub(crate) fn cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
+/// Waits until process `pid` has had `secs` more of CPU; false if it had
+/// not within 30 s, or is gone (a busy host delays the program, not the
+/// verdict).
+pub(crate) fn cpu_wait(pid: u32, secs: f64) -> bool {
+    // SAFETY: sysconf takes no pointers.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let ticks = || {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    };
+    let (Some(c0), t0) = (ticks(), Instant::now()) else { return false };
+    loop {
+        match ticks() {
+            Some(c) if (c - c0) as f64 >= secs * hz => return true,
+            None => return false,
+            _ if t0.elapsed() > Duration::from_secs(30) => return false,
+            _ => thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// `sonde profile -p PID -F 499 -o JSON` across a switch the program makes
+/// when told: `secs` of the program's CPU sampled, then `switch()`, then
+/// `secs` more, then SIGINT. Returns sonde's stderr, and whether the
+/// program had its CPU in time on both sides.
+pub(crate) fn profile_across_switch(
+    pid: u32,
+    json: &std::path::Path,
+    secs: f64,
+    switch: impl FnOnce(),
+) -> (String, bool) {
+    let mut p = Command::new(SONDE)
+        .args(["profile", "-p", &pid.to_string(), "-F", "499", "-o"])
+        .arg(json)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut r = BufReader::new(p.stderr.take().unwrap());
+    let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
+    let before = cpu_wait(pid, secs);
+    switch();
+    let after = cpu_wait(pid, secs);
+    // SAFETY: kill takes no pointers.
+    unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
+    assert_eq!(p.wait().unwrap().code(), Some(130), "SIGINT ends the profile: {err}");
+    let _ = std::io::Read::read_to_string(&mut r, &mut err);
+    (err, before && after)
+}
+
 /// `go`, from PATH or Go's default install directory.
 pub(crate) fn go_bin() -> String {
     if Command::new("go").arg("version").output().is_ok_and(|o| o.status.success()) {

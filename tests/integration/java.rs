@@ -373,44 +373,24 @@ fn java_names_stay_right_across_deoptimization() {
     let home = Path::new("/usr/lib/jvm/java-17-openjdk-amd64");
     let log = dir.join("compilation.log");
     let mut c = Command::new(home.join("bin/java"));
-    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "60"]);
+    c.args(["-XX:+PrintCompilation", "-cp"]).arg(&cp).args(["JSplit", "deopt", "600"]);
     c.stdout(std::fs::File::create(&log).unwrap()).stdin(Stdio::piped());
     let mut w = KillOnDrop(c.spawn().unwrap());
     let mut go = w.0.stdin.take().unwrap();
     let pid = w.0.id();
-    // SAFETY: sysconf takes no pointers.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-    let cpu_wait = |secs: f64| {
-        let (c0, t0) = (cpu_ticks(pid), Instant::now());
-        while ((cpu_ticks(pid) - c0) as f64) < secs * hz as f64 && t0.elapsed() < Duration::from_secs(30) {
-            thread::sleep(Duration::from_millis(20));
-        }
-    };
     // Warm-up (the JIT compiles step() with Heavy inlined), then 2 s of the
     // JVM's CPU on each side of the switch, sampled: by its CPU, not the
     // clock (a JVM slow to start on a busy host moved a switch by the
     // clock to one end of the window: lightDirect on 227 of 2,730 samples).
-    cpu_wait(1.5);
+    assert!(cpu_wait(pid, 1.5), "the JVM had 1.5 s of CPU within 30 s");
     let json = dir.join("d.json");
-    let mut p = Command::new(SONDE)
-        .args(["profile", "-p", &pid.to_string(), "-F", "499", "-o", json.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut r = BufReader::new(p.stderr.take().unwrap());
-    let mut err = wait_for_stderr_line(&mut r, "sampling CPU stacks");
-    cpu_wait(2.0);
-    std::io::Write::write_all(&mut go, b"switch\n").unwrap();
-    cpu_wait(2.0);
-    // SAFETY: kill takes no pointers.
-    unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
-    assert_eq!(p.wait().unwrap().code(), Some(130));
-    let mut rest = String::new();
-    let _ = std::io::Read::read_to_string(&mut r, &mut rest);
-    err.push_str(&rest);
+    // A JVM gone already shows below (its log, the stacks).
+    let (err, in_time) = profile_across_switch(pid, &json, 2.0, || {
+        let _ = std::io::Write::write_all(&mut go, b"switch\n");
+    });
     let stacks = json_stacks(&json);
     drop(w);
+    assert!(in_time, "the JVM had 2 s of CPU within 30 s on each side of the switch: {err}");
     let text = std::fs::read_to_string(&log).unwrap();
     let after = text.split("loading").nth(1).expect("the second class was loaded in the window");
     assert!(

@@ -662,15 +662,6 @@ fn node_names_stay_right_across_deoptimization() {
         c.stdout(std::fs::File::create(&log).unwrap());
         let w = KillOnDrop(c.spawn().unwrap());
         let pid = w.0.id();
-        // SAFETY: sysconf takes no pointers.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
-        let cpu_wait = |secs: f64| {
-            let c0 = cpu_ticks(pid);
-            let t0 = Instant::now();
-            while ((cpu_ticks(pid) - c0) as f64) < secs * hz as f64 && t0.elapsed() < Duration::from_secs(30) {
-                thread::sleep(Duration::from_millis(20));
-            }
-        };
         // Warm-up until V8 has optimized what runs (quiet, all of it in
         // 0.4 s). One CI run sampled from 2 s of the clock on saw heavy's
         // share at 0.603 before the switch: a failure shows the stacks,
@@ -678,24 +669,11 @@ fn node_names_stay_right_across_deoptimization() {
         let settled = wait_settled(pid, &log, &SPLIT, &CPU_FUNCS, 2.0);
         // 1.5 s of the program's CPU on each side of the switch, sampled.
         let json = dir.join("d.json");
-        let mut p = Command::new(SONDE)
-            .args(["profile", "-p", &pid.to_string(), "-F", "499", "-o", json.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut r = BufReader::new(p.stderr.take().unwrap());
-        let mut err = format!("{settled}; {}", wait_for_stderr_line(&mut r, "sampling CPU stacks"));
-        cpu_wait(1.5);
-        // SAFETY: kill takes no pointers.
-        unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
-        cpu_wait(1.5);
-        // SAFETY: as above.
-        unsafe { libc::kill(p.id() as i32, libc::SIGINT) };
-        assert_eq!(p.wait().unwrap().code(), Some(130));
-        let mut rest = String::new();
-        let _ = std::io::Read::read_to_string(&mut r, &mut rest);
-        err.push_str(&rest);
+        let (err, _) = profile_across_switch(pid, &json, 1.5, || {
+            // SAFETY: kill takes no pointers.
+            unsafe { libc::kill(pid as i32, libc::SIGUSR2) };
+        });
+        let err = format!("{settled}; {err}");
         let stacks = json_stacks(&json);
         drop(w);
         let text = std::fs::read_to_string(&log).unwrap();

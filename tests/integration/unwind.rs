@@ -398,8 +398,8 @@ fn a_signal_handler_stack_continues_through_the_trampoline() {
 /// another, and a walk from them named frames the program never had (5
 /// to 11 of 39,000 samples at 9,999 Hz before). Those samples show
 /// `[signal delivery]`, counted; every other stack reaches main with no
-/// frame cut or unknown, but for one in 20,000 (a sample in an interrupt
-/// taken inside that kernel code is not recognized).
+/// frame cut or unknown, but for one in 20,000 (at least one: a sample in
+/// an interrupt taken inside that kernel code is not recognized).
 #[test]
 fn samples_taken_while_the_kernel_delivers_a_signal_name_no_frames_from_half_written_registers() {
     // Spins the CPUs: alone, so the timing tests beside it keep their oracles.
@@ -432,7 +432,7 @@ fn samples_taken_while_the_kernel_delivers_a_signal_name_no_frames_from_half_wri
         .filter(|(f, _)| index_of(f, "main").is_none() || f.iter().any(|x| x == "[truncated]" || x == "[unknown]"))
         .collect();
     let n: u64 = wrong.iter().map(|r| r.1).sum();
-    assert!(n * 20_000 <= total, "{n} of {total} samples do not reach main or name unknown frames: {wrong:?}");
+    assert!(n <= (total / 20_000).max(1), "{n} of {total} samples do not reach main or name unknown frames: {wrong:?}");
     assert!(s["truncated_samples"].as_u64().unwrap() <= n, "{s}");
     let signal: u64 = rows.iter().filter(|(f, _)| delivery(f)).map(|r| r.1).sum();
     assert!(signal > 0, "no sample seen in the kernel's signal delivery: {s}");
@@ -559,8 +559,10 @@ fn stacks_of_a_process_in_its_own_mount_namespace_and_one_that_exits() {
             .spawn()
             .unwrap(),
     );
-    // And one that exits halfway through the run.
-    let early = KillOnDrop(Command::new(&bin).args(["1.5", "3"]).spawn().unwrap());
+    // And one that exits before the end of the run (2 s after its start,
+    // the run ends after 3.4 s; 1.5 s left too little of a run beside the
+    // other for a debug build's start-up on a busy host).
+    let early = KillOnDrop(Command::new(&bin).args(["2", "3"]).spawn().unwrap());
     thread::sleep(Duration::from_millis(400));
     let dir = bin.parent().unwrap().to_path_buf();
     let run = |sel: Vec<String>, tag: &str| {

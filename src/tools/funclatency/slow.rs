@@ -164,7 +164,8 @@ pub struct Summary {
     /// Stacks truncated, over the slow calls' and the samples'.
     pub truncated_stacks: u64,
     /// Samples taken while the kernel entered or left a signal handler
-    /// (user part `[signal delivery]`), as every stack tool reports them.
+    /// (a kernel frame `[signal delivery]` in place of the user stack), as
+    /// every stack tool reports them.
     pub signal_delivery_samples: u64,
     /// Samples of cut stacks, by reason, as every stack tool reports them.
     pub truncated_by: std::collections::BTreeMap<&'static str, u64>,
@@ -616,6 +617,7 @@ fn summary(
 /// Runs slow; `ready` is called once everything is attached.
 pub fn run_with(a: &SlowArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, mut tf, probes) = validate(a)?;
+    crate::engine::symbols::prefetch_signal_register_ranges();
     let launched = taskfilter::launch(&a.command, &mut tf)?;
     let mut loaded = load(a, &tf, &probes)?;
     let mut targets = Targets::new(&tf, launched);
@@ -743,7 +745,7 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
     );
     if s.signal_delivery_samples > 0 {
         eprintln!(
-            "{} samples taken while the kernel entered or left a signal handler: user part [signal delivery]",
+            "{} samples taken while the kernel entered or left a signal handler: a kernel frame [signal delivery] in place of the user stack",
             s.signal_delivery_samples
         );
     }

@@ -250,6 +250,7 @@ pub fn table_walk_loads() -> anyhow::Result<()> {
 /// Runs a profile; `ready` is called once sampling runs.
 pub fn run_with(a: &ProfileArgs, ctl: &RunControl, ready: impl FnOnce()) -> anyhow::Result<Outcome> {
     let (outs, mut tf) = validate(a)?;
+    crate::engine::symbols::prefetch_signal_register_ranges();
     features::require_tracing_privileges()?;
     let plan = unwind::Plan::new(&a.unwind)?;
     stacktool::raise_open_files();

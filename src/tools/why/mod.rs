@@ -649,6 +649,7 @@ pub fn run_with(
     ended: impl FnOnce(),
 ) -> anyhow::Result<Outcome> {
     let (mut tf, out) = validate(a)?;
+    crate::engine::symbols::prefetch_signal_register_ranges();
     features::require_tracing_privileges()?;
     // The stacks' executables are kept open until they are named, as the
     // stack tools do, and the peers' walks open every process's fds.
