@@ -157,9 +157,10 @@ fn text_symbols(kallsyms: &str) -> impl Iterator<Item = (u64, &str)> {
 fn signal_ranges_in(kallsyms: &str) -> Vec<(u64, u64)> {
     // (start, end, index in SIGNAL_OWN then SIGNAL_SETUP); end 0 while open.
     let mut found: Vec<(u64, u64, usize)> = Vec::new();
-    let mut open = 0; // found[open..] await their end
-                      // Per first byte, the lengths of the wanted names (a bit each): most
-                      // lines are passed over on that alone.
+    // found[open..] await their end.
+    let mut open = 0;
+    // Per first byte, the lengths of the wanted names (a bit each): most
+    // lines are passed over on that alone.
     let mut lens = [0u64; 256];
     for w in SIGNAL_OWN.iter().chain(SIGNAL_SETUP) {
         lens[w.as_bytes()[0] as usize] |= 1 << w.len();
