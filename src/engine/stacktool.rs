@@ -403,8 +403,9 @@ pub struct StackSummary {
     /// Stacks cut short.
     pub truncated_stacks: u64,
     /// Samples taken while the kernel rewrote the thread's user registers
-    /// to enter or leave a signal handler: their user part is
-    /// `[signal delivery]` (not cut short: there was no stack to walk).
+    /// to enter or leave a signal handler: a kernel frame
+    /// `[signal delivery]` in place of the user stack (not cut short: there
+    /// was no stack to walk).
     pub signal_delivery_samples: u64,
     /// Frames no symbol was found for.
     pub unknown_frames: u64,
@@ -518,6 +519,17 @@ impl StackSummary {
     }
 }
 
+/// The summary line about samples taken in the kernel's signal delivery
+/// ([`SymStats::signal_samples`](super::stacks::SymStats)), when there were
+/// any; `unit` as in [`sym_summary`].
+pub fn signal_delivery_line(samples: u64, unit: &str) -> Option<String> {
+    (samples > 0).then(|| {
+        format!(
+            "{samples} {unit} taken while the kernel entered or left a signal handler: a kernel frame [signal delivery] in place of the user stack"
+        )
+    })
+}
+
 /// The summary lines every stack tool prints about symbolization and, with
 /// `unw`, about how user stacks were walked.
 pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> String {
@@ -532,11 +544,9 @@ pub fn sym_summary(f: &Finished, unit: &str, unw: Option<&unwind::Report>) -> St
         f.sym.kernel_addrs,
         f.render_time.as_millis()
     );
-    if f.sym.signal_samples > 0 {
-        s.push_str(&format!(
-            "\n{} {unit} taken while the kernel entered or left a signal handler: a kernel frame [signal delivery] in place of the user stack",
-            f.sym.signal_samples
-        ));
+    if let Some(line) = signal_delivery_line(f.sym.signal_samples, unit) {
+        s.push('\n');
+        s.push_str(&line);
     }
     if let Some(line) = f.sym.perf_maps.text() {
         s.push('\n');

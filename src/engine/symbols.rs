@@ -60,13 +60,7 @@ pub fn kernel_function_range(name: &str) -> Option<(u64, u64)> {
 fn function_range_in(kallsyms: &str, name: &str) -> Option<(u64, u64)> {
     let mut start = None;
     let mut addrs: Vec<u64> = Vec::new();
-    for l in kallsyms.lines() {
-        let mut it = l.split_whitespace();
-        let (Some(a), Some(t), Some(n)) = (it.next(), it.next(), it.next()) else { continue };
-        if !matches!(t, "t" | "T") || it.next().is_some() {
-            continue; // data, module text
-        }
-        let Some(a) = u64::from_str_radix(a, 16).ok().filter(|&a| a != 0) else { continue };
+    for (a, n) in text_symbols(kallsyms) {
         if n == name {
             if start.is_some() {
                 return None; // two functions of that name: which one is unknown

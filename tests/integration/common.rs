@@ -393,9 +393,14 @@ pub(crate) fn read_folded(p: &std::path::Path) -> Vec<(Vec<String>, u64)> {
 
 /// utime + stime of a process, in clock ticks.
 pub(crate) fn cpu_ticks(pid: u32) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let f: Vec<&str> = s.rsplit_once(')').unwrap().1.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    cpu_ticks_of(pid).unwrap_or_else(|| panic!("no CPU times of process {pid}"))
+}
+
+/// [`cpu_ticks`], or None once the process is gone.
+fn cpu_ticks_of(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
 }
 
 /// Waits until process `pid` has had `secs` more of CPU; false if it had
@@ -404,14 +409,9 @@ pub(crate) fn cpu_ticks(pid: u32) -> u64 {
 pub(crate) fn cpu_wait(pid: u32, secs: f64) -> bool {
     // SAFETY: sysconf takes no pointers.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let ticks = || {
-        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
-    };
-    let (Some(c0), t0) = (ticks(), Instant::now()) else { return false };
+    let (Some(c0), t0) = (cpu_ticks_of(pid), Instant::now()) else { return false };
     loop {
-        match ticks() {
+        match cpu_ticks_of(pid) {
             Some(c) if (c - c0) as f64 >= secs * hz => return true,
             None => return false,
             _ if t0.elapsed() > Duration::from_secs(30) => return false,

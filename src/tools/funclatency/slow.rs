@@ -743,11 +743,8 @@ fn print_text(a: &SlowArgs, out: &Outcome) -> anyhow::Result<()> {
         "{} still running past the threshold at the end; lost: {} slow calls (ring full); {} samples outside slow calls",
         s.in_flight_over, s.lost.slow_calls, s.samples_outside_slow_calls
     );
-    if s.signal_delivery_samples > 0 {
-        eprintln!(
-            "{} samples taken while the kernel entered or left a signal handler: a kernel frame [signal delivery] in place of the user stack",
-            s.signal_delivery_samples
-        );
+    if let Some(line) = stacktool::signal_delivery_line(s.signal_delivery_samples, "samples") {
+        eprintln!("{line}");
     }
     if let Some(line) = s.perf_maps.text() {
         eprintln!("{line}");
