@@ -736,17 +736,28 @@ fn why_throttled_time_matches_the_cgroups_own() {
 
 #[test]
 fn why_names_what_ran_on_the_cpu_instead() {
-    // Three spinners on one CPU: alone, so the timing tests keep their oracles.
+    ran_instead_of_a_spinner(2);
+}
+
+/// One other thread only: the kernel half then holds all the time it ran in
+/// the traced thread's record (no other runner comes to move it to its map).
+#[test]
+fn why_names_the_one_thread_that_ran_on_the_cpu_instead() {
+    ran_instead_of_a_spinner(1);
+}
+
+fn ran_instead_of_a_spinner(n: usize) {
+    // Spinners on one CPU: alone, so the timing tests keep their oracles.
     let _alone = QUIET.write().unwrap_or_else(|e| e.into_inner());
-    // Three spinners pinned to CPU 0, the two not traced in a cgroup of
-    // their own (a quota they never reach): while the traced one waits for
-    // the CPU (about two thirds of the time), the others run, and their own
+    // Spinners pinned to CPU 0, the `n` not traced in a cgroup of their own
+    // (a quota they never reach): while the traced one waits for the CPU
+    // (half or two thirds of the time), the others run, and their own
     // schedstat says for how long.
     let burn = build_workload("burn", &["-O2", "-g", "-fno-inline"]);
-    let g = CpuGroup::new("sonde-why-hog", 200);
+    let g = CpuGroup::new(&format!("sonde-why-hog{n}"), 200);
     let hog_cmd = format!("echo $$ > {}/cgroup.procs; exec taskset -c 0 {} 30", g.dir.display(), burn.display());
     let mut hogs: Vec<KillOnDrop> =
-        (0..2).map(|_| KillOnDrop(Command::new("sh").args(["-c", &hog_cmd]).spawn().unwrap())).collect();
+        (0..n).map(|_| KillOnDrop(Command::new("sh").args(["-c", &hog_cmd]).spawn().unwrap())).collect();
     let traced = KillOnDrop(Command::new("taskset").args(["-c", "0"]).arg(&burn).arg("30").spawn().unwrap());
     thread::sleep(Duration::from_millis(300));
     let ids: Vec<u32> = hogs.iter().map(|h| h.0.id()).collect();

@@ -110,15 +110,15 @@ const NSYS: usize = 512;
 ///
 /// OVERHEAD: small programs on the scheduler's, irq and softirq tracepoints
 /// (every context switch and wake-up on the host), records kept in the
-/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 323k, 117k
-/// and 10k switches/s: 233, 243 and 530 ns of BPF per switch traced, beside
-/// 63, 67 and 118 ns for an empty program on each of the same hooks (the floor
-/// here; at 10k the caches are cold at each switch; the kernel's clock, 55 ns
-/// a read on this VM, is read once a millisecond per CPU, the scheduler's
-/// clock in between); 6.6%, 3.7% and 0.2% fewer round trips (medians of 3
-/// rounds on a noisy host; perf sched record: 29%, 11% and 1.4%), 132-233 ns
-/// per switch of a thread not traced; sonde's own process under 0.75% of a
-/// core.
+/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 241k, 98k
+/// and 10k switches/s: 462, 458 and 607 ns of BPF per switch traced, beside
+/// 121, 118 and 126 ns for an empty program on each of the same hooks (the
+/// floor here, the clock reads of the kernel's own count included: 3.8x, 3.9x
+/// and 4.8x it; at 10k the caches are cold at each switch; the kernel's clock
+/// is read once a millisecond per CPU, the scheduler's clock in between);
+/// 14.5%, 6.5% and 0.9% fewer round trips (medians of 2 rounds; perf sched
+/// record: 37%, 20% and 2.8%), 271-306 ns per switch of a thread not traced;
+/// sonde's own process under 0.5% of a core once attached.
 /// -o FILE.html reads every thread's record about 400 times a run (10
 /// ms to 1 s apart). The other ends of sockets and pipes waited on: a walk of
 /// /proc/*/fd and a sock_diag lookup per connection, only when new ones were
@@ -138,7 +138,8 @@ const NSYS: usize = 512;
 /// of it at worst). The hottest functions: a CPU-clock sample 99 times a
 /// second per CPU, a walk when a traced thread is on it (1.3-2.6 ms of BPF a
 /// second beside a busy C or Python program: 0.13-0.26% of a CPU). Loading
-/// the programs takes about 0.9 s of CPU (the kernel's verifier).
+/// the programs takes about 1.7 s of CPU (the kernel's verifier, 1.2 s of it
+/// for the context switch's).
 #[derive(Debug, Args)]
 pub struct WhyArgs {
     /// Which tasks (none: every process on the host).
@@ -431,7 +432,15 @@ fn read(
     names.add_stacks(&stacks, ksyms);
     names.set_retransmits(flows);
     let mut threads: HashMap<u32, Thread> = HashMap::new();
+    let mut instead: Vec<(u32, u64, report::Instead)> = Vec::new();
     for (tid, r) in &recs {
+        if r.i_key.tid != 0 && r.i_ns > 0 {
+            // What ran instead of it that the kernel half still holds in the record.
+            let k = &r.i_key;
+            let i =
+                report::Instead { pid: k.rtgid, tid: k.rtid, comm: cstr(&r.i_comm), cgroup: String::new(), ns: r.i_ns };
+            instead.push((k.tid, k.cg, i));
+        }
         let end = if r.end != 0 { r.end } else { now };
         let acc = totals(r, now);
         let d = end.saturating_sub(r.since);
@@ -466,7 +475,6 @@ fn read(
             t.waits.push(wait);
         }
     })?;
-    let mut instead: Vec<(u32, u64, report::Instead)> = Vec::new();
     for_each_entry(&skel.maps.instead, |k, v| {
         let (Some(k), Some(v)) = (decode::<skel::types::why_instead_key>(k), decode::<skel::types::why_instead>(v))
         else {

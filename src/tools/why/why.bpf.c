@@ -439,10 +439,11 @@ static __always_inline struct file *fd_file(struct task_struct *t, __u64 fd)
 	struct fdtable *fdt = t->files->fdt;
 	if (!fdt || fd >= fdt->max_fds)
 		return NULL;
-	/* The array as a number: an index into a typed pointer is refused. */
-	__u64 fds = 0;
+	/* The array as a number (a pointer to pointers loads as one): an
+	 * index into a typed pointer is refused, so its slot is read by the
+	 * helper. */
+	__u64 fds = (__u64)fdt->fd;
 	struct file *f = NULL;
-	bpf_probe_read_kernel(&fds, sizeof(fds), &fdt->fd);
 	bpf_probe_read_kernel(&f, sizeof(f), (void *)(fds + (fd & 0xffffff) * sizeof(f)));
 	return f;
 }
@@ -473,8 +474,17 @@ static __always_inline __u8 file_class(struct why_thread *r, struct file *f, __u
 	 * next one opened at that descriptor (a shell's pipe, then the socket
 	 * of the program it ran) would pass for it. */
 	__u8 key = 1 + send + 2 * connect;
-	struct inode *ino = BPF_CORE_READ(f, f_inode);
-	__u64 i_ino = BPF_CORE_READ(ino, i_ino);
+	struct inode *ino;
+	__u64 i_ino;
+	if (bpf_ksym_exists(bpf_rdonly_cast)) {
+		/* Plain loads through a typed pointer (Linux 6.2+; a load that
+		 * faults reads zero): no helper call on every blocking switch. */
+		ino = bpf_core_cast(f, struct file)->f_inode;
+		i_ino = ino->i_ino;
+	} else {
+		ino = BPF_CORE_READ(f, f_inode);
+		i_ino = BPF_CORE_READ(ino, i_ino);
+	}
 	if ((__u64)f == r->c_file && fd == r->c_fd && key == r->c_key && i_ino == r->c_ino) {
 		r->obj = r->c_obj;
 		return r->c_cls;
@@ -1174,13 +1184,38 @@ static __always_inline void note_slice(struct why_cpu *c, struct task_struct *pr
 	__builtin_memcpy(s->comm, prev->comm, sizeof(s->comm));
 }
 
+/* Adds `ns` that thread `k->rtid` (named `comm`) ran to `instead`. */
+static __always_inline void instead_put(struct why_instead_key *k, __u64 ns, const char *comm)
+{
+	struct why_instead *v = bpf_map_lookup_elem(&instead, k);
+	if (v) {
+		__sync_fetch_and_add(&v->ns, ns);
+		return;
+	}
+	struct why_instead nv = {.ns = ns};
+	__builtin_memcpy(nv.comm, comm, sizeof(nv.comm));
+	if (bpf_map_update_elem(&instead, k, &nv, BPF_NOEXIST)) {
+		/* Lost a race with another CPU: its entry is taken. */
+		v = bpf_map_lookup_elem(&instead, k);
+		if (v)
+			__sync_fetch_and_add(&v->ns, ns);
+		else
+			stat_add(WT_INSTEAD_FULL);
+	}
+}
+
 /*
- * A traced thread switched in after waiting runnable since `since` (BPF
- * time): what ran on this CPU meanwhile, from the ring, newest first, while
- * the slices still overlap the wait. A wait spent partly on another CPU (it
- * migrated) or longer than the ring reaches is seen only in part.
+ * Traced thread `r` (`tid`) switched in after waiting runnable since `since`
+ * (BPF time): what ran on this CPU meanwhile, from the ring, newest first,
+ * while the slices still overlap the wait. A wait spent partly on another
+ * CPU (it migrated) or longer than the ring reaches is seen only in part.
+ * Time of the same thread as the last one that ran instead adds up in the
+ * record (i_key, i_ns: no hashing for two threads that take turns on a
+ * CPU); it goes to `instead` when another thread comes, and the user half
+ * adds what is still there.
  */
-static __always_inline void ran_instead(struct why_cpu *c, __u32 tid, __u64 since, __u64 clk)
+static __always_inline void ran_instead(struct why_cpu *c, struct why_thread *r, __u32 tid,
+                                        __u64 since, __u64 clk)
 {
 	if (!c || !c->off_at || (c->off > 0 && since < (__u64)c->off))
 		return;
@@ -1193,17 +1228,20 @@ static __always_inline void ran_instead(struct why_cpu *c, __u32 tid, __u64 sinc
 		__u64 a = s->start > w0 ? s->start : w0, b = s->end < clk ? s->end : clk;
 		if (b <= a || s->tid == tid)
 			continue;
-		struct why_instead_key k = {
-		        .cg = s->cg, .tid = tid, .rtid = s->tid, .rtgid = s->tgid};
-		struct why_instead *v = bpf_map_lookup_elem(&instead, &k);
-		if (v) {
-			__sync_fetch_and_add(&v->ns, b - a);
+		struct why_instead_key *k = &r->i_key;
+		if (k->tid == tid && k->rtid == s->tid && k->rtgid == s->tgid && k->cg == s->cg) {
+			r->i_ns += b - a;
 			continue;
 		}
-		struct why_instead nv = {.ns = b - a};
-		__builtin_memcpy(nv.comm, s->comm, sizeof(nv.comm));
-		if (bpf_map_update_elem(&instead, &k, &nv, BPF_NOEXIST))
-			stat_add(WT_INSTEAD_FULL);
+		if (k->tid)
+			instead_put(k, r->i_ns, r->i_comm);
+		k->cg = s->cg;
+		k->tid = tid;
+		k->rtid = s->tid;
+		k->rtgid = s->tgid;
+		k->pad = 0;
+		r->i_ns = b - a;
+		__builtin_memcpy(r->i_comm, s->comm, sizeof(r->i_comm));
 	}
 }
 
@@ -1285,7 +1323,7 @@ int BPF_PROG(why_switch, bool preempt, struct task_struct *prev, struct task_str
 			stat_add(WT_UNSEEN_WAKEUPS);
 		}
 		if (r->state == WS_RUNNABLE)
-			ran_instead(cpu, ntid, r->since, clk);
+			ran_instead(cpu, r, ntid, r->since, clk);
 		close_state(r, next, ntid, now);
 		r->state = WS_ON_CPU;
 		rq_taken(next, &r->steal0, &r->irq0);

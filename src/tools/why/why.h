@@ -74,6 +74,21 @@ struct why_wait_key {
 	__u8 pad[4];
 };
 
+/* What ran on a CPU while a traced thread waited in its run queue: per
+ * (waiting thread, thread that ran), the time their intervals overlapped. */
+struct why_instead_key {
+	__u64 cg;   /* the runner's CPU cgroup (its kernfs id: the directory's inode) */
+	__u32 tid;  /* the waiting thread */
+	__u32 rtid; /* the thread that ran */
+	__u32 rtgid;
+	__u32 pad;
+};
+
+struct why_instead {
+	__u64 ns;
+	char comm[16];
+};
+
 /* One traced thread. */
 struct why_thread {
 	__u64 since; /* when its current state began */
@@ -126,6 +141,11 @@ struct why_thread {
 	__s32 sel_fd;
 	__u8 sel_write;
 	__u8 sel_pad[3];
+	/* Time one other thread ran on its CPU while it waited runnable, not
+	 * yet in `instead` (see ran_instead): i_key.tid is 0 when none. */
+	struct why_instead_key i_key;
+	__u64 i_ns;
+	char i_comm[16];
 };
 
 /* How a wait ended (sched_waking's context). */
@@ -169,21 +189,6 @@ struct why_obj {
 	__u32 netns; /* a socket's network namespace (its inode) */
 	__u32 rdev;  /* a block device file's own device (0: another file) */
 	__u64 peer;  /* a Unix socket's peer's socket inode (0: none) */
-};
-
-/* What ran on a CPU while a traced thread waited in its run queue: per
- * (waiting thread, thread that ran), the time their intervals overlapped. */
-struct why_instead_key {
-	__u64 cg;   /* the runner's CPU cgroup (its kernfs id: the directory's inode) */
-	__u32 tid;  /* the waiting thread */
-	__u32 rtid; /* the thread that ran */
-	__u32 rtgid;
-	__u32 pad;
-};
-
-struct why_instead {
-	__u64 ns;
-	char comm[16];
 };
 
 /* TCP retransmissions of one flow in the window (`retrans`, by the flow as
