@@ -823,6 +823,77 @@ fn rule_drops(ns: &str) -> i64 {
 /// (the server's too: the other end is on this host) equal the two
 /// namespaces' own RetransSegs: all of the connection's traffic lies within
 /// the command's life, and handshake and close are never dropped.
+/// A client that waits on a server which answers each request after 500 ms
+/// (more than the RTO, 200 ms and a little on a veth): each end's send after
+/// that idle time restarts slow start (RFC 5681 4.1), as the kernel's
+/// tcp_slow_start_after_idle says, in each namespace, with Reno. Built in: the
+/// server's 4 answers, and the client's 3 requests after the first (its
+/// first follows the connection's set-up at once); none with the sysctl off.
+fn slow_start_restarts_on_the_connection(after_idle: bool) -> (Value, Value) {
+    let pair = Pair::new().expect("namespaces");
+    const PORT: u16 = 5013;
+    for ns in [&pair.a, &pair.b] {
+        ns.sysctl("net.ipv4.tcp_slow_start_after_idle", if after_idle { "1" } else { "0" }).unwrap();
+        // Reno: BBR (this host's default) has a cong_control hook of its
+        // own, which the kernel never restarts (and CUBIC is not in the
+        // list a namespace may pick from here).
+        ns.sysctl("net.ipv4.tcp_congestion_control", "reno").unwrap();
+    }
+    let server = format!(
+        "import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('{b}', {PORT})); s.listen(1); print('ready', flush=True)\nc, _ = s.accept()\n\
+         while True:\n    d = c.recv(64)\n    if not d: break\n    time.sleep(0.5)\n    c.sendall(b'r' * 4096)\nc.close()",
+        b = pair.b4
+    );
+    let mut srv = KillOnDrop(
+        Command::new("ip")
+            .args(["netns", "exec", &pair.b.name, "python3", "-c", &server])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(first_line(&mut srv).trim(), "ready");
+    let client = format!(
+        "import socket\nc = socket.create_connection(('{b}', {PORT}))\n\
+         for _ in range(4):\n    c.sendall(b'q' * 64)\n    n = 0\n    while n < 4096: n += len(c.recv(4096 - n))\nc.close()",
+        b = pair.b4
+    );
+    let run = Command::new(SONDE)
+        .args(["why", "--json", "--", "ip", "netns", "exec", &pair.a.name, "python3", "-c", &client])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(0), "{err}");
+    let v = json_lines(&run.stdout);
+    let waits: Vec<Value> = of_type(&v, "thread")
+        .iter()
+        .flat_map(|t| t["waits"].as_array().cloned().unwrap_or_default())
+        .filter(|w| w["class"] == "network" && w["remote"] == format!("{}:{PORT}", pair.b4))
+        .collect();
+    assert!(!waits.is_empty(), "no wait on the server's connection: {}", String::from_utf8_lossy(&run.stdout));
+    let r = waits[0]["retransmits"].clone();
+    assert!(waits.iter().all(|w| w["retransmits"] == r), "one connection, one count: {waits:?}");
+    (r, of_type(&v, "process")[0].clone())
+}
+
+#[test]
+fn why_counts_the_slow_start_restarts_of_the_connection_it_waits_on() {
+    let _shared = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let (r, p) = slow_start_restarts_on_the_connection(true);
+    eprintln!("with tcp_slow_start_after_idle=1: {r}; {}", p["verdict"]);
+    assert_eq!(r["slow_start_restarts"], 4 + 3, "the server's 4 answers and the client's 3 later requests: {r}");
+    assert_eq!(r["total"], 0, "{r}");
+    let verdict = p["verdict"].as_str().unwrap();
+    assert!(verdict.contains("7 slow-start restarts after idle (RFC 5681 4.1)"), "{verdict}");
+    assert_eq!(p["next"], "sonde cwnd --port 5013 --idle-only", "{p}");
+    // The kernel's switch: no restart, and the next command is another.
+    let (r, p) = slow_start_restarts_on_the_connection(false);
+    eprintln!("with tcp_slow_start_after_idle=0: {r}; {}", p["verdict"]);
+    assert_eq!(r["slow_start_restarts"], 0, "{r}");
+    assert!(!p["verdict"].as_str().unwrap().contains("slow-start"), "{p}");
+    assert!(!p["next"].as_str().unwrap().starts_with("sonde cwnd"), "{p}");
+}
+
 #[test]
 fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
     let _shared = QUIET.read().unwrap_or_else(|e| e.into_inner());

@@ -246,12 +246,18 @@ pub struct Retransmits {
     pub failed: u64,
     /// Of `total`, those the other end sent.
     pub by_peer: u64,
+    /// Sends after idle on which either end restarted slow start (RFC 5681
+    /// 4.1: the congestion window back to its initial size), the other
+    /// end's when it is on this host.
+    pub slow_start_restarts: u64,
 }
 
 impl Retransmits {
     /// Adds one end's counts (`count` and `segs` by cause, in
     /// `enum retrans_kind`'s order).
-    fn add(&mut self, count: &[u64; 7], segs: &[u64; 7], peer: bool) {
+    fn add(&mut self, c: &FlowCounts, peer: bool) {
+        let (count, segs) = (&c.count, &c.segs);
+        self.slow_start_restarts += c.restarts;
         let n: u64 = count.iter().sum();
         self.total += n;
         self.segments += segs.iter().sum::<u64>();
@@ -265,7 +271,7 @@ impl Retransmits {
     }
 
     /// Every count, in one order.
-    fn counts_mut(&mut self) -> [&mut u64; 10] {
+    fn counts_mut(&mut self) -> [&mut u64; 11] {
         [
             &mut self.total,
             &mut self.segments,
@@ -277,6 +283,7 @@ impl Retransmits {
             &mut self.synack,
             &mut self.failed,
             &mut self.by_peer,
+            &mut self.slow_start_restarts,
         ]
     }
 
@@ -291,10 +298,18 @@ impl Retransmits {
     /// "14 TCP retransmissions (9 after a retransmission timeout, RFC 6298;
     /// ...)", or that there were none.
     pub fn text(&self) -> String {
-        if self.total == 0 {
-            return "no TCP retransmissions".into();
-        }
         let plural = |n: u64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        let restarts = if self.slow_start_restarts > 0 {
+            format!(
+                "; {} after idle (RFC 5681 4.1)",
+                plural(self.slow_start_restarts, "slow-start restart", "slow-start restarts")
+            )
+        } else {
+            String::new()
+        };
+        if self.total == 0 {
+            return format!("no TCP retransmissions{restarts}");
+        }
         let parts: Vec<String> = [
             (self.rto, "after a retransmission timeout (RFC 6298)", "after a retransmission timeout (RFC 6298)"),
             (self.tlp, "tail loss probe (RFC 8985)", "tail loss probes (RFC 8985)"),
@@ -309,7 +324,11 @@ impl Retransmits {
         .map(|(n, one, many)| plural(n, one, many))
         .collect();
         let peer = if self.by_peer > 0 { format!("; {} by the other end", self.by_peer) } else { String::new() };
-        format!("{} ({}{peer})", plural(self.total, "TCP retransmission", "TCP retransmissions"), parts.join(", "))
+        format!(
+            "{} ({}{peer}){restarts}",
+            plural(self.total, "TCP retransmission", "TCP retransmissions"),
+            parts.join(", ")
+        )
     }
 }
 
@@ -393,19 +412,28 @@ fn on_flow<V>(
     }
 }
 
-/// Each flow's retransmissions by cause: counts, then segments.
-pub type FlowRetransmits = HashMap<FlowKey, ([u64; 7], [u64; 7])>;
+/// One flow's retransmissions by cause (counts, then segments) and its
+/// slow-start restarts after idle.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FlowCounts {
+    pub count: [u64; 7],
+    pub segs: [u64; 7],
+    pub restarts: u64,
+}
+
+/// Each flow's retransmissions and slow-start restarts.
+pub type FlowRetransmits = HashMap<FlowKey, FlowCounts>;
 
 /// The retransmissions in `now` since `before` (both running totals), by
 /// flow: an interval's own.
 pub fn flows_since(now: &FlowRetransmits, before: Option<&FlowRetransmits>) -> FlowRetransmits {
     now.iter()
-        .map(|(k, (c, s))| {
-            let (bc, bs) = before.and_then(|b| b.get(k)).copied().unwrap_or(([0; 7], [0; 7]));
-            let mut d = ([0u64; 7], [0u64; 7]);
+        .map(|(k, c)| {
+            let b = before.and_then(|b| b.get(k)).copied().unwrap_or_default();
+            let mut d = FlowCounts { restarts: c.restarts.saturating_sub(b.restarts), ..Default::default() };
             for i in 0..7 {
-                d.0[i] = c[i].saturating_sub(bc[i]);
-                d.1[i] = s[i].saturating_sub(bs[i]);
+                d.count[i] = c.count[i].saturating_sub(b.count[i]);
+                d.segs[i] = c.segs[i].saturating_sub(b.segs[i]);
             }
             (*k, d)
         })
@@ -905,7 +933,7 @@ impl Namer {
         let map = self.retrans.as_ref()?;
         let (l, r) = (ip_of(o.family, &o.saddr)?, ip_of(o.family, &o.daddr)?);
         let mut out = Retransmits::default();
-        on_flow(map, (l, o.sport, r, o.dport), o.netns, |(count, segs), peer| out.add(count, segs, peer));
+        on_flow(map, (l, o.sport, r, o.dport), o.netns, |c, peer| out.add(c, peer));
         Some(out)
     }
 
@@ -1204,6 +1232,9 @@ pub struct Losses {
     /// Why retransmissions were not counted at all (None: they were).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retransmits_not_counted: Option<String>,
+    /// Why slow-start restarts after idle were not counted (None: they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restarts_not_counted: Option<String>,
     /// Block requests not counted: the device map was full.
     pub disks_full: u64,
     /// Block requests completed that the kernel did not run the counting
@@ -1470,8 +1501,11 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
             let conns = connections_retransmits(s);
             let drop_conns = connections_drops(s).filter(|(_, d)| d.total > 0);
             let dropped = drop_conns.as_ref().map(|(_, d)| d.clone());
+            let restarted = conns.map_or(0, |(_, r)| r.slow_start_restarts);
             let lost = [
-                conns.map(|(_, r)| r.text()).filter(|_| conns.is_some_and(|(_, r)| r.total > 0) || dropped.is_none()),
+                conns
+                    .map(|(_, r)| r.text())
+                    .filter(|_| conns.is_some_and(|(_, r)| r.total > 0) || restarted > 0 || dropped.is_none()),
                 dropped.as_ref().map(Drops::text),
             ]
             .into_iter()
@@ -1492,11 +1526,18 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
             // wait is that process's time, which `why` of it tells.
             let local = wait
                 .and_then(|w| w.peers.iter().find(|x| x.pid != pid))
-                .filter(|_| !retransmitted && dropped.is_none());
+                .filter(|_| !retransmitted && dropped.is_none() && restarted == 0);
             (
                 format!("{who} spent {share:.0}% blocked on the network: {obj}{waker}{loss}"),
                 Some(match local {
                     Some(x) => format!("sonde why -p {}", x.pid),
+                    // Nothing resent, but slow start began again after idle
+                    // (RFC 5681 4.1): each such send and its window (a
+                    // packet dropped without a retransmission, as a queue
+                    // purged at a close, cost the wait less).
+                    None if restarted > 0 && !retransmitted && !port.is_empty() && port != "0" => {
+                        format!("sonde cwnd --port {port} --idle-only")
+                    }
                     // Dropped but not retransmitted (UDP, or packets the
                     // kernel dropped that TCP did not have to resend): where
                     // and why they were dropped.
@@ -1749,6 +1790,7 @@ impl Report {
             .chain(l.disks_not_counted.iter().map(|w| format!("; block devices' latency not measured: {w}")))
             .chain(l.samples_not_taken.iter().map(|w| format!("; hottest functions not sampled: {w}")))
             .chain(l.drops_not_counted.iter().map(|w| format!("; packet drops not counted: {w}")))
+            .chain(l.restarts_not_counted.iter().map(|w| format!("; slow-start restarts not counted: {w}")))
             .collect::<String>(),
             if l.unseen_wakeups + l.unseen_switches > 0 {
                 format!(

@@ -1612,6 +1612,59 @@ int BPF_PROG(why_retrans, const struct sock *sk, const struct sk_buff *skb)
 	return count_retransmit(sk, skb, 0);
 }
 
+/*
+ * Slow start restarted after idle (RFC 5681 4.1), whoever sends: the kernel
+ * checks at each new skb a send queues (tcp_skb_entail, inline: its
+ * tcp_slow_start_after_idle_check) and restarts when the sysctl
+ * tcp_slow_start_after_idle is on, nothing is in flight, the congestion
+ * control has no cong_control hook of its own (BBR has) and the time since
+ * the last data sent exceeds the RTO; this evaluates the same condition
+ * where tcp_sendmsg_locked is about to queue one (its tracepoint, added to
+ * Linux in 2025). A send with data in flight, the common case of a bulk
+ * sender, costs a few loads.
+ */
+static __always_inline bool queues_skb(const struct sk_buff *skb, int size_goal)
+{
+	/* skb is the write queue's tail (NULL: none): a new one is queued when
+	 * it is full. */
+	return !skb || size_goal - (int)skb->len <= 0;
+}
+
+SEC("tp_btf/tcp_sendmsg_locked")
+int BPF_PROG(why_send, struct sock *sk, struct msghdr *msg, struct sk_buff *skb, int size_goal)
+{
+	if (!t_start || t_end || !queues_skb(skb, size_goal))
+		return 0;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp || tp->packets_out)
+		return 0;
+	__u32 idle = (__u32)bpf_jiffies64() - tp->lsndtime;
+	if (idle <= tp->inet_conn.icsk_rto)
+		return 0;
+	if (!BPF_CORE_READ(sk, __sk_common.skc_net.net, ipv4.sysctl_tcp_slow_start_after_idle))
+		return 0;
+	if (BPF_CORE_READ(tp, inet_conn.icsk_ca_ops, cong_control))
+		return 0;
+	struct rt_flow f = {};
+	FLOW_FILL(&f, &sk->__sk_common, sk->__sk_common.skc_family, true);
+	struct why_retrans *v = bpf_map_lookup_elem(&retrans, &f);
+	if (!v) {
+		struct why_retrans zero = {};
+		bpf_map_update_elem(&retrans, &f, &zero, BPF_NOEXIST);
+		v = bpf_map_lookup_elem(&retrans, &f);
+		if (!v) {
+			stat_add(WT_RETRANS_FULL);
+			return 0;
+		}
+	}
+	__u32 nxt = tp->snd_nxt;
+	if (v->restarts && v->restart_nxt == nxt)
+		return 0; /* the same idle period's next skb */
+	v->restart_nxt = nxt;
+	__sync_fetch_and_add(&v->restarts, 1);
+	return 0;
+}
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);

@@ -199,6 +199,12 @@ struct why_obj {
 struct why_retrans {
 	__u64 count[WHY_RT_KINDS];
 	__u64 segs[WHY_RT_KINDS];
+	/* Sends after idle on which this end restarted slow start (RFC 5681
+	 * 4.1), and its snd_nxt at the last (one restart per idle period:
+	 * every skb a send queues before any goes out passes the check). */
+	__u64 restarts;
+	__u32 restart_nxt;
+	__u32 pad;
 };
 
 /* Block requests completed in the window on one device (its dev_t, as
