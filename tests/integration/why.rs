@@ -823,6 +823,33 @@ fn rule_drops(ns: &str) -> i64 {
 /// (the server's too: the other end is on this host) equal the two
 /// namespaces' own RetransSegs: all of the connection's traffic lies within
 /// the command's life, and handshake and close are never dropped.
+/// A Python server in `pair.b` on `port`, ready, that answers each 64-byte
+/// request with `size` bytes `delay` seconds later; and the program of a
+/// client (to run in `pair.a`) that sends `rounds` requests and reads each
+/// answer whole.
+fn request_response(pair: &Pair, port: u16, rounds: usize, size: usize, delay: f64) -> (KillOnDrop, String) {
+    let server = format!(
+        "import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('{b}', {port})); s.listen(1); print('ready', flush=True)\nc, _ = s.accept()\n\
+         while True:\n    d = c.recv(64)\n    if not d: break\n    time.sleep({delay})\n    c.sendall(b'r' * {size})\nc.close()",
+        b = pair.b4
+    );
+    let mut srv = KillOnDrop(
+        Command::new("ip")
+            .args(["netns", "exec", &pair.b.name, "python3", "-c", &server])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    assert_eq!(first_line(&mut srv).trim(), "ready");
+    let client = format!(
+        "import socket\nc = socket.create_connection(('{b}', {port}))\n\
+         for _ in range({rounds}):\n    c.sendall(b'q' * 64)\n    n = 0\n    while n < {size}: n += len(c.recv({size} - n))\nc.close()",
+        b = pair.b4
+    );
+    (srv, client)
+}
+
 /// A client that waits on a server which answers each request after 500 ms
 /// (more than the RTO, 200 ms and a little on a veth): each end's send after
 /// that idle time restarts slow start (RFC 5681 4.1), as the kernel's
@@ -839,25 +866,7 @@ fn slow_start_restarts_on_the_connection(after_idle: bool) -> (Value, Value) {
         // list a namespace may pick from here).
         ns.sysctl("net.ipv4.tcp_congestion_control", "reno").unwrap();
     }
-    let server = format!(
-        "import socket, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         s.bind(('{b}', {PORT})); s.listen(1); print('ready', flush=True)\nc, _ = s.accept()\n\
-         while True:\n    d = c.recv(64)\n    if not d: break\n    time.sleep(0.5)\n    c.sendall(b'r' * 4096)\nc.close()",
-        b = pair.b4
-    );
-    let mut srv = KillOnDrop(
-        Command::new("ip")
-            .args(["netns", "exec", &pair.b.name, "python3", "-c", &server])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    assert_eq!(first_line(&mut srv).trim(), "ready");
-    let client = format!(
-        "import socket\nc = socket.create_connection(('{b}', {PORT}))\n\
-         for _ in range(4):\n    c.sendall(b'q' * 64)\n    n = 0\n    while n < 4096: n += len(c.recv(4096 - n))\nc.close()",
-        b = pair.b4
-    );
+    let (_srv, client) = request_response(&pair, PORT, 4, 4096, 0.5);
     let run = Command::new(SONDE)
         .args(["why", "--json", "--", "ip", "netns", "exec", &pair.a.name, "python3", "-c", &client])
         .output()
@@ -907,25 +916,7 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
              }}"
         ))
         .unwrap();
-    let server = format!(
-        "import socket\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         s.bind(('{b}', {PORT})); s.listen(1); print('ready', flush=True)\nc, _ = s.accept()\n\
-         while True:\n    d = c.recv(64)\n    if not d: break\n    c.sendall(b'r' * 64)\nc.close()",
-        b = pair.b4
-    );
-    let mut srv = KillOnDrop(
-        Command::new("ip")
-            .args(["netns", "exec", &pair.b.name, "python3", "-c", &server])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    assert_eq!(first_line(&mut srv).trim(), "ready");
-    let client = format!(
-        "import socket\nc = socket.create_connection(('{b}', {PORT}))\n\
-         for _ in range(30):\n    c.sendall(b'q' * 64)\n    n = 0\n    while n < 64: n += len(c.recv(64 - n))\nc.close()",
-        b = pair.b4
-    );
+    let (srv, client) = request_response(&pair, PORT, 30, 64, 0.0);
     let before = pair.mib().unwrap();
     let before_b = pair.b.mib().unwrap();
     let run = Command::new(SONDE)

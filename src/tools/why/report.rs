@@ -1702,7 +1702,7 @@ impl Report {
                     .take(2)
                     .map(|w| {
                         let loss = [
-                            w.retransmits.filter(|r| r.total > 0).map(|r| r.text()),
+                            w.retransmits.filter(|r| r.total > 0 || r.slow_start_restarts > 0).map(|r| r.text()),
                             w.drops.as_ref().filter(|d| d.total > 0).map(Drops::text),
                         ]
                         .into_iter()
@@ -1870,6 +1870,29 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slow_start_restarts_are_told_with_or_without_retransmissions() {
+        let mut r = Retransmits::default();
+        let end = FlowCounts { restarts: 3, ..Default::default() };
+        r.add(&end, false);
+        r.add(&FlowCounts { restarts: 1, ..Default::default() }, true);
+        assert_eq!(r.text(), "no TCP retransmissions; 4 slow-start restarts after idle (RFC 5681 4.1)");
+        let mut rto = FlowCounts { restarts: 0, ..Default::default() };
+        rto.count[0] = 2;
+        rto.segs[0] = 2;
+        r.add(&rto, false);
+        assert!(r.text().starts_with("2 TCP retransmissions ("), "{}", r.text());
+        assert!(r.text().ends_with("; 4 slow-start restarts after idle (RFC 5681 4.1)"), "{}", r.text());
+        let mut sum = Retransmits::default();
+        sum.plus(&r);
+        assert_eq!(sum.slow_start_restarts, 4);
+        let mut before: FlowRetransmits = HashMap::new();
+        let k = (std::net::IpAddr::from([127, 0, 0, 1]), 1, std::net::IpAddr::from([127, 0, 0, 1]), 2, 0);
+        before.insert(k, end);
+        let now: FlowRetransmits = [(k, FlowCounts { restarts: 5, ..end })].into_iter().collect();
+        assert_eq!(flows_since(&now, Some(&before))[&k].restarts, 2);
+    }
 
     #[test]
     fn scheduler_frames_are_skipped_and_locks_found() {
