@@ -823,6 +823,15 @@ fn rule_drops(ns: &str) -> i64 {
 /// (the server's too: the other end is on this host) equal the two
 /// namespaces' own RetransSegs: all of the connection's traffic lies within
 /// the command's life, and handshake and close are never dropped.
+/// Every thread's network waits on `remote` ("ADDR:PORT").
+fn network_waits(v: &[Value], remote: &str) -> Vec<Value> {
+    of_type(v, "thread")
+        .iter()
+        .flat_map(|t| t["waits"].as_array().cloned().unwrap_or_default())
+        .filter(|w| w["class"] == "network" && w["remote"] == remote)
+        .collect()
+}
+
 /// A Python server in `pair.b` on `port`, ready, that answers each 64-byte
 /// request with `size` bytes `delay` seconds later; and the program of a
 /// client (to run in `pair.a`) that sends `rounds` requests and reads each
@@ -874,11 +883,7 @@ fn slow_start_restarts_on_the_connection(after_idle: bool) -> (Value, Value) {
     let err = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(0), "{err}");
     let v = json_lines(&run.stdout);
-    let waits: Vec<Value> = of_type(&v, "thread")
-        .iter()
-        .flat_map(|t| t["waits"].as_array().cloned().unwrap_or_default())
-        .filter(|w| w["class"] == "network" && w["remote"] == format!("{}:{PORT}", pair.b4))
-        .collect();
+    let waits = network_waits(&v, &format!("{}:{PORT}", pair.b4));
     assert!(!waits.is_empty(), "no wait on the server's connection: {}", String::from_utf8_lossy(&run.stdout));
     let r = waits[0]["retransmits"].clone();
     assert!(waits.iter().all(|w| w["retransmits"] == r), "one connection, one count: {waits:?}");
@@ -929,11 +934,7 @@ fn why_counts_the_retransmissions_of_the_connection_it_waits_on() {
     assert_eq!(run.status.code(), Some(0), "{err}");
     let v = json_lines(&run.stdout);
     let s = of_type(&v, "summary")[0].clone();
-    let waits: Vec<Value> = of_type(&v, "thread")
-        .iter()
-        .flat_map(|t| t["waits"].as_array().cloned().unwrap_or_default())
-        .filter(|w| w["class"] == "network" && w["remote"] == format!("{}:{PORT}", pair.b4))
-        .collect();
+    let waits = network_waits(&v, &format!("{}:{PORT}", pair.b4));
     assert!(!waits.is_empty(), "no wait on the server's connection: {}", String::from_utf8_lossy(&run.stdout));
     let r = &waits[0]["retransmits"];
     assert!(waits.iter().all(|w| w["retransmits"] == *r), "one connection, one count: {waits:?}");

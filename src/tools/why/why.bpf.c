@@ -1563,7 +1563,21 @@ int BPF_PROG(why_exit, struct task_struct *p)
 	return 0;
 }
 
-/* Every task, once at the start and once at the end (iter_phase). */
+/* The counts of flow `f` (kind 0) in `retrans`, made if new; NULL when the
+ * map is full (counted). */
+static __always_inline struct why_retrans *flow_counts(struct rt_flow *f)
+{
+	struct why_retrans *v = bpf_map_lookup_elem(&retrans, f);
+	if (v)
+		return v;
+	struct why_retrans zero = {};
+	bpf_map_update_elem(&retrans, f, &zero, BPF_NOEXIST);
+	v = bpf_map_lookup_elem(&retrans, f);
+	if (!v)
+		stat_add(WT_RETRANS_FULL);
+	return v;
+}
+
 /*
  * Every TCP retransmission in the window, per flow and cause, whoever sent
  * it (it runs in softirq or timer context, on whatever task is current):
@@ -1583,16 +1597,9 @@ static __always_inline int count_retransmit(const struct sock *sk, const struct 
 	if (kind >= WHY_RT_KINDS)
 		return 0;
 	r.flow.kind = 0;
-	struct why_retrans *v = bpf_map_lookup_elem(&retrans, &r.flow);
-	if (!v) {
-		struct why_retrans zero = {};
-		bpf_map_update_elem(&retrans, &r.flow, &zero, BPF_NOEXIST);
-		v = bpf_map_lookup_elem(&retrans, &r.flow);
-		if (!v) {
-			stat_add(WT_RETRANS_FULL);
-			return 0;
-		}
-	}
+	struct why_retrans *v = flow_counts(&r.flow);
+	if (!v)
+		return 0;
 	__sync_fetch_and_add(&v->count[kind], 1);
 	__sync_fetch_and_add(&v->segs[kind], r.segs);
 	return 0;
@@ -1647,16 +1654,9 @@ int BPF_PROG(why_send, struct sock *sk, struct msghdr *msg, struct sk_buff *skb,
 		return 0;
 	struct rt_flow f = {};
 	FLOW_FILL(&f, &sk->__sk_common, sk->__sk_common.skc_family, true);
-	struct why_retrans *v = bpf_map_lookup_elem(&retrans, &f);
-	if (!v) {
-		struct why_retrans zero = {};
-		bpf_map_update_elem(&retrans, &f, &zero, BPF_NOEXIST);
-		v = bpf_map_lookup_elem(&retrans, &f);
-		if (!v) {
-			stat_add(WT_RETRANS_FULL);
-			return 0;
-		}
-	}
+	struct why_retrans *v = flow_counts(&f);
+	if (!v)
+		return 0;
 	__u32 nxt = tp->snd_nxt;
 	if (v->restarts && v->restart_nxt == nxt)
 		return 0; /* the same idle period's next skb */
@@ -2010,6 +2010,7 @@ int why_sample(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
+/* Every task, once at the start and once at the end (iter_phase). */
 SEC("iter/task")
 int why_iter(struct bpf_iter__task *ctx)
 {
