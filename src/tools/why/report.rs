@@ -253,8 +253,8 @@ pub struct Retransmits {
 }
 
 impl Retransmits {
-    /// Adds one end's counts (`count` and `segs` by cause, in
-    /// `enum retrans_kind`'s order).
+    /// Adds one end's counts: its retransmissions (`count` and `segs` by
+    /// cause, in `enum retrans_kind`'s order) and slow-start restarts.
     fn add(&mut self, c: &FlowCounts, peer: bool) {
         let (count, segs) = (&c.count, &c.segs);
         self.slow_start_restarts += c.restarts;
