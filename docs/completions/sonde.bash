@@ -1759,7 +1759,7 @@ _sonde() {
             return 0
             ;;
         sonde__subcmd__why)
-            opts="-p -i -d -o -h -V --pid --tid --cgroup --comm --interval --top --per-thread --unwind --frames --duration --json --output --help --version"
+            opts="-p -i -d -o -h -V --pid --tid --cgroup --comm --interval --top --per-thread --unwind --frames --duration --json --output --thread-slots --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1818,6 +1818,10 @@ _sonde() {
                     return 0
                     ;;
                 -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --thread-slots)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -288,6 +288,7 @@ lang\t'Only the language frames, where a stack has any'
 native\t'Native frames only, as the CPU sees them (no language frames read)'"
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s d -l duration -d 'Stop after this long (e.g. 10s, 2m); default: until Ctrl-C' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s o -l output -d 'Write to this file; its extension picks the format' -r -F
+complete -c sonde -n "__fish_sonde_using_subcommand why" -l thread-slots -d 'Tests only: slots for the threads\' records (a power of two, 2 to 65536; default: pid_max, at most 65536), so that threads share them' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l per-thread -d 'One row per thread instead of per group of same-named threads'
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l json -d 'One JSON object per line: the tool\'s records, then a summary'
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s h -l help -d 'Print help (see more with \'--help\')'

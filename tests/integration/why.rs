@@ -800,6 +800,48 @@ fn ran_instead_of_a_spinner(n: usize) {
     }
 }
 
+/// Threads whose ids share one slot of the kernel half's records (forced
+/// with `--thread-slots 8`: four threads whose ids are multiples of 8, so
+/// all but the first are kept in the next free slots) each keep a record of
+/// their own: named, every nanosecond accounted for, and with their own
+/// time on CPU as schedstat counts it (slot i spins i + 1 ms in every
+/// i + 3, so records mixed up would show).
+#[test]
+fn why_keeps_the_records_of_threads_that_share_a_slot_apart() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let bin = build_workload("whyslots", &["-O2", "-g", "-pthread"]);
+    let mut w = KillOnDrop(Command::new(&bin).args(["8", "4", "30"]).stdout(Stdio::piped()).spawn().unwrap());
+    let pid = w.0.id();
+    let line = first_line(&mut w);
+    let tids: Vec<u32> = line.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
+    assert!(line.starts_with("ready") && tids.len() == 4 && tids.iter().all(|t| t % 8 == 0), "{line}");
+    let sampler = Sampler::start(pid, None);
+    thread::sleep(Duration::from_millis(50));
+    let run = Command::new(SONDE)
+        .args(["why", "-p", &pid.to_string(), "--thread-slots", "8", "-d", "2s", "--json"])
+        .output()
+        .unwrap();
+    let samples = sampler.finish();
+    assert_eq!(run.status.code(), Some(0), "{}", String::from_utf8_lossy(&run.stderr));
+    let v = json_lines(&run.stdout);
+    let s = summary(&v);
+    let (from, to) = (s["start_monotonic_ns"].as_u64().unwrap(), s["end_monotonic_ns"].as_u64().unwrap());
+    assert_eq!(s["lost"]["threads_full"], 0, "{s}");
+    for (i, tid) in tids.iter().enumerate() {
+        let mine: Vec<&Value> = of_type(&v, "thread").into_iter().filter(|t| t["tid"] == *tid).collect();
+        assert_eq!(mine.len(), 1, "thread {tid}: {mine:?}");
+        let t = mine[0];
+        assert_eq!(t["comm"], format!("slot{i}"), "{t}");
+        let window = field(t, "window_ns");
+        assert!((sum_of(t) - window).abs() <= window * 0.01, "{t}");
+        let cpu = samples.delta(&tid.to_string(), 0, from, to).expect("its schedstat over the window");
+        let ours = field(t, "on_cpu_ns");
+        eprintln!("slot{i} ({tid}): on CPU {ours:.0} ns by sonde, {cpu:.0} ns by schedstat, {window:.0} ns window");
+        assert!((ours - cpu).abs() <= window * 0.03 + 2e6, "slot{i}: sonde {ours} ns, schedstat {cpu} ns: {t}");
+        assert!(blocked(t, "sleep") > window * 0.1, "{t}");
+    }
+}
+
 /// The packets the rules of table `inet whyloss` in namespace `ns` dropped
 /// (their counters).
 fn rule_drops(ns: &str) -> i64 {

@@ -27,7 +27,7 @@ use crate::engine::{
     features,
     output::RunArgs,
     perf::Counter,
-    record::{decode, for_each_entry, percpu_sum},
+    record::{decode, for_each_entry, percpu_sum, MappedArray},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
     taskfilter::{Targets, TaskArgs, TaskFilter},
@@ -76,8 +76,9 @@ const WT_SAMPLES: u32 = 15;
 const WT_DROPS_FULL: u32 = 16;
 const WT_OWN_DISKS_FULL: u32 = 17;
 const WT_STATE_WOKEN: u32 = 18;
+const WT_RECORD_BUSY: u32 = 19;
 /// + enum stk_stat (src/bpf/stacks.h).
-const WT_STACKS: u32 = 19;
+const WT_STACKS: u32 = 20;
 #[cfg(test)]
 const WT_MAX: u32 = WT_STACKS + 4;
 
@@ -110,15 +111,17 @@ const NSYS: usize = 512;
 ///
 /// OVERHEAD: small programs on the scheduler's, irq and softirq tracepoints
 /// (every context switch and wake-up on the host), records kept in the
-/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 241k, 98k
-/// and 10k switches/s: 462, 458 and 607 ns of BPF per switch traced, beside
-/// 121, 118 and 126 ns for an empty program on each of the same hooks (the
-/// floor here, the clock reads of the kernel's own count included: 3.8x, 3.9x
-/// and 4.8x it; at 10k the caches are cold at each switch; the kernel's clock
+/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 242k, 99k
+/// and 10k switches/s: 291, 295 and 389 ns of BPF per switch traced, beside
+/// 120, 117 and 123 ns for an empty program on each of the same hooks (the
+/// floor here, the clock reads of the kernel's own count included: 2.4x, 2.5x
+/// and 3.2x it; at 10k the caches are cold at each switch; the kernel's clock
 /// is read once a millisecond per CPU, the scheduler's clock in between);
-/// 14.5%, 6.5% and 0.9% fewer round trips (medians of 2 rounds; perf sched
-/// record: 37%, 20% and 2.8%), 271-306 ns per switch of a thread not traced;
-/// sonde's own process under 0.5% of a core once attached.
+/// 11.1%, 4.8% and 0.5% fewer round trips (medians of 2 rounds; perf sched
+/// record: 37.7%, 20.0% and 2.4%), 249-276 ns per switch of a thread not
+/// traced; sonde's own process under 1% of a core once attached. Kernel
+/// memory: the threads' records, 512 bytes a slot, 16 MiB here (pid_max
+/// 32,768), 32 MiB at most.
 /// -o FILE.html reads every thread's record about 400 times a run (10
 /// ms to 1 s apart). The other ends of sockets and pipes waited on: a walk of
 /// /proc/*/fd and a sock_diag lookup per connection, only when new ones were
@@ -162,6 +165,10 @@ pub struct WhyArgs {
     /// -d, --json, -o.
     #[command(flatten)]
     pub run: RunArgs,
+    /// Tests only: slots for the threads' records (a power of two, 2 to
+    /// 65536; default: pid_max, at most 65536), so that threads share them.
+    #[arg(long, hide = true)]
+    pub thread_slots: Option<u32>,
 }
 
 /// Formats `-o` can write.
@@ -197,7 +204,7 @@ struct Loaded {
     drop_reason: bool,
 }
 
-fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks::Tracker)> {
+fn load(tf: &TaskFilter, plan: &unwind::Plan, slots: Option<u32>) -> anyhow::Result<(Loaded, stacks::Tracker)> {
     let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
     let mut open = WhySkelBuilder::default().open(storage).context("opening BPF object")?;
     crate::set_task_follow!(&mut open, tf);
@@ -215,12 +222,28 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan) -> anyhow::Result<(Loaded, stacks:
         "this kernel (before Linux 6.1) lets a perf_event program use only preallocated maps, and the stack walk's are allocated as used; `sonde profile -p PID` samples them".to_string()
     });
     open.progs.why_sample.set_autoload(no_samples.is_none());
+    let has_fetch = features::has_atomic_fetch();
+    let slots = if has_fetch { slots.unwrap_or_else(thread_slots) } else { 0 };
+    open.maps.slots.set_max_entries(slots.max(1))?;
+    // Hashed records only where there are no slots.
+    open.maps.threads.set_max_entries(if has_fetch { 1 } else { 65536 })?;
+    if !has_fetch {
+        // Kernels before 5.12 reject the slots' atomics even where
+        // slot_mask 0 makes them dead.
+        for mut prog in open.open_object_mut().progs_mut() {
+            features::poison_atomic_fetch(&mut prog)
+                .context("preparing the programs for a kernel without BPF atomics")?;
+        }
+    }
     let ro = open.maps.rodata_data.as_deref_mut().expect("rodata present");
     crate::set_task_filter!(&mut *ro, tf);
     for (nr, kind) in syscalls::kinds(NSYS) {
         ro.sys_kind[nr] = kind;
     }
     ro.has_task_regs = features::has_task_regs();
+    // The threads' records in slots by thread id where the kernel has BPF
+    // compare-and-exchange (see `slots` in why.bpf.c), else all hashed.
+    ro.slot_mask = slots.saturating_sub(1);
     // sched_switch's prev_state: bool preempt, prev, next, prev_state.
     ro.has_prev_state = features::tracepoint_btf_args("sched_switch").is_some_and(|n| n >= 4);
     ro.skip_init = features::init_hides_tracing();
@@ -373,12 +396,27 @@ fn cstr(b: &[i8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// Every thread's record in the kernel half, by thread id.
-fn records(skel: &WhySkel<'static>) -> anyhow::Result<Vec<(u32, skel::types::why_thread)>> {
+/// The number of slots for threads' records (a power of two): at least
+/// pid_max, so that no two threads share one, up to 65,536 (32 MiB).
+fn thread_slots() -> u32 {
+    let pid_max = features::sysctl("kernel/pid_max").and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(u32::MAX);
+    pid_max.clamp(1024, 65536).next_power_of_two()
+}
+
+/// Every thread's record in the kernel half, by thread id: those in slots
+/// (made whole: their id set), read in place, and those hashed.
+fn records(skel: &WhySkel<'static>, slots: &MappedArray) -> anyhow::Result<Vec<(u32, skel::types::why_thread)>> {
     let mut recs = Vec::new();
-    for_each_entry(&skel.maps.threads, |k, v| {
-        if let (Some(tid), Some(t)) = (decode::<u32>(k), decode::<skel::types::why_thread>(v)) {
-            recs.push((tid, t));
+    for i in 0..slots.len() {
+        if slots.get::<u64>(i).is_some_and(|tid| tid != 0) {
+            if let Some(t) = slots.get::<skel::types::why_thread>(i).filter(|t| t.tid != 0) {
+                recs.push((t.tid as u32, t));
+            }
+        }
+    }
+    for_each_entry(&skel.maps.threads, |_, v| {
+        if let Some(t) = decode::<skel::types::why_thread>(v).filter(|t| t.tid != 0) {
+            recs.push((t.tid as u32, t));
         }
     })?;
     Ok(recs)
@@ -409,9 +447,9 @@ fn totals(r: &skel::types::why_thread, now: u64) -> [u64; timeline::SLOTS] {
 /// counted up to a time it may have ended before: with sonde's own thread
 /// preempted between the two (beside a busy test), a spinner's timeline
 /// showed 14-18% in the run queue against 5-7% in its totals.
-fn sample(skel: &WhySkel<'static>, tl: &mut timeline::Timeline) -> anyhow::Result<()> {
+fn sample(skel: &WhySkel<'static>, slots: &MappedArray, tl: &mut timeline::Timeline) -> anyhow::Result<()> {
     let now = mono_ns();
-    let recs = records(skel)?;
+    let recs = records(skel, slots)?;
     tl.add(now, recs.iter().map(|(tid, r)| (*tid, totals(r, now.max(r.since)))));
     Ok(())
 }
@@ -425,6 +463,7 @@ struct Snapshot {
 /// open state of each counts up to it).
 fn read(
     skel: &WhySkel<'static>,
+    slots: &MappedArray,
     now: u64,
     ksyms: &KernelSymbols,
     names: &mut report::Namer,
@@ -432,7 +471,7 @@ fn read(
     mut released: Option<stacks::ByWait>,
 ) -> anyhow::Result<Snapshot> {
     let t_start = skel.maps.bss_data.as_deref().map(|b| b.t_start).unwrap_or(0);
-    let recs = records(skel)?;
+    let recs = records(skel, slots)?;
     let mut objects: HashMap<u64, skel::types::why_obj> = HashMap::new();
     for_each_entry(&skel.maps.objects, |k, v| {
         if let (Some(id), Some(o)) = (decode::<u64>(k), decode::<skel::types::why_obj>(v)) {
@@ -592,6 +631,7 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         drops_full: st(WT_DROPS_FULL)?,
         own_disks_full: st(WT_OWN_DISKS_FULL)?,
         states_woken: st(WT_STATE_WOKEN)?,
+        records_busy: st(WT_RECORD_BUSY)?,
         drops_not_counted: None,
         stack_errors: st(WT_STACKS)? + st(WT_STACKS + 1)? + st(WT_STACKS + 2)?,
         releases_taken: 0,
@@ -646,6 +686,11 @@ fn validate(a: &WhyArgs) -> anyhow::Result<(TaskFilter, Option<(std::path::PathB
     if a.top == 0 {
         return Err(usage("--top 0: show at least one process"));
     }
+    if let Some(n) = a.thread_slots {
+        if !(2..=65536).contains(&n) || !n.is_power_of_two() {
+            return Err(usage(format!("--thread-slots {n}: a power of two from 2 to 65536")));
+        }
+    }
     let tf = a.task.validate()?;
     if tf.pids.contains(&1) && features::init_hides_tracing() {
         return Err(usage(
@@ -689,7 +734,8 @@ pub fn run_with(
     let plan = unwind::Plan::new(&a.unwind)?;
     let launched = a.task.launch(&mut tf)?;
     let mut targets = Targets::new(&tf, launched);
-    let (mut l, mut tracker) = load(&tf, &plan)?;
+    let (mut l, mut tracker) = load(&tf, &plan, a.thread_slots)?;
+    let slots = MappedArray::new(&l.skel.maps.slots).context("mapping the threads' records")?;
     let start = attach(&mut l, &tf)?;
     iterate(&mut l.skel, 0)?;
     ctl.start_clock();
@@ -757,7 +803,7 @@ pub fn run_with(
         if let Some(t) = &mut tl {
             if std::time::Instant::now() >= sample_at + gap {
                 sample_at = std::time::Instant::now();
-                sample(&l.skel, t)?;
+                sample(&l.skel, &slots, t)?;
                 gap = t.tick.max(sample_at.elapsed() * 20);
             }
         }
@@ -779,7 +825,7 @@ pub fn run_with(
                 let mine = l.no_own_disks.is_none().then(|| own_disk_counts(&l.skel)).transpose()?;
                 names.set_own_disks(mine.as_ref().map(|c| disks::own_since(c, prev_own.as_ref())), false);
                 prev_own = mine;
-                let snap = read(&l.skel, now, &ksyms, &mut names, own, None)?;
+                let snap = read(&l.skel, &slots, now, &ksyms, &mut names, own, None)?;
                 let (from, base) = prev.take().unwrap_or((start, HashMap::new()));
                 let mut lost = losses(&l.skel)?;
                 lost.retransmits_not_counted.clone_from(&l.no_retrans);
@@ -809,7 +855,7 @@ pub fn run_with(
     iterate(&mut skel, 1)?;
     if let Some(t) = &mut tl {
         // Nothing changes after `end`: the last column ends there.
-        let recs = records(&skel)?;
+        let recs = records(&skel, &slots)?;
         t.add(end, recs.iter().map(|(tid, r)| (*tid, totals(r, end))));
     }
     let flows = no_retrans.is_none().then(|| flow_retransmits(&skel)).transpose()?;
@@ -817,7 +863,7 @@ pub fn run_with(
     names.set_own_disks(no_own_disks.is_none().then(|| own_disk_counts(&skel)).transpose()?, true);
     names.set_drops(no_drops.is_none().then(|| flow_drops(&skel)).transpose()?);
     let (released, rloss, hottest) = tracker.finish(&skel)?;
-    let snap = read(&skel, end, &ksyms, &mut names, flows, Some(released))?;
+    let snap = read(&skel, &slots, end, &ksyms, &mut names, flows, Some(released))?;
     let mut lost = losses(&skel)?;
     (lost.releases_taken, lost.release_stacks_truncated) = (rloss.taken, rloss.truncated);
     lost.retransmits_not_counted = no_retrans;

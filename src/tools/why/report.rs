@@ -1257,6 +1257,9 @@ pub struct Losses {
     /// prev_state, or at the start): a user thread's taken as
     /// uninterruptible, a kernel thread's as such only on I/O.
     pub states_woken: u64,
+    /// Events of threads passed over while another CPU made the thread's
+    /// record (its first event and another hook's at once).
+    pub records_busy: u64,
     /// Why packet drops were not counted at all (None: they were).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drops_not_counted: Option<String>,
@@ -1780,6 +1783,7 @@ impl Report {
                 (l.drops_full, "packet drops (drop map full)"),
                 (l.own_disks_full, "threads' own block requests (map full)"),
                 (l.states_woken, "waits' states (overwritten by their wake-up: taken as uninterruptible)"),
+                (l.records_busy, "events of threads whose record another CPU was making"),
                 (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
                 (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]

@@ -87,9 +87,40 @@ volatile __u64 t_end = 0;
  * (takes each thread's user and system time). */
 volatile __u32 iter_phase = 0;
 
+/*
+ * The traced threads' records. Where the kernel has BPF compare-and-exchange
+ * (5.12+), in `slots`: at the thread id masked by slot_mask, or, if another
+ * thread took that slot first, in the first free one of the next
+ * WHY_PROBES - 1. User space makes at least pid_max slots where that is at
+ * most 65,536, so that every thread has its own. Found with no hashing
+ * (a hash lookup costs ~50 ns here, and every switch looks up two threads,
+ * every wake-up one); a slot's owner never changes until the run ends, so
+ * a free slot ends the search. On older kernels (slot_mask 0) all in
+ * `threads`, by thread id. One map or the other, never both: the verifier
+ * follows each map a record may come from as a path of its own.
+ */
+const volatile __u32 slot_mask = 0;
+#define WHY_PROBES 8
+
+/* Lines as why_thread lays them out: mmapable, the slots begin on a page. */
+_Static_assert(sizeof(struct why_thread) % 64 == 0, "records in whole lines");
+_Static_assert(__builtin_offsetof(struct why_thread, thr_at) == 64 &&
+                       __builtin_offsetof(struct why_thread, pk) == 128 &&
+                       __builtin_offsetof(struct why_thread, acc) == 192 &&
+                       __builtin_offsetof(struct why_thread, start) == 320,
+               "the hot lines of a record as laid out");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 65536); /* set by user space: slot_mask + 1 */
+	__type(key, __u32);
+	__type(value, struct why_thread);
+} slots SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 65536); /* set by user space */
 	__type(key, __u32);
 	__type(value, struct why_thread);
 } threads SEC(".maps");
@@ -238,6 +269,33 @@ static __always_inline unsigned int blocked_state(struct task_struct *t, unsigne
 	if (!(t->flags & PF_KTHREAD_) || BPF_CORE_READ_BITFIELD(t, in_iowait))
 		return TASK_UNINTERRUPTIBLE_;
 	return TASK_INTERRUPTIBLE_;
+}
+
+/* The record of thread `tid`, or NULL. NULL too, counted, while another
+ * CPU makes it (its first event and one of another hook at once). */
+static __always_inline struct why_thread *thread_rec(__u32 tid)
+{
+	if (!slot_mask)
+		return bpf_map_lookup_elem(&threads, &tid);
+	if (!tid)
+		return NULL;
+#pragma clang loop unroll(disable)
+	for (__u32 i = 0; i < WHY_PROBES; i++) {
+		__u32 k = (tid + i) & slot_mask;
+		struct why_thread *r = bpf_map_lookup_elem(&slots, &k);
+		if (!r)
+			return NULL;
+		if (r->tid == tid)
+			return r;
+		__u64 c = r->claim;
+		if (!c)
+			return NULL; /* a free slot: no record */
+		if (c == tid) {
+			stat_add(WT_RECORD_BUSY);
+			return NULL;
+		}
+	}
+	return NULL;
 }
 
 static __always_inline bool wanted(struct task_struct *t)
@@ -704,7 +762,7 @@ __noinline int why_one_fd(__u64 set, __u64 n, int found)
 static __always_inline int on_select(struct trace_event_raw_sys_enter *ctx)
 {
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	struct why_thread *r = thread_rec(tid);
 	if (t_end || !r)
 		return 0;
 	__u64 n = ctx->args[0];
@@ -926,6 +984,7 @@ static __always_inline struct why_thread *new_thread(struct task_struct *t, __u3
 		return NULL;
 	struct why_thread *n = &sc->t;
 	__builtin_memset(n, 0, sizeof(*n));
+	n->claim = tid;
 	n->state = state;
 	n->since = since;
 	n->start = start;
@@ -933,6 +992,34 @@ static __always_inline struct why_thread *new_thread(struct task_struct *t, __u3
 	n->utime0 = BPF_CORE_READ(t, utime);
 	n->stime0 = BPF_CORE_READ(t, stime);
 	BPF_CORE_READ_STR_INTO(&n->comm, t, comm);
+	if (slot_mask) {
+#pragma clang loop unroll(disable)
+		for (__u32 i = 0; i < WHY_PROBES; i++) {
+			__u32 k = (tid + i) & slot_mask;
+			struct why_thread *r = bpf_map_lookup_elem(&slots, &k);
+			if (!r || !tid)
+				return NULL;
+			__u64 c = __sync_val_compare_and_swap(&r->claim, 0, (__u64)tid);
+			if (c == tid) /* made meanwhile, or being made on another CPU */
+				return r->tid == tid ? r : NULL;
+			if (c)
+				continue; /* another thread's */
+			/* Its slot: filled, then its id set by a fully ordered
+			 * atomic, so that a hook on another CPU that finds the id
+			 * finds the record whole (on x86; an arm64 reader's loads
+			 * have no acquire order, so there a hook racing with the
+			 * record's making may see part of it, once). Its old
+			 * value (0) is used: the fetching form is the one arm64's
+			 * JIT orders fully. */
+			__builtin_memcpy(r, n, sizeof(*n));
+			if (__sync_fetch_and_add(&r->tid, (__u64)tid))
+				stat_add(WT_RECORD_BUSY);
+			return r;
+		}
+		stat_add(WT_THREADS_FULL);
+		return NULL;
+	}
+	n->tid = tid;
 	if (bpf_map_update_elem(&threads, &tid, n, BPF_NOEXIST)) {
 		struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
 		if (!r)
@@ -947,13 +1034,14 @@ static __always_inline struct why_thread *new_thread(struct task_struct *t, __u3
  * it now. NULL for a thread not traced. */
 static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32 tid, __u8 before)
 {
-	if (tf_filter_pids) {
-		/* -p: one lookup for a task of another process. */
+	if (!slot_mask && tf_filter_pids) {
+		/* -p: one lookup for a task of another process (with slots,
+		 * its free slot says so first). */
 		__u32 tgid = t->tgid;
 		if (!bpf_map_lookup_elem(&tf_pids, &tgid))
 			return NULL;
 	}
-	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	struct why_thread *r = thread_rec(tid);
 	if (r)
 		return r->state == WS_GONE ? NULL : r;
 	if (!wanted(t))
@@ -1470,7 +1558,7 @@ int BPF_PROG(why_waking, struct task_struct *p)
 	if (t_end)
 		return 0;
 	__u32 tid = p->pid;
-	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	struct why_thread *r = thread_rec(tid);
 	if (!r || r->state != WS_BLOCKED)
 		return 0;
 	r->wctx = wake_context();
@@ -1502,7 +1590,7 @@ static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 	if (t_end)
 		return 0;
 	__u32 tid = p->pid;
-	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	struct why_thread *r = thread_rec(tid);
 	if (!r && !wanted(p))
 		return 0;
 	/* When it was queued, as the kernel counts it (see sched_ns). */
@@ -1864,7 +1952,7 @@ static __always_inline void note_bio(struct bio *bio)
 	if (t_end || !t_start)
 		return;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	if (!bpf_map_lookup_elem(&threads, &tid))
+	if (!thread_rec(tid))
 		return;
 	__u64 k = (__u64)bio;
 	struct why_bio b = {.where = bio_where(bio),
@@ -1998,7 +2086,7 @@ int why_sample(struct bpf_perf_event_data *ctx)
 	__u32 tid = (__u32)id;
 	if (!tid)
 		return 0;
-	struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+	struct why_thread *r = thread_rec(tid);
 	if (!r || r->end)
 		return 0;
 	struct stk_key key = {};
@@ -2019,7 +2107,7 @@ int why_iter(struct bpf_iter__task *ctx)
 		return 0;
 	__u32 tid = t->pid;
 	if (iter_phase) {
-		struct why_thread *r = bpf_map_lookup_elem(&threads, &tid);
+		struct why_thread *r = thread_rec(tid);
 		if (r && r->state != WS_GONE) {
 			r->utime1 = t->utime;
 			r->stime1 = t->stime;
@@ -2031,7 +2119,7 @@ int why_iter(struct bpf_iter__task *ctx)
 		}
 		return 0;
 	}
-	if (bpf_map_lookup_elem(&threads, &tid) || !wanted(t))
+	if (thread_rec(tid) || !wanted(t))
 		return 0;
 	unsigned int st = task_state(t);
 	__u8 state = t->on_cpu                           ? WS_ON_CPU

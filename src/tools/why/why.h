@@ -89,50 +89,72 @@ struct why_instead {
 	char comm[16];
 };
 
-/* One traced thread. */
+/*
+ * One traced thread. Laid out by what each hook touches, 64-byte lines
+ * (records in slots start on one): a wake-up's first read of the record
+ * (sched_waking) only the first, a switch or wake-up four at most; the rest
+ * is read or written when something changes (a new wait's object, waker or
+ * runner) or once per run. Most of each hook's cost here is lines not in
+ * the cache.
+ */
 struct why_thread {
+	/* Line 0: every hook. */
+	/* Its thread id, set once the record is whole (0: none; 64 bits for
+	 * the BPF atomics without alu32). */
+	__u64 tid;
 	__u64 since; /* when its current state began */
-	__u64 start; /* when its window began (the run's start, or its birth) */
-	__u64 end;   /* when it exited (0: alive at the end) */
-	__u64 acc[WA_MAX];
-	__u64 obj;    /* what the current wait is for (0: nothing more known) */
-	__u64 kstack; /* the current wait's kernel stack (hash in kstacks), 0 none */
-	__u64 thr_rq; /* runnable: its cfs_rq, and that cfs_rq's throttled clock then */
+	__u8 state;  /* enum why_state */
+	__u8 cls;    /* the current wait's enum why_class */
+	__u8 wctx;   /* how it was woken (enum why_wake) */
+	__u8 dstate; /* the current wait is uninterruptible */
+	__u16 sys;   /* the current wait's system call + 1 (0: none) */
+	__u16 pad0;
+	__u32 waker;      /* the thread that woke the current wait (sched_waking) */
+	__u32 waker_last; /* whose name is in waker_comm */
+	__u32 waits;      /* waits ended in the window */
+	__u32 taken_cpu;  /* the CPU whose counters are in steal0, irq0 */
+	__u64 obj;        /* what the current wait is for (0: nothing more known) */
+	__u64 kstack;     /* the current wait's kernel stack (hash in kstacks), 0 none */
+	__u64 thr_rq;     /* runnable: its cfs_rq, and that cfs_rq's throttled clock then */
+	/* Line 1: switches, and a wait's end. */
 	__u64 thr_at;
-	__u64 last_obj; /* the last object described in `objects` */
-	__u64 c_file;   /* the last wait on a descriptor: its file, inode number, */
-	__u64 c_ino;    /* descriptor, object, class and call kind (see fd_class) */
+	__u64 steal0; /* on CPU: its run queue's steal and irq time at the switch-in */
+	__u64 irq0;
+	__u64 on_steal; /* of the time on CPU: taken by the hypervisor (steal) */
+	__u64 on_irq;   /* of the time on CPU: serving interrupts (irq time) */
+	/* Finished waits not yet in `waits`, all on one key (see wait_add). */
+	__u64 p_ns;
+	__u64 p_count;
+	/* Time one other thread ran on its CPU while it waited runnable, not
+	 * yet in `instead` (see ran_instead): i_key.tid is 0 when none. */
+	__u64 i_ns;
+	/* Line 2: a wait's start and end. */
+	struct why_wait_key pk;
+	__u64 c_file; /* the last wait on a descriptor: its file, inode number, */
+	__u64 c_ino;  /* descriptor, object, class and call kind (see fd_class) */
 	__u64 c_obj;
 	__u32 c_fd;
 	__u8 c_cls;
 	__u8 c_key;
 	__u16 c_pad;
-	__u64 steal0; /* on CPU: its run queue's steal and irq time at the switch-in */
-	__u64 irq0;
-	__u64 on_steal; /* of the time on CPU: taken by the hypervisor (steal) */
-	__u64 on_irq;   /* of the time on CPU: serving interrupts (irq time) */
+	/* Lines 3 and 4: the time in each slot, and who ran instead. */
+	__u64 acc[WA_MAX];
+	struct why_instead_key i_key;
+	__u64 claim; /* the thread whose record a slot holds or is being made */
+	/* Then what changes rarely. */
+	__u64 start;    /* when its window began (the run's start, or its birth) */
+	__u64 end;      /* when it exited (0: alive at the end) */
+	__u64 last_obj; /* the last object described in `objects` */
 	__u64 utime0;   /* the kernel's user and system time at the start and end */
 	__u64 stime0;
 	__u64 utime1;
 	__u64 stime1;
 	__u32 tgid;
-	__u32 waker;      /* the thread that woke the current wait (sched_waking) */
-	__u32 waits;      /* waits ended in the window */
-	__u32 waker_last; /* whose name is in waker_comm */
-	__u32 taken_cpu;  /* the CPU whose counters are in steal0, irq0 */
-	__u16 sys;        /* the current wait's system call + 1 (0: none) */
-	__u8 state;       /* enum why_state */
-	__u8 cls;         /* the current wait's enum why_class */
-	__u8 wctx;        /* how it was woken (enum why_wake) */
-	__u8 dstate;      /* the current wait is uninterruptible */
-	__u8 pad[6];
+	__u32 pad1;
 	char comm[16];
 	char waker_comm[16];
-	/* Finished waits not yet in `waits`, all on one key (see wait_add). */
-	struct why_wait_key pk;
-	__u64 p_ns;
-	__u64 p_count;
 	char p_wcomm[16];
+	char i_comm[16];
 	/* Its last select or pselect6: the call's first two arguments, its one
 	 * descriptor (-1: none; -2: more than one) and whether that is in the
 	 * write set only (see on_select). */
@@ -141,11 +163,7 @@ struct why_thread {
 	__s32 sel_fd;
 	__u8 sel_write;
 	__u8 sel_pad[3];
-	/* Time one other thread ran on its CPU while it waited runnable, not
-	 * yet in `instead` (see ran_instead): i_key.tid is 0 when none. */
-	struct why_instead_key i_key;
-	__u64 i_ns;
-	char i_comm[16];
+	__u8 pad2[40];
 };
 
 /* How a wait ended (sched_waking's context). */
@@ -294,6 +312,7 @@ enum why_stat {
 	WT_DROPS_FULL,      /* a packet drop not counted: the drop map was full */
 	WT_OWN_DISKS_FULL,  /* a thread's own block request not counted: its map was full */
 	WT_STATE_WOKEN,     /* a blocked thread's state overwritten by its wake-up */
+	WT_RECORD_BUSY,     /* a thread's event passed over: another CPU was making its record */
 	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
 	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };
