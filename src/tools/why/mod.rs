@@ -186,22 +186,45 @@ enum Format {
 struct Loaded {
     skel: WhySkel<'static>,
     links: Vec<Link>,
-    /// Why TCP retransmissions are not counted (None: they are).
-    no_retrans: Option<String>,
+    /// What the run cannot measure, and why.
+    no: Unmeasured,
     /// The retransmission tracepoint has `err`: failed ones are told apart.
     has_err: bool,
-    /// Why the block devices' latency is not measured (None: it is).
-    no_disks: Option<String>,
-    /// Why no on-CPU samples were taken (None: they were).
-    no_samples: Option<String>,
-    /// Why packet drops are not counted (None: they are).
-    no_drops: Option<String>,
-    /// Why slow-start restarts are not counted (None: they are).
-    no_restarts: Option<String>,
-    /// Why threads' own block requests are not counted (None: they are).
-    no_own_disks: Option<String>,
     /// The kfree_skb tracepoint passes the drop's reason (Linux 5.17+).
     drop_reason: bool,
+}
+
+/// What a run cannot measure, and why (None: it is measured): decided at
+/// load and attach, told in the `lost` of every report.
+#[derive(Debug, Default)]
+struct Unmeasured {
+    /// TCP retransmissions.
+    retrans: Option<String>,
+    /// The block devices' latency.
+    disks: Option<String>,
+    /// The threads' own block requests.
+    own_disks: Option<String>,
+    /// The on-CPU samples (the hottest functions).
+    samples: Option<String>,
+    /// Packet drops.
+    drops: Option<String>,
+    /// Slow-start restarts.
+    restarts: Option<String>,
+}
+
+impl Unmeasured {
+    /// Says so in `lost`. The hottest functions are the whole run's only
+    /// (`at_end`): an interval's report has none to miss.
+    fn tell(&self, lost: &mut report::Losses, at_end: bool) {
+        lost.retransmits_not_counted.clone_from(&self.retrans);
+        lost.disks_not_counted.clone_from(&self.disks);
+        lost.own_disks_not_counted.clone_from(&self.own_disks);
+        lost.drops_not_counted.clone_from(&self.drops);
+        lost.restarts_not_counted.clone_from(&self.restarts);
+        if at_end {
+            lost.samples_not_taken.clone_from(&self.samples);
+        }
+    }
 }
 
 fn load(tf: &TaskFilter, plan: &unwind::Plan, slots: Option<u32>) -> anyhow::Result<(Loaded, stacks::Tracker)> {
@@ -284,13 +307,8 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan, slots: Option<u32>) -> anyhow::Res
         Loaded {
             skel,
             links,
-            no_retrans: None,
+            no: Unmeasured { samples: no_samples, drops: no_drops, restarts: no_restarts, ..Default::default() },
             has_err,
-            no_disks: None,
-            no_own_disks: None,
-            no_samples,
-            no_drops,
-            no_restarts,
             drop_reason,
         },
         stacks::Tracker::new(session),
@@ -333,43 +351,43 @@ fn attach(l: &mut Loaded, tf: &TaskFilter) -> anyhow::Result<u64> {
     let prog = if l.has_err { &p.why_retrans_err } else { &p.why_retrans };
     match prog.attach() {
         Ok(link) => l.links.push(link),
-        Err(e) => l.no_retrans = Some(format!("the tcp_retransmit_skb tracepoint could not be attached ({e})")),
+        Err(e) => l.no.retrans = Some(format!("the tcp_retransmit_skb tracepoint could not be attached ({e})")),
     }
     // The block devices' own latency, likewise, and the threads' own
     // requests in it (not counted without the bios' hook: said so).
     match p.why_blk_done.attach() {
         Ok(link) => l.links.push(link),
-        Err(e) => l.no_disks = Some(format!("the block_rq_complete tracepoint could not be attached ({e})")),
+        Err(e) => l.no.disks = Some(format!("the block_rq_complete tracepoint could not be attached ({e})")),
     }
     match [&p.why_bio, &p.why_bio_q].into_iter().find(|p| p.autoload()) {
         Some(prog) => match prog.attach() {
             Ok(link) => l.links.push(link),
-            Err(e) => l.no_own_disks = Some(format!("the block_bio_queue tracepoint could not be attached ({e})")),
+            Err(e) => l.no.own_disks = Some(format!("the block_bio_queue tracepoint could not be attached ({e})")),
         },
-        None => l.no_own_disks = Some("this kernel's BTF has no block_bio_queue tracepoint".to_string()),
+        None => l.no.own_disks = Some("this kernel's BTF has no block_bio_queue tracepoint".to_string()),
     }
     // The packets dropped on the connections waited on, likewise.
-    if l.no_drops.is_none() {
+    if l.no.drops.is_none() {
         let prog = if l.drop_reason { &p.why_drop_reason } else { &p.why_drop };
         match prog.attach() {
             Ok(link) => l.links.push(link),
-            Err(e) => l.no_drops = Some(format!("the kfree_skb tracepoint could not be attached ({e})")),
+            Err(e) => l.no.drops = Some(format!("the kfree_skb tracepoint could not be attached ({e})")),
         }
     }
     // Slow-start restarts, likewise.
-    if l.no_restarts.is_none() {
+    if l.no.restarts.is_none() {
         match p.why_send.attach() {
             Ok(link) => l.links.push(link),
-            Err(e) => l.no_restarts = Some(format!("the tcp_sendmsg_locked tracepoint could not be attached ({e})")),
+            Err(e) => l.no.restarts = Some(format!("the tcp_sendmsg_locked tracepoint could not be attached ({e})")),
         }
     }
     // The hottest functions on CPU, likewise.
-    if l.no_samples.is_none() {
+    if l.no.samples.is_none() {
         match crate::engine::perf::attach_sampling(&p.why_sample, Counter::CpuClock, SAMPLE_HZ, |cpu, e| {
             anyhow::anyhow!("a CPU-clock perf event could not be opened on CPU {cpu} ({e})")
         }) {
             Ok(links) => l.links.extend(links),
-            Err(e) => l.no_samples = Some(format!("{e:#}")),
+            Err(e) => l.no.samples = Some(format!("{e:#}")),
         }
     }
     Ok(start)
@@ -623,6 +641,7 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         disk_completions_missed: crate::engine::attach::recursion_misses(&skel.progs.why_blk_done),
         events_missed: crate::engine::attach::object_recursion_misses(libbpf_rs::skel::Skel::object(skel)),
         disks_not_counted: None,
+        own_disks_not_counted: None,
         releasers_full: st(WT_RELEASERS_FULL)?,
         releases_not_walked: st(WT_UNWALKED)?,
         samples: st(WT_SAMPLES)?,
@@ -813,25 +832,22 @@ pub fn run_with(
                 let now = mono_ns();
                 // The interval's own retransmissions: the counts so far
                 // less the last interval's.
-                let flows = l.no_retrans.is_none().then(|| flow_retransmits(&l.skel)).transpose()?;
+                let flows = l.no.retrans.is_none().then(|| flow_retransmits(&l.skel)).transpose()?;
                 let own = flows.as_ref().map(|f| report::flows_since(f, prev_flows.as_ref()));
                 prev_flows = flows;
-                let dropped = l.no_drops.is_none().then(|| flow_drops(&l.skel)).transpose()?;
+                let dropped = l.no.drops.is_none().then(|| flow_drops(&l.skel)).transpose()?;
                 names.set_drops(dropped.as_ref().map(|d| report::drops_since(d, prev_drops.as_ref())));
                 prev_drops = dropped;
-                let counts = l.no_disks.is_none().then(|| disk_counts(&l.skel)).transpose()?;
+                let counts = l.no.disks.is_none().then(|| disk_counts(&l.skel)).transpose()?;
                 names.set_disks(counts.as_ref().map(|c| disks::since(c, prev_disks.as_ref())), false);
                 prev_disks = counts;
-                let mine = l.no_own_disks.is_none().then(|| own_disk_counts(&l.skel)).transpose()?;
+                let mine = l.no.own_disks.is_none().then(|| own_disk_counts(&l.skel)).transpose()?;
                 names.set_own_disks(mine.as_ref().map(|c| disks::own_since(c, prev_own.as_ref())), false);
                 prev_own = mine;
                 let snap = read(&l.skel, &slots, now, &ksyms, &mut names, own, None)?;
                 let (from, base) = prev.take().unwrap_or((start, HashMap::new()));
                 let mut lost = losses(&l.skel)?;
-                lost.retransmits_not_counted.clone_from(&l.no_retrans);
-                lost.disks_not_counted.clone_from(&l.no_disks);
-                lost.drops_not_counted.clone_from(&l.no_drops);
-                lost.restarts_not_counted.clone_from(&l.no_restarts);
+                l.no.tell(&mut lost, false);
                 let mut r =
                     Report::build(report::diff(&snap.threads, &base), now - from, a.per_thread, &tf, lost, false, None);
                 (r.start_mono_ns, r.end_mono_ns) = (from, now);
@@ -845,9 +861,7 @@ pub fn run_with(
     // then they are detached (each waits for a grace period: on a busy host
     // that took tens of ms, in which states went on changing unseen).
     let mut skel = l.skel;
-    let (no_retrans, no_disks, no_samples, no_drops, no_restarts) =
-        (l.no_retrans, l.no_disks, l.no_samples, l.no_drops, l.no_restarts);
-    let no_own_disks = l.no_own_disks;
+    let no = l.no;
     let end = mono_ns();
     skel.maps.bss_data.as_deref_mut().expect("bss present").t_end = end;
     ended();
@@ -858,19 +872,15 @@ pub fn run_with(
         let recs = records(&skel, &slots)?;
         t.add(end, recs.iter().map(|(tid, r)| (*tid, totals(r, end))));
     }
-    let flows = no_retrans.is_none().then(|| flow_retransmits(&skel)).transpose()?;
-    names.set_disks(no_disks.is_none().then(|| disk_counts(&skel)).transpose()?, true);
-    names.set_own_disks(no_own_disks.is_none().then(|| own_disk_counts(&skel)).transpose()?, true);
-    names.set_drops(no_drops.is_none().then(|| flow_drops(&skel)).transpose()?);
+    let flows = no.retrans.is_none().then(|| flow_retransmits(&skel)).transpose()?;
+    names.set_disks(no.disks.is_none().then(|| disk_counts(&skel)).transpose()?, true);
+    names.set_own_disks(no.own_disks.is_none().then(|| own_disk_counts(&skel)).transpose()?, true);
+    names.set_drops(no.drops.is_none().then(|| flow_drops(&skel)).transpose()?);
     let (released, rloss, hottest) = tracker.finish(&skel)?;
     let snap = read(&skel, &slots, end, &ksyms, &mut names, flows, Some(released))?;
     let mut lost = losses(&skel)?;
     (lost.releases_taken, lost.release_stacks_truncated) = (rloss.taken, rloss.truncated);
-    lost.retransmits_not_counted = no_retrans;
-    lost.disks_not_counted = no_disks;
-    lost.samples_not_taken = no_samples;
-    lost.drops_not_counted = no_drops;
-    lost.restarts_not_counted = no_restarts;
+    no.tell(&mut lost, true);
     let mut report = Report::build(snap.threads, end - start, a.per_thread, &tf, lost, true, Some(&hottest));
     (report.start_mono_ns, report.end_mono_ns) = (start, end);
     Ok(Outcome { report, stop, timeline: tl })

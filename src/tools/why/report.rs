@@ -354,6 +354,12 @@ impl Drops {
         format!("{} packet{} dropped ({})", self.total, if self.total == 1 { "" } else { "s" }, reasons.join(", "))
     }
 
+    /// The packets dropped for a reason that may have cost the wait: all
+    /// but [`HARMLESS_DROPS`].
+    pub fn costly(&self) -> u64 {
+        self.by_reason.iter().filter(|(r, _)| !HARMLESS_DROPS.contains(&r.as_str())).map(|(_, n)| n).sum()
+    }
+
     fn plus(&mut self, b: &Drops) {
         self.total += b.total;
         for (r, n) in &b.by_reason {
@@ -361,6 +367,15 @@ impl Drops {
         }
     }
 }
+
+/// Drop reasons (`skb_drop_reason`) that cost a waiting reader or writer
+/// nothing: packets freed with a socket at its close (its queues purged,
+/// or arriving once it closed), and data, sequence numbers or
+/// acknowledgements already received (a peer's spurious retransmission,
+/// which its own `retrans` counts). Told in the report, never chosen as
+/// the cause.
+const HARMLESS_DROPS: &[&str] =
+    &["QUEUE_PURGE", "SOCKET_CLOSE", "TCP_CLOSE", "TCP_OLD_DATA", "TCP_OLD_SEQUENCE", "TCP_OLD_ACK", "TCP_TOO_OLD_ACK"];
 
 /// Drops by the packet's (source address and port, destination address
 /// and port), by reason's number.
@@ -1206,7 +1221,8 @@ pub struct Losses {
     pub switches: u64,
     /// Wake-ups of traced threads.
     pub wakeups: u64,
-    /// Threads not traced: the thread map was full.
+    /// Events of threads not traced (each event counts): no room for their
+    /// records.
     pub threads_full: u64,
     /// Waits counted in their thread's class but not by object: the wait map was full.
     pub waits_full: u64,
@@ -1248,6 +1264,9 @@ pub struct Losses {
     /// Why the block devices' latency was not measured (None: it was).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disks_not_counted: Option<String>,
+    /// Why the threads' own block requests were not counted (None: they were).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub own_disks_not_counted: Option<String>,
     /// Packet drops not counted: the drop map was full.
     pub drops_full: u64,
     /// A thread's own block requests not counted: their map was full.
@@ -1525,26 +1544,29 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
                 )
             };
             let retransmitted = conns.is_some_and(|(_, r)| r.total > 0);
+            // Drops that may have cost the wait (not a queue purged at a
+            // close, not data already received).
+            let costly = dropped.as_ref().is_some_and(|d| d.costly() > 0);
             // The other end on this host, and nothing lost on the way: the
             // wait is that process's time, which `why` of it tells.
             let local = wait
                 .and_then(|w| w.peers.iter().find(|x| x.pid != pid))
-                .filter(|_| !retransmitted && dropped.is_none() && restarted == 0);
+                .filter(|_| !retransmitted && !costly && restarted == 0);
             (
                 format!("{who} spent {share:.0}% blocked on the network: {obj}{waker}{loss}"),
                 Some(match local {
                     Some(x) => format!("sonde why -p {}", x.pid),
                     // Nothing resent, but slow start began again after idle
                     // (RFC 5681 4.1): each such send and its window (a
-                    // packet dropped without a retransmission, as a queue
-                    // purged at a close, cost the wait less).
+                    // packet dropped without a retransmission cost the
+                    // wait less).
                     None if restarted > 0 && !retransmitted && !port.is_empty() && port != "0" => {
                         format!("sonde cwnd --port {port} --idle-only")
                     }
                     // Dropped but not retransmitted (UDP, or packets the
                     // kernel dropped that TCP did not have to resend): where
                     // and why they were dropped.
-                    None if dropped.is_some() && !retransmitted && !port.is_empty() && port != "0" => {
+                    None if costly && !retransmitted && !port.is_empty() && port != "0" => {
                         format!("sonde drops --port {port}")
                     }
                     None if port.is_empty() || port == "0" => format!("sonde retrans -p {pid}"),
@@ -1762,7 +1784,7 @@ impl Report {
         }
         let l = &self.losses;
         out += &format!(
-            "\n{} context switches, {} wake-ups of traced threads seen; lost: {} threads (thread map full), {} waits by object (wait map full), {} objects, {} kernel stacks ({} not captured), {} registers unread{}{}",
+            "\n{} context switches, {} wake-ups of traced threads seen; lost: {} events of threads not traced (no room for their records), {} waits by object (wait map full), {} objects, {} kernel stacks ({} not captured), {} registers unread{}{}",
             l.switches,
             l.wakeups,
             l.threads_full,
@@ -1792,6 +1814,7 @@ impl Report {
             .map(|(n, what)| format!(", {n} {what}"))
             .chain(l.retransmits_not_counted.iter().map(|w| format!("; TCP retransmissions not counted: {w}")))
             .chain(l.disks_not_counted.iter().map(|w| format!("; block devices' latency not measured: {w}")))
+            .chain(l.own_disks_not_counted.iter().map(|w| format!("; threads' own block requests not counted: {w}")))
             .chain(l.samples_not_taken.iter().map(|w| format!("; hottest functions not sampled: {w}")))
             .chain(l.drops_not_counted.iter().map(|w| format!("; packet drops not counted: {w}")))
             .chain(l.restarts_not_counted.iter().map(|w| format!("; slow-start restarts not counted: {w}")))
@@ -1896,6 +1919,18 @@ mod tests {
         before.insert(k, end);
         let now: FlowRetransmits = [(k, FlowCounts { restarts: 5, ..end })].into_iter().collect();
         assert_eq!(flows_since(&now, Some(&before))[&k].restarts, 2);
+    }
+
+    #[test]
+    fn drops_at_a_close_or_of_old_data_cost_a_wait_nothing() {
+        let d = |r: &[(&str, u64)]| Drops {
+            total: r.iter().map(|x| x.1).sum(),
+            by_reason: r.iter().map(|(n, c)| (n.to_string(), *c)).collect(),
+        };
+        assert_eq!(d(&[("QUEUE_PURGE", 2), ("TCP_OLD_DATA", 1)]).costly(), 0);
+        assert_eq!(d(&[("QUEUE_PURGE", 2), ("NETFILTER_DROP", 3)]).costly(), 3);
+        // A kernel that names no reason (before 5.17): it may have cost.
+        assert_eq!(d(&[("UNKNOWN", 4)]).costly(), 4);
     }
 
     #[test]
