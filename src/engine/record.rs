@@ -197,6 +197,23 @@ impl MappedArray {
         // plain-data types this is used with.
         Some(unsafe { std::ptr::read_unaligned(self.base.as_ptr().add(i * self.stride).cast::<T>()) })
     }
+
+    /// The first 8 bytes of value `i` as a u64 read with acquire order
+    /// (None past the end): where the kernel publishes a value by an
+    /// atomic write of that word after filling the rest, the rest read
+    /// after this is the value as published, on arm64 as on x86-64.
+    pub fn first_word_acquire(&self, i: usize) -> Option<u64> {
+        if i >= self.n || self.stride < 8 {
+            return None;
+        }
+        // SAFETY: value `i` lies within the mapping and holds at least 8
+        // bytes; its start is 8-byte aligned (a page-aligned mapping, a
+        // stride that is a multiple of 8); the word is only read, here
+        // atomically, while the kernel writes it atomically.
+        let word =
+            unsafe { std::sync::atomic::AtomicU64::from_ptr(self.base.as_ptr().add(i * self.stride).cast::<u64>()) };
+        Some(word.load(std::sync::atomic::Ordering::Acquire))
+    }
 }
 
 impl Drop for MappedArray {

@@ -426,7 +426,10 @@ fn thread_slots() -> u32 {
 fn records(skel: &WhySkel<'static>, slots: &MappedArray) -> anyhow::Result<Vec<(u32, skel::types::why_thread)>> {
     let mut recs = Vec::new();
     for i in 0..slots.len() {
-        if slots.get::<u64>(i).is_some_and(|tid| tid != 0) {
+        // A record is published by an atomic add of its thread id after it
+        // is filled: read the id first, with acquire order (arm64 may
+        // otherwise load the rest before it).
+        if slots.first_word_acquire(i).is_some_and(|tid| tid != 0) {
             if let Some(t) = slots.get::<skel::types::why_thread>(i).filter(|t| t.tid != 0) {
                 recs.push((t.tid as u32, t));
             }

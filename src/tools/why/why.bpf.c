@@ -109,6 +109,8 @@ _Static_assert(__builtin_offsetof(struct why_thread, thr_at) == 64 &&
                        __builtin_offsetof(struct why_thread, acc) == 192 &&
                        __builtin_offsetof(struct why_thread, start) == 320,
                "the hot lines of a record as laid out");
+/* User space reads the id first, with acquire order, as it is published. */
+_Static_assert(__builtin_offsetof(struct why_thread, tid) == 0, "the thread id first");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
