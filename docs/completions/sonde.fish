@@ -279,7 +279,7 @@ complete -c sonde -n "__fish_sonde_using_subcommand why" -l tid -d 'Only this th
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l cgroup -d 'Only tasks in this cgroup or below it: a cgroup v2 directory, or a cgroup v1 controller\'s (/sys/fs/cgroup/cpu/...)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l comm -d 'Only threads with this name (as in /proc/PID/comm, up to 15 bytes)' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -s i -l interval -d 'Also report every interval (e.g. 5s), each on its own' -r
-complete -c sonde -n "__fish_sonde_using_subcommand why" -l top -d 'Processes shown when every process is traced (those that lost the most time)' -r
+complete -c sonde -n "__fish_sonde_using_subcommand why" -l top -d 'Processes shown when every process is traced (those that lost the most time); --json carries every process' -r
 complete -c sonde -n "__fish_sonde_using_subcommand why" -l unwind -d 'How to walk user stacks: auto (unwind tables from each executable\'s .eh_frame where it has one, frame pointers elsewhere), fp (frame pointers only), dwarf (as auto, but exit 2 when this kernel cannot)' -r -f -a "auto\t'Unwind tables where an executable has them, frame pointers elsewhere; frame pointers only when this kernel cannot walk tables'
 fp\t'Frame pointers only (the kernel\'s own walk): cheapest; stacks through code built without frame pointers are cut short'
 dwarf\t'As auto, but refuse to run when this kernel cannot walk tables'"

@@ -12,11 +12,18 @@
 #include "inlist.h"
 #include "cgroupfilter.h"
 
-#define TF_MAX_PIDS 64
-#define TF_MAX_TIDS 16
-#define TF_COMM_LEN 16
+#define TF_MAX_PIDS  64
+#define TF_LIST_PIDS 16
+#define TF_MAX_TIDS  16
+#define TF_COMM_LEN  16
 
 const volatile bool tf_filter_pids = false;
+/* -p's processes inline when they are few and fixed (no children
+ * followed): checked by comparisons, where a lookup in tf_pids costs a
+ * hash of the key and its bucket's lines on every event of every other
+ * task (0: use tf_pids). */
+const volatile __u32 tf_n_pids = 0;
+const volatile __u32 tf_pid_list[TF_LIST_PIDS] = {};
 const volatile __u32 tf_n_tids = 0;
 const volatile __u32 tf_tids[TF_MAX_TIDS] = {};
 const volatile bool tf_filter_comm = false;
@@ -33,6 +40,16 @@ struct {
 	__type(value, __u8);
 } tf_pids SEC(".maps");
 
+/* Whether process `tgid` passes -p (true without -p). */
+static __always_inline bool tf_pid_ok(__u32 tgid)
+{
+	if (!tf_filter_pids)
+		return true;
+	if (tf_n_pids)
+		return IN_LIST(tf_pid_list, tf_n_pids, TF_LIST_PIDS, tgid);
+	return bpf_map_lookup_elem(&tf_pids, &tgid) != NULL;
+}
+
 static __always_inline bool tf_comm_matches(const char *c)
 {
 	for (int i = 0; i < TF_COMM_LEN; i++) {
@@ -48,7 +65,7 @@ static __always_inline bool tf_comm_matches(const char *c)
  * cgroup and comm checks, is one we were asked about. */
 static __always_inline bool tf_wanted_current(__u32 tgid, __u32 tid)
 {
-	if (tf_filter_pids && !bpf_map_lookup_elem(&tf_pids, &tgid))
+	if (!tf_pid_ok(tgid))
 		return false;
 	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
 		return false;

@@ -30,7 +30,7 @@ pub struct TaskArgs {
     pub comm: Option<String>,
     /// Start this command and watch it and the processes it starts, from
     /// their first instruction; the run ends when they have all exited
-    /// (give it after `--`: `sonde profile -- make -j8`).
+    /// (give it last, after `--`: `-- make -j8`).
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
@@ -228,6 +228,13 @@ macro_rules! set_task_filter {
     ($ro:expr, $f:expr) => {{
         let (ro, f) = ($ro, $f);
         ro.tf_filter_pids = !f.pids.is_empty();
+        // A fixed set that fits: inline, compared without a map lookup.
+        if !f.follow && f.pids.len() <= ro.tf_pid_list.len() {
+            ro.tf_n_pids = f.pids.len() as u32;
+            for (i, p) in f.pids.iter().enumerate() {
+                ro.tf_pid_list[i] = *p;
+            }
+        }
         ro.tf_n_tids = f.tids.len() as u32;
         for (i, t) in f.tids.iter().enumerate() {
             ro.tf_tids[i] = *t;

@@ -307,7 +307,7 @@ static __always_inline bool wanted(struct task_struct *t)
 		return false; /* idle */
 	if (skip_init && tgid == 1)
 		return false; /* its hooks never run here (see skip_init) */
-	if (tf_filter_pids && !bpf_map_lookup_elem(&tf_pids, &tgid))
+	if (!tf_pid_ok(tgid))
 		return false;
 	if (tf_n_tids && !IN_LIST(tf_tids, tf_n_tids, TF_MAX_TIDS, tid))
 		return false;
@@ -1036,13 +1036,11 @@ static __always_inline struct why_thread *new_thread(struct task_struct *t, __u3
  * it now. NULL for a thread not traced. */
 static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32 tid, __u8 before)
 {
-	if (!slot_mask && tf_filter_pids) {
-		/* -p: one lookup for a task of another process (with slots,
-		 * its free slot says so first). */
-		__u32 tgid = t->tgid;
-		if (!bpf_map_lookup_elem(&tf_pids, &tgid))
-			return NULL;
-	}
+	/* -p: a task of another process passed over first, by comparisons
+	 * with a short list (its record's slot not read), else by one lookup
+	 * without slots (with them, its free slot says so first). */
+	if ((tf_n_pids || (!slot_mask && tf_filter_pids)) && !tf_pid_ok(t->tgid))
+		return NULL;
 	struct why_thread *r = thread_rec(tid);
 	if (r)
 		return r->state == WS_GONE ? NULL : r;
@@ -1560,6 +1558,8 @@ int BPF_PROG(why_waking, struct task_struct *p)
 	if (t_end)
 		return 0;
 	__u32 tid = p->pid;
+	if (tf_n_pids && !tf_pid_ok(p->tgid))
+		return 0; /* -p, another process: its slot not read */
 	struct why_thread *r = thread_rec(tid);
 	if (!r || r->state != WS_BLOCKED)
 		return 0;
@@ -1592,6 +1592,8 @@ static __always_inline int on_wakeup(struct task_struct *p, bool fresh)
 	if (t_end)
 		return 0;
 	__u32 tid = p->pid;
+	if (tf_n_pids && !tf_pid_ok(p->tgid))
+		return 0; /* as in why_waking */
 	struct why_thread *r = thread_rec(tid);
 	if (!r && !wanted(p))
 		return 0;
