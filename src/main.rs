@@ -115,10 +115,27 @@ fn usage_line(e: &clap::Error) -> String {
         let what: Vec<&str> = lines.take_while(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")).collect();
         first = format!("{} {}", first, what.join(", "));
     }
-    let tip = text.lines().find(|l| l.trim_start().starts_with("tip:")).map(|t| t.trim().trim_start_matches("tip: "));
+    // Rust's own words for a number that is not one.
+    first = first.replace("invalid digit found in string", "not a number");
+    // The help of the tool named, where its options are.
+    let help = std::env::args()
+        .nth(1)
+        .filter(|t| {
+            use clap::CommandFactory;
+            Cli::command().find_subcommand(t).is_some() && t != "help"
+        })
+        .map(|t| format!("see `sonde {t} --help`"))
+        .unwrap_or_else(|| "see `sonde --help`".to_string());
+    // clap's tip to pass a value that begins with '-' after `--` is wrong
+    // here: after `--` comes the command a tool runs.
+    let tip = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("tip:"))
+        .map(|t| t.trim().trim_start_matches("tip: "))
+        .filter(|t| !t.starts_with("to pass '"));
     match tip {
         Some(t) => format!("sonde: {first}; {t}"),
-        None => format!("sonde: {first}; see `sonde --help`"),
+        None => format!("sonde: {first}; {help}"),
     }
 }
 

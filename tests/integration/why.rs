@@ -1537,3 +1537,24 @@ c.recv(1)"
     let text = String::from_utf8_lossy(&text.stdout);
     assert!(text.contains(&format!("python3 ({}), which has not accepted it", srv.0.id())), "{text}");
 }
+
+/// A parent that only waits for its child to exit (a shell running one
+/// command): its time is waiting for work, the wait named by its call, not
+/// time lost, and its verdict sends no one to look at it.
+#[test]
+fn why_counts_a_parent_waiting_for_its_child_as_waiting_for_work() {
+    let _quiet = QUIET.read().unwrap_or_else(|e| e.into_inner());
+    let sh = KillOnDrop(Command::new("sh").args(["-c", "sleep 30; true"]).spawn().unwrap());
+    thread::sleep(Duration::from_millis(300));
+    let pid = sh.0.id();
+    let v = why_json(pid, "2s");
+    let t = line_of(&v, "thread", "tid", pid);
+    assert!(blocked(&t, "poll") > 0.9 * field(&t, "window_ns"), "{t}");
+    assert_eq!(blocked(&t, "other"), 0.0, "{t}");
+    let w = t["waits"].as_array().unwrap().iter().find(|w| w["class"] == "poll").unwrap().clone();
+    let o = w["object"].as_str().unwrap();
+    assert!(o == "wait4 for its child processes" || o == "waitid for its child processes", "{w}");
+    let p = line_of(&v, "process", "pid", pid);
+    assert!(p["verdict"].as_str().unwrap().contains("waiting for work"), "{p}");
+    assert!(p["next"].is_null(), "{p}");
+}

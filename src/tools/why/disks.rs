@@ -160,7 +160,8 @@ impl Device {
             // cached clock gives both the same time).
             device_avg_ns: (dn > 0 && r.dev_ns[0] + r.dev_ns[1] < r.ns[0] + r.ns[1])
                 .then(|| (r.dev_ns[0] + r.dev_ns[1]) / dn),
-            p99_ns: p99,
+            // The histogram's bound, at most the longest where it is known.
+            p99_ns: if whole_run && r.max_ns > 0 { p99.min(r.max_ns) } else { p99 },
             max_ns: whole_run.then_some(r.max_ns),
         })
     }
@@ -214,6 +215,10 @@ mod tests {
         let d = Device::of(1, &i[&1], false).unwrap();
         assert_eq!((d.reads, d.writes, d.avg_ns, d.p99_ns, d.max_ns), (10, 0, 2_000_000, 4_096_000, None));
         let mut d = Device::of(1, &a, true).unwrap();
+        // A bound past the longest request: the longest.
+        let mut c = a;
+        c.max_ns = 900_000;
+        assert_eq!(Device::of(1, &c, true).unwrap().p99_ns, 900_000);
         d.own = Some(Own::of(&OwnRaw { reqs: 4, ns: 4_000_000, max_ns: 2_000_000 }, true));
         assert!(d.text().ends_with("; its own 4 requests, 1.00 ms each, the longest 2.00 ms"), "{}", d.text());
         d.own = Some(Own::of(&OwnRaw::default(), true));

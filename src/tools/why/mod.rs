@@ -153,7 +153,8 @@ pub struct WhyArgs {
     /// Also report every interval (e.g. 5s), each on its own.
     #[arg(short = 'i', long, value_parser = duration_arg)]
     pub interval: Option<Duration>,
-    /// Processes shown when every process is traced (those that lost the most time).
+    /// Processes shown when every process is traced (those that lost the
+    /// most time); --json carries every process.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     /// One row per thread instead of per group of same-named threads.
@@ -518,8 +519,11 @@ fn read(
                 report::Instead { pid: k.rtgid, tid: k.rtid, comm: cstr(&r.i_comm), cgroup: String::new(), ns: r.i_ns };
             instead.push((k.tid, k.cg, i));
         }
-        let end = if r.end != 0 { r.end } else { now };
-        let acc = totals(r, now);
+        // A record changed after `now` was read (its state began after it)
+        // is whole up to that change: read as of then, its slots sum to its
+        // window, and the next interval's read takes on from there.
+        let end = if r.end != 0 { r.end } else { now.max(r.since) };
+        let acc = totals(r, end);
         let d = end.saturating_sub(r.since);
         let open = (r.state == 3 && r.end == 0).then_some((r.cls, r.obj, r.kstack, r.sys, d));
         let mut t = Thread::new(r.tgid, *tid, cstr(&r.comm), end.saturating_sub(r.start), acc);
@@ -527,7 +531,10 @@ fn read(
         (t.on_cpu_steal_ns, t.on_cpu_irq_ns) = (r.on_steal.min(t.on_cpu_ns), r.on_irq.min(t.on_cpu_ns));
         t.started = r.start != t_start;
         let (du, ds) = (r.utime1.saturating_sub(r.utime0), r.stime1.saturating_sub(r.stime0));
-        if r.utime1 != 0 && du + ds > 0 {
+        // Read at the end or the exit (a kernel thread's utime is 0: either
+        // counter read says so); a split only where the kernel counted a
+        // tick of it in the window.
+        if (r.utime1 != 0 || r.stime1 != 0) && du + ds > 0 {
             t.user_share = Some(du as f64 / (du + ds) as f64);
         }
         if t.throttled_ns > 0 && !t.exited {
@@ -760,7 +767,9 @@ pub fn run_with(
     let slots = MappedArray::new(&l.skel.maps.slots).context("mapping the threads' records")?;
     let start = attach(&mut l, &tf)?;
     iterate(&mut l.skel, 0)?;
-    ctl.start_clock();
+    // The window began before the attach (t_start): -d is its length.
+    let since_start = Duration::from_nanos(mono_ns().saturating_sub(start));
+    ctl.start_clock_at(std::time::Instant::now().checked_sub(since_start).unwrap_or_else(std::time::Instant::now));
     if let Some(t) = &mut targets.launched {
         t.release()?;
     }
@@ -816,6 +825,11 @@ pub fn run_with(
             wait = wait.min((sample_at + gap).saturating_duration_since(std::time::Instant::now()));
         }
         ctl.wait(wait);
+        // Ended while waiting: the window ends now, not after this turn's
+        // work (loading a new process's unwinding tables can take long).
+        if let Some(s) = ctl.should_stop() {
+            break s;
+        }
         tracker.tick(&crate::unw_maps!(l.skel), &l.skel.maps.releases, &l.skel.maps.stk_counts);
         if peers_at.elapsed() >= peers_gap {
             look_peers(&l.skel, &mut names)?;
@@ -832,7 +846,6 @@ pub fn run_with(
         if let (Some(i), Some(n)) = (a.interval, next_at) {
             if std::time::Instant::now() >= n {
                 next_at = Some(n + i);
-                let now = mono_ns();
                 // The interval's own retransmissions: the counts so far
                 // less the last interval's.
                 let flows = l.no.retrans.is_none().then(|| flow_retransmits(&l.skel)).transpose()?;
@@ -847,6 +860,11 @@ pub fn run_with(
                 let mine = l.no.own_disks.is_none().then(|| own_disk_counts(&l.skel)).transpose()?;
                 names.set_own_disks(mine.as_ref().map(|c| disks::own_since(c, prev_own.as_ref())), false);
                 prev_own = mine;
+                // The interval ends as its records are read (the counts
+                // above, the first read of the drop reasons' names
+                // especially, may take a while): a state changed since
+                // would otherwise have time past the end.
+                let now = mono_ns();
                 let snap = read(&l.skel, &slots, now, &ksyms, &mut names, own, None)?;
                 let (from, base) = prev.take().unwrap_or((start, HashMap::new()));
                 let mut lost = losses(&l.skel)?;

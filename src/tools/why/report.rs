@@ -1063,6 +1063,13 @@ impl Namer {
             w.object = format!("a kernel lock ({})", k.name);
             return w;
         }
+        if class == Class::Other && matches!(syscall.as_deref(), Some("wait4" | "waitid")) {
+            // A parent waiting for its children to exit (a shell, a
+            // supervisor): their time is theirs, its own is idle.
+            w.class = Class::Poll;
+            w.object = format!("{} for its child processes", syscall.as_deref().unwrap_or("wait4"));
+            return w;
+        }
         if let Some(k) = kfn.as_ref().filter(|k| class == Class::Memory && k.memory.is_none() && k.io) {
             // Blocked outside a system call on I/O, with no fault on its
             // stack (work at a system call's exit): disk.
@@ -1470,26 +1477,36 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
         (what, ns, wait) = biggest(s, true);
     }
     let share = pct(ns, s.window_ns);
-    let who = match p.groups.iter().max_by_key(|g| match what {
+    let of_group = |g: &Group| match what {
         "on_cpu" => g.sum.on_cpu_ns,
         "runqueue" => g.sum.runqueue_ns,
         "throttled" => g.sum.throttled_ns,
         _ => Class::ALL.iter().find(|c| c.name() == what).map(|c| g.sum.blocked_ns[*c as usize]).unwrap_or(0),
-    }) {
-        Some(g) if p.groups.len() > 1 && per_thread => g.comm.clone(),
-        Some(g) if p.groups.len() > 1 => {
-            format!("{} ({} thread{})", g.comm, g.threads, if g.threads == 1 { "" } else { "s" })
-        }
-        _ => format!("{} ({})", p.comm, p.pid),
     };
+    // Named after the group (or thread) that spent the most of it, a share
+    // is of that group's own time, with the process's beside it.
+    let group = p.groups.iter().max_by_key(|g| of_group(g)).filter(|_| p.groups.len() > 1);
+    let who = match group {
+        Some(g) if per_thread => g.comm.clone(),
+        Some(g) => format!("{} ({} thread{})", g.comm, g.threads, if g.threads == 1 { "" } else { "s" }),
+        None => format!("{} ({})", p.comm, p.pid),
+    };
+    let (share, of_its_time) = match group {
+        Some(g) => (
+            format!("{:.0}% of its time ({share:.0}% of the process's)", pct(of_group(g), g.sum.window_ns)),
+            String::new(),
+        ),
+        None => (format!("{share:.0}%"), " of its time".to_string()),
+    };
+    let hottest_of = if group.is_some() { "the process's hottest" } else { "hottest" };
     let pid = p.pid;
     let obj = wait.map(|w| w.described(pid)).unwrap_or_default();
     let waker = wait.map(Wait::waker_text).unwrap_or_default();
     match what {
         "on_cpu" => (
             match hottest_text(&p.hottest, 2) {
-                h if h.is_empty() => format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting"),
-                h => format!("{who} spent {share:.0}% of its time on CPU: it is busy, not waiting; hottest: {h}"),
+                h if h.is_empty() => format!("{who} spent {share}{of_its_time} on CPU: it is busy, not waiting"),
+                h => format!("{who} spent {share}{of_its_time} on CPU: it is busy, not waiting; {hottest_of}: {h}"),
             },
             Some(format!("sonde profile -p {pid}")),
         ),
@@ -1498,9 +1515,9 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
             let inst = instead_text(s, 3);
             (
                 if inst.is_empty() {
-                    format!("{who} spent {share:.0}% runnable but waiting for a CPU: more runnable threads than CPUs")
+                    format!("{who} spent {share} runnable but waiting for a CPU: more runnable threads than CPUs")
                 } else {
-                    format!("{who} spent {share:.0}% runnable but waiting for a CPU: more runnable threads than CPUs; {inst} of that time")
+                    format!("{who} spent {share} runnable but waiting for a CPU: more runnable threads than CPUs; {inst} of that time")
                 },
                 Some(match top.first() {
                     Some((rp, ..)) if *rp != pid && *rp != 0 => format!("sonde profile -p {rp}"),
@@ -1511,10 +1528,10 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
         "throttled" => (
             match &s.quota {
                 Some(q) => format!(
-                    "{who} spent {share:.0}% runnable but throttled by the CPU quota of {} ({:.2} CPU: {}): raise it or use less CPU",
+                    "{who} spent {share} runnable but throttled by the CPU quota of {} ({:.2} CPU: {}): raise it or use less CPU",
                     q.path, q.cpus, q.files
                 ),
-                None => format!("{who} spent {share:.0}% runnable but throttled by its cgroup's CPU quota: raise the quota (cpu.max, or cpu.cfs_quota_us) or use less CPU"),
+                None => format!("{who} spent {share} runnable but throttled by its cgroup's CPU quota: raise the quota (cpu.max, or cpu.cfs_quota_us) or use less CPU"),
             },
             Some(format!("sonde profile -p {pid}")),
         ),
@@ -1553,7 +1570,7 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
                 .and_then(|w| w.peers.iter().find(|x| x.pid != pid))
                 .filter(|_| !retransmitted && !costly && restarted == 0);
             (
-                format!("{who} spent {share:.0}% blocked on the network: {obj}{waker}{loss}"),
+                format!("{who} spent {share} blocked on the network: {obj}{waker}{loss}"),
                 Some(match local {
                     Some(x) => format!("sonde why -p {}", x.pid),
                     // Nothing resent, but slow start began again after idle
@@ -1575,15 +1592,15 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
             )
         }
         "lock" => (
-            format!("{who} spent {share:.0}% blocked on a lock: {obj}{waker}"),
+            format!("{who} spent {share} blocked on a lock: {obj}{waker}"),
             Some(format!("sonde wakeup -p {pid}")),
         ),
         "disk" => (
-            format!("{who} spent {share:.0}% blocked on disk: {obj}"),
+            format!("{who} spent {share} blocked on disk: {obj}"),
             Some(format!("sonde offcpu -p {pid} --state uninterruptible")),
         ),
         "memory" => (
-            format!("{who} spent {share:.0}% waiting for memory: {obj}"),
+            format!("{who} spent {share} waiting for memory: {obj}"),
             Some(format!("sonde offcpu -p {pid} --state uninterruptible")),
         ),
         "pipe" => {
@@ -1598,17 +1615,17 @@ fn verdict(p: &Process, per_thread: bool) -> (String, Option<String>) {
                 String::new()
             };
             (
-                format!("{who} spent {share:.0}% blocked on a pipe or local socket: {obj}{waker}{itself}"),
+                format!("{who} spent {share} blocked on a pipe or local socket: {obj}{waker}{itself}"),
                 Some(match other {
                     Some(x) => format!("sonde why -p {}", x.pid),
                     None => format!("sonde wakeup -p {pid}"),
                 }),
             )
         }
-        "sleep" => (format!("{who} spent {share:.0}% sleeping by its own choice ({obj})"), Some(format!("sonde offcpu -p {pid}"))),
-        "poll" => (format!("{who} spent {share:.0}% waiting for work ({obj}): idle, not slow"), None),
-        "io_uring" => (format!("{who} spent {share:.0}% waiting for io_uring completions"), Some(format!("sonde offcpu -p {pid}"))),
-        _ => (format!("{who} spent {share:.0}% blocked in the kernel: {obj}"), Some(format!("sonde offcpu -p {pid}"))),
+        "sleep" => (format!("{who} spent {share} sleeping by its own choice ({obj})"), Some(format!("sonde offcpu -p {pid}"))),
+        "poll" => (format!("{who} spent {share} waiting for work ({obj}): idle, not slow"), None),
+        "io_uring" => (format!("{who} spent {share} waiting for io_uring completions"), Some(format!("sonde offcpu -p {pid}"))),
+        _ => (format!("{who} spent {share} blocked in the kernel: {obj}"), Some(format!("sonde offcpu -p {pid}"))),
     }
 }
 
@@ -1684,6 +1701,9 @@ impl Report {
                 String::new()
             }
         );
+        if self.processes.is_empty() && !self.host {
+            out += "\nno thread matched the filters (-p, --tid, --comm and --cgroup must all match): check them with `ps -eLo pid,tid,comm`\n";
+        }
         for p in self.processes.iter().take(shown) {
             let s = &p.sum;
             out += &format!(
@@ -1783,8 +1803,11 @@ impl Report {
             out += "\n";
         }
         let l = &self.losses;
+        // The kernel half's counts are the run's so far, in an interval's
+        // report too.
+        out += if self.last { "\n" } else { "\nsince the start: " };
         out += &format!(
-            "\n{} context switches, {} wake-ups of traced threads seen; lost: {} events of threads not traced (no room for their records), {} waits by object (wait map full), {} objects, {} kernel stacks ({} not captured), {} registers unread{}{}",
+            "{} context switches, {} wake-ups of traced threads seen; lost: {} events of threads not traced (no room for their records), {} waits by object (wait map full), {} objects waited on (object map full), {} kernel stacks (stack map full; {} not captured), {} threads' registers unread{}{}",
             l.switches,
             l.wakeups,
             l.threads_full,
@@ -2002,6 +2025,24 @@ mod tests {
         assert_eq!(w.waker_text(), ", woken by holder (7)");
         w.released_by = vec![r(7, Some("Condition.notify (threading.py:382)"))];
         assert_eq!(w.waker_text(), ", woken by holder (7) in Condition.notify (threading.py:382)");
+    }
+
+    #[test]
+    fn a_verdict_named_after_one_group_gives_that_groups_share_and_the_processes() {
+        // Thread "a" waits 70 of its 100 for a CPU; "b" sleeps 90 of its
+        // 100: the process lost 70 of 200, all of it a's.
+        let me = std::process::id();
+        let a = Thread::new(me, 9, "a".into(), 100, [30, 70, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let b = Thread::new(me, 10, "b".into(), 100, [10, 0, 0, 0, 0, 0, 90, 0, 0, 0, 0, 0]);
+        let tf = crate::engine::taskfilter::TaskFilter::new(&[me], &[], None, None).unwrap();
+        let threads = HashMap::from([(9, a.clone()), (10, b)]);
+        let r = Report::build(threads, 100, false, &tf, Losses::default(), true, None);
+        let v = &r.processes[0].verdict;
+        assert!(v.starts_with("a (1 thread) spent 70% of its time (35% of the process's) runnable"), "{v}");
+        // One thread alone: its share, said once.
+        let r = Report::build(HashMap::from([(9, a)]), 100, false, &tf, Losses::default(), true, None);
+        let v = &r.processes[0].verdict;
+        assert!(v.contains(") spent 70% runnable"), "{v}");
     }
 
     #[test]

@@ -181,7 +181,7 @@ fn hottest(samples: &[Stack]) -> Hottest {
             .or(leaf_first.first().copied())
             .map(|f| match &f.file {
                 Some(file) => format!("{} ({})", f.name, short(file)),
-                None => format!("{} [{}]", f.name, short(&f.module)),
+                None => native_text(&f.name, short(&f.module)),
             })
             .unwrap_or_else(|| "[unknown]".into());
         *by.entry(s.pid).or_default().entry(name).or_default() += s.count;
@@ -217,7 +217,11 @@ pub fn own_frame<'a>(leaf_first: &[&'a stacks::Frame]) -> Option<&'a stacks::Fra
         .filter(lang)
         .find(|f| !library(f))
         .or_else(|| leaf_first.iter().find(lang))
-        .or_else(|| leaf_first.iter().find(|f| f.kind == FrameKind::User && !is_system_library(&f.module)))
+        .or_else(|| {
+            leaf_first
+                .iter()
+                .find(|f| f.kind == FrameKind::User && !is_system_library(&f.module) && !is_system_function(&f.name))
+        })
         .copied()
 }
 
@@ -225,7 +229,7 @@ fn releaser(k: &types::why_release_key, v: &types::why_release, s: &Stack) -> Re
     let leaf_first: Vec<&stacks::Frame> = s.frames.iter().rev().collect();
     let text = |f: &stacks::Frame| match (&f.file, f.line) {
         (Some(file), Some(line)) => format!("{} ({file}:{line})", f.name),
-        _ => format!("{} [{}]", f.name, f.module),
+        _ => native_text(&f.name, &f.module),
     };
     let own = own_frame(&leaf_first);
     Releaser {
@@ -249,6 +253,44 @@ fn is_system_library(module: &str) -> bool {
     ["libc.so", "libc-", "libpthread", "ld-linux", "ld-musl", "libstdc++", "libgcc_s", "[vdso]"]
         .iter()
         .any(|p| base.starts_with(p))
+}
+
+/// Functions of the C library by their names, for a program that has it
+/// linked in (static): `__libc_pread`, `__lll_lock_wake`, `pthread_mutex_unlock`.
+fn is_system_function(name: &str) -> bool {
+    [
+        "__libc_",
+        "__lll_",
+        "__GI_",
+        "__pthread_",
+        "___pthread_",
+        "pthread_",
+        "__futex",
+        "futex_",
+        "__clock_",
+        "clock_nanosleep",
+        "__nanosleep",
+        "_IO_",
+        "__syscall_cp",
+        "__timedwait",
+        "__new_sem",
+        "sem_",
+    ]
+    .iter()
+    .any(|p| name.starts_with(p))
+}
+
+/// A native frame as the text names it: "function [module]" (a module
+/// already in brackets, as `[kernel]`, kept as it is; an unknown function
+/// in an unknown module named once).
+fn native_text(name: &str, module: &str) -> String {
+    if module.is_empty() || name == module {
+        name.to_string()
+    } else if module.starts_with('[') && module.ends_with(']') {
+        format!("{name} {module}")
+    } else {
+        format!("{name} [{module}]")
+    }
 }
 
 fn short(file: &str) -> &str {
@@ -321,6 +363,31 @@ mod tests {
         assert!(!HOTSPOT.library_frame("com.example.Worker.run", None));
         assert!(NODE.library_frame("emit", Some("node:events")));
         assert!(!NODE.library_frame("handler", Some("/srv/app/server.js")));
+    }
+
+    #[test]
+    fn native_frames_are_named_with_their_module_in_brackets_once() {
+        assert_eq!(native_text("_raw_spin_unlock", "[kernel]"), "_raw_spin_unlock [kernel]");
+        assert_eq!(native_text("[unknown]", "[unknown]"), "[unknown]");
+        assert_eq!(native_text("crunch", "whylab"), "crunch [whylab]");
+        assert_eq!(native_text("crunch", ""), "crunch");
+    }
+
+    #[test]
+    fn the_c_library_linked_in_is_never_the_named_frame() {
+        use crate::engine::stacks::Frame;
+        let f = |name: &str| Frame {
+            name: name.into(),
+            file: None,
+            line: None,
+            kind: FrameKind::User,
+            module: "/srv/whylab".into(),
+            inlined: false,
+        };
+        let (pread, reader, main) = (f("__libc_pread"), f("reader"), f("main"));
+        assert_eq!(own_frame(&[&pread, &reader, &main]).map(|x| x.name.as_str()), Some("reader"));
+        let (wake, unlock, holder) = (f("__lll_lock_wake"), f("___pthread_mutex_unlock"), f("hold_it"));
+        assert_eq!(own_frame(&[&wake, &unlock, &holder]).map(|x| x.name.as_str()), Some("hold_it"));
     }
 
     #[test]
