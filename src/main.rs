@@ -118,8 +118,10 @@ fn usage_line(e: &clap::Error) -> String {
     // Rust's own words for a number that is not one.
     first = first.replace("invalid digit found in string", "not a number");
     // The help of the tool named, where its options are.
-    let help = std::env::args()
+    // (args_os: an argument that is not UTF-8 must not panic here.)
+    let help = std::env::args_os()
         .nth(1)
+        .and_then(|t| t.into_string().ok())
         .filter(|t| {
             use clap::CommandFactory;
             Cli::command().find_subcommand(t).is_some() && t != "help"

@@ -109,12 +109,6 @@ impl RunControl {
         *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = self.duration.map(|d| Instant::now() + d);
     }
 
-    /// Starts the duration at `at` (a tool whose window began before its
-    /// attach, as `why`'s does: its `-d` is the window's length).
-    pub fn start_clock_at(&self, at: Instant) {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) = self.duration.map(|d| at + d);
-    }
-
     fn deadline(&self) -> Option<Instant> {
         *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -77,8 +77,9 @@ const WT_DROPS_FULL: u32 = 16;
 const WT_OWN_DISKS_FULL: u32 = 17;
 const WT_STATE_WOKEN: u32 = 18;
 const WT_RECORD_BUSY: u32 = 19;
+const WT_TID_REUSED: u32 = 20;
 /// + enum stk_stat (src/bpf/stacks.h).
-const WT_STACKS: u32 = 20;
+const WT_STACKS: u32 = 21;
 #[cfg(test)]
 const WT_MAX: u32 = WT_STACKS + 4;
 
@@ -111,15 +112,15 @@ const NSYS: usize = 512;
 ///
 /// OVERHEAD: small programs on the scheduler's, irq and softirq tracepoints
 /// (every context switch and wake-up on the host), records kept in the
-/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 242k, 99k
-/// and 10k switches/s: 291, 295 and 389 ns of BPF per switch traced, beside
-/// 120, 117 and 123 ns for an empty program on each of the same hooks (the
-/// floor here, the clock reads of the kernel's own count included: 2.4x, 2.5x
-/// and 3.2x it; at 10k the caches are cold at each switch; the kernel's clock
-/// is read once a millisecond per CPU, the scheduler's clock in between);
-/// 11.1%, 4.8% and 0.5% fewer round trips (medians of 2 rounds; perf sched
-/// record: 37.7%, 20.0% and 2.4%), 249-276 ns per switch of a thread not
-/// traced; sonde's own process under 1% of a core once attached. Kernel
+/// kernel, no event per switch. bench/why/run, a pipe ping-pong at 500k, 124k
+/// and 10k switches/s: 129, 143 and 286 ns of BPF per switch traced, beside
+/// 65, 61 and 71 ns for an empty program on each of the same hooks (the floor
+/// here, the clock reads of the kernel's own count included: 2.0x, 2.4x and
+/// 4.1x it; at 10k the caches are cold at each switch; the kernel's clock is
+/// read once a millisecond per CPU, the scheduler's clock in between); 7.6%,
+/// 2.0% and 0.24% fewer round trips (medians of 2 rounds; perf sched record:
+/// 22.5%, 6.3% and 0.92%), 85-124 ns per switch of a thread not traced with
+/// -p; sonde's own process under 1% of a core once attached. Kernel
 /// memory: the threads' records, 512 bytes a slot, 16 MiB here (pid_max
 /// 32,768), 32 MiB at most.
 /// -o FILE.html reads every thread's record about 400 times a run (10
@@ -247,7 +248,14 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan, slots: Option<u32>) -> anyhow::Res
     });
     open.progs.why_sample.set_autoload(no_samples.is_none());
     let has_fetch = features::has_atomic_fetch();
-    let slots = if has_fetch { slots.unwrap_or_else(thread_slots) } else { 0 };
+    // The slots' number, and whether a thread's first slot is its id hashed
+    // (pid_max above it; never for --thread-slots, whose test places
+    // threads in chosen slots).
+    let (slots, hashed) = match (has_fetch, slots) {
+        (false, _) => (0, false),
+        (true, Some(n)) => (n, false),
+        (true, None) => thread_slots(),
+    };
     open.maps.slots.set_max_entries(slots.max(1))?;
     // Hashed records only where there are no slots.
     open.maps.threads.set_max_entries(if has_fetch { 1 } else { 65536 })?;
@@ -268,6 +276,7 @@ fn load(tf: &TaskFilter, plan: &unwind::Plan, slots: Option<u32>) -> anyhow::Res
     // The threads' records in slots by thread id where the kernel has BPF
     // compare-and-exchange (see `slots` in why.bpf.c), else all hashed.
     ro.slot_mask = slots.saturating_sub(1);
+    ro.slot_hash_shift = if hashed { 32 - slots.trailing_zeros() } else { 0 };
     // sched_switch's prev_state: bool preempt, prev, next, prev_state.
     ro.has_prev_state = features::tracepoint_btf_args("sched_switch").is_some_and(|n| n >= 4);
     ro.skip_init = features::init_hides_tracing();
@@ -416,10 +425,12 @@ fn cstr(b: &[i8]) -> String {
 }
 
 /// The number of slots for threads' records (a power of two): at least
-/// pid_max, so that no two threads share one, up to 65,536 (32 MiB).
-fn thread_slots() -> u32 {
+/// pid_max, so that no two threads share one, up to 65,536 (32 MiB); and
+/// whether ids are hashed to their first slot (pid_max above that).
+fn thread_slots() -> (u32, bool) {
     let pid_max = features::sysctl("kernel/pid_max").and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(u32::MAX);
-    pid_max.clamp(1024, 65536).next_power_of_two()
+    let n = pid_max.clamp(1024, 65536).next_power_of_two();
+    (n, pid_max > n)
 }
 
 /// Every thread's record in the kernel half, by thread id: those in slots
@@ -661,6 +672,7 @@ fn losses(skel: &WhySkel<'static>) -> anyhow::Result<report::Losses> {
         own_disks_full: st(WT_OWN_DISKS_FULL)?,
         states_woken: st(WT_STATE_WOKEN)?,
         records_busy: st(WT_RECORD_BUSY)?,
+        tid_reused: st(WT_TID_REUSED)?,
         drops_not_counted: None,
         stack_errors: st(WT_STACKS)? + st(WT_STACKS + 1)? + st(WT_STACKS + 2)?,
         releases_taken: 0,
@@ -767,9 +779,7 @@ pub fn run_with(
     let slots = MappedArray::new(&l.skel.maps.slots).context("mapping the threads' records")?;
     let start = attach(&mut l, &tf)?;
     iterate(&mut l.skel, 0)?;
-    // The window began before the attach (t_start): -d is its length.
-    let since_start = Duration::from_nanos(mono_ns().saturating_sub(start));
-    ctl.start_clock_at(std::time::Instant::now().checked_sub(since_start).unwrap_or_else(std::time::Instant::now));
+    ctl.start_clock();
     if let Some(t) = &mut targets.launched {
         t.release()?;
     }

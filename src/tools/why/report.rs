@@ -1286,6 +1286,9 @@ pub struct Losses {
     /// Events of threads passed over while another CPU made the thread's
     /// record (its first event and another hook's at once).
     pub records_busy: u64,
+    /// Events of threads not traced because their id was an exited
+    /// thread's, whose record holds it.
+    pub tid_reused: u64,
     /// Why packet drops were not counted at all (None: they were).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drops_not_counted: Option<String>,
@@ -1829,6 +1832,7 @@ impl Report {
                 (l.own_disks_full, "threads' own block requests (map full)"),
                 (l.states_woken, "waits' states (overwritten by their wake-up: taken as uninterruptible)"),
                 (l.records_busy, "events of threads whose record another CPU was making"),
+                (l.tid_reused, "events of threads not traced (their thread id was an exited thread's in this run)"),
                 (l.releases_not_walked, "lock releasers' stacks (over 100 walks a second on a CPU)"),
                 (l.release_stacks_truncated, "lock releasers' stacks cut short"),
             ]

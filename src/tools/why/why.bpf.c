@@ -89,18 +89,32 @@ volatile __u32 iter_phase = 0;
 
 /*
  * The traced threads' records. Where the kernel has BPF compare-and-exchange
- * (5.12+), in `slots`: at the thread id masked by slot_mask, or, if another
- * thread took that slot first, in the first free one of the next
- * WHY_PROBES - 1. User space makes at least pid_max slots where that is at
- * most 65,536, so that every thread has its own. Found with no hashing
- * (a hash lookup costs ~50 ns here, and every switch looks up two threads,
- * every wake-up one); a slot's owner never changes until the run ends, so
- * a free slot ends the search. On older kernels (slot_mask 0) all in
+ * (5.12+), in `slots`: at the thread id (hashed where pid_max is above the
+ * slots' number: slot_home) masked by slot_mask, or, if another thread took
+ * that slot first, in the first free one of the next WHY_PROBES - 1. User
+ * space makes at least pid_max slots where that is at most 65,536, so that
+ * every live thread has its own. Found with no map hashing (a hash lookup
+ * costs ~50 ns here, and every switch looks up two threads, every wake-up
+ * one); a slot's owner never changes until the run ends (an exited
+ * thread's too: its id used again is told apart by the task's start time,
+ * and not traced), so a free slot ends the search. On older kernels (slot_mask 0) all in
  * `threads`, by thread id. One map or the other, never both: the verifier
  * follows each map a record may come from as a path of its own.
  */
 const volatile __u32 slot_mask = 0;
+/* Where pid_max is above the slots' number: a thread's first slot is its
+ * id hashed (Fibonacci: the top bits of tid * 2^32/phi), so that runs of
+ * consecutive ids (a pool's threads, the next ones made) spread over the
+ * slots rather than pile up behind each other; 32 - log2(slots). 0: the
+ * id itself (every id below pid_max has a slot of its own). */
+const volatile __u32 slot_hash_shift = 0;
 #define WHY_PROBES 8
+
+/* A thread's first slot. */
+static __always_inline __u32 slot_home(__u32 tid)
+{
+	return slot_hash_shift ? (tid * 0x9E3779B1u) >> (slot_hash_shift & 31) : tid;
+}
 
 /* Lines as why_thread lays them out: mmapable, the slots begin on a page. */
 _Static_assert(sizeof(struct why_thread) % 64 == 0, "records in whole lines");
@@ -281,9 +295,10 @@ static __always_inline struct why_thread *thread_rec(__u32 tid)
 		return bpf_map_lookup_elem(&threads, &tid);
 	if (!tid)
 		return NULL;
+	__u32 home = slot_home(tid);
 #pragma clang loop unroll(disable)
 	for (__u32 i = 0; i < WHY_PROBES; i++) {
-		__u32 k = (tid + i) & slot_mask;
+		__u32 k = (home + i) & slot_mask;
 		struct why_thread *r = bpf_map_lookup_elem(&slots, &k);
 		if (!r)
 			return NULL;
@@ -991,19 +1006,25 @@ static __always_inline struct why_thread *new_thread(struct task_struct *t, __u3
 	n->since = since;
 	n->start = start;
 	n->tgid = BPF_CORE_READ(t, tgid);
+	n->task_start = BPF_CORE_READ(t, start_time);
 	n->utime0 = BPF_CORE_READ(t, utime);
 	n->stime0 = BPF_CORE_READ(t, stime);
 	BPF_CORE_READ_STR_INTO(&n->comm, t, comm);
 	if (slot_mask) {
+		__u32 home = slot_home(tid);
 #pragma clang loop unroll(disable)
 		for (__u32 i = 0; i < WHY_PROBES; i++) {
-			__u32 k = (tid + i) & slot_mask;
+			__u32 k = (home + i) & slot_mask;
 			struct why_thread *r = bpf_map_lookup_elem(&slots, &k);
 			if (!r || !tid)
 				return NULL;
 			__u64 c = __sync_val_compare_and_swap(&r->claim, 0, (__u64)tid);
-			if (c == tid) /* made meanwhile, or being made on another CPU */
-				return r->tid == tid ? r : NULL;
+			if (c == tid) { /* made meanwhile, or being made on another CPU */
+				if (r->tid == tid)
+					return r;
+				stat_add(WT_RECORD_BUSY);
+				return NULL;
+			}
 			if (c)
 				continue; /* another thread's */
 			/* Its slot: filled, then its id set by a fully ordered
@@ -1042,8 +1063,15 @@ static __always_inline struct why_thread *thread_of(struct task_struct *t, __u32
 	if ((tf_n_pids || (!slot_mask && tf_filter_pids)) && !tf_pid_ok(t->tgid))
 		return NULL;
 	struct why_thread *r = thread_rec(tid);
+	if (r && r->state == WS_GONE) {
+		/* Its last switch after its exit; or its id used again, by a
+		 * thread started since, which is not traced (counted). */
+		if (r->task_start != t->start_time)
+			stat_add(WT_TID_REUSED);
+		return NULL;
+	}
 	if (r)
-		return r->state == WS_GONE ? NULL : r;
+		return r;
 	if (!wanted(t))
 		return NULL;
 	return new_thread(t, tid, before, t_start, t_start);
@@ -1956,8 +1984,9 @@ static __always_inline void note_bio(struct bio *bio)
 	if (t_end || !t_start)
 		return;
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	if (!thread_rec(tid))
-		return;
+	struct why_thread *r = thread_rec(tid);
+	if (!r || r->state == WS_GONE)
+		return; /* not traced, or an exited thread's id used again */
 	__u64 k = (__u64)bio;
 	struct why_bio b = {.where = bio_where(bio),
 	                    .sector = BPF_CORE_READ(bio, bi_iter.bi_sector),

@@ -163,7 +163,10 @@ struct why_thread {
 	__s32 sel_fd;
 	__u8 sel_write;
 	__u8 sel_pad[3];
-	__u8 pad2[40];
+	/* The task's start (task_struct.start_time): a thread id used again,
+	 * by a thread started after this one exited, is not this record's. */
+	__u64 task_start;
+	__u8 pad2[32];
 };
 
 /* How a wait ended (sched_waking's context). */
@@ -313,6 +316,7 @@ enum why_stat {
 	WT_OWN_DISKS_FULL,  /* a thread's own block request not counted: its map was full */
 	WT_STATE_WOKEN,     /* a blocked thread's state overwritten by its wake-up */
 	WT_RECORD_BUSY,     /* a thread's event passed over: another CPU was making its record */
+	WT_TID_REUSED,      /* an event of a thread whose id an exited one's record holds */
 	WT_STACKS,          /* + enum stk_stat: a releaser's stack not captured */
 	WT_MAX = WT_STACKS + STK_STAT_MAX,
 };
