@@ -113,14 +113,16 @@ const NSYS: usize = 512;
 /// OVERHEAD: small programs on the scheduler's, irq and softirq tracepoints
 /// (every context switch and wake-up on the host), records kept in the
 /// kernel, no event per switch. bench/why/run, a pipe ping-pong at 500k, 124k
-/// and 10k switches/s: 129, 143 and 286 ns of BPF per switch traced, beside
-/// 65, 61 and 71 ns for an empty program on each of the same hooks (the floor
-/// here, the clock reads of the kernel's own count included: 2.0x, 2.4x and
-/// 4.1x it; at 10k the caches are cold at each switch; the kernel's clock is
-/// read once a millisecond per CPU, the scheduler's clock in between); 7.6%,
-/// 2.0% and 0.24% fewer round trips (medians of 2 rounds; perf sched record:
-/// 22.5%, 6.3% and 0.92%), 85-124 ns per switch of a thread not traced with
-/// -p; sonde's own process under 1% of a core once attached. Kernel
+/// and 10k switches/s: 129-136, 143-150 and 286-498 ns of BPF per switch
+/// traced, beside 62-65, 60-61 and 71-94 ns for an empty program on each of
+/// the same hooks (the floor here, the clock reads of the kernel's own count
+/// included: 2.0-2.2x, 2.4-2.5x and 4.1-5.3x it; at 10k the caches are cold at
+/// each switch, colder with other work on the host; the kernel's clock is
+/// read once a millisecond per CPU, the scheduler's clock in between);
+/// 7.3-7.6%, 1.4-2.0% and 0.24-0.46% fewer round trips (two runs of 2 rounds;
+/// perf sched record: 21.5-22.5%, 6.3-7.7% and 0.85-0.92%), 85-231 ns per
+/// switch of a thread not traced with -p; sonde's own process 0.76%, 0.35%
+/// and 0.42% of a core once attached (perf sched's: 4.1%, 1.35% and 0.20%). Kernel
 /// memory: the threads' records, 512 bytes a slot, 16 MiB here (pid_max
 /// 32,768), 32 MiB at most.
 /// -o FILE.html reads every thread's record about 400 times a run (10
