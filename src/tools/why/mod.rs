@@ -27,7 +27,7 @@ use crate::engine::{
     features,
     output::RunArgs,
     perf::Counter,
-    record::{decode, for_each_entry, percpu_sum, MappedArray},
+    record::{cstr, decode, for_each_entry, percpu_sum, MappedArray},
     run::{duration_arg, RunControl, Stop},
     symbols::KernelSymbols,
     taskfilter::{Targets, TaskArgs, TaskFilter},
@@ -419,11 +419,6 @@ fn iterate(skel: &mut WhySkel<'static>, phase: u32) -> anyhow::Result<()> {
 
 fn mono_ns() -> u64 {
     clock_ns(libc::CLOCK_MONOTONIC) as u64
-}
-
-fn cstr(b: &[i8]) -> String {
-    let bytes: Vec<u8> = b.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The number of slots for threads' records (a power of two): at least

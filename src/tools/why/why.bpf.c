@@ -97,9 +97,10 @@ volatile __u32 iter_phase = 0;
  * costs ~50 ns here, and every switch looks up two threads, every wake-up
  * one); a slot's owner never changes until the run ends (an exited
  * thread's too: its id used again is told apart by the task's start time,
- * and not traced), so a free slot ends the search. On older kernels (slot_mask 0) all in
- * `threads`, by thread id. One map or the other, never both: the verifier
- * follows each map a record may come from as a path of its own.
+ * and not traced), so a free slot ends the search. On older kernels
+ * (slot_mask 0) all in `threads`, by thread id. One map or the other, never
+ * both: the verifier follows each map a record may come from as a path of
+ * its own.
  */
 const volatile __u32 slot_mask = 0;
 /* Where pid_max is above the slots' number: a thread's first slot is its
